@@ -1,0 +1,64 @@
+/*
+ * common.h — error codes, logging and the one checking macro for MPI calls.
+ *
+ * Every library function in pipelm returns an int status (PL_OK on success) and lets the
+ * caller decide what to do; only the top level (pipelm_main) turns a failure into a
+ * collective, non-zero exit. Messages name the rank that saw the problem. MPI calls go
+ * through PL_MPI_CHECK, which evaluates the call once and reports file, line, rank and
+ * MPI's own error string (the communicators use MPI_ERRORS_RETURN so errors come back).
+ */
+#ifndef PIPELM_COMMON_H
+#define PIPELM_COMMON_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <mpi.h>
+
+enum {
+    PL_OK = 0,
+    PL_EINVAL = 1,   /* bad argument, flag or configuration */
+    PL_EIO = 2,      /* file missing, unreadable, corrupt */
+    PL_ENOMEM = 3,   /* allocation failed */
+    PL_EMPI = 4,     /* an MPI call failed */
+    PL_ENUM = 5,     /* NaN/Inf in the loss or gradients */
+    PL_EPEER = 6,    /* another rank failed */
+    PL_EHDF5 = 7,    /* an HDF5 call failed */
+    PL_EPREEMPT = 8, /* stopped by a signal after saving a checkpoint */
+};
+
+/* The world rank, cached at start-up for messages (-1 before MPI_Init). */
+extern int pl_rank;
+/* Messages from rank 0 only go to this stream (stdout by default, tests redirect it). */
+extern FILE *pl_out;
+
+/* Print to pl_out on rank 0 only. */
+void pl_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "pipelm: rank R: error: ..." to stderr, from whichever rank calls it. */
+void pl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Allocate or report (with the size and purpose); returns NULL on failure. */
+void *pl_malloc(size_t bytes, const char *what);
+void *pl_calloc(size_t n, size_t size, const char *what);
+/* Wall-clock seconds (MPI_Wtime). */
+double pl_now(void);
+
+/* Check an MPI call: on failure report it and return PL_EMPI from the enclosing function. */
+#define PL_MPI_CHECK(call)                                                              \
+    do {                                                                                \
+        int pl_mpi_rc_ = (call);                                                        \
+        if (pl_mpi_rc_ != MPI_SUCCESS) {                                                \
+            char pl_mpi_s_[MPI_MAX_ERROR_STRING];                                       \
+            int pl_mpi_n_ = 0;                                                          \
+            MPI_Error_string(pl_mpi_rc_, pl_mpi_s_, &pl_mpi_n_);                        \
+            pl_error("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, pl_mpi_s_);     \
+            return PL_EMPI;                                                             \
+        }                                                                               \
+    } while (0)
+
+/* Propagate a non-zero status from a call to the caller. */
+#define PL_TRY(call)                                                                    \
+    do {                                                                                \
+        int pl_try_rc_ = (call);                                                        \
+        if (pl_try_rc_ != PL_OK) return pl_try_rc_;                                     \
+    } while (0)
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * config.h — every setting of a run, its defaults, the presets, and how they are read.
+ *
+ * One table describes each option once (name, type, default, help); the command line
+ * (`--name value` or `--name=value`) and INI config files (`--config FILE`, `name = value`,
+ * sections ignored, underscores and dashes equivalent, parsed by inih) both go through it.
+ * Precedence: built-in defaults < preset (`--preset`) < config file < command line.
+ * Unknown names and malformed values are refused with a message naming them.
+ */
+#ifndef PIPELM_CONFIG_H
+#define PIPELM_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define PL_PATH 4096
+
+typedef struct {
+    char preset[32];
+    /* model */
+    int vocab_size, max_seq_len, n_layer, n_head, n_embd;
+    /* training */
+    int steps, batch, seq_len, microbatches;
+    double lr, min_lr;
+    char lr_schedule[16];
+    int warmup_steps;
+    double weight_decay, grad_clip, beta1, beta2, eps;
+    long long seed, data_seed;
+    int markov_branch;
+    char data[PL_PATH], val_data[PL_PATH];
+    int eval_every, val_batches;
+    char init[PL_PATH], save_final[PL_PATH], metrics[PL_PATH], config[PL_PATH];
+    char dump_grads[PL_PATH];
+    /* pipeline */
+    char split[512], schedule[32], schedule_csv[PL_PATH];
+    /* runtime */
+    char backend[16];
+    int threads, log_every, timers_every, progress;
+    /* test-only fault injection: rank fail_rank stops at step fail_step */
+    int fail_rank, fail_step;
+    /* which model dimensions were given explicitly (so --init can check or adopt them) */
+    int set_vocab, set_dims;
+} pl_options;
+
+/* Fill defaults (preset "tiny"). */
+void config_defaults(pl_options *o);
+/* Apply a preset by name; PL_EINVAL for an unknown one (err names the known ones). */
+int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
+/* Parse argv[first..argc): --config first, then the preset, then file values, then flags. */
+int config_parse(pl_options *o, int argc, char **argv, int first, char *err, size_t errlen);
+/* Check ranges and combinations (batch divisible by microbatches, seq-len <= max...). */
+int config_validate(const pl_options *o, char *err, size_t errlen);
+/* Print the option table as --help text. */
+void config_print_help(FILE *out);
+/* Write the settings as a JSON object (for the metrics "run" line). */
+void config_write_json(const pl_options *o, FILE *out);
+
+#endif

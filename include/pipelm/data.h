@@ -1,0 +1,59 @@
+/*
+ * data.h — where training tokens come from.
+ *
+ * Three sources, chosen by the --data spec:
+ *   "markov" (default, built in): a seeded random sparse Markov chain over the vocabulary;
+ *       each token allows `branch` next tokens with random probabilities. Its entropy rate
+ *       (nats/token, the best loss any model can reach) is computed exactly from the
+ *       stationary distribution and reported as the entropy floor.
+ *   "FILE": an llm.c token file (magic 20240520, version 1, uint16 tokens).
+ *   "text:FILE": any file, one token per byte (vocabulary 256).
+ * Batch k (B sequences of T tokens) is a pure function of k, so any rank can produce the
+ * batch of any step and a resumed run continues exactly. Files: batch k reads tokens
+ * [j*B*T, (j+1)*B*T] with j = k mod (number of whole batches), as llm.c reads in order and
+ * wraps. The Markov source generates sequence k*B+r from its own RNG stream, starting from
+ * the stationary distribution.
+ */
+#ifndef PIPELM_DATA_H
+#define PIPELM_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DATA_MARKOV, DATA_TOKENS, DATA_TEXT } data_kind;
+
+typedef struct {
+    data_kind kind;
+    char desc[512];        /* for messages and metrics: "markov(V=256,branch=4,seed=1)" */
+    int V;                 /* token ids are < V */
+    /* Markov chain */
+    uint64_t seed, stream0;
+    int branch;
+    int *succ;             /* (V, branch) next tokens */
+    float *cdf;            /* (V, branch) cumulative probabilities */
+    double *stationary;    /* (V) */
+    float *stat_cdf;       /* (V) */
+    double entropy;        /* nats/token, NaN if unknown */
+    /* files */
+    const void *map;
+    size_t map_bytes;
+    const uint8_t *bytes;  /* text */
+    const uint16_t *tok16; /* token file */
+    size_t ntok;
+} data_source;
+
+/* Open a source. V is the model's vocabulary: a file token >= V is an error. For "markov",
+ * seed picks the chain, stream0 separates the training and validation streams. */
+int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed,
+              uint64_t stream0, char *err, size_t errlen);
+/* Check that one batch of B x T fits in the source (files need B*T+1 tokens). */
+int data_check_batch(const data_source *d, int B, int T, char *err, size_t errlen);
+/* Fill inputs and targets (B*T ints each) with batch k. */
+void data_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets);
+void data_close(data_source *d);
+/* Vocabulary the spec implies (256 for text:, 0 if it does not say). */
+int data_spec_vocab(const char *spec);
+/* Write an llm.c token file (used by tests and tools). */
+int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok);
+
+#endif

@@ -1,0 +1,32 @@
+/*
+ * llmc.h — llm.c model files (`gpt2_124M.bin`): read into and write from pipeline stages.
+ *
+ * The file is a 256-int32 header (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V, L,
+ * NH, C, Vp) followed by 16 tensors grouped by kind, each holding all layers back to back.
+ * A stage reads only the slices of the layers it owns (strided over the file), so no rank
+ * ever holds the whole model. Writing is collective: rank 0 creates the file under a
+ * temporary name and sizes it, every rank writes its own tensors at their offsets, all
+ * ranks agree, then rank 0 renames it into place.
+ */
+#ifndef PIPELM_LLMC_H
+#define PIPELM_LLMC_H
+
+#include <stddef.h>
+#include <mpi.h>
+#include "pipelm/model.h"
+
+#define LLMC_MODEL_MAGIC 20240326
+
+/* Read the header: config and version (3 fp32, 5 bf16). */
+int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen);
+/* Load the tensors this stage owns from the file (fp32 or bf16). The file's config must
+ * equal the stage's (err names the first setting that differs, with both values). */
+int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen);
+/* Collective over comm: write the stages' parameters (or gradients when grads != 0, with
+ * the tied wte gradient taken from the first stage) as one fp32 llm.c model file. */
+int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm);
+/* Byte offset, in a version-3 file, of the slice of tensor kind `kind` for layer `layer`
+ * (-1 for non-block kinds), and its size in floats. */
+size_t llmc_tensor_offset(const gpt2_config *cfg, int kind, int layer, size_t *numel);
+
+#endif

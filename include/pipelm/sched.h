@@ -1,0 +1,111 @@
+/*
+ * sched: pipeline-parallel schedules for pipelm. A schedule says, for each
+ * MPI rank (rank s runs pipeline stage s, P stages, M micro-batches per step),
+ * the ordered list of actions it performs in one training step: forward and
+ * full backward computations plus the explicit point-to-point communication
+ * actions between neighbouring stages. Actions are written the way PyTorch's
+ * torch.distributed.pipelining writes its _Action objects ("0F3", "1B3",
+ * "2RECV_F0", "0SEND_F0", "1SEND_B2", "0RECV_B2"), and a schedule can be saved
+ * and loaded as the same CSV torch's _dump_csv/_load_csv use: one row per
+ * rank, comma-separated action strings, no header. The module builds the
+ * "gpipe" and "1f1b" schedules, validates any schedule (ownership, ordering,
+ * send/recv pairing, deadlock freedom under blocking receives and
+ * non-blocking sends), simulates it with unit costs (F=1, B=2, comm=0) to get
+ * the makespan and bubble fraction, and prints it as a rank x time grid.
+ * No MPI here: this is pure bookkeeping shared by the engine and the tools.
+ */
+#ifndef PIPELM_SCHED_H
+#define PIPELM_SCHED_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* action kinds; the order is part of no file format (strings are) */
+typedef enum {
+    SCHED_F,      /* forward of one micro-batch */
+    SCHED_B,      /* full backward (input and weight grads) of one micro-batch */
+    SCHED_SEND_F, /* send forward output of mb to stage+1 */
+    SCHED_RECV_F, /* receive forward input of mb from stage-1 */
+    SCHED_SEND_B, /* send grad of the stage input of mb to stage-1 */
+    SCHED_RECV_B  /* receive grad of the stage output of mb from stage+1 */
+} sched_op;
+
+#define SCHED_NOPS 6
+
+typedef struct {
+    sched_op op;
+    int stage;
+    int mb;
+} sched_action;
+
+typedef struct {
+    char name[32];         /* "gpipe", "1f1b", or whatever a CSV was called */
+    int P, M;              /* stages (= ranks), micro-batches per step */
+    int *n;                /* n[r] = number of actions of rank r */
+    sched_action **acts;   /* acts[r][0..n[r]-1], in execution order */
+} sched;
+
+/* Build a named schedule ("gpipe" or "1f1b") for P stages, M micro-batches.
+   Returns 0 on success; on error fills err and leaves *s empty. */
+int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen);
+
+/* Release what sched_build/sched_read_csv allocated; safe on a zeroed sched. */
+void sched_free(sched *s);
+
+/* The torch spelling of an op ("F", "B", "SEND_F", ...), or NULL if invalid. */
+const char *sched_op_str(sched_op op);
+
+/* Write an action as torch does ("0F3", "2RECV_F0"). 0 = ok, -1 = bad op,
+   negative stage/mb, or buffer too small. */
+int sched_action_format(const sched_action *a, char *buf, size_t len);
+
+/* Parse exactly "<stage><op><mb>" (decimal, no sign, no spaces, nothing after).
+   0 = ok, -1 = rejected (a is then left untouched). */
+int sched_action_parse(const char *str, sched_action *a);
+
+/* Write one CSV row per rank (actions separated by ',', rows by '\n').
+   0 = ok, -1 = I/O error. */
+int sched_write_csv(const sched *s, FILE *f);
+
+/* Read a schedule CSV (torch's format; '\r\n' line ends, blanks around
+   cells and empty cells are tolerated). P = number of rows, M = max mb + 1.
+   The result is not validated; call sched_validate. 0 = ok. */
+int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen);
+
+/* Check that the schedule is complete, well ordered, has matched send/recv
+   pairs and cannot deadlock when receives block and sends do not.
+   0 = valid; otherwise err names the rank, the action and the reason. */
+int sched_validate(const sched *s, char *err, size_t errlen);
+
+/* Result of a unit-cost dry run. Per-action arrays are indexed by
+   off[r] + i for action i of rank r. */
+typedef struct {
+    double bubble;   /* 1 - busy / (P * makespan) */
+    int makespan;    /* time the last rank finishes */
+    int P;
+    int *off;        /* P+1 offsets into start/end */
+    int *start;      /* start time of every action */
+    int *end;        /* end time (start + cost) of every action */
+    long busy;       /* total compute time over all ranks */
+} sched_sim;
+
+#define SCHED_COST_F 1
+#define SCHED_COST_B 2
+
+/* Play the schedule with F=1, B=2, communication instantaneous; a RECV
+   completes at the time its matching SEND was issued. Fails (with a message
+   naming each blocked rank) on deadlock or on malformed actions. 0 = ok. */
+int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen);
+
+/* Release a sched_sim; safe on a zeroed one. */
+void sched_sim_free(sched_sim *sim);
+
+/* Max number of micro-batches forwarded but not yet backwarded at any point
+   on rank `stage`; -1 if stage is out of range. */
+int sched_max_inflight(const sched *s, int stage);
+
+/* Print the rank x time grid of the unit-cost simulation (a backward fills
+   two columns, '.' is idle) and a summary: name, P, M, bubble, in-flight. */
+void sched_print_grid(const sched *s, FILE *out);
+
+#endif /* PIPELM_SCHED_H */

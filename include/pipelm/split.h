@@ -1,0 +1,35 @@
+/*
+ * split.h — how the L blocks are divided among P stages.
+ *
+ * Stage s owns blocks [first[s], first[s] + blocks[s]); stage 0 also owns the embeddings and
+ * stage P-1 the final LayerNorm, LM head and loss. "auto" minimises the most expensive
+ * stage under a cost model of forward+backward FLOPs per token (each block, the embedding
+ * lookup, the head and its softmax); ties go to the split with the smaller largest stage by
+ * activation memory. An explicit "4,3,5" gives the blocks per stage; stages in the middle
+ * must hold at least one block, the first and last may hold none.
+ */
+#ifndef PIPELM_SPLIT_H
+#define PIPELM_SPLIT_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "pipelm/model.h"
+
+typedef struct {
+    int P;
+    int *blocks, *first;   /* P each */
+} split;
+
+/* Parse or compute a split of cfg's L blocks over P stages at sequence length T. */
+int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int T, char *err, size_t errlen);
+void split_free(split *sp);
+/* Estimated forward FLOPs per token of stage s. */
+double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T);
+/* Parameters held by stage s (the tied wte counted on both first and last stage). */
+size_t split_stage_params(const split *sp, const gpt2_config *cfg, int s);
+/* Estimated activation bytes of one micro-batch slot of Bm x T on stage s. */
+size_t split_stage_act_bytes(const split *sp, const gpt2_config *cfg, int s, int Bm, int T);
+/* "[3,3,2]" for metrics. */
+void split_write_json(const split *sp, FILE *out);
+
+#endif

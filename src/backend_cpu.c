@@ -1,0 +1,374 @@
+/*
+ * backend_cpu.c — the CPU backend: OpenBLAS cblas_sgemm for every matrix product, C loops
+ * parallelised with OpenMP for everything else.
+ *
+ * Determinism: every loop that sums over rows (bias, LayerNorm and embedding gradients, the
+ * squared norm) runs the rows in a fixed order inside one thread, and threads split the
+ * *output* (channels or fixed-size chunks), so results do not depend on the thread count.
+ * Shapes as in backend.h: N rows, C channels, OC output channels.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "pipelm/backend.h"
+
+#define LN_EPS 1e-5f
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+/* Nothing to set up on the CPU. */
+static int cpu_init(char *err, size_t errlen) { (void)err; (void)errlen; return 0; }
+static void cpu_finalize(void) {}
+
+/* 64-byte aligned, zero-filled. */
+static void *cpu_alloc(size_t bytes) {
+    if (bytes == 0) bytes = 64;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memmove(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+
+/* Row-major sgemm straight through to OpenBLAS. */
+static void cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* out[i] = wte[tok[i]] + wpe[i % T]. */
+static void cpu_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe,
+                            int N, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *we = wte + (size_t)tok[i] * C, *pe = wpe + (size_t)(i % T) * C;
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+    }
+}
+
+/* Serial over rows: two rows may hit the same token, and the order must be fixed. */
+static void cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok,
+                            int N, int T, int C) {
+    for (int i = 0; i < N; i++) {
+        const float *d = dout + (size_t)i * C;
+        float *dw = dwte + (size_t)tok[i] * C, *dp = dwpe + (size_t)(i % T) * C;
+        for (int c = 0; c < C; c++) { dw[c] += d[c]; dp[c] += d[c]; }
+    }
+}
+
+/* y = (x - mean)/sqrt(var + eps) * w + b, biased variance, per row. */
+static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
+        v /= C;
+        float s = 1.0f / sqrtf(v + LN_EPS);
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+/* dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = w dy; dw += dy xhat; db += dy.
+ * Pass 1 (rows in parallel) writes dinp; pass 2 (channels in parallel) sums dw, db over rows
+ * in order. */
+static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                              const float *inp, const float *w, const float *mean,
+                              const float *rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
+        float m = mean[i], s = rstd[i];
+        float a = 0.0f, bsum = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * s, dn = w[c] * dy[c];
+            a += dn;
+            bsum += dn * xh;
+        }
+        a /= C;
+        bsum /= C;
+        float *dx = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * s, dn = w[c] * dy[c];
+            dx[c] += (dn - a - xh * bsum) * s;
+        }
+    }
+    int nchunk = (C + 63) / 64;
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < nchunk; k++) {
+        int c0 = k * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (int i = 0; i < N; i++) {
+            const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                db[c] += dy[c];
+                dw[c] += dy[c] * ((x[c] - m) * s);
+            }
+        }
+    }
+}
+
+/* out = inp W^T + b: one sgemm, then the bias row added in parallel. */
+static void cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
+                           int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (!b) return;
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * OC;
+        for (int j = 0; j < OC; j++) o[j] += b[j];
+    }
+}
+
+/* dinp = dout W; dW += dout^T inp; db += column sums of dout (rows in order per chunk). */
+static void cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, int N, int C, int OC) {
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
+                    0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                1.0f, dw, C);
+    if (!db) return;
+    int nchunk = (OC + 255) / 256;
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < nchunk; k++) {
+        int j0 = k * 256, j1 = j0 + 256 < OC ? j0 + 256 : OC;
+        for (int i = 0; i < N; i++) {
+            const float *d = dout + (size_t)i * OC;
+            for (int j = j0; j < j1; j++) db[j] += d[j];
+        }
+    }
+}
+
+/* Per (b, h): att = softmax_causal(q k^T / sqrt(hs)), out = att v. Two sgemms on strided
+ * views of qkv (leading dimension 3C); the masked upper triangle is zeroed. */
+static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            float *a = att + ((size_t)b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3,
+                        q + C, C3, 0.0f, a, T);
+            #pragma omp parallel for schedule(static)
+            for (int t = 0; t < T; t++) {
+                float *r = a + (size_t)t * T;
+                float mx = r[0];
+                for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+                float sum = 0.0f;
+                for (int j = 0; j <= t; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+                float inv = 1.0f / sum;
+                for (int j = 0; j <= t; j++) r[j] *= inv;
+                for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
+                        q + 2 * C, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
+        }
+    }
+}
+
+/* datt = dout v^T; dv = att^T dout; dpre = att (datt - rowsum(att datt)); dq = s dpre k;
+ * dk = s dpre^T q. dqkv is overwritten. */
+static void cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
+                              int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *datt = malloc(sizeof(float) * (size_t)T * T);
+    if (!datt) abort(); /* T*T floats; failure here means the machine is out of memory */
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            const float *a = att + ((size_t)b * NH + h) * T * T;
+            const float *dy = dout + (size_t)b * T * C + h * hs;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C,
+                        q + 2 * C, C3, 0.0f, datt, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C,
+                        0.0f, dq + 2 * C, C3);
+            #pragma omp parallel for schedule(static)
+            for (int t = 0; t < T; t++) {
+                const float *ar = a + (size_t)t * T;
+                float *dr = datt + (size_t)t * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
+                for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T,
+                        q + C, C3, 0.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T,
+                        q, C3, 0.0f, dq + C, C3);
+        }
+    }
+    free(datt);
+}
+
+/* gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+static void cpu_gelu_fwd(float *out, const float *inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+/* d gelu/dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) sqrt(2/pi) (1 + 3 0.044715 x^2). */
+static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+static void cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_add_inplace(float *dst, const float *src, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* Softmax over the V real columns of each row (padded columns excluded), loss = -log p[y]. */
+static void cpu_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *r = logits + (size_t)i * Vp;
+        float mx = r[0];
+        for (int j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j < V; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < V; j++) r[j] *= inv;
+        for (int j = V; j < Vp; j++) r[j] = 0.0f;
+        losses[i] = -logf(r[targets[i]]);
+    }
+}
+
+/* dlogits = (p - onehot(y)) dloss, in place; padded columns stay 0. */
+static void cpu_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *r = probs + (size_t)i * Vp;
+        for (int j = 0; j < V; j++) r[j] *= dloss;
+        r[targets[i]] -= dloss;
+    }
+}
+
+/* AdamW with bias correction and decoupled weight decay (as llm.c). */
+static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                      float b2, float eps, float wd, int t) {
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mh = mi / c1, vh = vi / c2;
+        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    }
+}
+
+/* Chunks of 16384 values summed in double, then the chunk sums added in order. */
+#define SUMSQ_CHUNK 16384
+static double cpu_sumsq(const float *x, size_t n) {
+    size_t nchunk = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double stackbuf[64];
+    double *part = nchunk <= 64 ? stackbuf : malloc(sizeof(double) * nchunk);
+    if (!part) abort();
+    #pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < nchunk; k++) {
+        size_t i0 = k * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        part[k] = s;
+    }
+    double total = 0.0;
+    for (size_t k = 0; k < nchunk; k++) total += part[k];
+    if (part != stackbuf) free(part);
+    return total;
+}
+
+static void cpu_scale(float *x, float s, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Sets the OpenMP and OpenBLAS thread counts together. */
+void backend_cpu_set_threads(int n) {
+    if (n < 1) n = 1;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+}
+
+const backend backend_cpu = {
+    .name = "cpu",
+    .host_memory = 1,
+    .init = cpu_init,
+    .finalize = cpu_finalize,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .sgemm = cpu_sgemm,
+    .encoder_fwd = cpu_encoder_fwd,
+    .encoder_bwd = cpu_encoder_bwd,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .matmul_fwd = cpu_matmul_fwd,
+    .matmul_bwd = cpu_matmul_bwd,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .residual_fwd = cpu_residual_fwd,
+    .add_inplace = cpu_add_inplace,
+    .crossentropy_fwd = cpu_crossentropy_fwd,
+    .crossentropy_bwd = cpu_crossentropy_bwd,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+};
+
+/* NULL-terminated table of the backends built into this binary. */
+static const backend *const backends[] = {
+    &backend_cpu,
+    NULL,
+};
+
+const backend *backend_find(const char *name) {
+    for (int i = 0; backends[i]; i++)
+        if (strcmp(backends[i]->name, name) == 0) return backends[i];
+    return NULL;
+}

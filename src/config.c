@@ -1,0 +1,357 @@
+/*
+ * config.c — the option table, presets, command line and INI parsing.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ini.h>
+#include "pipelm/common.h"
+#include "pipelm/config.h"
+
+typedef enum { OPT_INT, OPT_LL, OPT_DBL, OPT_STR } opt_type;
+
+typedef struct {
+    const char *name;
+    opt_type type;
+    size_t offset, size;
+    const char *help;
+} opt_desc;
+
+#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h}
+#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h}
+#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h}
+#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h}
+
+static const opt_desc options[] = {
+    O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium (default tiny)"),
+    O_STR("config", config, "INI file of `name = value` settings (command line wins)"),
+    O_INT("vocab-size", vocab_size, "vocabulary size V"),
+    O_INT("max-seq-len", max_seq_len, "maximum sequence length (position table rows)"),
+    O_INT("n-layer", n_layer, "transformer blocks L"),
+    O_INT("n-head", n_head, "attention heads NH"),
+    O_INT("n-embd", n_embd, "channels C"),
+    O_INT("steps", steps, "total optimizer steps of the run"),
+    O_INT("batch", batch, "sequences per step B (the global batch)"),
+    O_INT("seq-len", seq_len, "tokens per sequence T"),
+    O_INT("microbatches", microbatches, "micro-batches M per step (B/M sequences each)"),
+    O_DBL("lr", lr, "peak learning rate"),
+    O_DBL("min-lr", min_lr, "final learning rate of the cosine schedule"),
+    O_STR("lr-schedule", lr_schedule, "cosine | constant (both after linear warm-up)"),
+    O_INT("warmup-steps", warmup_steps, "linear warm-up steps"),
+    O_DBL("weight-decay", weight_decay, "AdamW decoupled weight decay (2-D weights only)"),
+    O_DBL("grad-clip", grad_clip, "clip the global gradient norm to this (0 disables)"),
+    O_DBL("beta1", beta1, "AdamW beta1"),
+    O_DBL("beta2", beta2, "AdamW beta2"),
+    O_DBL("eps", eps, "AdamW epsilon"),
+    O_LL("seed", seed, "seed of the weight initialisation"),
+    O_STR("data", data, "training data: markov | FILE (llm.c tokens) | text:FILE (bytes)"),
+    O_STR("val-data", val_data, "validation data (default: a held-out Markov stream, or none)"),
+    O_LL("data-seed", data_seed, "seed of the Markov chain"),
+    O_INT("markov-branch", markov_branch, "next tokens allowed per token in the Markov chain"),
+    O_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
+    O_INT("val-batches", val_batches, "batches per validation"),
+    O_STR("init", init, "start from an llm.c model file (fp32, version 3)"),
+    O_STR("save-final", save_final, "write the final weights as an llm.c model file"),
+    O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
+    O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
+    O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
+    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe"),
+    O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
+    O_STR("backend", backend, "compute backend: cpu"),
+    O_INT("threads", threads, "CPU threads per rank (0: cores / ranks on the node)"),
+    O_INT("log-every", log_every, "print a step line every N steps"),
+    O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
+    O_INT("progress", progress, "progress bar on a terminal: 1 auto, 0 never"),
+    O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
+    O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
+};
+#define NOPT ((int)(sizeof options / sizeof options[0]))
+
+void config_defaults(pl_options *o) {
+    memset(o, 0, sizeof *o);
+    char err[256];
+    config_preset(o, "tiny", err, sizeof err);
+    o->lr_schedule[0] = 0;
+    strcpy(o->lr_schedule, "cosine");
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->weight_decay = 0.1;
+    o->grad_clip = 1.0;
+    o->seed = 1337;
+    o->data_seed = 1;
+    o->markov_branch = 4;
+    strcpy(o->data, "markov");
+    o->val_batches = 4;
+    o->microbatches = 1;
+    strcpy(o->split, "auto");
+    strcpy(o->schedule, "1f1b");
+    strcpy(o->backend, "cpu");
+    o->log_every = 1;
+    o->progress = 1;
+    o->fail_rank = -1;
+}
+
+/* Presets: model dimensions plus the training settings they were tuned with. */
+int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
+    if (strcmp(name, "tiny") == 0) {
+        o->vocab_size = 256; o->max_seq_len = 64; o->n_layer = 4; o->n_head = 4; o->n_embd = 64;
+        o->seq_len = 64; o->batch = 16; o->steps = 400; o->lr = 3e-3; o->min_lr = 3e-4;
+        o->warmup_steps = 20; o->eval_every = 100;
+    } else if (strcmp(name, "tutorial") == 0) {
+        o->vocab_size = 10000; o->max_seq_len = 128; o->n_layer = 8; o->n_head = 8; o->n_embd = 512;
+        o->seq_len = 128; o->batch = 8; o->steps = 100; o->lr = 1e-3; o->min_lr = 1e-4;
+        o->warmup_steps = 10; o->eval_every = 50;
+    } else if (strcmp(name, "gpt2") == 0) {
+        o->vocab_size = 50257; o->max_seq_len = 1024; o->n_layer = 12; o->n_head = 12; o->n_embd = 768;
+        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 6e-4; o->min_lr = 6e-5;
+        o->warmup_steps = 10; o->eval_every = 50;
+    } else if (strcmp(name, "gpt2-medium") == 0) {
+        o->vocab_size = 50257; o->max_seq_len = 1024; o->n_layer = 24; o->n_head = 16; o->n_embd = 1024;
+        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 3e-4; o->min_lr = 3e-5;
+        o->warmup_steps = 10; o->eval_every = 50;
+    } else {
+        snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium)", name);
+        return PL_EINVAL;
+    }
+    snprintf(o->preset, sizeof o->preset, "%s", name);
+    return PL_OK;
+}
+
+/* Look an option up, treating '_' and '-' alike. */
+static const opt_desc *find_option(const char *name) {
+    char norm[64];
+    size_t n = strlen(name);
+    if (n >= sizeof norm) return NULL;
+    for (size_t i = 0; i <= n; i++) norm[i] = name[i] == '_' ? '-' : name[i];
+    for (int i = 0; i < NOPT; i++)
+        if (strcmp(options[i].name, norm) == 0) return &options[i];
+    return NULL;
+}
+
+/* Convert and store one value; `where` says where it came from for the message. */
+static int set_option(pl_options *o, const opt_desc *d, const char *val, const char *where,
+                      char *err, size_t errlen) {
+    char *end = NULL;
+    void *dst = (char *)o + d->offset;
+    errno = 0;
+    switch (d->type) {
+    case OPT_INT: {
+        long v = strtol(val, &end, 10);
+        if (!*val || *end || errno || v < INT_MIN || v > INT_MAX) goto bad;
+        *(int *)dst = (int)v;
+        break;
+    }
+    case OPT_LL: {
+        long long v = strtoll(val, &end, 10);
+        if (!*val || *end || errno) goto bad;
+        *(long long *)dst = v;
+        break;
+    }
+    case OPT_DBL: {
+        double v = strtod(val, &end);
+        if (!*val || *end || errno || !isfinite(v)) goto bad;
+        *(double *)dst = v;
+        break;
+    }
+    case OPT_STR:
+        if (strlen(val) >= d->size) {
+            snprintf(err, errlen, "%s: value of --%s is too long (%zu characters, at most %zu)",
+                     where, d->name, strlen(val), d->size - 1);
+            return PL_EINVAL;
+        }
+        strcpy((char *)dst, val);
+        break;
+    }
+    if (d->offset == offsetof(pl_options, vocab_size)) o->set_vocab = 1;
+    if (d->offset == offsetof(pl_options, max_seq_len) || d->offset == offsetof(pl_options, n_layer) ||
+        d->offset == offsetof(pl_options, n_head) || d->offset == offsetof(pl_options, n_embd))
+        o->set_dims = 1;
+    return PL_OK;
+bad:
+    snprintf(err, errlen, "%s: bad value '%s' for --%s (expected %s)", where, val, d->name,
+             d->type == OPT_DBL ? "a number" : "an integer");
+    return PL_EINVAL;
+}
+
+/* A name/value pair gathered before applying (presets go first). */
+typedef struct { const opt_desc *d; char *val; char where[PL_PATH + 32]; } pending;
+typedef struct { pending *v; int n, cap; int failed; char *err; size_t errlen; const char *file; } pending_list;
+
+static int pending_add(pending_list *l, const opt_desc *d, const char *val, const char *where) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        pending *nv = realloc(l->v, sizeof(pending) * cap);
+        if (!nv) return PL_ENOMEM;
+        l->v = nv;
+        l->cap = cap;
+    }
+    pending *p = &l->v[l->n++];
+    p->d = d;
+    p->val = strdup(val);
+    snprintf(p->where, sizeof p->where, "%s", where);
+    return p->val ? PL_OK : PL_ENOMEM;
+}
+
+/* inih callback: record one `name = value` of the config file. */
+static int config_ini_line(void *user, const char *section, const char *name, const char *value) {
+    (void)section;
+    pending_list *l = user;
+    const opt_desc *d = find_option(name);
+    if (!d || d->offset == offsetof(pl_options, config)) {
+        snprintf(l->err, l->errlen, "config file %s: unknown setting '%s'", l->file, name);
+        l->failed = 1;
+        return 0;
+    }
+    if (pending_add(l, d, value, l->file) != PL_OK) { l->failed = 1; return 0; }
+    return 1;
+}
+
+static void pending_free(pending_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->v[i].val);
+    free(l->v);
+}
+
+int config_parse(pl_options *o, int argc, char **argv, int first, char *err, size_t errlen) {
+    pending_list cli = {0}, file = {0};
+    int rc = PL_OK;
+    const char *preset = NULL;
+    /* 1. the command line, gathered */
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", a);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        char name[64];
+        const char *eq = strchr(a + 2, '='), *val;
+        size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (n >= sizeof name) n = sizeof name - 1;
+        memcpy(name, a + 2, n);
+        name[n] = 0;
+        const opt_desc *d = find_option(name);
+        if (!d) {
+            snprintf(err, errlen, "unknown option '--%s' (see --help)", name);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        if (eq) val = eq + 1;
+        else if (i + 1 < argc) val = argv[++i];
+        else {
+            snprintf(err, errlen, "option --%s needs a value", name);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        if (d->offset == offsetof(pl_options, preset)) preset = val;
+        if ((rc = pending_add(&cli, d, val, "command line")) != PL_OK) goto out;
+    }
+    /* 2. the config file, if any, gathered */
+    for (int i = 0; i < cli.n; i++)
+        if (cli.v[i].d->offset == offsetof(pl_options, config)) {
+            snprintf(o->config, sizeof o->config, "%s", cli.v[i].val);
+        }
+    if (o->config[0]) {
+        file.err = err;
+        file.errlen = errlen;
+        file.file = o->config;
+        int r = ini_parse(o->config, config_ini_line, &file);
+        if (r < 0) {
+            snprintf(err, errlen, "config file %s: cannot open it", o->config);
+            rc = PL_EIO;
+            goto out;
+        }
+        if (file.failed) { rc = PL_EINVAL; goto out; }
+        if (r > 0) {
+            snprintf(err, errlen, "config file %s: syntax error on line %d", o->config, r);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        if (!preset)
+            for (int i = 0; i < file.n; i++)
+                if (file.v[i].d->offset == offsetof(pl_options, preset)) preset = file.v[i].val;
+    }
+    /* 3. preset, then file values, then command-line values */
+    if (preset && (rc = config_preset(o, preset, err, errlen)) != PL_OK) goto out;
+    for (int i = 0; i < file.n; i++)
+        if ((rc = set_option(o, file.v[i].d, file.v[i].val, file.v[i].where, err, errlen)) != PL_OK) goto out;
+    for (int i = 0; i < cli.n; i++)
+        if ((rc = set_option(o, cli.v[i].d, cli.v[i].val, cli.v[i].where, err, errlen)) != PL_OK) goto out;
+out:
+    pending_free(&cli);
+    pending_free(&file);
+    return rc;
+}
+
+int config_validate(const pl_options *o, char *err, size_t errlen) {
+#define REQUIRE(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return PL_EINVAL; } } while (0)
+    REQUIRE(o->steps >= 0, "--steps must be >= 0 (got %d)", o->steps);
+    REQUIRE(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
+    REQUIRE(o->seq_len >= 1, "--seq-len must be >= 1 (got %d)", o->seq_len);
+    REQUIRE(o->microbatches >= 1, "--microbatches must be >= 1 (got %d)", o->microbatches);
+    REQUIRE(o->batch % o->microbatches == 0, "--batch %d is not divisible by --microbatches %d",
+            o->batch, o->microbatches);
+    REQUIRE(o->lr >= 0, "--lr must be >= 0 (got %g)", o->lr);
+    REQUIRE(o->min_lr >= 0, "--min-lr must be >= 0 (got %g)", o->min_lr);
+    REQUIRE(strcmp(o->lr_schedule, "cosine") == 0 || strcmp(o->lr_schedule, "constant") == 0,
+            "--lr-schedule must be cosine or constant (got '%s')", o->lr_schedule);
+    REQUIRE(o->warmup_steps >= 0, "--warmup-steps must be >= 0 (got %d)", o->warmup_steps);
+    REQUIRE(o->weight_decay >= 0, "--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    REQUIRE(o->grad_clip >= 0, "--grad-clip must be >= 0 (got %g)", o->grad_clip);
+    REQUIRE(o->beta1 >= 0 && o->beta1 < 1, "--beta1 must be in [0,1) (got %g)", o->beta1);
+    REQUIRE(o->beta2 >= 0 && o->beta2 < 1, "--beta2 must be in [0,1) (got %g)", o->beta2);
+    REQUIRE(o->eps > 0, "--eps must be > 0 (got %g)", o->eps);
+    REQUIRE(o->eval_every >= 0, "--eval-every must be >= 0 (got %d)", o->eval_every);
+    REQUIRE(o->val_batches >= 1, "--val-batches must be >= 1 (got %d)", o->val_batches);
+    REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);
+    REQUIRE(o->timers_every >= 0, "--timers-every must be >= 0 (got %d)", o->timers_every);
+    REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
+    REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0,
+            "--schedule must be 1f1b or gpipe (got '%s')", o->schedule);
+#undef REQUIRE
+    return PL_OK;
+}
+
+void config_print_help(FILE *out) {
+    for (int i = 0; i < NOPT; i++) {
+        const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s %s", options[i].name, arg);
+        fprintf(out, "  %-24s %s\n", flag, options[i].help);
+    }
+}
+
+/* Print a string as a JSON string literal. */
+static void json_str(FILE *out, const char *s) {
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+        else if (c < 0x20) fprintf(out, "\\u%04x", c);
+        else fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+void config_write_json(const pl_options *o, FILE *out) {
+    fputc('{', out);
+    for (int i = 0; i < NOPT; i++) {
+        const opt_desc *d = &options[i];
+        const void *src = (const char *)o + d->offset;
+        fprintf(out, "%s\"%s\":", i ? "," : "", d->name);
+        switch (d->type) {
+        case OPT_INT: fprintf(out, "%d", *(const int *)src); break;
+        case OPT_LL: fprintf(out, "%lld", *(const long long *)src); break;
+        case OPT_DBL: fprintf(out, "%.9g", *(const double *)src); break;
+        case OPT_STR: json_str(out, (const char *)src); break;
+        }
+    }
+    fputc('}', out);
+}

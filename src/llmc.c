@@ -1,0 +1,217 @@
+/*
+ * llmc.c — llm.c model-file reading and collective writing.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "pipelm/common.h"
+#include "pipelm/llmc.h"
+
+#define HEADER_BYTES 1024
+
+/* Floats of one layer's slice of a kind (or of the whole tensor for non-block kinds). */
+static size_t kind_numel(const gpt2_config *c, int kind) {
+    size_t C = c->C;
+    switch (kind) {
+    case P_WTE: return (size_t)c->Vp * C;
+    case P_WPE: return (size_t)c->maxT * C;
+    case P_QKVW: return 3 * C * C;
+    case P_QKVB: return 3 * C;
+    case P_ATTPROJW: return C * C;
+    case P_FCW: case P_FCPROJW: return 4 * C * C;
+    case P_FCB: return 4 * C;
+    default: return C; /* ln*, attprojb, fcprojb, lnf* */
+    }
+}
+
+static int is_block_kind(int kind) { return kind >= P_LN1W && kind <= P_FCPROJB; }
+
+size_t llmc_tensor_offset(const gpt2_config *c, int kind, int layer, size_t *numel) {
+    size_t off = 0; /* in elements after the header */
+    for (int k = 0; k < kind; k++) off += kind_numel(c, k) * (is_block_kind(k) ? (size_t)c->L : 1);
+    if (is_block_kind(kind)) off += kind_numel(c, kind) * (size_t)layer;
+    if (numel) *numel = kind_numel(c, kind);
+    return off;
+}
+
+int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "model file %s: %s", path, strerror(errno));
+        return PL_EIO;
+    }
+    int32_t h[256];
+    size_t got = fread(h, sizeof(int32_t), 256, f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    if (got != 256) {
+        snprintf(err, errlen, "model file %s: shorter than the 1024-byte header", path);
+        return PL_EIO;
+    }
+    if (h[0] != LLMC_MODEL_MAGIC) {
+        snprintf(err, errlen, "model file %s: bad magic %d (expected %d, an llm.c model file)",
+                 path, h[0], LLMC_MODEL_MAGIC);
+        return PL_EIO;
+    }
+    if (h[1] != 3 && h[1] != 5) {
+        snprintf(err, errlen, "model file %s: unsupported version %d (3 = fp32, 5 = bf16)", path, h[1]);
+        return PL_EIO;
+    }
+    if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], err, errlen) != PL_OK) return PL_EIO;
+    if (h[7] != cfg->Vp) {
+        snprintf(err, errlen, "model file %s: padded vocab %d is not V=%d rounded up to 128 (%d)",
+                 path, h[7], cfg->V, cfg->Vp);
+        return PL_EIO;
+    }
+    size_t elems = llmc_tensor_offset(cfg, P_NKINDS - 1, -1, NULL) + kind_numel(cfg, P_LNFB);
+    size_t expect = HEADER_BYTES + elems * (h[1] == 3 ? 4 : 2);
+    if ((size_t)size != expect) {
+        snprintf(err, errlen, "model file %s: %ld bytes, but its header (V=%d L=%d C=%d, version %d) "
+                 "needs %zu", path, size, cfg->V, cfg->L, cfg->C, h[1], expect);
+        return PL_EIO;
+    }
+    *version = h[1];
+    return PL_OK;
+}
+
+/* bf16 -> fp32: the 16 bits are the high half of the float. */
+static float bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
+    gpt2_config fc;
+    int version;
+    PL_TRY(llmc_read_config(path, &fc, &version, err, errlen));
+    const gpt2_config *c = &st->cfg;
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd"};
+    int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C}, b[] = {c->V, c->maxT, c->L, c->NH, c->C};
+    for (int i = 0; i < 5; i++)
+        if (a[i] != b[i]) {
+            snprintf(err, errlen, "model file %s: %s is %d in the file but %d in this run",
+                     path, names[i], a[i], b[i]);
+            return PL_EINVAL;
+        }
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, errlen, "model file %s: %s", path, strerror(errno));
+        return PL_EIO;
+    }
+    size_t esz = version == 3 ? 4 : 2;
+    int rc = PL_OK;
+    for (int i = 0; i < st->ntensors && rc == PL_OK; i++) {
+        const param_tensor *t = &st->tensors[i];
+        size_t numel;
+        size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
+        void *raw = malloc(numel * esz);
+        float *host = version == 3 ? raw : malloc(numel * sizeof(float));
+        if (!raw || !host) {
+            snprintf(err, errlen, "out of memory reading %s", t->name);
+            rc = PL_ENOMEM;
+        } else {
+            ssize_t got = pread(fd, raw, numel * esz, (off_t)(HEADER_BYTES + off * esz));
+            if (got != (ssize_t)(numel * esz)) {
+                snprintf(err, errlen, "model file %s: short read of %s", path, t->name);
+                rc = PL_EIO;
+            } else {
+                if (version == 5)
+                    for (size_t k = 0; k < numel; k++) host[k] = bf16_to_float(((uint16_t *)raw)[k]);
+                st->be->from_host(st->params + t->offset, host, numel * sizeof(float));
+            }
+        }
+        if (host != raw) free(host);
+        free(raw);
+    }
+    close(fd);
+    return rc;
+}
+
+/* Write every tensor this stage is responsible for into an open file. The last stage skips
+ * wte unless it is also the first (the first stage's copy is the one written). */
+static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
+    const gpt2_config *c = &st->cfg;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        if (t->kind == P_WTE && !st->has_embed) continue;
+        size_t numel;
+        size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
+        float *host = malloc(numel * sizeof(float));
+        if (!host) {
+            snprintf(err, errlen, "out of memory writing %s", t->name);
+            return PL_ENOMEM;
+        }
+        st->be->to_host(host, (grads ? st->grads : st->params) + t->offset, numel * sizeof(float));
+        ssize_t put = pwrite(fd, host, numel * 4, (off_t)(HEADER_BYTES + off * 4));
+        free(host);
+        if (put != (ssize_t)(numel * 4)) {
+            snprintf(err, errlen, "writing %s: %s", t->name, put < 0 ? strerror(errno) : "short write");
+            return PL_EIO;
+        }
+    }
+    return PL_OK;
+}
+
+int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char err[512] = "";
+    int rc = PL_OK;
+    const gpt2_config *c = &st->cfg;
+    if (rank == 0) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) {
+            snprintf(err, sizeof err, "%s", strerror(errno));
+            rc = PL_EIO;
+        } else {
+            int32_t h[256] = {0};
+            h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L;
+            h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+            size_t elems = llmc_tensor_offset(c, P_LNFB, -1, NULL) + c->C;
+            if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
+                ftruncate(fd, (off_t)(HEADER_BYTES + elems * 4)) != 0) {
+                snprintf(err, sizeof err, "%s", strerror(errno));
+                rc = PL_EIO;
+            }
+            if (close(fd) != 0 && rc == PL_OK) { snprintf(err, sizeof err, "%s", strerror(errno)); rc = PL_EIO; }
+        }
+    }
+    int any;
+    PL_MPI_CHECK(MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, comm));
+    if (any == PL_OK) {
+        int fd = open(tmp, O_WRONLY);
+        if (fd < 0) {
+            snprintf(err, sizeof err, "%s", strerror(errno));
+            rc = PL_EIO;
+        } else {
+            rc = write_stage(fd, st, grads, err, sizeof err);
+            if (fsync(fd) != 0 && rc == PL_OK) { snprintf(err, sizeof err, "fsync: %s", strerror(errno)); rc = PL_EIO; }
+            if (close(fd) != 0 && rc == PL_OK) { snprintf(err, sizeof err, "close: %s", strerror(errno)); rc = PL_EIO; }
+        }
+        PL_MPI_CHECK(MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, comm));
+    }
+    if (rc != PL_OK) pl_error("writing model file %s: %s", path, err);
+    if (any != PL_OK) {
+        if (rank == 0) unlink(tmp);
+        return any;
+    }
+    if (rank == 0 && rename(tmp, path) != 0) {
+        pl_error("renaming %s to %s: %s", tmp, path, strerror(errno));
+        rc = PL_EIO;
+    }
+    PL_MPI_CHECK(MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, comm));
+    return any;
+}

@@ -1,0 +1,145 @@
+/*
+ * pipelm.c — subcommand dispatch: the library entry point behind `main`.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/bench.h"
+#include "pipelm/common.h"
+#include "pipelm/config.h"
+#include "pipelm/pipelm.h"
+#include "pipelm/sched.h"
+#include "pipelm/train.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "pipelm %s — pipeline-parallel GPT-2 training over MPI\n\n"
+            "usage: mpiexec -n P pipelm <command> [options]\n\n"
+            "commands:\n"
+            "  train      train a GPT-2 model, one pipeline stage per MPI rank\n"
+            "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
+            "  bench      measure performance (--peak: sgemm GFLOP/s)\n\n"
+            "  pipelm <command> --help   options of a command\n"
+            "  pipelm --version\n",
+            PACKAGE_VERSION);
+}
+
+static void train_usage(FILE *out) {
+    fprintf(out, "usage: mpiexec -n P pipelm train [options]\n\n"
+                 "Trains GPT-2 (llm.c's definition) split into P pipeline stages, one per rank.\n"
+                 "Settings come from the preset, then --config FILE, then the command line.\n\noptions:\n");
+    config_print_help(out);
+}
+
+/* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
+static int schedule_main(int argc, char **argv, int first, int rank) {
+    int P = 0, M = 0;
+    const char *name = "1f1b", *csv = NULL, *in = NULL;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0) {
+            if (rank == 0)
+                printf("usage: pipelm schedule --stages P --microbatches M [--schedule 1f1b|gpipe] "
+                       "[--csv OUT.csv] [--load IN.csv]\n"
+                       "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
+                       "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n");
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            if (rank == 0) pl_error("schedule: option %s needs a value", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end;
+        if (strcmp(a, "--stages") == 0) { P = (int)strtol(v, &end, 10); if (*end || P < 1) P = -1; }
+        else if (strcmp(a, "--microbatches") == 0) { M = (int)strtol(v, &end, 10); if (*end || M < 1) M = -1; }
+        else if (strcmp(a, "--schedule") == 0) name = v;
+        else if (strcmp(a, "--csv") == 0) csv = v;
+        else if (strcmp(a, "--load") == 0) in = v;
+        else {
+            if (rank == 0) pl_error("schedule: unknown option '%s' (see pipelm schedule --help)", a);
+            return 2;
+        }
+    }
+    if (rank != 0) return 0;
+    sched s;
+    char err[1024];
+    if (in) {
+        FILE *f = fopen(in, "r");
+        if (!f) { pl_error("schedule: cannot open %s", in); return 1; }
+        int rc = sched_read_csv(f, in, &s, err, sizeof err);
+        fclose(f);
+        if (rc) { pl_error("schedule %s: %s", in, err); return 1; }
+    } else {
+        if (P <= 0 || M <= 0) {
+            pl_error("schedule: --stages and --microbatches must be positive integers");
+            return 2;
+        }
+        if (sched_build(name, P, M, &s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
+    }
+    if (sched_validate(&s, err, sizeof err)) {
+        pl_error("schedule %s is invalid: %s", s.name, err);
+        sched_free(&s);
+        return 1;
+    }
+    sched_print_grid(&s, pl_out ? pl_out : stdout);
+    if (csv) {
+        FILE *f = fopen(csv, "w");
+        if (!f || sched_write_csv(&s, f) != 0) {
+            pl_error("schedule: cannot write %s", csv);
+            if (f) fclose(f);
+            sched_free(&s);
+            return 1;
+        }
+        fclose(f);
+        pl_info("wrote %s\n", csv);
+    }
+    sched_free(&s);
+    return 0;
+}
+
+int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_needed) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    pl_rank = rank;
+    pl_out = out ? out : stdout;
+    *abort_needed = 0;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        if (rank == 0) usage(argc < 2 ? stderr : pl_out);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        if (rank == 0) fprintf(pl_out, "pipelm %s\n", PACKAGE_VERSION);
+        return 0;
+    }
+    if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
+    if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv, 2, comm, abort_needed);
+    if (strcmp(argv[1], "train") != 0) {
+        if (rank == 0) {
+            pl_error("unknown command '%s'", argv[1]);
+            usage(stderr);
+        }
+        return 2;
+    }
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            if (rank == 0) train_usage(pl_out);
+            return 0;
+        }
+    pl_options o;
+    config_defaults(&o);
+    char err[1024];
+    /* every rank parses the same arguments, so every rank sees the same error: no hang */
+    if (config_parse(&o, argc, argv, 2, err, sizeof err) != PL_OK ||
+        config_validate(&o, err, sizeof err) != PL_OK) {
+        if (rank == 0) pl_error("%s", err);
+        return 2;
+    }
+    int agreed = 1;
+    int rc = train_run(&o, comm, &agreed);
+    if (rc != PL_OK && !agreed) *abort_needed = 1;
+    return rc == PL_OK ? 0 : 1;
+}

@@ -1,0 +1,109 @@
+/*
+ * trace.c — in-memory event log per rank, gathered to rank 0 as Chrome trace JSON.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/common.h"
+#include "pipelm/trace.h"
+
+/* One event, fixed size so ranks can ship arrays of them as bytes. */
+typedef struct {
+    char name[24], cat[12];
+    int mb;
+    double t0, t1;
+} trace_ev;
+
+struct trace {
+    MPI_Comm comm;
+    int rank, size;
+    double origin;
+    trace_ev *ev;
+    size_t n, cap;
+};
+
+trace *trace_open(MPI_Comm comm) {
+    trace *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->comm = comm;
+    MPI_Comm_rank(comm, &t->rank);
+    MPI_Comm_size(comm, &t->size);
+    MPI_Barrier(comm);
+    t->origin = MPI_Wtime();
+    return t;
+}
+
+void trace_event(trace *t, const char *name, const char *cat, int mb, double t0, double t1) {
+    if (!t) return;
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 4096;
+        trace_ev *nv = realloc(t->ev, cap * sizeof *nv);
+        if (!nv) return; /* a trace is best effort: drop events rather than fail the run */
+        t->ev = nv;
+        t->cap = cap;
+    }
+    trace_ev *e = &t->ev[t->n++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->cat, sizeof e->cat, "%s", cat);
+    e->mb = mb;
+    e->t0 = t0 - t->origin;
+    e->t1 = t1 - t->origin;
+}
+
+int trace_write(trace *t, const char *path) {
+    if (!t) return PL_OK;
+    int rc = PL_OK;
+    int count = (int)t->n * (int)sizeof(trace_ev);
+    int *counts = NULL, *displs = NULL;
+    char *all = NULL;
+    if (t->rank == 0) {
+        counts = calloc(t->size, sizeof(int));
+        displs = calloc(t->size, sizeof(int));
+    }
+    MPI_Gather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, t->comm);
+    if (t->rank == 0) {
+        size_t total = 0;
+        for (int i = 0; i < t->size; i++) { displs[i] = (int)total; total += counts[i]; }
+        all = malloc(total ? total : 1);
+    }
+    MPI_Gatherv(t->ev, count, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, t->comm);
+    if (t->rank == 0) {
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            pl_error("cannot write trace %s", path);
+            rc = PL_EIO;
+        } else {
+            fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+            int firstev = 1;
+            for (int r = 0; r < t->size; r++) {
+                fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+                        firstev ? "" : ",\n", r, r);
+                firstev = 0;
+                const trace_ev *ev = (const trace_ev *)(all + displs[r]);
+                int ne = counts[r] / (int)sizeof(trace_ev);
+                for (int i = 0; i < ne; i++) {
+                    double us0 = ev[i].t0 * 1e6, dur = (ev[i].t1 - ev[i].t0) * 1e6;
+                    if (ev[i].mb >= 0)
+                        fprintf(f, ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                                "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"mb\":%d}}",
+                                ev[i].name, strlen(ev[i].name) > 1 ? " " : "", ev[i].mb, ev[i].cat, r, us0, dur, ev[i].mb);
+                    else
+                        fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                                "\"ts\":%.3f,\"dur\":%.3f}", ev[i].name, ev[i].cat, r, us0, dur);
+                }
+            }
+            fprintf(f, "\n]}\n");
+            if (fclose(f) != 0) rc = PL_EIO;
+        }
+    }
+    MPI_Bcast(&rc, 1, MPI_INT, 0, t->comm);
+    free(counts);
+    free(displs);
+    free(all);
+    free(t->ev);
+    free(t);
+    return rc;
+}

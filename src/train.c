@@ -1,0 +1,504 @@
+/*
+ * train.c — the training loop of one rank: set-up, steps, evaluation, reporting.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "pipelm/common.h"
+#include "pipelm/config.h"
+#include "pipelm/data.h"
+#include "pipelm/engine.h"
+#include "pipelm/llmc.h"
+#include "pipelm/metrics.h"
+#include "pipelm/model.h"
+#include "pipelm/sched.h"
+#include "pipelm/split.h"
+#include "pipelm/trace.h"
+#include "pipelm/train.h"
+
+/* Per-rank timers in seconds, accumulated between reports. */
+enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
+
+/* Everything one rank needs during a run. */
+typedef struct {
+    const pl_options *o;
+    MPI_Comm comm, tied;
+    int rank, P, B, T, M;
+    gpt2_config cfg;
+    split sp;
+    sched sc;
+    stage st;
+    engine eng;
+    data_source train, val;
+    int have_train, have_val;
+    int *inputs, *targets;
+    metrics mx;
+    int tty;
+    double tm[TM_N];
+    int tm_steps;
+} run;
+
+double train_lr(const pl_options *o, int step) {
+    if (o->warmup_steps > 0 && step <= o->warmup_steps) return o->lr * step / o->warmup_steps;
+    if (strcmp(o->lr_schedule, "constant") == 0 || o->steps <= o->warmup_steps) return o->lr;
+    double progress = (double)(step - o->warmup_steps) / (double)(o->steps - o->warmup_steps);
+    if (progress > 1.0) progress = 1.0;
+    return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+/* All ranks agree on a status: the worst code wins; rank 0 says who failed. */
+static int agree(run *R, int rc, const char *phase) {
+    int in[2] = {rc, rc != PL_OK ? R->rank : -1}, out[2];
+    if (MPI_Allreduce(in, out, 2, MPI_INT, MPI_MAX, R->comm) != MPI_SUCCESS) return PL_EMPI;
+    if (out[0] != PL_OK && R->rank == 0 && R->P > 1)
+        fprintf(stderr, "pipelm: stopping all %d ranks: rank %d failed during %s (message above)\n",
+                R->P, out[1], phase);
+    return out[0];
+}
+
+/* Resolve the model dimensions: from --init's header, else from the options. */
+static int resolve_config(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (o->init[0]) {
+        int version;
+        PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
+        if (o->set_dims || o->set_vocab) {
+            const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd"};
+            int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd};
+            int b[] = {R->cfg.V, R->cfg.maxT, R->cfg.L, R->cfg.NH, R->cfg.C};
+            for (int i = 0; i < 5; i++)
+                if ((i == 0 ? o->set_vocab : o->set_dims) && a[i] != b[i]) {
+                    snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i],
+                             o->init, names[i], b[i]);
+                    return PL_EINVAL;
+                }
+        }
+    } else {
+        int V = o->vocab_size, dv = data_spec_vocab(o->data);
+        if (dv && !o->set_vocab) V = dv;
+        PL_TRY(gpt2_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen));
+    }
+    if (R->T > R->cfg.maxT) {
+        snprintf(err, errlen, "--seq-len %d exceeds the model's max-seq-len %d", R->T, R->cfg.maxT);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+/* Split, schedule, stage, data, metrics: everything that can fail before step 1. */
+static int setup(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (o->fail_rank == R->rank && o->fail_step == 0) {
+        snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->fail_rank);
+        return PL_EPEER;
+    }
+    const backend *be = backend_find(o->backend);
+    if (!be) {
+        snprintf(err, errlen, "unknown or unbuilt backend '%s' (this build has: cpu)", o->backend);
+        return PL_EINVAL;
+    }
+    PL_TRY(be->init(err, errlen));
+    PL_TRY(resolve_config(R, err, errlen));
+    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->P, R->T, err, errlen));
+    if (o->schedule_csv[0]) {
+        FILE *f = fopen(o->schedule_csv, "r");
+        if (!f) {
+            snprintf(err, errlen, "schedule file %.512s: cannot open it", o->schedule_csv);
+            return PL_EIO;
+        }
+        int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
+        fclose(f);
+        PL_TRY(rc ? PL_EINVAL : PL_OK);
+        if (R->sc.P != R->P) {
+            snprintf(err, errlen, "schedule file %.512s has %d rows (ranks) but the job has %d ranks",
+                     o->schedule_csv, R->sc.P, R->P);
+            return PL_EINVAL;
+        }
+        if (R->sc.M != R->M) {
+            snprintf(err, errlen, "schedule file %.512s uses %d micro-batches but --microbatches is %d",
+                     o->schedule_csv, R->sc.M, R->M);
+            return PL_EINVAL;
+        }
+    } else if (sched_build(o->schedule, R->P, R->M, &R->sc, err, errlen) != 0) {
+        return PL_EINVAL;
+    }
+    if (sched_validate(&R->sc, err, errlen) != 0) return PL_EINVAL;
+    int s = R->rank, P = R->P;
+    int nslots = sched_max_inflight(&R->sc, s);
+    PL_TRY(stage_init(&R->st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0,
+                      s == P - 1, R->B / R->M, R->T, nslots > 0 ? nslots : 1, be, err, errlen));
+    if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
+    else stage_init_params(&R->st, (unsigned long long)o->seed);
+    PL_TRY(engine_init(&R->eng, &R->st, &R->sc, R->comm, err, errlen));
+    R->eng.fail_rank = o->fail_rank;
+    R->eng.fail_step = o->fail_step;
+    /* data: the first stage needs inputs, the last the targets */
+    if (s == 0 || s == P - 1) {
+        PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
+                         err, errlen));
+        R->have_train = 1;
+        PL_TRY(data_check_batch(&R->train, R->B, R->T, err, errlen));
+        const char *vspec = o->val_data[0] ? o->val_data : strcmp(o->data, "markov") == 0 ? "markov" : NULL;
+        if (vspec) {
+            PL_TRY(data_open(&R->val, vspec, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed,
+                             1ULL << 60, err, errlen));
+            R->have_val = 1;
+            PL_TRY(data_check_batch(&R->val, R->B, R->T, err, errlen));
+        }
+        R->inputs = malloc(sizeof(int) * (size_t)R->B * R->T);
+        R->targets = malloc(sizeof(int) * (size_t)R->B * R->T);
+        if (!R->inputs || !R->targets) {
+            snprintf(err, errlen, "out of memory for the batch");
+            return PL_ENOMEM;
+        }
+    }
+    if (R->rank == 0 && o->metrics[0]) PL_TRY(metrics_open(&R->mx, o->metrics, err, errlen));
+    /* the two holders of the tied embedding share a communicator */
+    int color = (s == 0 || s == P - 1) ? 0 : MPI_UNDEFINED;
+    PL_MPI_CHECK(MPI_Comm_split(R->comm, color, s, &R->tied));
+    return PL_OK;
+}
+
+/* Rank 0 prints the stage table: who owns what, and its estimated cost. */
+static void print_stage_table(run *R) {
+    const split *sp = &R->sp;
+    int Bm = R->B / R->M;
+    pl_info("model: V=%d (padded %d) C=%d L=%d NH=%d maxT=%d, %zu parameters\n", R->cfg.V, R->cfg.Vp,
+            R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.maxT, gpt2_num_params(&R->cfg));
+    pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
+            R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
+    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight\n");
+    for (int s = 0; s < sp->P; s++) {
+        char parts[32];
+        snprintf(parts, sizeof parts, "%s%s", s == 0 ? "E" : "", s == sp->P - 1 ? "H" : "");
+        char blocks[32];
+        if (sp->blocks[s]) snprintf(blocks, sizeof blocks, "%d-%d", sp->first[s], sp->first[s] + sp->blocks[s] - 1);
+        else snprintf(blocks, sizeof blocks, "-");
+        double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d\n", s, s, blocks, parts,
+                split_stage_params(sp, &R->cfg, s), gf,
+                split_stage_act_bytes(sp, &R->cfg, s, Bm, R->T) / 1048576.0, sched_max_inflight(&R->sc, s));
+    }
+    pl_info("  (E = embeddings, H = final norm + LM head + loss; blocks are layer numbers)\n");
+}
+
+/* Squared gradient norms per part (slot 0 embeddings, 1+l block l, L+1 final norm) plus the
+ * loss sum in slot L+2, summed over ranks: every slot has one owner, so the sums are exact. */
+static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss, int *bad_slot) {
+    stage *st = &R->st;
+    int L = R->cfg.L, n = L + 3;
+    double *v = calloc(n, sizeof(double)), *g = calloc(n, sizeof(double));
+    if (!v || !g) { free(v); free(g); return PL_ENOMEM; }
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        if (t->kind == P_WTE && !st->has_embed) continue; /* the tied copy counts once */
+        int slot = t->layer >= 0 ? 1 + t->layer : (t->kind == P_LNFW || t->kind == P_LNFB) ? L + 1 : 0;
+        v[slot] += st->be->sumsq(st->grads + t->offset, t->numel);
+    }
+    if (st->has_head) v[L + 2] = loss_sum;
+    int rc = MPI_Allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->comm);
+    double total = 0.0;
+    *bad_slot = -1;
+    for (int i = 0; i <= L + 1; i++) {
+        total += g[i];
+        if (!isfinite(g[i]) && *bad_slot < 0) *bad_slot = i;
+    }
+    *norm = sqrt(total);
+    *loss = g[L + 2] / ((double)R->B * R->T);
+    free(v);
+    free(g);
+    return rc == MPI_SUCCESS ? PL_OK : PL_EMPI;
+}
+
+/* Name of a norm slot for messages. */
+static void slot_name(const run *R, int slot, char *buf, size_t len) {
+    if (slot == 0) snprintf(buf, len, "the embeddings (stage 0)");
+    else if (slot == R->cfg.L + 1) snprintf(buf, len, "the final LayerNorm (stage %d)", R->P - 1);
+    else {
+        int l = slot - 1, s = 0;
+        while (s < R->P - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
+        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s);
+    }
+}
+
+/* Gather every rank's timers (ms per step over the interval) and print min/median/max. */
+static int report_timers(run *R, int step) {
+    double mine[TM_N + 1], *all = NULL;
+    int k = R->tm_steps ? R->tm_steps : 1;
+    for (int i = 0; i < TM_N; i++) mine[i] = 1e3 * R->tm[i] / k;
+    mine[TM_N] = mine[TM_STEP] - mine[TM_FWD] - mine[TM_BWD] - mine[TM_WAIT] - mine[TM_OPT];
+    if (mine[TM_N] < 0) mine[TM_N] = 0;
+    if (R->rank == 0) all = malloc(sizeof(double) * (TM_N + 1) * R->P);
+    PL_MPI_CHECK(MPI_Gather(mine, TM_N + 1, MPI_DOUBLE, all, TM_N + 1, MPI_DOUBLE, 0, R->comm));
+    if (R->rank == 0 && all) {
+        const char *names[TM_N + 1] = {"forward", "backward", "MPI wait", "optimizer", "step", "idle"};
+        pl_info("timers over steps %d-%d (ms per step)    min   median      max  (rank of max)\n",
+                step - R->tm_steps + 1, step);
+        for (int i = 0; i < TM_N + 1; i++) {
+            double *col = malloc(sizeof(double) * R->P);
+            int argmax = 0;
+            for (int r = 0; r < R->P; r++) {
+                col[r] = all[r * (TM_N + 1) + i];
+                if (col[r] > all[argmax * (TM_N + 1) + i]) argmax = r;
+            }
+            for (int a = 1; a < R->P; a++) /* insertion sort: P is small */
+                for (int b = a; b > 0 && col[b] < col[b - 1]; b--) { double t = col[b]; col[b] = col[b - 1]; col[b - 1] = t; }
+            double med = R->P % 2 ? col[R->P / 2] : 0.5 * (col[R->P / 2 - 1] + col[R->P / 2]);
+            pl_info("  %-36s %8.2f %8.2f %8.2f  (%d)\n", names[i], col[0], med, col[R->P - 1], argmax);
+            free(col);
+        }
+        char line[8192];
+        int off = snprintf(line, sizeof line, "{\"event\":\"timers\",\"step\":%d,\"ranks\":[", step);
+        for (int r = 0; r < R->P && off < (int)sizeof line - 256; r++) {
+            const double *t = all + r * (TM_N + 1);
+            off += snprintf(line + off, sizeof line - off,
+                            "%s{\"rank\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"wait_ms\":%.3f,\"opt_ms\":%.3f,"
+                            "\"idle_ms\":%.3f,\"step_ms\":%.3f}", r ? "," : "", r, t[TM_FWD], t[TM_BWD],
+                            t[TM_WAIT], t[TM_OPT], t[TM_N], t[TM_STEP]);
+        }
+        snprintf(line + off, sizeof line - off, "]}");
+        metrics_line(&R->mx, "%s", line);
+        free(all);
+    }
+    memset(R->tm, 0, sizeof R->tm);
+    R->tm_steps = 0;
+    return PL_OK;
+}
+
+/* Validation: val_batches batches forward only; every rank gets the mean loss. */
+static int evaluate(run *R, double *val_loss) {
+    double sum = 0.0;
+    for (int k = 0; k < R->o->val_batches; k++) {
+        if (R->have_val) data_batch(&R->val, k, R->B, R->T, R->inputs, R->targets);
+        double l = 0.0;
+        PL_TRY(engine_eval(&R->eng, R->inputs, R->targets, &l));
+        sum += l;
+    }
+    double in = R->st.has_head ? sum : 0.0, out = 0.0;
+    PL_MPI_CHECK(MPI_Allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, R->comm));
+    *val_loss = out / ((double)R->o->val_batches * R->B * R->T);
+    return PL_OK;
+}
+
+/* Progress bar on a terminal, redrawn in place under the step lines. */
+static void draw_progress(run *R, int step, double elapsed) {
+    if (!R->tty || R->rank != 0) return;
+    int steps = R->o->steps, width = 30, fill = steps ? width * step / steps : width;
+    double eta = step ? elapsed / step * (steps - step) : 0;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(pl_out, "\r\033[K[%s] %d/%d  ETA %dm%02ds", bar, step, steps, (int)eta / 60, (int)eta % 60);
+    fflush(pl_out);
+}
+
+/* One optimizer step: tied-gradient sum, norm and loss, clipping, AdamW on every tensor. */
+static int optimizer_step(run *R, int step, double loss_sum, double *loss, double *norm, double lr) {
+    stage *st = &R->st;
+    const pl_options *o = R->o;
+    size_t wte_n = (size_t)R->cfg.Vp * R->cfg.C;
+    /* dwte = embedding share + head share: added locally on one rank, summed across two */
+    if (st->has_embed && st->has_head) st->be->add_inplace(st->dwte, st->dwte_head, wte_n);
+    else if (st->has_head) st->be->copy(st->dwte, st->dwte_head, wte_n * sizeof(float));
+    if (R->P > 1 && (st->has_embed || st->has_head))
+        PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, st->dwte, (int)wte_n, MPI_FLOAT, MPI_SUM, R->tied));
+    int bad;
+    PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad));
+    if (bad >= 0 || !isfinite(*loss)) {
+        char where[128];
+        if (bad >= 0) slot_name(R, bad, where, sizeof where);
+        if (R->rank == 0)
+            pl_error("step %d: non-finite %s (loss %g, gradient norm %g)%s%s; stopping all ranks "
+                     "(try a lower --lr or --grad-clip)", step, bad >= 0 ? "gradient" : "loss", *loss, *norm,
+                     bad >= 0 ? " first in " : "", bad >= 0 ? where : "");
+        return PL_ENUM;
+    }
+    if (step == 1 && o->dump_grads[0]) PL_TRY(llmc_save(o->dump_grads, st, 1, R->comm));
+    if (o->grad_clip > 0 && *norm > o->grad_clip) {
+        float s = (float)(o->grad_clip / (*norm + 1e-6));
+        st->be->scale(st->grads, s, st->nparams);
+    }
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        st->be->adamw(st->params + t->offset, st->grads + t->offset, st->m + t->offset,
+                      st->v + t->offset, t->numel, (float)lr, (float)o->beta1, (float)o->beta2,
+                      (float)o->eps, t->decay ? (float)o->weight_decay : 0.0f, step);
+    }
+    return PL_OK;
+}
+
+/* Threads per rank: --threads, else OMP_NUM_THREADS, else cores / ranks on this node. */
+static void set_threads(run *R) {
+    int n = R->o->threads;
+    if (n <= 0 && getenv("OMP_NUM_THREADS")) n = atoi(getenv("OMP_NUM_THREADS"));
+    if (n <= 0) {
+        MPI_Comm node;
+        int local = 1;
+        if (MPI_Comm_split_type(R->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+            MPI_Comm_size(node, &local);
+            MPI_Comm_free(&node);
+        }
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores / local);
+    }
+    backend_cpu_set_threads(n > 0 ? n : 1);
+}
+
+/* The "run" line of the metrics file. */
+static void write_run_line(run *R) {
+    if (!R->mx.f) return;
+    FILE *f = R->mx.f;
+    char ent[64];
+    metrics_num(ent, sizeof ent, R->have_train ? R->train.entropy : NAN);
+    fprintf(f, "{\"event\":\"run\",\"version\":\"%s\",\"config\":", PACKAGE_VERSION);
+    config_write_json(R->o, f);
+    fprintf(f, ",\"model\":{\"vocab_size\":%d,\"padded_vocab_size\":%d,\"max_seq_len\":%d,\"n_layer\":%d,"
+            "\"n_head\":%d,\"n_embd\":%d,\"params\":%zu}", R->cfg.V, R->cfg.Vp, R->cfg.maxT, R->cfg.L,
+            R->cfg.NH, R->cfg.C, gpt2_num_params(&R->cfg));
+    fprintf(f, ",\"ranks\":%d,\"stages\":%d,\"split\":", R->P, R->P);
+    split_write_json(&R->sp, f);
+    fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s}\n",
+            R->sc.name, R->M, R->have_train ? R->train.desc : "", ent);
+    fflush(f);
+}
+
+int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
+    run R;
+    *agreed = 1;
+    memset(&R, 0, sizeof R);
+    R.o = o;
+    R.comm = comm;
+    R.tied = MPI_COMM_NULL;
+    MPI_Comm_rank(comm, &R.rank);
+    MPI_Comm_size(comm, &R.P);
+    R.B = o->batch;
+    R.T = o->seq_len;
+    R.M = o->microbatches;
+    R.tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
+    set_threads(&R);
+    char err[1024] = "";
+    int rc = setup(&R, err, sizeof err);
+    if (rc != PL_OK && err[0]) pl_error("%s", err);
+    /* rank 0 must know the entropy floor, which only data ranks compute */
+    rc = agree(&R, rc, "set-up");
+    if (rc != PL_OK) goto done;
+    if (R.P > 1) {
+        double ent = R.have_train ? R.train.entropy : NAN;
+        PL_MPI_CHECK(MPI_Bcast(&ent, 1, MPI_DOUBLE, R.P - 1, comm));
+        if (R.rank == 0) R.train.entropy = ent;
+    }
+    print_stage_table(&R);
+    if (isfinite(R.train.entropy))
+        pl_info("data: %s, entropy floor %.4f nats/token (the best loss any model can reach)\n",
+                R.train.desc, R.train.entropy);
+    else if (R.have_train)
+        pl_info("data: %s\n", R.train.desc);
+    write_run_line(&R);
+    trace *tr = NULL;
+    (void)tr;
+    double t_start = pl_now(), last_loss = NAN;
+    float dloss = (float)(1.0 / ((double)R.B * R.T));
+    int step;
+    for (step = 1; step <= o->steps; step++) {
+        double t0 = pl_now();
+        double lr = train_lr(o, step);
+        if (R.have_train) data_batch(&R.train, step - 1, R.B, R.T, R.inputs, R.targets);
+        stage_zero_grads(&R.st);
+        R.eng.t_fwd = R.eng.t_bwd = R.eng.t_wait = 0;
+        double loss_sum = 0.0, loss, norm;
+        rc = engine_step(&R.eng, step, R.inputs, R.targets, dloss, &loss_sum);
+        if (rc != PL_OK) { /* mid-step: peers may be blocked in MPI; the caller aborts */
+            *agreed = 0;
+            goto done;
+        }
+        double t1 = pl_now();
+        rc = optimizer_step(&R, step, loss_sum, &loss, &norm, lr);
+        if (rc != PL_OK) {
+            *agreed = rc == PL_ENUM; /* a bad norm or loss is seen by every rank at once */
+            goto done;
+        }
+        double t2 = pl_now();
+        R.tm[TM_FWD] += R.eng.t_fwd;
+        R.tm[TM_BWD] += R.eng.t_bwd;
+        R.tm[TM_WAIT] += R.eng.t_wait;
+        R.tm[TM_OPT] += t2 - t1;
+        R.tm[TM_STEP] += t2 - t0;
+        R.tm_steps++;
+        last_loss = loss;
+        double ms = 1e3 * (t2 - t0), tps = R.B * R.T / (t2 - t0);
+        if (R.rank == 0) {
+            if (step % o->log_every == 0 || step == o->steps) {
+                if (R.tty) fprintf(pl_out, "\r\033[K");
+                pl_info("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s\n", step,
+                        o->steps, loss, lr, norm, ms, tps);
+            }
+            char l[64], g[64];
+            metrics_num(l, sizeof l, loss);
+            metrics_num(g, sizeof g, norm);
+            metrics_line(&R.mx, "{\"event\":\"step\",\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,"
+                         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f}", step, l, lr, g, ms, tps);
+            draw_progress(&R, step, pl_now() - t_start);
+        }
+        if ((o->timers_every && step % o->timers_every == 0)) {
+            rc = report_timers(&R, step);
+            if (rc != PL_OK) { *agreed = 0; goto done; }
+        }
+        if ((o->eval_every && step % o->eval_every == 0) || step == o->steps) {
+            if (R.have_val || R.P > 1) {
+                int anyval = R.have_val;
+                PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &anyval, 1, MPI_INT, MPI_MAX, comm));
+                if (anyval) {
+                    double vl;
+                    rc = evaluate(&R, &vl);
+                    if (rc != PL_OK) { *agreed = 0; goto done; }
+                    if (R.tty && R.rank == 0) fprintf(pl_out, "\r\033[K");
+                    pl_info("val   %5d | val_loss %.6f\n", step, vl);
+                    metrics_line(&R.mx, "{\"event\":\"val\",\"step\":%d,\"val_loss\":%.17g}", step, vl);
+                }
+            }
+        }
+    }
+    if (R.tty && R.rank == 0) fprintf(pl_out, "\r\033[K");
+    if (R.tm_steps) {
+        rc = report_timers(&R, o->steps);
+        if (rc != PL_OK) { *agreed = 0; goto done; }
+    }
+    if (o->save_final[0]) {
+        rc = llmc_save(o->save_final, &R.st, 0, comm);
+        if (rc != PL_OK) goto done;
+        pl_info("saved final weights to %s\n", o->save_final);
+    }
+    {
+        /* the engine's own accounting of activations held at once, per stage */
+        int *peaks = R.rank == 0 ? malloc(sizeof(int) * R.P) : NULL;
+        PL_MPI_CHECK(MPI_Gather(&R.st.slots_peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, comm));
+        double wall = pl_now() - t_start;
+        if (R.rank == 0) {
+            char l[64], buf[2048];
+            int off = 0;
+            for (int s = 0; s < R.P && off < (int)sizeof buf - 16; s++)
+                off += snprintf(buf + off, sizeof buf - off, "%s%d", s ? "," : "", peaks[s]);
+            metrics_num(l, sizeof l, last_loss);
+            metrics_line(&R.mx, "{\"event\":\"end\",\"steps\":%d,\"final_loss\":%s,\"wall_s\":%.3f,"
+                         "\"inflight_peak\":[%s]}", o->steps, l, wall, buf);
+            pl_info("done: %d steps in %.1f s, final loss %.6f\n", o->steps, wall, last_loss);
+        }
+        free(peaks);
+    }
+done:
+    metrics_close(&R.mx);
+    if (R.tied != MPI_COMM_NULL) MPI_Comm_free(&R.tied);
+    engine_free(&R.eng);
+    stage_free(&R.st);
+    sched_free(&R.sc);
+    split_free(&R.sp);
+    if (R.have_train) data_close(&R.train);
+    if (R.have_val) data_close(&R.val);
+    free(R.inputs);
+    free(R.targets);
+    return rc;
+}

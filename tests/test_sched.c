@@ -1,0 +1,554 @@
+/*
+ * test_sched.c: Check tests for the pipeline schedule module (src/sched.c):
+ * generators, action strings, CSV round trip, validator, simulator, grid.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipelm/sched.h"
+
+// ----------------------------------------------------------------------------
+// helpers
+
+/* build a schedule from CSV text, the way a user-written schedule arrives */
+static void from_text(const char *text, sched *s) {
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    rewind(f);
+    char err[256] = "";
+    int rc = sched_read_csv(f, "hand", s, err, sizeof(err));
+    fclose(f);
+    ck_assert_msg(rc == 0, "sched_read_csv failed: %s", err);
+}
+
+/* run the validator on CSV text and return its message (must fail) */
+static void expect_invalid(const char *text, char *err, size_t errlen) {
+    sched s;
+    from_text(text, &s);
+    err[0] = '\0';
+    int rc = sched_validate(&s, err, errlen);
+    sched_free(&s);
+    ck_assert_msg(rc != 0, "validator accepted a bad schedule:\n%s", text);
+    ck_assert_msg(strlen(err) > 0, "validator gave no message");
+}
+
+/* the CSV text of a generated schedule (caller frees) */
+static char *csv_of(const char *name, int P, int M) {
+    sched s;
+    char err[256];
+    ck_assert_int_eq(sched_build(name, P, M, &s, err, sizeof(err)), 0);
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(sched_write_csv(&s, f), 0);
+    long len = ftell(f);
+    rewind(f);
+    char *buf = calloc((size_t)len + 1, 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq((long)fread(buf, 1, (size_t)len, f), len);
+    fclose(f);
+    sched_free(&s);
+    return buf;
+}
+
+/* remove one whole cell (e.g. "0SEND_F1") from CSV text in place */
+static void drop_cell(char *csv, const char *cell) {
+    size_t l = strlen(cell);
+    for (char *p = csv; (p = strstr(p, cell)) != NULL; p++) {
+        int start_ok = p == csv || p[-1] == ',' || p[-1] == '\n';
+        int end_ok = p[l] == ',' || p[l] == '\n' || p[l] == '\0';
+        if (!start_ok || !end_ok) continue;
+        char *from = p + l;
+        if (*from == ',') from++;                       // "cell," -> ""
+        else if (p > csv && p[-1] == ',') p--;          // ",cell\n" -> "\n"
+        memmove(p, from, strlen(from) + 1);
+        return;
+    }
+    ck_abort_msg("cell %s not found", cell);
+}
+
+// ----------------------------------------------------------------------------
+// generators
+
+/* every P<=8, M<=16 schedule validates, with the expected memory profile */
+START_TEST(test_generators_valid) {
+    const char *names[2] = { "gpipe", "1f1b" };
+    char err[512];
+    for (int k = 0; k < 2; k++) {
+        for (int P = 1; P <= 8; P++) {
+            for (int M = 1; M <= 16; M++) {
+                sched s;
+                ck_assert_msg(sched_build(names[k], P, M, &s, err, sizeof(err)) == 0, "%s", err);
+                ck_assert_str_eq(s.name, names[k]);
+                ck_assert_int_eq(s.P, P);
+                ck_assert_int_eq(s.M, M);
+                ck_assert_msg(sched_validate(&s, err, sizeof(err)) == 0,
+                              "%s P=%d M=%d invalid: %s", names[k], P, M, err);
+                for (int r = 0; r < P; r++) {
+                    int want = k == 0 ? M : (P - r < M ? P - r : M);
+                    ck_assert_msg(sched_max_inflight(&s, r) == want,
+                                  "%s P=%d M=%d stage %d inflight %d, want %d",
+                                  names[k], P, M, r, sched_max_inflight(&s, r), want);
+                    // backward always runs micro-batches in ascending order
+                    int last = -1;
+                    for (int i = 0; i < s.n[r]; i++) {
+                        if (s.acts[r][i].op != SCHED_B) continue;
+                        ck_assert_int_eq(s.acts[r][i].mb, last + 1);
+                        last = s.acts[r][i].mb;
+                    }
+                    ck_assert_int_eq(last, M - 1);
+                    // exact action count: F, B and the comm actions this stage has
+                    int ncomm = (r > 0) * 2 + (r < P - 1) * 2;
+                    ck_assert_int_eq(s.n[r], M * (2 + ncomm));
+                }
+                sched_free(&s);
+            }
+        }
+    }
+}
+END_TEST
+
+/* the exact action lists of two small schedules */
+START_TEST(test_generator_exact_order) {
+    // spelled out so a reordering of send/recv shows up immediately
+    char *g = csv_of("gpipe", 2, 2);
+    ck_assert_str_eq(g,
+        "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+        "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n");
+    free(g);
+    char *o = csv_of("1f1b", 3, 3);
+    ck_assert_str_eq(o,
+        "0F0,0SEND_F0,0F1,0SEND_F1,0F2,0SEND_F2,0RECV_B0,0B0,0RECV_B1,0B1,0RECV_B2,0B2\n"
+        "1RECV_F0,1F0,1SEND_F0,1RECV_F1,1F1,1SEND_F1,1RECV_B0,1B0,1SEND_B0,"
+        "1RECV_F2,1F2,1SEND_F2,1RECV_B1,1B1,1SEND_B1,1RECV_B2,1B2,1SEND_B2\n"
+        "2RECV_F0,2F0,2B0,2SEND_B0,2RECV_F1,2F1,2B1,2SEND_B1,2RECV_F2,2F2,2B2,2SEND_B2\n");
+    free(o);
+}
+END_TEST
+
+/* bad names and sizes are refused with a message; nothing is leaked */
+START_TEST(test_build_errors) {
+    sched s;
+    char err[256];
+    err[0] = '\0';
+    ck_assert_int_ne(sched_build("zb", 4, 8, &s, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "unknown schedule 'zb'"));
+    ck_assert_int_ne(sched_build(NULL, 4, 8, &s, err, sizeof(err)), 0);
+    ck_assert_int_ne(sched_build("gpipe", 0, 8, &s, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "P=0"));
+    ck_assert_int_ne(sched_build("1f1b", 4, 0, &s, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "M=0"));
+    ck_assert_int_ne(sched_build("1f1b", -3, 4, &s, NULL, 0), 0); // NULL err is fine
+    ck_assert_int_eq(sched_max_inflight(&s, 0), -1);              // s was left empty
+    sched_free(&s);                                               // and freeing it is fine
+    ck_assert_int_eq(sched_build("1f1b", 2, 3, &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(sched_max_inflight(&s, 2), -1);
+    ck_assert_int_eq(sched_max_inflight(&s, -1), -1);
+    sched_free(&s);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// simulator
+
+/* unit-cost GPipe reproduces (P-1)/(M+P-1) */
+START_TEST(test_gpipe_bubble) {
+    char err[512];
+    for (int P = 1; P <= 8; P++) {
+        for (int M = 1; M <= 16; M++) {
+            sched s;
+            sched_sim sim;
+            ck_assert_int_eq(sched_build("gpipe", P, M, &s, err, sizeof(err)), 0);
+            ck_assert_msg(sched_simulate(&s, &sim, err, sizeof(err)) == 0, "%s", err);
+            double want = (double)(P - 1) / (double)(M + P - 1);
+            ck_assert_msg(fabs(sim.bubble - want) < 1e-12, "P=%d M=%d bubble %.15f want %.15f",
+                          P, M, sim.bubble, want);
+            ck_assert_int_eq(sim.makespan, 3 * (M + P - 1));
+            ck_assert_int_eq(sim.busy, 3L * M * P);
+            sched_sim_free(&sim);
+            sched_free(&s);
+        }
+    }
+}
+END_TEST
+
+/* 1F1B finishes as early as GPipe with uniform stages */
+START_TEST(test_1f1b_makespan) {
+    // with uniform stages 1F1B has the same bubble as GPipe, just less memory
+    char err[512];
+    for (int P = 1; P <= 8; P++) {
+        for (int M = 1; M <= 16; M++) {
+            sched s;
+            sched_sim sim;
+            ck_assert_int_eq(sched_build("1f1b", P, M, &s, err, sizeof(err)), 0);
+            ck_assert_msg(sched_simulate(&s, &sim, err, sizeof(err)) == 0, "%s", err);
+            ck_assert_msg(sim.makespan == 3 * (M + P - 1), "P=%d M=%d makespan %d", P, M, sim.makespan);
+            sched_sim_free(&sim);
+            sched_free(&s);
+        }
+    }
+}
+END_TEST
+
+/* start times of a tiny schedule match a hand computation */
+START_TEST(test_sim_times) {
+    // gpipe P=2 M=2: hand-computed start times of every action
+    sched s;
+    sched_sim sim;
+    char err[256];
+    ck_assert_int_eq(sched_build("gpipe", 2, 2, &s, err, sizeof(err)), 0);
+    ck_assert_int_eq(sched_simulate(&s, &sim, err, sizeof(err)), 0);
+    // rank 0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1
+    int want0[8] = { 0, 1, 1, 2, 5, 5, 7, 7 };
+    // rank 1: 1RECV_F0 1F0 1RECV_F1 1F1 1B0 1SEND_B0 1B1 1SEND_B1
+    int want1[8] = { 1, 1, 2, 2, 3, 5, 5, 7 };
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(sim.start[sim.off[0] + i], want0[i]);
+        ck_assert_int_eq(sim.start[sim.off[1] + i], want1[i]);
+    }
+    ck_assert_int_eq(sim.end[sim.off[0] + 5], 7); // a backward lasts 2
+    ck_assert_int_eq(sim.makespan, 9);
+    sched_sim_free(&sim);
+    sched_free(&s);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// action strings
+
+/* every action kind formats as torch does and parses back */
+START_TEST(test_format_parse_roundtrip) {
+    const char *want[6] = { "3F12", "3B12", "3SEND_F12", "3RECV_F12", "3SEND_B12", "3RECV_B12" };
+    char buf[64];
+    for (int op = 0; op < SCHED_NOPS; op++) {
+        sched_action a = { (sched_op)op, 3, 12 }, b;
+        ck_assert_int_eq(sched_action_format(&a, buf, sizeof(buf)), 0);
+        ck_assert_str_eq(buf, want[op]);
+        ck_assert_int_eq(sched_action_parse(buf, &b), 0);
+        ck_assert_int_eq(b.op, a.op);
+        ck_assert_int_eq(b.stage, a.stage);
+        ck_assert_int_eq(b.mb, a.mb);
+        for (int st = 0; st < 11; st += 5) {
+            for (int mb = 0; mb < 1200; mb += 97) {
+                sched_action c = { (sched_op)op, st, mb }, d;
+                ck_assert_int_eq(sched_action_format(&c, buf, sizeof(buf)), 0);
+                ck_assert_int_eq(sched_action_parse(buf, &d), 0);
+                ck_assert(d.op == c.op && d.stage == c.stage && d.mb == c.mb);
+            }
+        }
+    }
+    // the examples from the torch docs
+    sched_action a;
+    ck_assert_int_eq(sched_action_parse("0F3", &a), 0);
+    ck_assert(a.op == SCHED_F && a.stage == 0 && a.mb == 3);
+    ck_assert_int_eq(sched_action_parse("2RECV_F0", &a), 0);
+    ck_assert(a.op == SCHED_RECV_F && a.stage == 2 && a.mb == 0);
+    ck_assert_str_eq(sched_op_str(SCHED_SEND_B), "SEND_B");
+    ck_assert_ptr_null(sched_op_str((sched_op)17));
+    // formatting refuses a too-small buffer and a bad action
+    sched_action big = { SCHED_RECV_B, 10, 100 };
+    ck_assert_int_ne(sched_action_format(&big, buf, 8), 0);   // "10RECV_B100" needs 12
+    ck_assert_int_eq(sched_action_format(&big, buf, 12), 0);
+    sched_action bad = { (sched_op)9, 0, 0 };
+    ck_assert_int_ne(sched_action_format(&bad, buf, sizeof(buf)), 0);
+    sched_action neg = { SCHED_F, 0, -1 };
+    ck_assert_int_ne(sched_action_format(&neg, buf, sizeof(buf)), 0);
+}
+END_TEST
+
+/* malformed action strings are rejected and leave the output alone */
+START_TEST(test_parse_rejects_junk) {
+    const char *junk[] = {
+        "", "F3", "0X3", "0F", "0F-1", "a0F1", "0F1x", "0F1 ", " 0F1", "-1F0",
+        "0SEND_F", "0SEND_X1", "0SEND1", "0RECV_F1,", "0f1", "0FF1", "0F1.5",
+        "1234567890F1", "0F1234567890", "0UNSHARD", "0W1",
+    };
+    sched_action a = { SCHED_B, 7, 7 };
+    for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
+        ck_assert_msg(sched_action_parse(junk[i], &a) != 0, "accepted junk '%s'", junk[i]);
+        ck_assert(a.op == SCHED_B && a.stage == 7 && a.mb == 7); // untouched
+    }
+    ck_assert_int_ne(sched_action_parse(NULL, &a), 0);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// CSV
+
+/* write -> read gives back the same schedule */
+START_TEST(test_csv_roundtrip) {
+    const char *names[2] = { "gpipe", "1f1b" };
+    char err[256];
+    for (int k = 0; k < 2; k++) {
+        for (int P = 1; P <= 8; P += 3) {
+            for (int M = 1; M <= 16; M += 5) {
+                sched a, b;
+                ck_assert_int_eq(sched_build(names[k], P, M, &a, err, sizeof(err)), 0);
+                FILE *f = tmpfile();
+                ck_assert_ptr_nonnull(f);
+                ck_assert_int_eq(sched_write_csv(&a, f), 0);
+                rewind(f);
+                ck_assert_msg(sched_read_csv(f, names[k], &b, err, sizeof(err)) == 0, "%s", err);
+                fclose(f);
+                ck_assert_str_eq(b.name, a.name);
+                ck_assert_int_eq(b.P, a.P);
+                ck_assert_int_eq(b.M, a.M);
+                for (int r = 0; r < P; r++) {
+                    ck_assert_int_eq(b.n[r], a.n[r]);
+                    for (int i = 0; i < a.n[r]; i++) {
+                        ck_assert_int_eq(b.acts[r][i].op, a.acts[r][i].op);
+                        ck_assert_int_eq(b.acts[r][i].stage, a.acts[r][i].stage);
+                        ck_assert_int_eq(b.acts[r][i].mb, a.acts[r][i].mb);
+                    }
+                }
+                ck_assert_int_eq(sched_validate(&b, err, sizeof(err)), 0);
+                sched_free(&a);
+                sched_free(&b);
+            }
+        }
+    }
+}
+END_TEST
+
+/* CSV as Python writes it (CRLF, blanks, empty cells) is accepted */
+START_TEST(test_csv_torch_style) {
+    // Python's csv.writer ends rows with \r\n; torch writes None as an empty cell
+    sched s;
+    from_text("0F0, 0SEND_F0 ,,0RECV_B0,0B0\r\n1RECV_F0,1F0,1B0,1SEND_B0\r\n", &s);
+    ck_assert_int_eq(s.P, 2);
+    ck_assert_int_eq(s.M, 1);
+    ck_assert_int_eq(s.n[0], 4);
+    ck_assert_int_eq(s.n[1], 4);
+    ck_assert(s.acts[0][1].op == SCHED_SEND_F && s.acts[0][1].mb == 0);
+    char err[256];
+    ck_assert_msg(sched_validate(&s, err, sizeof(err)) == 0, "%s", err);
+    sched_free(&s);
+    // last row without a final newline still counts
+    from_text("0F0,0B0", &s);
+    ck_assert_int_eq(s.P, 1);
+    ck_assert_int_eq(s.n[0], 2);
+    sched_free(&s);
+}
+END_TEST
+
+/* unparsable or empty CSV is refused with a useful message */
+START_TEST(test_csv_rejects) {
+    const char *bad[] = { "0F0,0Q1\n", "", "\n\n", "0F0\n1F0;1B0\n" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        FILE *f = tmpfile();
+        ck_assert_ptr_nonnull(f);
+        fputs(bad[i], f);
+        rewind(f);
+        sched s;
+        char err[256] = "";
+        ck_assert_msg(sched_read_csv(f, "x", &s, err, sizeof(err)) != 0, "accepted '%s'", bad[i]);
+        ck_assert(strlen(err) > 0);
+        ck_assert_ptr_null(s.n); // nothing left allocated
+        fclose(f);
+        if (i == 0) {
+            ck_assert_ptr_nonnull(strstr(err, "'0Q1'"));
+            ck_assert_ptr_nonnull(strstr(err, "row 1"));
+        }
+        if (i == 1) ck_assert_msg(strstr(err, "empty") != NULL, "%s", err);
+        if (i == 2) ck_assert_msg(strstr(err, "no actions") != NULL, "%s", err);
+    }
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// validator
+
+/* validator: backward before forward */
+START_TEST(test_validate_b_before_f) {
+    char err[512];
+    expect_invalid("0B0,0F0,0F1,0B1\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "backward before forward") && strstr(err, "rank 0") && strstr(err, "0B0"), "%s", err);
+}
+END_TEST
+
+/* validator: a stage that never sends a forward output */
+START_TEST(test_validate_missing_send_f) {
+    // the send and its receive are both gone: rank 0 must still send it
+    char err[512];
+    char *csv = csv_of("gpipe", 3, 4);
+    drop_cell(csv, "0SEND_F1");
+    drop_cell(csv, "1RECV_F1");
+    expect_invalid(csv, err, sizeof(err));
+    ck_assert_msg(strstr(err, "rank 0: missing 0SEND_F1") != NULL, "%s", err);
+    free(csv);
+}
+END_TEST
+
+/* validator: unmatched receive, unmatched send */
+START_TEST(test_validate_recv_without_send) {
+    char err[512];
+    char *csv = csv_of("1f1b", 3, 4);
+    drop_cell(csv, "1SEND_F2"); // rank 2 still waits for it
+    expect_invalid(csv, err, sizeof(err));
+    ck_assert_msg(strstr(err, "rank 2") && strstr(err, "2RECV_F2") && strstr(err, "no matching SEND")
+                  && strstr(err, "1SEND_F2 is missing from rank 1"), "%s", err);
+    free(csv);
+    // and the other way round: a gradient sent that nobody receives
+    csv = csv_of("1f1b", 3, 4);
+    drop_cell(csv, "0RECV_B3");
+    expect_invalid(csv, err, sizeof(err));
+    ck_assert_msg(strstr(err, "1SEND_B3") && strstr(err, "no matching RECV"), "%s", err);
+    free(csv);
+}
+END_TEST
+
+/* validator: the same forward twice */
+START_TEST(test_validate_duplicate_f) {
+    char err[512];
+    expect_invalid("0F0,0F1,0F1,0B0,0B1\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "rank 0") && strstr(err, "0F1") && strstr(err, "duplicate"), "%s", err);
+}
+END_TEST
+
+/* validator: a rank running another stage, a stage out of range */
+START_TEST(test_validate_wrong_stage) {
+    char err[512];
+    // rank 1 claims to run a forward of stage 0
+    expect_invalid("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,0F0,1B0,1SEND_B0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "rank 1") && strstr(err, "0F0") && strstr(err, "wrong stage"), "%s", err);
+    // a stage id beyond the pipeline
+    expect_invalid("0F0,0B0,5F0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "stage 5 out of range"), "%s", err);
+}
+END_TEST
+
+/* validator: missing backward, comm without a peer, send before compute */
+START_TEST(test_validate_missing_and_partnerless) {
+    char err[512];
+    // a micro-batch with no backward at all
+    expect_invalid("0F0,0F1,0B0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "missing 0B1"), "%s", err);
+    // stage 0 has nobody to receive a forward from
+    expect_invalid("0RECV_F0,0F0,0B0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "0RECV_F0") && strstr(err, "no partner"), "%s", err);
+    // the last stage has nobody to send its output to
+    expect_invalid("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1SEND_F0,1B0,1SEND_B0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "1SEND_F0") && strstr(err, "no partner"), "%s", err);
+    // sending an output before computing it
+    expect_invalid("0SEND_F0,0F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "wrong order") && strstr(err, "0SEND_F0"), "%s", err);
+}
+END_TEST
+
+/* validator and simulator: two ranks each waiting on the other */
+START_TEST(test_validate_deadlock) {
+    char err[512];
+    // each rank receives before sending what the other is waiting for
+    const char *dl = "0RECV_B0,0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n";
+    expect_invalid(dl, err, sizeof(err));
+    ck_assert_msg(strstr(err, "deadlock") && strstr(err, "rank 0 blocked at action #0 0RECV_B0")
+                  && strstr(err, "rank 1 blocked at action #0 1RECV_F0"), "%s", err);
+    // the simulator reports the same thing
+    sched s;
+    sched_sim sim;
+    from_text(dl, &s);
+    ck_assert_int_ne(sched_simulate(&s, &sim, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "deadlock"));
+    ck_assert_ptr_null(sim.start);
+    sched_free(&s);
+    // a subtler one: rank 0 waits for the gradient of mb 0 before sending the
+    // activation of mb 1, while rank 1 wants that activation before backward 0
+    expect_invalid("0F0,0SEND_F0,0RECV_B0,0F1,0SEND_F1,0B0,0RECV_B1,0B1\n"
+                   "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n", err, sizeof(err));
+    ck_assert_msg(strstr(err, "deadlock") && strstr(err, "rank 0 blocked at action #2 0RECV_B0 (waiting for 1SEND_B0")
+                  && strstr(err, "rank 1 blocked at action #2 1RECV_F1 (waiting for 0SEND_F1"), "%s", err);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// grid
+
+/* grid output: exact small grid, alignment, summary lines */
+START_TEST(test_print_grid) {
+    sched s;
+    char err[256];
+    ck_assert_int_eq(sched_build("gpipe", 2, 2, &s, err, sizeof(err)), 0);
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    sched_print_grid(&s, f);
+    rewind(f);
+    char line[512];
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+    ck_assert_str_eq(line, "rank 0: F0 F1 .  .  .  B0 B0 B1 B1\n");
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+    ck_assert_str_eq(line, "rank 1: .  F0 F1 B0 B0 B1 B1 .  .\n");
+    char rest[2048] = "";
+    while (fgets(line, sizeof(line), f)) strncat(rest, line, sizeof(rest) - strlen(rest) - 1);
+    fclose(f);
+    ck_assert_msg(strstr(rest, "gpipe") && strstr(rest, "P=2") && strstr(rest, "M=2"), "%s", rest);
+    ck_assert_msg(strstr(rest, "bubble: 33.33%"), "%s", rest);
+    ck_assert_msg(strstr(rest, "max in-flight micro-batches per stage: 2 2"), "%s", rest);
+    sched_free(&s);
+
+    // wider cells once mb needs two digits; rows stay aligned
+    ck_assert_int_eq(sched_build("1f1b", 4, 12, &s, err, sizeof(err)), 0);
+    f = tmpfile();
+    sched_print_grid(&s, f);
+    rewind(f);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+        size_t len = strlen(line);
+        if (r == 0) ck_assert_uint_eq(len, strlen("rank 0:") + 45u * 4u + 1u); // 3*(12+3) columns of " xxx"
+        // every cell starts one column after a separator at 7 + 4t
+        for (size_t c = 7; c + 1 < len; c += 4) {
+            ck_assert_msg(line[c] == ' ' && line[c + 1] != ' ', "rank %d misaligned at %zu: %s", r, c, line);
+        }
+        ck_assert_msg(len < 2 || line[len - 2] != ' ', "trailing blank: '%s'", line);
+    }
+    ck_assert_ptr_nonnull(strstr(line, "B11"));
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+    ck_assert_ptr_nonnull(fgets(line, sizeof(line), f));
+    ck_assert_str_eq(line, "max in-flight micro-batches per stage: 4 3 2 1\n");
+    fclose(f);
+    sched_free(&s);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+
+/* collect all cases into one suite */
+static Suite *sched_suite(void) {
+    Suite *su = suite_create("sched");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_generators_valid);
+    tcase_add_test(tc, test_generator_exact_order);
+    tcase_add_test(tc, test_build_errors);
+    tcase_add_test(tc, test_gpipe_bubble);
+    tcase_add_test(tc, test_1f1b_makespan);
+    tcase_add_test(tc, test_sim_times);
+    tcase_add_test(tc, test_format_parse_roundtrip);
+    tcase_add_test(tc, test_parse_rejects_junk);
+    tcase_add_test(tc, test_csv_roundtrip);
+    tcase_add_test(tc, test_csv_torch_style);
+    tcase_add_test(tc, test_csv_rejects);
+    tcase_add_test(tc, test_validate_b_before_f);
+    tcase_add_test(tc, test_validate_missing_send_f);
+    tcase_add_test(tc, test_validate_recv_without_send);
+    tcase_add_test(tc, test_validate_duplicate_f);
+    tcase_add_test(tc, test_validate_wrong_stage);
+    tcase_add_test(tc, test_validate_missing_and_partnerless);
+    tcase_add_test(tc, test_validate_deadlock);
+    tcase_add_test(tc, test_print_grid);
+    suite_add_tcase(su, tc);
+    return su;
+}
+
+/* run everything in-process (CK_NOFORK) and fail the exit code on any failure */
+int main(void) {
+    SRunner *sr = srunner_create(sched_suite());
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
