@@ -265,7 +265,7 @@ int config_parse(pl_options *o, int argc, char **argv, int first, char *err, siz
         int r = ini_parse(o->config, config_ini_line, &file);
         if (r < 0) {
             snprintf(err, errlen, "config file %s: cannot open it", o->config);
-            rc = PL_EIO;
+            rc = PL_EINVAL;
             goto out;
         }
         if (file.failed) { rc = PL_EINVAL; goto out; }

@@ -445,3 +445,9 @@ int stage_backward(stage *st, int slot, const float *dout) {
     st->slots_in_use--;
     return PL_OK;
 }
+
+void stage_tied_grads_local(stage *st) {
+    size_t n = (size_t)st->cfg.Vp * st->cfg.C;
+    if (st->has_embed && st->has_head) st->be->add_inplace(st->dwte, st->dwte_head, n);
+    else if (st->has_head) st->be->copy(st->dwte, st->dwte_head, n * sizeof(float));
+}

@@ -157,9 +157,6 @@ static int setup(run *R, char *err, size_t errlen) {
         }
     }
     if (R->rank == 0 && o->metrics[0]) PL_TRY(metrics_open(&R->mx, o->metrics, err, errlen));
-    /* the two holders of the tied embedding share a communicator */
-    int color = (s == 0 || s == P - 1) ? 0 : MPI_UNDEFINED;
-    PL_MPI_CHECK(MPI_Comm_split(R->comm, color, s, &R->tied));
     return PL_OK;
 }
 
@@ -302,8 +299,7 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     const pl_options *o = R->o;
     size_t wte_n = (size_t)R->cfg.Vp * R->cfg.C;
     /* dwte = embedding share + head share: added locally on one rank, summed across two */
-    if (st->has_embed && st->has_head) st->be->add_inplace(st->dwte, st->dwte_head, wte_n);
-    else if (st->has_head) st->be->copy(st->dwte, st->dwte_head, wte_n * sizeof(float));
+    stage_tied_grads_local(st);
     if (R->P > 1 && (st->has_embed || st->has_head))
         PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, st->dwte, (int)wte_n, MPI_FLOAT, MPI_SUM, R->tied));
     int bad;
@@ -380,6 +376,9 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     R.M = o->microbatches;
     R.tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
     set_threads(&R);
+    /* collective calls come before anything that can fail on one rank only */
+    int color = (R.rank == 0 || R.rank == R.P - 1) ? 0 : MPI_UNDEFINED;
+    PL_MPI_CHECK(MPI_Comm_split(comm, color, R.rank, &R.tied));
     char err[1024] = "";
     int rc = setup(&R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
@@ -473,6 +472,24 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
         pl_info("saved final weights to %s\n", o->save_final);
     }
     {
+        /* the two copies of the tied embedding must still be bit-identical */
+        int tied_same = 1;
+        if (R.P > 1 && (R.st.has_embed || R.st.has_head)) {
+            size_t n = (size_t)R.cfg.Vp * R.cfg.C;
+            float *other = malloc(n * sizeof(float));
+            int peer = R.st.has_embed ? 1 : 0; /* rank within the tied communicator */
+            if (!other) { rc = PL_ENOMEM; *agreed = 0; goto done; }
+            PL_MPI_CHECK(MPI_Sendrecv(R.st.wte, (int)n, MPI_FLOAT, peer, 7, other, (int)n, MPI_FLOAT, peer, 7,
+                                      R.tied, MPI_STATUS_IGNORE));
+            tied_same = memcmp(other, R.st.wte, n * sizeof(float)) == 0;
+            free(other);
+        }
+        PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &tied_same, 1, MPI_INT, MPI_MIN, comm));
+        if (R.P > 1) {
+            if (tied_same) pl_info("tied embedding: the copies on stage 0 and stage %d are bit-identical\n", R.P - 1);
+            else if (R.rank == 0) pl_error("tied embedding: the copies on stage 0 and stage %d differ", R.P - 1);
+        }
+        if (!tied_same) rc = PL_ENUM;
         /* the engine's own accounting of activations held at once, per stage */
         int *peaks = R.rank == 0 ? malloc(sizeof(int) * R.P) : NULL;
         PL_MPI_CHECK(MPI_Gather(&R.st.slots_peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, comm));
@@ -484,7 +501,8 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
                 off += snprintf(buf + off, sizeof buf - off, "%s%d", s ? "," : "", peaks[s]);
             metrics_num(l, sizeof l, last_loss);
             metrics_line(&R.mx, "{\"event\":\"end\",\"steps\":%d,\"final_loss\":%s,\"wall_s\":%.3f,"
-                         "\"inflight_peak\":[%s]}", o->steps, l, wall, buf);
+                         "\"inflight_peak\":[%s],\"tied_identical\":%s}", o->steps, l, wall, buf,
+                         tied_same ? "true" : "false");
             pl_info("done: %d steps in %.1f s, final loss %.6f\n", o->steps, wall, last_loss);
         }
         free(peaks);

@@ -123,6 +123,10 @@ float *stage_dinput(stage *st);
 int stage_slot_of(const stage *st, int mb);
 /* Forget every slot (after an evaluation forward that has no backward). */
 void stage_release_all(stage *st);
+/* Fold the LM head's share of the tied wte gradient into dwte: added on a stage that holds
+ * both ends, copied on a last stage (the two ranks then sum with MPI_Allreduce). Float
+ * addition of two values is commutative, so both paths give the same bits. */
+void stage_tied_grads_local(stage *st);
 /* Zero all gradients (start of a step). */
 void stage_zero_grads(stage *st);
 

@@ -1,0 +1,44 @@
+#!/bin/bash
+# jobs/setup.sh — install what is missing (Debian 12, as root), bootstrap, configure and build
+# pipelm in ./build. With --test, also run the whole test suite (make check) and print the
+# per-test summaries. Safe to run again: installed packages and a configured build are reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS="build-essential autoconf automake libtool autoconf-archive pkg-config mpich libmpich-dev
+      libopenblas-dev libhdf5-mpich-dev hdf5-tools libinih-dev check gnuplot-nox"
+# the independent PyTorch reference (tests only) and the HDF5 reader used by the tests
+TEST_PKGS="python3-torch python3-numpy python3-h5py"
+
+want=$PKGS
+[ "${1:-}" = "--test" ] && want="$PKGS $TEST_PKGS"
+missing=""
+for p in $want; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup: installing$missing"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+[ -x configure ] && [ configure -nt configure.ac ] && [ configure -nt Makefile.am ] || autoreconf -fi
+mkdir -p build
+cd build
+[ -f Makefile ] || ../configure
+make -j"$(nproc)"
+
+if [ "${1:-}" = "--test" ]; then
+    status=0
+    make -j1 check || status=$?
+    # Check writes its summary line into each test's log: show them
+    for log in tests/*.log; do
+        [ "$(basename "$log")" = test-suite.log ] && continue
+        echo "== $log"
+        grep -E "^[0-9]+%: Checks|passed, [0-9]+ failed|^(FAIL|ERROR|SKIP)|PASS:|FAIL:" "$log" || tail -n 5 "$log"
+    done
+    [ $status -eq 0 ] || { echo "setup: make check failed"; cat tests/test-suite.log || true; }
+    exit $status
+fi

@@ -1,0 +1,31 @@
+# tests/lib.sh — shared helpers for the shell tests (sourced, not run).
+# PIPELM, MPIEXEC and TOP_SRCDIR come from automake's AM_TESTS_ENVIRONMENT; defaults let a
+# test run by hand from the build directory.
+set -u
+PIPELM=${PIPELM:-$(pwd)/pipelm}
+MPIEXEC=${MPIEXEC:-mpiexec}
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pipelm_test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+PASS=0
+FAIL=0
+
+# ok NAME: count a passed check; bad NAME WHY: count a failure and say why.
+ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1: $2"; }
+
+# mpirun_t SECONDS NP ARGS...: pipelm under mpiexec with a hard timeout (a hang fails).
+mpirun_t() {
+    local secs=$1 np=$2
+    shift 2
+    timeout -k 5 "$secs" "$MPIEXEC" -n "$np" "$PIPELM" "$@"
+}
+
+# losses FILE: the step losses of a metrics file, one per line, exactly as written.
+losses() { grep '"event":"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+
+# finish: print the plain summary line and exit with the right status.
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+}

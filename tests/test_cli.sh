@@ -1,0 +1,69 @@
+#!/bin/bash
+# test_cli.sh — the command line: help, version, refused flags and values, config files,
+# the schedule printer. Single-process runs, each under a timeout.
+. "$(dirname "$0")/lib.sh"
+cd "$WORK"
+run() { timeout -k 5 60 "$PIPELM" "$@"; }
+
+# expect NAME STATUS PATTERN CMD...: exit status and a line matching PATTERN in the output
+expect() {
+    local name=$1 want=$2 pat=$3
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -q -- "$pat"; then ok "$name"
+    else bad "$name" "exit $rc (want $want), output: $(printf '%s' "$out" | head -c 300)"; fi
+}
+
+expect "--version" 0 "^pipelm [0-9]" run --version
+expect "--help lists commands" 0 "train" run --help
+expect "no arguments is a usage error" 2 "usage" run
+expect "train --help lists flags" 0 "--microbatches" run train --help
+expect "train --help lists --split" 0 "--split" run train --help
+expect "unknown command" 2 "unknown command 'fly'" run fly
+expect "unknown flag named" 2 "unknown option '--colour'" run train --colour red
+expect "bad integer named" 2 "bad value 'many' for --steps" run train --steps many
+expect "bad number named" 2 "bad value '1e' for --lr" run train --lr 1e
+expect "missing value" 2 "needs a value" run train --steps
+expect "unknown preset" 2 "unknown preset 'huge'" run train --preset huge
+expect "bad schedule" 2 "must be 1f1b or gpipe" run train --schedule zigzag
+expect "batch not divisible" 2 "not divisible by --microbatches" run train --batch 10 --microbatches 4
+expect "seq-len too long" 1 "exceeds the model's max-seq-len" run train --seq-len 1000 --steps 1
+expect "missing init file" 1 "nope.bin" run train --init nope.bin --steps 1
+expect "missing data file" 1 "No such file" run train --data nothere.bin --steps 1
+expect "bad lr-schedule" 2 "cosine or constant" run train --lr-schedule linear
+
+# config file: values apply, the command line wins, unknown keys are refused
+printf 'steps = 3\nbatch = 4\nseq_len = 16\nmetrics = cfg.jsonl\n' > run.ini
+expect "config file runs" 0 "step     2/2" run train --config run.ini --steps 2 --progress 0
+grep -q '"steps":2' cfg.jsonl && grep -q '"batch":4' cfg.jsonl && ok "config + command line merged in metrics" \
+    || bad "config merge" "$(head -c 300 cfg.jsonl)"
+printf 'stepz = 3\n' > bad.ini
+expect "unknown config key" 2 "unknown setting 'stepz'" run train --config bad.ini
+expect "missing config file" 2 "cannot open" run train --config none.ini
+
+# metrics schema: run line first, step lines, val, end last
+run train --steps 3 --batch 4 --seq-len 16 --eval-every 2 --metrics m.jsonl --progress 0 > /dev/null 2>&1
+head -n 1 m.jsonl | grep -q '"event":"run".*"ranks":1,"stages":1,"split":\[4\],"schedule":"1f1b","microbatches":1,"data":"markov.*"entropy_floor":0\.' \
+    && ok "metrics run line" || bad "metrics run line" "$(head -c 400 m.jsonl)"
+[ "$(grep -c '"event":"step","step":[0-9]*,"loss":[0-9.]*,"lr":[0-9.e-]*,"grad_norm":[0-9.]*,"step_ms":[0-9.]*,"tokens_per_s":[0-9.]*}' m.jsonl)" -eq 3 ] \
+    && ok "metrics step lines" || bad "metrics step lines" "$(grep step m.jsonl | head -c 300)"
+grep -q '"event":"val","step":2,"val_loss":' m.jsonl && ok "metrics val line" || bad "metrics val" "missing"
+tail -n 1 m.jsonl | grep -q '"event":"end","steps":3,"final_loss":[0-9.]*,"wall_s":' && ok "metrics end line" \
+    || bad "metrics end" "$(tail -n 1 m.jsonl)"
+
+# schedule printer and CSV
+expect "schedule grid" 0 "bubble" run schedule --stages 4 --microbatches 8 --schedule 1f1b
+run schedule --stages 2 --microbatches 2 --schedule gpipe --csv g.csv > /dev/null 2>&1
+[ "$(head -n 1 g.csv)" = "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1" ] && ok "schedule CSV row" \
+    || bad "schedule CSV" "$(head -n 1 g.csv)"
+expect "schedule bad stages" 2 "positive" run schedule --stages 0 --microbatches 2
+
+# llm.c model file round trip through --init / --save-final keeps the weights
+run train --steps 0 --save-final w0.bin --progress 0 > /dev/null 2>&1
+run train --steps 0 --init w0.bin --save-final w1.bin --progress 0 > /dev/null 2>&1
+cmp -s w0.bin w1.bin && ok "--init / --save-final round trip byte-identical" || bad "init round trip" "files differ"
+expect "init dims conflict" 1 "conflicts with" run train --init w0.bin --n-embd 32 --steps 1
+
+finish

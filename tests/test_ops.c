@@ -1,0 +1,869 @@
+/*
+ * test_ops.c: Check tests for the CPU compute backend (src/backend_cpu.c), one test case per
+ * op family: sgemm, encoder, layernorm, matmul, attention, GELU, the elementwise ops and
+ * sumsq, cross-entropy, AdamW, and thread-count determinism.
+ *
+ * Forward ops are compared with double-precision references written out here. Backward ops
+ * are compared with double-precision central finite differences through the float forward
+ * kernels: for L = sum(out * R) with a fixed random R (R is also the dout handed to *_bwd),
+ * numeric dL/dx_i = (L(x_i + h) - L(x_i - h)) / (actual float step), h = FD_H.
+ *
+ * Tolerances (err = max|a - r| / max(max|r|, 1e-3) over the whole tensor unless noted):
+ *   TOL_FWD  = 1e-5   forward outputs and exact backward formulas vs double references
+ *                     (float32 rounding is ~1e-7 relative here, so this has ~10x margin);
+ *   TOL_GRAD = 1e-2   analytic gradient vs finite differences with FD_H = 1e-2 (observed
+ *                     errors are ~1e-4: h^2 truncation plus float noise / 2h). Every gradient
+ *                     check also verifies that the analytic gradient scaled by 1.1 FAILS this
+ *                     tolerance, so a 10% error would be caught.
+ * Buffers come from backend_cpu.alloc: on the CPU backend that is host memory, so the tests
+ * read and write it directly.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "pipelm/backend.h"
+
+#define TOL_FWD 1e-5
+#define TOL_GRAD 1e-2
+#define FD_H 1e-2f
+#define TEETH 1.1 /* a gradient wrong by this factor must fail TOL_GRAD */
+
+static const backend *be = &backend_cpu;
+static int default_threads = 2; /* restored after the thread-count tests */
+static int verbose = 0;         /* TEST_OPS_VERBOSE=1 prints every measured error */
+
+// ----------------------------------------------------------------------------
+// helpers
+
+/* xorshift64*: a small deterministic generator, seeded per test */
+static uint64_t rng_state;
+static void rng_seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 0x1234567ull; }
+static double rng_u01(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+static void fill_rand(float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_u01());
+}
+static void fill_const(float *x, size_t n, float v) {
+    for (size_t i = 0; i < n; i++) x[i] = v;
+}
+
+/* backend buffers (zero-filled host memory on the CPU backend) */
+static float *falloc(size_t n) {
+    float *p = be->alloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+static double *dalloc(size_t n) {
+    double *p = calloc(n ? n : 1, sizeof(double));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+static float *fclone(const float *src, size_t n) {
+    float *p = falloc(n);
+    memcpy(p, src, n * sizeof(float));
+    return p;
+}
+
+/* float tensor minus a constant, widened to double (undoes a known pre-fill) */
+static double *minus_const(const float *x, size_t n, double c) {
+    double *d = dalloc(n);
+    for (size_t i = 0; i < n; i++) d[i] = (double)x[i] - c;
+    return d;
+}
+
+static double dot_fd(const float *a, const float *r, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * r[i];
+    return s;
+}
+
+/* max|a - ref| / max(max|ref|, 1e-3), a scaled by s first */
+static double rel_err_scaled(const double *a, double s, const double *ref, size_t n) {
+    double num = 0.0, den = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(s * a[i] - ref[i]);
+        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return num / den;
+}
+static double rel_err_f(const float *a, const double *ref, size_t n) {
+    double num = 0.0, den = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return num / den;
+}
+
+/* float result vs double reference */
+static void check_close(const char *what, const float *got, const double *ref, size_t n, double tol) {
+    double e = rel_err_f(got, ref, n);
+    if (verbose) printf("  %-28s err %.3e (tol %.0e)\n", what, e, tol);
+    ck_assert_msg(e <= tol, "%s: relative error %.3e > %.0e", what, e, tol);
+}
+/* analytic vs finite-difference gradient; also proves a 10% wrong gradient would fail */
+static void check_grad(const char *what, const double *ana, const double *num, size_t n) {
+    double mx = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fabs(num[i]) > mx ? fabs(num[i]) : mx;
+    ck_assert_msg(mx > 1e-2, "%s: numeric gradient is ~0 (max %.3e), test would be vacuous", what, mx);
+    double e = rel_err_scaled(ana, 1.0, num, n);
+    double e_bad = rel_err_scaled(ana, TEETH, num, n);
+    if (verbose) printf("  %-28s err %.3e (tol %.0e), x%.1f gives %.3e\n", what, e, TOL_GRAD, TEETH, e_bad);
+    ck_assert_msg(e <= TOL_GRAD, "%s: gradient vs finite differences: error %.3e > %.0e", what, e, TOL_GRAD);
+    ck_assert_msg(e_bad > TOL_GRAD, "%s: a gradient scaled by %.1f still passes (%.3e): no teeth",
+                  what, TEETH, e_bad);
+}
+
+/* central differences of f() w.r.t. each x[i]; the step is the one actually representable */
+typedef double (*objective)(void *ctx);
+static void fd_grad(float *x, size_t n, objective f, void *ctx, double *num) {
+    for (size_t i = 0; i < n; i++) {
+        float x0 = x[i], xp = x0 + FD_H, xm = x0 - FD_H;
+        x[i] = xp;
+        double lp = f(ctx);
+        x[i] = xm;
+        double lm = f(ctx);
+        x[i] = x0;
+        num[i] = (lp - lm) / ((double)xp - (double)xm);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// 1. sgemm
+
+/* op(A)(i,k) / op(B)(k,j) of row-major storage with leading dimensions */
+static double opA(const float *A, int ta, int lda, int i, int k) {
+    return ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+}
+static double opB(const float *B, int tb, int ldb, int k, int j) {
+    return tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+}
+
+START_TEST(test_sgemm) {
+    const int M = 5, N = 7, K = 3;
+    const float alpha = 0.7f, beta = -0.3f;
+    rng_seed(1);
+    for (int ta = 0; ta < 2; ta++) {
+        for (int tb = 0; tb < 2; tb++) {
+            int arows = ta ? K : M, acols = ta ? M : K, lda = acols + 3;
+            int brows = tb ? N : K, bcols = tb ? K : N, ldb = bcols + 2;
+            int ldc = N + 4;
+            float *A = falloc((size_t)arows * lda), *B = falloc((size_t)brows * ldb);
+            float *C = falloc((size_t)M * ldc);
+            /* the padding beyond each row's width holds loud values a wrong stride would use */
+            for (int r = 0; r < arows; r++)
+                for (int c = 0; c < lda; c++) A[r * lda + c] = c < acols ? (float)(2 * rng_u01() - 1) : 999.0f;
+            for (int r = 0; r < brows; r++)
+                for (int c = 0; c < ldb; c++) B[r * ldb + c] = c < bcols ? (float)(2 * rng_u01() - 1) : -999.0f;
+            for (int r = 0; r < M; r++)
+                for (int c = 0; c < ldc; c++) C[r * ldc + c] = c < N ? (float)(2 * rng_u01() - 1) : -777.0f;
+            double *ref = dalloc((size_t)M * N);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0.0;
+                    for (int k = 0; k < K; k++) s += opA(A, ta, lda, i, k) * opB(B, tb, ldb, k, j);
+                    ref[i * N + j] = alpha * s + beta * (double)C[i * ldc + j];
+                }
+            be->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            float *got = falloc((size_t)M * N);
+            for (int i = 0; i < M; i++) {
+                for (int j = 0; j < N; j++) got[i * N + j] = C[i * ldc + j];
+                for (int j = N; j < ldc; j++)
+                    ck_assert_msg(C[i * ldc + j] == -777.0f, "sgemm(%d,%d) wrote C padding (%d,%d)", ta, tb, i, j);
+            }
+            char what[64];
+            snprintf(what, sizeof(what), "sgemm ta=%d tb=%d", ta, tb);
+            check_close(what, got, ref, (size_t)M * N, TOL_FWD);
+            free(ref);
+            be->free(A); be->free(B); be->free(C); be->free(got);
+        }
+    }
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 2. encoder
+
+typedef struct {
+    float *out; const int *tok; float *wte, *wpe; const float *R; int N, T, C;
+} enc_ctx;
+static double enc_obj(void *p) {
+    enc_ctx *c = p;
+    be->encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->N, c->T, c->C);
+    return dot_fd(c->out, c->R, (size_t)c->N * c->C);
+}
+
+START_TEST(test_encoder) {
+    enum { B = 2, T = 7, N = B * T, C = 15, V = 37 };
+    /* repeated tokens, within and across sequences, so dwte rows accumulate */
+    static const int tok[N] = {3, 5, 3, 36, 0, 5, 3, 5, 5, 17, 3, 0, 36, 1};
+    rng_seed(2);
+    float *wte = falloc(V * C), *wpe = falloc(T * C), *out = falloc(N * C), *dout = falloc(N * C);
+    fill_rand(wte, V * C, -1, 1);
+    fill_rand(wpe, T * C, -1, 1);
+    fill_rand(dout, N * C, -1, 1);
+    fill_const(out, N * C, 12345.0f);
+    int *tokb = be->alloc(sizeof(tok));
+    ck_assert_ptr_nonnull(tokb);
+    memcpy(tokb, tok, sizeof(tok));
+
+    be->encoder_fwd(out, tokb, wte, wpe, N, T, C);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            float want = wte[tok[i] * C + c] + wpe[(i % T) * C + c]; /* one float add: exact */
+            ck_assert_msg(out[i * C + c] == want, "encoder_fwd (%d,%d): %g != %g", i, c,
+                          (double)out[i * C + c], (double)want);
+        }
+
+    /* backward accumulates: pre-fill and check the pre-fill was added to */
+    const float KW = 0.25f, KP = -0.5f;
+    float *dwte = falloc(V * C), *dwpe = falloc(T * C);
+    fill_const(dwte, V * C, KW);
+    fill_const(dwpe, T * C, KP);
+    be->encoder_bwd(dwte, dwpe, dout, tokb, N, T, C);
+    double *rwte = dalloc(V * C), *rwpe = dalloc(T * C);
+    for (int i = 0; i < V * C; i++) rwte[i] = KW;
+    for (int i = 0; i < T * C; i++) rwpe[i] = KP;
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            rwte[tok[i] * C + c] += dout[i * C + c];
+            rwpe[(i % T) * C + c] += dout[i * C + c];
+        }
+    check_close("encoder_bwd dwte (accum)", dwte, rwte, V * C, TOL_FWD);
+    check_close("encoder_bwd dwpe (accum)", dwpe, rwpe, T * C, TOL_FWD);
+    for (int c = 0; c < C; c++) /* token 2 never appears: row untouched */
+        ck_assert(dwte[2 * C + c] == KW);
+
+    /* and the same against finite differences of the forward */
+    enc_ctx ctx = {out, tokb, wte, wpe, dout, N, T, C};
+    double *nwte = dalloc(V * C), *nwpe = dalloc(T * C);
+    fd_grad(wte, V * C, enc_obj, &ctx, nwte);
+    fd_grad(wpe, T * C, enc_obj, &ctx, nwpe);
+    double *awte = minus_const(dwte, V * C, KW), *awpe = minus_const(dwpe, T * C, KP);
+    check_grad("encoder dwte", awte, nwte, V * C);
+    check_grad("encoder dwpe", awpe, nwpe, T * C);
+
+    free(rwte); free(rwpe); free(nwte); free(nwpe); free(awte); free(awpe);
+    be->free(wte); be->free(wpe); be->free(out); be->free(dout); be->free(tokb);
+    be->free(dwte); be->free(dwpe);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 3. layernorm
+
+typedef struct {
+    float *out, *mean, *rstd, *inp, *w, *b; const float *R; int N, C;
+} ln_ctx;
+static double ln_obj(void *p) {
+    ln_ctx *c = p;
+    be->layernorm_fwd(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    return dot_fd(c->out, c->R, (size_t)c->N * c->C);
+}
+
+START_TEST(test_layernorm) {
+    enum { N = 14, C = 15 };
+    rng_seed(3);
+    float *inp = falloc(N * C), *w = falloc(C), *b = falloc(C), *out = falloc(N * C);
+    float *mean = falloc(N), *rstd = falloc(N), *dout = falloc(N * C);
+    for (int i = 0; i < N; i++) /* per-row offsets and spreads, so mean/rstd matter */
+        fill_rand(inp + i * C, C, 0.3 * i - 2.0, 0.3 * i - 2.0 + 0.5 + 0.2 * i);
+    fill_rand(w, C, -1.5, 1.5);
+    fill_rand(b, C, -1, 1);
+    fill_rand(dout, N * C, -1, 1);
+    fill_const(out, N * C, 999.0f);
+    fill_const(mean, N, 999.0f);
+    fill_const(rstd, N, 999.0f);
+
+    be->layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+    double *rout = dalloc(N * C), *rmean = dalloc(N), *rrstd = dalloc(N);
+    for (int i = 0; i < N; i++) {
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += inp[i * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (inp[i * C + c] - m) * (inp[i * C + c] - m);
+        v /= C; /* biased variance */
+        double s = 1.0 / sqrt(v + 1e-5);
+        for (int c = 0; c < C; c++) rout[i * C + c] = (inp[i * C + c] - m) * s * w[c] + b[c];
+        rmean[i] = m;
+        rrstd[i] = s;
+    }
+    check_close("layernorm_fwd out", out, rout, N * C, TOL_FWD);
+    check_close("layernorm_fwd mean", mean, rmean, N, TOL_FWD);
+    check_close("layernorm_fwd rstd", rstd, rrstd, N, TOL_FWD);
+
+    /* backward on zeroed buffers, then on pre-filled ones: the second must be the first + K */
+    const float KX = 0.25f, KW = -0.5f, KB = 0.125f;
+    float *dinp0 = falloc(N * C), *dw0 = falloc(C), *db0 = falloc(C);
+    be->layernorm_bwd(dinp0, dw0, db0, dout, inp, w, mean, rstd, N, C);
+    float *dinp = falloc(N * C), *dw = falloc(C), *db = falloc(C);
+    fill_const(dinp, N * C, KX);
+    fill_const(dw, C, KW);
+    fill_const(db, C, KB);
+    be->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    for (int i = 0; i < N * C; i++)
+        ck_assert_msg(fabsf(dinp[i] - (dinp0[i] + KX)) <= 1e-6f, "layernorm_bwd dinp does not accumulate");
+    for (int c = 0; c < C; c++) {
+        ck_assert_msg(fabsf(dw[c] - (dw0[c] + KW)) <= 1e-5f, "layernorm_bwd dw does not accumulate");
+        ck_assert_msg(fabsf(db[c] - (db0[c] + KB)) <= 1e-5f, "layernorm_bwd db does not accumulate");
+    }
+
+    /* finite differences through the forward, into scratch outputs */
+    float *sout = falloc(N * C), *smean = falloc(N), *srstd = falloc(N);
+    ln_ctx ctx = {sout, smean, srstd, inp, w, b, dout, N, C};
+    double *ninp = dalloc(N * C), *nw = dalloc(C), *nb = dalloc(C);
+    fd_grad(inp, N * C, ln_obj, &ctx, ninp);
+    fd_grad(w, C, ln_obj, &ctx, nw);
+    fd_grad(b, C, ln_obj, &ctx, nb);
+    double *ainp = minus_const(dinp, N * C, KX), *aw = minus_const(dw, C, KW), *ab = minus_const(db, C, KB);
+    check_grad("layernorm dinp", ainp, ninp, N * C);
+    check_grad("layernorm dw", aw, nw, C);
+    check_grad("layernorm db", ab, nb, C);
+
+    free(rout); free(rmean); free(rrstd); free(ninp); free(nw); free(nb);
+    free(ainp); free(aw); free(ab);
+    be->free(inp); be->free(w); be->free(b); be->free(out); be->free(mean); be->free(rstd);
+    be->free(dout); be->free(dinp0); be->free(dw0); be->free(db0); be->free(dinp); be->free(dw);
+    be->free(db); be->free(sout); be->free(smean); be->free(srstd);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 4. matmul
+
+typedef struct {
+    float *out, *inp, *w, *b; const float *R; int N, C, OC;
+} mm_ctx;
+static double mm_obj(void *p) {
+    mm_ctx *c = p;
+    be->matmul_fwd(c->out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+    return dot_fd(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+START_TEST(test_matmul) {
+    enum { N = 14, C = 15, OC = 37 };
+    rng_seed(4);
+    float *inp = falloc(N * C), *w = falloc(OC * C), *b = falloc(OC), *out = falloc(N * OC);
+    float *dout = falloc(N * OC);
+    fill_rand(inp, N * C, -1, 1);
+    fill_rand(w, OC * C, -1, 1);
+    fill_rand(b, OC, -1, 1);
+    fill_rand(dout, N * OC, -1, 1);
+
+    for (int withb = 1; withb >= 0; withb--) {
+        fill_const(out, N * OC, 999.0f); /* the forward overwrites */
+        be->matmul_fwd(out, inp, w, withb ? b : NULL, N, C, OC);
+        double *ref = dalloc(N * OC);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) {
+                double s = withb ? b[o] : 0.0;
+                for (int c = 0; c < C; c++) s += (double)inp[i * C + c] * w[o * C + c];
+                ref[i * OC + o] = s;
+            }
+        check_close(withb ? "matmul_fwd with bias" : "matmul_fwd no bias", out, ref, N * OC, TOL_FWD);
+        free(ref);
+    }
+
+    /* dinp overwritten (pre-filled with junk), dw and db accumulated (pre-filled with K) */
+    const float KW = 0.25f, KB = -0.5f;
+    float *dinp = falloc(N * C), *dw = falloc(OC * C), *db = falloc(OC);
+    fill_const(dinp, N * C, 1000.0f);
+    fill_const(dw, OC * C, KW);
+    fill_const(db, OC, KB);
+    be->matmul_bwd(dinp, dw, db, dout, inp, w, N, C, OC);
+    double *rinp = dalloc(N * C), *rw = dalloc(OC * C), *rb = dalloc(OC);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int o = 0; o < OC; o++) s += (double)dout[i * OC + o] * w[o * C + c];
+            rinp[i * C + c] = s;
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int c = 0; c < C; c++) {
+            double s = KW;
+            for (int i = 0; i < N; i++) s += (double)dout[i * OC + o] * inp[i * C + c];
+            rw[o * C + c] = s;
+        }
+        double s = KB;
+        for (int i = 0; i < N; i++) s += dout[i * OC + o];
+        rb[o] = s;
+    }
+    check_close("matmul_bwd dinp (overwrite)", dinp, rinp, N * C, TOL_FWD);
+    check_close("matmul_bwd dw (accum)", dw, rw, OC * C, TOL_FWD);
+    check_close("matmul_bwd db (accum)", db, rb, OC, TOL_FWD);
+
+    /* NULL dinp and NULL db are skipped; dw still accumulates */
+    float *dw2 = falloc(OC * C);
+    fill_const(dw2, OC * C, KW);
+    be->matmul_bwd(NULL, dw2, NULL, dout, inp, w, N, C, OC);
+    check_close("matmul_bwd dw (NULL dinp/db)", dw2, rw, OC * C, TOL_FWD);
+
+    /* finite differences through the forward (with bias) */
+    float *sout = falloc(N * OC);
+    mm_ctx ctx = {sout, inp, w, b, dout, N, C, OC};
+    double *ninp = dalloc(N * C), *nw = dalloc(OC * C), *nb = dalloc(OC);
+    fd_grad(inp, N * C, mm_obj, &ctx, ninp);
+    fd_grad(w, OC * C, mm_obj, &ctx, nw);
+    fd_grad(b, OC, mm_obj, &ctx, nb);
+    double *ainp = minus_const(dinp, N * C, 0.0), *aw = minus_const(dw, OC * C, KW), *ab = minus_const(db, OC, KB);
+    check_grad("matmul dinp", ainp, ninp, N * C);
+    check_grad("matmul dw", aw, nw, OC * C);
+    check_grad("matmul db", ab, nb, OC);
+
+    free(rinp); free(rw); free(rb); free(ninp); free(nw); free(nb); free(ainp); free(aw); free(ab);
+    be->free(inp); be->free(w); be->free(b); be->free(out); be->free(dout); be->free(dinp);
+    be->free(dw); be->free(db); be->free(dw2); be->free(sout);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 5. attention
+
+typedef struct {
+    float *out, *att, *qkv; const float *R; int B, T, C, NH;
+} att_ctx;
+static double att_obj(void *p) {
+    att_ctx *c = p;
+    be->attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot_fd(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+/* naive causal attention in double: att (B,NH,T,T) probs with zeros above the diagonal */
+static void attention_ref(double *out, double *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                double *a = att + (((size_t)b * NH + h) * T + t) * T;
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < T; j++) {
+                    if (j > t) { a[j] = 0.0; continue; }
+                    const float *k = qkv + ((size_t)b * T + j) * C3 + C + h * hs;
+                    double s = 0.0;
+                    for (int d = 0; d < hs; d++) s += (double)q[d] * k[d];
+                    a[j] = s * scale;
+                    mx = a[j] > mx ? a[j] : mx;
+                }
+                for (int j = 0; j <= t; j++) { a[j] = exp(a[j] - mx); sum += a[j]; }
+                for (int j = 0; j <= t; j++) a[j] /= sum;
+                for (int d = 0; d < hs; d++) {
+                    double s = 0.0;
+                    for (int j = 0; j <= t; j++) s += a[j] * qkv[((size_t)b * T + j) * C3 + 2 * C + h * hs + d];
+                    out[((size_t)b * T + t) * C + h * hs + d] = s;
+                }
+            }
+}
+
+START_TEST(test_attention) {
+    /* C=15, NH=3 -> hs=5; C=12, NH=4 -> hs=3 */
+    static const int cfg[2][2] = {{15, 3}, {12, 4}};
+    enum { B = 2, T = 7 };
+    rng_seed(5);
+    for (int k = 0; k < 2; k++) {
+        int C = cfg[k][0], NH = cfg[k][1];
+        size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+        float *qkv = falloc(nqkv), *out = falloc(nout), *att = falloc(natt), *dout = falloc(nout);
+        fill_rand(qkv, nqkv, -1.5, 1.5);
+        fill_rand(dout, nout, -1, 1);
+        fill_const(out, nout, 999.0f);
+        fill_const(att, natt, 7.0f); /* the masked triangle must be written as 0 */
+        be->attention_fwd(out, att, qkv, B, T, C, NH);
+        double *rout = dalloc(nout), *ratt = dalloc(natt);
+        attention_ref(rout, ratt, qkv, B, T, C, NH);
+        char what[64];
+        snprintf(what, sizeof(what), "attention_fwd out C=%d NH=%d", C, NH);
+        check_close(what, out, rout, nout, TOL_FWD);
+        snprintf(what, sizeof(what), "attention_fwd att C=%d NH=%d", C, NH);
+        check_close(what, att, ratt, natt, TOL_FWD);
+        for (int bh = 0; bh < B * NH; bh++)
+            for (int t = 0; t < T; t++)
+                for (int j = t + 1; j < T; j++)
+                    ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "att above diagonal not 0");
+
+        float *dqkv = falloc(nqkv);
+        fill_const(dqkv, nqkv, 1000.0f); /* overwritten */
+        be->attention_bwd(dqkv, dout, qkv, att, B, T, C, NH);
+        float *sout = falloc(nout), *satt = falloc(natt);
+        att_ctx ctx = {sout, satt, qkv, dout, B, T, C, NH};
+        double *nq = dalloc(nqkv);
+        fd_grad(qkv, nqkv, att_obj, &ctx, nq);
+        double *aq = minus_const(dqkv, nqkv, 0.0);
+        snprintf(what, sizeof(what), "attention dqkv C=%d NH=%d", C, NH);
+        check_grad(what, aq, nq, nqkv);
+
+        free(rout); free(ratt); free(nq); free(aq);
+        be->free(qkv); be->free(out); be->free(att); be->free(dout); be->free(dqkv);
+        be->free(sout); be->free(satt);
+    }
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 6. GELU
+
+typedef struct { float *out, *inp; const float *R; size_t n; } gelu_ctx;
+static double gelu_obj(void *p) {
+    gelu_ctx *c = p;
+    be->gelu_fwd(c->out, c->inp, c->n);
+    return dot_fd(c->out, c->R, c->n);
+}
+
+START_TEST(test_gelu) {
+    enum { n = 101 };
+    const double k = sqrt(2.0 / M_PI);
+    rng_seed(6);
+    float *inp = falloc(n), *out = falloc(n), *dout = falloc(n), *dinp = falloc(n);
+    for (int i = 0; i < n; i++) inp[i] = (float)(-5.0 + 10.0 * i / (n - 1)); /* includes 0 */
+    for (int i = 0; i < n; i += 3) inp[i] += (float)(0.05 * (2 * rng_u01() - 1));
+    fill_rand(dout, n, -1, 1);
+    fill_const(out, n, 999.0f);
+    fill_const(dinp, n, 999.0f);
+
+    be->gelu_fwd(out, inp, n);
+    for (int i = 0; i < n; i++) {
+        double x = inp[i], r = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+        /* per element: absolute 1e-6 plus TOL_FWD relative (negative tail is ~1e-6 small) */
+        ck_assert_msg(fabs(out[i] - r) <= 1e-6 + TOL_FWD * fabs(r), "gelu_fwd(%g) = %.9g, want %.9g",
+                      x, (double)out[i], r);
+    }
+
+    be->gelu_bwd(dinp, inp, dout, n);
+    double *rd = dalloc(n);
+    for (int i = 0; i < n; i++) { /* d/dx of the tanh formula, times dout */
+        double x = inp[i], u = k * (x + 0.044715 * x * x * x), th = tanh(u);
+        rd[i] = (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x)) * dout[i];
+    }
+    check_close("gelu_bwd vs derivative", dinp, rd, n, TOL_FWD);
+    float *sout = falloc(n);
+    gelu_ctx ctx = {sout, inp, dout, n};
+    double *num = dalloc(n);
+    fd_grad(inp, n, gelu_obj, &ctx, num);
+    double *ana = minus_const(dinp, n, 0.0);
+    check_grad("gelu dinp", ana, num, n);
+
+    free(rd); free(num); free(ana);
+    be->free(inp); be->free(out); be->free(dout); be->free(dinp); be->free(sout);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 7. residual, add_inplace, scale, sumsq
+
+START_TEST(test_elementwise) {
+    enum { n = 1003 };
+    rng_seed(7);
+    float *a = falloc(n), *b = falloc(n), *out = falloc(n);
+    fill_rand(a, n, -2, 2);
+    fill_rand(b, n, -2, 2);
+    fill_const(out, n, 999.0f);
+
+    be->residual_fwd(out, a, b, n);
+    for (int i = 0; i < n; i++) ck_assert_msg(out[i] == a[i] + b[i], "residual_fwd[%d]", i);
+    float *a2 = fclone(a, n); /* out aliasing a */
+    be->residual_fwd(a2, a2, b, n);
+    for (int i = 0; i < n; i++) ck_assert_msg(a2[i] == a[i] + b[i], "residual_fwd aliased[%d]", i);
+
+    float *d = fclone(a, n);
+    be->add_inplace(d, b, n);
+    for (int i = 0; i < n; i++) ck_assert_msg(d[i] == a[i] + b[i], "add_inplace[%d]", i);
+
+    float *s = fclone(a, n);
+    const float sc = 0.37f;
+    be->scale(s, sc, n);
+    for (int i = 0; i < n; i++) ck_assert_msg(s[i] == a[i] * sc, "scale[%d]", i);
+
+    double ref = 0.0;
+    for (int i = 0; i < n; i++) ref += (double)a[i] * a[i];
+    double got = be->sumsq(a, n);
+    ck_assert_msg(fabs(got - ref) <= 1e-12 * ref, "sumsq(%d) = %.17g, want %.17g", n, got, ref);
+    ck_assert(be->sumsq(a, 0) == 0.0);
+    ck_assert(be->sumsq(a, 1) == (double)a[0] * a[0]);
+
+    /* several 16384-value chunks plus a ragged tail; same bits with 1 and 2 threads */
+    const size_t big = 100003;
+    float *x = falloc(big);
+    fill_rand(x, big, -3, 3);
+    double rbig = 0.0;
+    for (size_t i = 0; i < big; i++) rbig += (double)x[i] * x[i];
+    backend_cpu_set_threads(1);
+    double s1 = be->sumsq(x, big);
+    backend_cpu_set_threads(2);
+    double s2 = be->sumsq(x, big);
+    backend_cpu_set_threads(default_threads);
+    if (verbose) printf("  sumsq big: 1 thr %.17g, 2 thr %.17g, ref %.17g\n", s1, s2, rbig);
+    ck_assert_msg(fabs(s1 - rbig) <= 1e-10 * rbig, "sumsq(%zu) = %.17g, want %.17g", big, s1, rbig);
+    ck_assert_msg(memcmp(&s1, &s2, sizeof(double)) == 0, "sumsq differs with 1 and 2 threads: %.17g vs %.17g",
+                  s1, s2);
+
+    be->free(a); be->free(b); be->free(out); be->free(a2); be->free(d); be->free(s); be->free(x);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 8. cross-entropy
+
+typedef struct {
+    const float *logits; float *scratch, *losses; const int *targets; int N, V, Vp; float dloss;
+} ce_ctx;
+/* L = dloss * sum(losses); the forward works in place, so it runs on a fresh copy */
+static double ce_obj(void *p) {
+    ce_ctx *c = p;
+    memcpy(c->scratch, c->logits, sizeof(float) * (size_t)c->N * c->Vp);
+    be->crossentropy_fwd(c->losses, c->scratch, c->targets, c->N, c->V, c->Vp);
+    double s = 0.0;
+    for (int i = 0; i < c->N; i++) s += c->losses[i];
+    return s * c->dloss;
+}
+
+START_TEST(test_crossentropy) {
+    enum { N = 14, V = 37 };
+    static const int Vps[2] = {40, 128};
+    rng_seed(8);
+    for (int k = 0; k < 2; k++) {
+        int Vp = Vps[k];
+        size_t nl = (size_t)N * Vp;
+        float *logits = falloc(nl), *work = falloc(nl), *losses = falloc(N);
+        int *targets = be->alloc(sizeof(int) * N);
+        ck_assert_ptr_nonnull(targets);
+        for (int i = 0; i < N; i++) {
+            for (int j = 0; j < Vp; j++)
+                logits[(size_t)i * Vp + j] = j < V ? (float)(6 * rng_u01() - 3) : 1.0e4f + j; /* padding huge */
+            targets[i] = (int)(rng_u01() * V);
+        }
+        targets[0] = 0;
+        targets[1] = V - 1;
+        for (int j = 0; j < V; j++) logits[3 * Vp + j] += 90.0f; /* exp would overflow unshifted */
+
+        /* double log-softmax over the first V columns */
+        double *rp = dalloc(nl), *rl = dalloc(N);
+        for (int i = 0; i < N; i++) {
+            const float *r = logits + (size_t)i * Vp;
+            double mx = r[0], sum = 0.0;
+            for (int j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
+            for (int j = 0; j < V; j++) sum += exp(r[j] - mx);
+            for (int j = 0; j < V; j++) rp[(size_t)i * Vp + j] = exp(r[j] - mx) / sum;
+            rl[i] = -((r[targets[i]] - mx) - log(sum));
+        }
+
+        memcpy(work, logits, sizeof(float) * nl);
+        fill_const(losses, N, 999.0f);
+        be->crossentropy_fwd(losses, work, targets, N, V, Vp);
+        char what[64];
+        snprintf(what, sizeof(what), "crossentropy_fwd loss Vp=%d", Vp);
+        check_close(what, losses, rl, N, TOL_FWD);
+        snprintf(what, sizeof(what), "crossentropy_fwd probs Vp=%d", Vp);
+        check_close(what, work, rp, nl, TOL_FWD);
+        for (int i = 0; i < N; i++)
+            for (int j = V; j < Vp; j++)
+                ck_assert_msg(work[(size_t)i * Vp + j] == 0.0f, "padded prob (%d,%d) = %g", i, j,
+                              (double)work[(size_t)i * Vp + j]);
+
+        /* backward in place on the probs: (p - onehot) * dloss, padding 0 */
+        const float dloss = 1.0f / N;
+        be->crossentropy_bwd(work, targets, dloss, N, V, Vp);
+        double *rg = dalloc(nl);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < V; j++)
+                rg[(size_t)i * Vp + j] = (rp[(size_t)i * Vp + j] - (j == targets[i])) * dloss;
+        snprintf(what, sizeof(what), "crossentropy_bwd Vp=%d", Vp);
+        check_close(what, work, rg, nl, TOL_FWD);
+        for (int i = 0; i < N; i++)
+            for (int j = V; j < Vp; j++)
+                ck_assert_msg(work[(size_t)i * Vp + j] == 0.0f, "padded dlogit (%d,%d) = %g", i, j,
+                              (double)work[(size_t)i * Vp + j]);
+
+        /* finite differences of dloss * sum(losses) over every column, padding included */
+        float *scratch = falloc(nl);
+        ce_ctx ctx = {logits, scratch, losses, targets, N, V, Vp, dloss};
+        double *num = dalloc(nl);
+        fd_grad(logits, nl, ce_obj, &ctx, num);
+        double *ana = minus_const(work, nl, 0.0);
+        snprintf(what, sizeof(what), "crossentropy dlogits Vp=%d", Vp);
+        check_grad(what, ana, num, nl);
+
+        free(rp); free(rl); free(rg); free(num); free(ana);
+        be->free(logits); be->free(work); be->free(losses); be->free(targets); be->free(scratch);
+    }
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 9. AdamW
+
+START_TEST(test_adamw) {
+    enum { n = 6 };
+    static const float p0[n] = {0.5f, -1.25f, 0.0f, 2.0f, 0.1f, -0.3f};
+    static const float g1[n] = {0.2f, -0.7f, 0.05f, 0.0f, 1.5f, -0.01f};
+    static const float g2[n] = {-0.1f, -0.3f, 0.4f, 0.6f, 1.0f, 0.02f};
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    static const float wds[2] = {0.1f, 0.0f};
+    for (int k = 0; k < 2; k++) {
+        const float wd = wds[k];
+        float *p = fclone(p0, n), *g = falloc(n), *m = falloc(n), *v = falloc(n); /* m, v start 0 */
+        double rp[n], rm[n], rv[n];
+        for (int i = 0; i < n; i++) { rp[i] = p0[i]; rm[i] = 0.0; rv[i] = 0.0; }
+        for (int t = 1; t <= 2; t++) {
+            const float *gt = t == 1 ? g1 : g2;
+            memcpy(g, gt, sizeof(float) * n);
+            float pold[n];
+            memcpy(pold, p, sizeof(pold));
+            be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+            /* the header's formula, in double, carried independently over both steps */
+            for (int i = 0; i < n; i++) {
+                double gi = gt[i];
+                rm[i] = (double)b1 * rm[i] + (1.0 - b1) * gi;
+                rv[i] = (double)b2 * rv[i] + (1.0 - b2) * gi * gi;
+                double mhat = rm[i] / (1.0 - pow(b1, t)), vhat = rv[i] / (1.0 - pow(b2, t));
+                double rpold = rp[i];
+                rp[i] -= (double)lr * (mhat / (sqrt(vhat) + eps) + wd * rp[i]);
+                ck_assert_msg(fabs(m[i] - rm[i]) <= 1e-6 * fabs(rm[i]) + 1e-12,
+                              "adamw wd=%g t=%d m[%d] = %.9g, want %.9g", (double)wd, t, i, (double)m[i], rm[i]);
+                ck_assert_msg(fabs(v[i] - rv[i]) <= 1e-6 * fabs(rv[i]) + 1e-12,
+                              "adamw wd=%g t=%d v[%d] = %.9g, want %.9g", (double)wd, t, i, (double)v[i], rv[i]);
+                ck_assert_msg(fabs(p[i] - rp[i]) <= 1e-6 * (1.0 + fabs(rp[i])),
+                              "adamw wd=%g t=%d p[%d] = %.9g, want %.9g", (double)wd, t, i, (double)p[i], rp[i]);
+                /* the step itself (~lr) to 1e-3 relative: catches bias-correction and wd slips */
+                double dgot = (double)p[i] - pold[i], dref = rp[i] - rpold;
+                ck_assert_msg(fabs(dgot - dref) <= 1e-3 * fabs(dref) + 3e-7,
+                              "adamw wd=%g t=%d step[%d] = %.9g, want %.9g", (double)wd, t, i, dgot, dref);
+            }
+            if (t == 1) {
+                /* by hand: m=v=0, so mhat = g, vhat = g^2, and the step is lr (sign(g) + wd p) */
+                ck_assert(fabsf(m[0] - 0.02f) <= 1e-8f);
+                ck_assert(fabsf(v[0] - 0.002f) <= 1e-9f);
+                double want0 = wd > 0 ? 0.4895 : 0.49;   /* 0.5 - 0.01 (1 + wd 0.5) */
+                double want1 = wd > 0 ? -1.23875 : -1.24; /* -1.25 - 0.01 (-1 + wd -1.25) */
+                ck_assert_msg(fabs(p[0] - want0) <= 1e-6, "adamw t=1 p[0] = %.9g, want %g", (double)p[0], want0);
+                ck_assert_msg(fabs(p[1] - want1) <= 1e-6, "adamw t=1 p[1] = %.9g, want %g", (double)p[1], want1);
+                ck_assert(fabsf(p[3] - (2.0f - 0.01f * wd * 2.0f)) <= 1e-6f); /* g=0: only decay */
+            }
+        }
+        be->free(p); be->free(g); be->free(m); be->free(v);
+    }
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+// 10. determinism across thread counts
+
+START_TEST(test_determinism) {
+    /* big enough that rows/channels are split between threads: C spans 4 LayerNorm chunks of
+     * 64, OC spans 3 bias chunks of 256; none of them a multiple */
+    enum { N = 67, C = 203, OC = 601 };
+    rng_seed(10);
+    float *inp = falloc(N * C), *w = falloc(C), *b = falloc(C), *out = falloc(N * C);
+    float *mean = falloc(N), *rstd = falloc(N), *dout = falloc(N * C);
+    fill_rand(inp, N * C, -2, 3);
+    fill_rand(w, C, -1, 1);
+    fill_rand(b, C, -1, 1);
+    fill_rand(dout, N * C, -1, 1);
+    be->layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+
+    float *mw = falloc(OC * C), *mdout = falloc(N * OC);
+    fill_rand(mw, OC * C, -1, 1);
+    fill_rand(mdout, N * OC, -1, 1);
+
+    float *res[2][6];
+    for (int r = 0; r < 2; r++) {
+        backend_cpu_set_threads(r + 1);
+        float *dinp = falloc(N * C), *dw = falloc(C), *db = falloc(C);
+        fill_const(dinp, N * C, 0.5f);
+        fill_const(dw, C, 0.5f);
+        fill_const(db, C, 0.5f);
+        be->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+        float *mdinp = falloc(N * C), *mdw = falloc(OC * C), *mdb = falloc(OC);
+        fill_const(mdw, OC * C, 0.5f);
+        fill_const(mdb, OC, 0.5f);
+        be->matmul_bwd(mdinp, mdw, mdb, mdout, inp, mw, N, C, OC);
+        res[r][0] = dinp; res[r][1] = dw; res[r][2] = db;
+        res[r][3] = mdinp; res[r][4] = mdw; res[r][5] = mdb;
+    }
+    backend_cpu_set_threads(default_threads);
+    static const char *names[6] = {"layernorm_bwd dinp", "layernorm_bwd dw", "layernorm_bwd db",
+                                   "matmul_bwd dinp", "matmul_bwd dw", "matmul_bwd db"};
+    const size_t sizes[6] = {N * C, C, C, N * C, (size_t)OC * C, OC};
+    char bad[512] = "";
+    for (int i = 0; i < 6; i++) { /* compare all six, then report every one that differs */
+        size_t ndiff = 0;
+        double maxd = 0.0;
+        for (size_t j = 0; j < sizes[i]; j++) {
+            if (memcmp(&res[0][i][j], &res[1][i][j], sizeof(float)) == 0) continue;
+            ndiff++;
+            double d = fabs((double)res[0][i][j] - res[1][i][j]);
+            maxd = d > maxd ? d : maxd;
+        }
+        if (ndiff) {
+            size_t l = strlen(bad);
+            snprintf(bad + l, sizeof(bad) - l, " [%s: %zu of %zu differ, max |diff| %.3g]", names[i], ndiff,
+                     sizes[i], maxd);
+        }
+        be->free(res[0][i]);
+        be->free(res[1][i]);
+    }
+    ck_assert_msg(bad[0] == '\0', "not bit-identical with 1 and 2 threads (N=%d C=%d OC=%d):%s", N, C, OC, bad);
+    be->free(inp); be->free(w); be->free(b); be->free(out); be->free(mean); be->free(rstd);
+    be->free(dout); be->free(mw); be->free(mdout);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
+
+/* one test case per op family */
+static Suite *ops_suite(void) {
+    Suite *su = suite_create("ops");
+    struct { const char *name; const TTest *test; } cases[] = {
+        {"sgemm", test_sgemm},
+        {"encoder", test_encoder},
+        {"layernorm", test_layernorm},
+        {"matmul", test_matmul},
+        {"attention", test_attention},
+        {"gelu", test_gelu},
+        {"elementwise", test_elementwise},
+        {"crossentropy", test_crossentropy},
+        {"adamw", test_adamw},
+        {"determinism", test_determinism},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(su, tc);
+    }
+    return su;
+}
+
+/* run everything in-process (CK_NOFORK) and fail the exit code on any failure */
+int main(void) {
+    const char *vb = getenv("TEST_OPS_VERBOSE");
+    verbose = vb && *vb && strcmp(vb, "0") != 0;
+#ifdef _OPENMP
+    default_threads = omp_get_max_threads();
+#endif
+    char err[256] = "";
+    if (be->init(err, sizeof(err)) != 0) {
+        fprintf(stderr, "test_ops: cpu backend init failed: %s\n", err);
+        return EXIT_FAILURE;
+    }
+    SRunner *sr = srunner_create(ops_suite());
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    be->finalize();
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

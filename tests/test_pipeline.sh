@@ -1,0 +1,95 @@
+#!/bin/bash
+# test_pipeline.sh — pipelined runs are bit-identical to the one-process run; activation
+# memory stays within the schedule's bound; failures end every rank quickly and clearly.
+# Every mpiexec runs under a timeout.
+. "$(dirname "$0")/lib.sh"
+cd "$WORK"
+STEPS=4
+M=4
+COMMON="--preset tiny --steps $STEPS --batch 8 --seq-len 32 --microbatches $M --eval-every 0 --progress 0 --log-every 100"
+
+# the reference: one process
+mpirun_t 120 1 train $COMMON --metrics ref.jsonl --save-final ref.bin > ref.out 2>&1 || bad reference "exit $?"
+[ "$(losses ref.jsonl | wc -l)" -eq $STEPS ] && ok "reference run" || bad "reference run" "no losses"
+
+# uneven explicit splits of the 4 tiny blocks (first/last stage may hold none)
+uneven() { case $1 in 1) echo 4 ;; 2) echo 1,3 ;; 3) echo 0,3,1 ;; 4) echo 0,1,2,1 ;; esac; }
+
+for P in 1 2 3 4; do
+    for S in 1f1b gpipe; do
+        for SPLIT in auto "$(uneven $P)"; do
+            tag="P=$P $S split=$SPLIT"
+            f="run_${P}_${S}_${SPLIT//,/-}"
+            if ! mpirun_t 120 $P train $COMMON --schedule $S --split $SPLIT --metrics $f.jsonl \
+                    --save-final $f.bin > $f.out 2>&1; then
+                bad "$tag" "exit status $? ($(tail -n 3 $f.out | tr '\n' ' '))"
+                continue
+            fi
+            if cmp -s ref.bin $f.bin && [ "$(losses ref.jsonl)" = "$(losses $f.jsonl)" ]; then
+                ok "$tag: losses and final weights bit-identical to one process"
+            else
+                bad "$tag" "differs from the one-process run"
+            fi
+            # activation slots: 1f1b holds at most min(P-s, M) on stage s, gpipe holds M
+            peaks=$(grep '"event":"end"' $f.jsonl | sed 's/.*"inflight_peak":\[\([^]]*\)\].*/\1/')
+            okp=1
+            s=0
+            for p in ${peaks//,/ }; do
+                if [ $S = gpipe ]; then want=$M; else want=$((P - s < M ? P - s : M)); fi
+                if [ $S = gpipe ] && [ "$p" -ne "$want" ]; then okp=0; fi
+                if [ $S = 1f1b ] && [ "$p" -gt "$want" ]; then okp=0; fi
+                s=$((s + 1))
+            done
+            [ $okp = 1 ] && [ $s = $P ] && ok "$tag: in-flight micro-batches $peaks" || bad "$tag" "in-flight $peaks"
+            if [ $P -gt 1 ]; then
+                grep -q '"tied_identical":true' $f.jsonl && ok "$tag: tied embedding copies identical" \
+                    || bad "$tag" "tied embedding copies differ"
+            fi
+        done
+    done
+done
+
+# a schedule read from torch-style CSV runs and matches
+"$PIPELM" schedule --stages 3 --microbatches $M --schedule 1f1b --csv s.csv > /dev/null 2>&1
+if mpirun_t 120 3 train $COMMON --schedule-csv s.csv --metrics csv.jsonl --save-final csv.bin > csv.out 2>&1 \
+        && cmp -s ref.bin csv.bin; then ok "--schedule-csv run bit-identical"; else bad "--schedule-csv" "$(tail -n 2 csv.out)"; fi
+# a CSV that deadlocks is refused before any work
+printf '0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' > dead.csv
+mpirun_t 60 2 train $COMMON --microbatches 1 --schedule-csv dead.csv > dead.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "deadlock" dead.out; then
+    ok "invalid CSV schedule refused: $(grep -m1 error dead.out)"; else bad "invalid CSV" "rc=$rc"; fi
+
+# wrong rank count for an explicit split: every rank exits non-zero with what to run
+mpirun_t 60 3 train $COMMON --split 2,2 > wrong.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "mpiexec -n 2" wrong.out; then ok "wrong rank count refused"; else bad "wrong rank count" "rc=$rc"; fi
+
+# a rank that fails mid-step ends the whole job within seconds, naming the rank
+start=$(date +%s)
+mpirun_t 60 3 train $COMMON --steps 10 --fail-rank 1 --fail-step 3 > fail.out 2>&1
+rc=$?
+el=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $el -lt 30 ] && grep -q "rank 1: error: injected failure" fail.out; then
+    ok "mid-step failure of rank 1 ends the job in ${el}s (exit $rc)"; else bad "mid-step failure" "rc=$rc after ${el}s"; fi
+
+# a bad input file on the data ranks (0 and 2) while rank 1 is fine
+printf 'not a token file' > bad.bin
+mpirun_t 60 3 train $COMMON --data bad.bin > badfile.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "bad.bin" badfile.out && grep -q "stopping all 3 ranks" badfile.out; then
+    ok "bad data file ends every rank: $(grep -m1 error badfile.out)"; else bad "bad data file" "rc=$rc"; fi
+
+# a failure during set-up on one rank only
+mpirun_t 60 4 train $COMMON --fail-rank 2 --fail-step 0 > setup.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 2 failed during set-up" setup.out; then
+    ok "set-up failure on rank 2 stops all ranks"; else bad "set-up failure" "rc=$rc"; fi
+
+# NaN: a huge learning rate makes the loss non-finite; every rank stops with the cause
+mpirun_t 60 2 train $COMMON --steps 20 --lr 1e12 --warmup-steps 0 --grad-clip 0 > nan.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "non-finite" nan.out; then
+    ok "NaN stops the run: $(grep -m1 non-finite nan.out | cut -c1-120)"; else bad "NaN" "rc=$rc"; fi
+
+finish
