@@ -4,7 +4,8 @@
  *
  * Determinism: every loop that sums over rows (bias, LayerNorm and embedding gradients, the
  * squared norm) runs the rows in a fixed order inside one thread, and threads split the
- * *output* (channels or fixed-size chunks), so results do not depend on the thread count.
+ * *output* (channels or fixed-size chunks), so those results do not depend on the thread
+ * count (sgemm's do, in OpenBLAS, for long inner dimensions).
  * Shapes as in backend.h: N rows, C channels, OC output channels.
  */
 #ifdef HAVE_CONFIG_H
@@ -21,6 +22,32 @@
 
 #define LN_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+/* exp(x) for float, vectorisable (no calls, no tables): x = k ln2 + r with |r| <= ln2/2,
+ * exp(r) by a degree-6 minimax polynomial (Cephes' coefficients), 2^k built in the exponent
+ * bits. Relative error about 2e-7; inputs are clamped to the finite range. */
+static inline float exp_fast(float x) {
+    x = x > 88.3f ? 88.3f : x;
+    x = x < -87.3f ? -87.3f : x;
+    float t = x * 1.44269504088896341f;
+    float fk = (t + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 trick */
+    int k = (int)fk;
+    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int bits = (k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* tanh(u) = 1 - 2 / (1 + exp(2u)), through exp_fast (absolute error ~1e-7). */
+static inline float tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + exp_fast(2.0f * u)); }
 
 /* Nothing to set up on the CPU. */
 static int cpu_init(char *err, size_t errlen) { (void)err; (void)errlen; return 0; }
@@ -174,7 +201,7 @@ static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, i
                 float mx = r[0];
                 for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
                 float sum = 0.0f;
-                for (int j = 0; j <= t; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+                for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
                 float inv = 1.0f / sum;
                 for (int j = 0; j <= t; j++) r[j] *= inv;
                 for (int j = t + 1; j < T; j++) r[j] = 0.0f;
@@ -223,21 +250,21 @@ static void cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, 
 
 /* gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 static void cpu_gelu_fwd(float *out, const float *inp, size_t n) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = 0.5f * x * (1.0f + tanh_fast(u));
     }
 }
 
 /* d gelu/dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) sqrt(2/pi) (1 + 3 0.044715 x^2). */
 static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
+        float th = tanh_fast(u);
         float sech2 = 1.0f - th * th;
         float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = g * dout[i];
@@ -245,7 +272,7 @@ static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_
 }
 
 static void cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
@@ -262,7 +289,7 @@ static void cpu_crossentropy_fwd(float *losses, float *logits, const int *target
         float mx = r[0];
         for (int j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
         float sum = 0.0f;
-        for (int j = 0; j < V; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+        for (int j = 0; j < V; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
         float inv = 1.0f / sum;
         for (int j = 0; j < V; j++) r[j] *= inv;
         for (int j = V; j < Vp; j++) r[j] = 0.0f;

@@ -6,8 +6,10 @@
  * Values cross the boundary with to_host/from_host. The CPU backend ("cpu": OpenBLAS
  * cblas_sgemm for every matmul, OpenMP C loops for the rest) is always built and is the
  * reference the others are tested against. Every op is deterministic: the same inputs give
- * bit-identical outputs whatever the thread count, because reductions over rows run in a
- * fixed order. Shapes follow llm.c's alphabet: N rows (= B*T tokens), C channels, OC output
+ * bit-identical outputs run after run. The C loops also give the same bits whatever the
+ * thread count, because reductions over rows run in a fixed order; cblas_sgemm products are
+ * reproducible only at a fixed OpenBLAS thread count (it may split long sums differently
+ * with more threads), so runs compared bit for bit use the same threads per rank. Shapes follow llm.c's alphabet: N rows (= B*T tokens), C channels, OC output
  * channels, NH heads, T sequence length, V vocabulary (Vp padded). Plain C, no MPI, so CUDA
  * translation units can include it.
  */
