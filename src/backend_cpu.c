@@ -348,14 +348,19 @@ static void cpu_scale(float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+static int cpu_threads = 1;
+
 /* Sets the OpenMP and OpenBLAS thread counts together. */
 void backend_cpu_set_threads(int n) {
     if (n < 1) n = 1;
+    cpu_threads = n;
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
     openblas_set_num_threads(n);
 }
+
+int backend_cpu_get_threads(void) { return cpu_threads; }
 
 const backend backend_cpu = {
     .name = "cpu",

@@ -17,17 +17,22 @@
 
 typedef enum { OPT_INT, OPT_LL, OPT_DBL, OPT_STR } opt_type;
 
+/* scope: 0 train and bench, 1 bench only; optional: the value may be left out (then
+ * `optional_default` is stored), as in a bare --resume. */
 typedef struct {
     const char *name;
     opt_type type;
     size_t offset, size;
     const char *help;
+    int scope;
+    const char *optional_default;
 } opt_desc;
 
-#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h}
-#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h}
-#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h}
-#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h}
+#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, 0, NULL}
+#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h, 0, NULL}
+#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, 0, NULL}
+#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL}
+#define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 1, NULL}
 
 static const opt_desc options[] = {
     O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium (default tiny)"),
@@ -69,6 +74,16 @@ static const opt_desc options[] = {
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
     O_INT("progress", progress, "progress bar on a terminal: 1 auto, 0 never"),
+    O_STR("ckpt-dir", ckpt_dir, "directory for checkpoints (one HDF5 file per save)"),
+    O_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
+    O_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
+    {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
+     "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest"},
+    O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
+    O_BENCH("warmup", OPT_INT, warmup, "(bench) untimed warm-up steps"),
+    O_BENCH("json", OPT_STR, json, "(bench) write the results as JSON to FILE"),
+    O_BENCH("csv", OPT_STR, csv, "(bench) write the results as CSV to FILE"),
+    O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
 };
@@ -219,7 +234,7 @@ static void pending_free(pending_list *l) {
     free(l->v);
 }
 
-int config_parse(pl_options *o, int argc, char **argv, int first, char *err, size_t errlen) {
+int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen) {
     pending_list cli = {0}, file = {0};
     int rc = PL_OK;
     const char *preset = NULL;
@@ -238,12 +253,14 @@ int config_parse(pl_options *o, int argc, char **argv, int first, char *err, siz
         memcpy(name, a + 2, n);
         name[n] = 0;
         const opt_desc *d = find_option(name);
-        if (!d) {
-            snprintf(err, errlen, "unknown option '--%s' (see --help)", name);
+        if (!d || (d->scope == 1 && !bench)) {
+            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", name, d ? " for train (it is a bench option)" : "");
             rc = PL_EINVAL;
             goto out;
         }
         if (eq) val = eq + 1;
+        else if (d->optional_default && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0))
+            val = d->optional_default;
         else if (i + 1 < argc) val = argv[++i];
         else {
             snprintf(err, errlen, "option --%s needs a value", name);
@@ -313,17 +330,25 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);
     REQUIRE(o->timers_every >= 0, "--timers-every must be >= 0 (got %d)", o->timers_every);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
+    REQUIRE(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %d)", o->ckpt_every);
+    REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);
+    REQUIRE(!o->ckpt_every || o->ckpt_dir[0], "--ckpt-every needs --ckpt-dir");
+    REQUIRE(strcmp(o->resume, "latest") != 0 || o->ckpt_dir[0], "a bare --resume needs --ckpt-dir (or give --resume FILE)");
+    REQUIRE(o->warmup >= 0, "--warmup must be >= 0 (got %d)", o->warmup);
+    REQUIRE(o->peak_gflops >= 0, "--peak-gflops must be >= 0 (got %g)", o->peak_gflops);
     REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0,
             "--schedule must be 1f1b or gpipe (got '%s')", o->schedule);
 #undef REQUIRE
     return PL_OK;
 }
 
-void config_print_help(FILE *out) {
+void config_print_help(FILE *out, int bench) {
     for (int i = 0; i < NOPT; i++) {
+        if (options[i].scope == 1 && !bench) continue;
         const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
         char flag[64];
-        snprintf(flag, sizeof flag, "--%s %s", options[i].name, arg);
+        snprintf(flag, sizeof flag, "--%s %s%s%s", options[i].name, options[i].optional_default ? "[" : "", arg,
+                 options[i].optional_default ? "]" : "");
         fprintf(out, "  %-24s %s\n", flag, options[i].help);
     }
 }

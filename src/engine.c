@@ -121,7 +121,7 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
             }
             PL_MPI_CHECK(MPI_Isend(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1,
                                    msg_tag(0, step, m, M), e->comm, &e->sq_f[m]));
-            if (e->tr) trace_event(e->tr, "send F", "comm", m, pl_now(), pl_now());
+            if (e->tr) { double t = pl_now(); trace_event(e->tr, "send F", "comm", m, t, t); }
             break;
         case SCHED_B: {
             slot = stage_slot_of(st, m);
@@ -143,7 +143,7 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
             st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float));
             PL_MPI_CHECK(MPI_Isend(e->send_b + m * slice, (int)slice, MPI_FLOAT, r - 1,
                                    msg_tag(1, step, m, M), e->comm, &e->sq_b[m]));
-            if (e->tr) trace_event(e->tr, "send B", "comm", m, pl_now(), pl_now());
+            if (e->tr) { double t = pl_now(); trace_event(e->tr, "send B", "comm", m, t, t); }
             break;
         }
     }

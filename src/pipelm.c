@@ -30,7 +30,17 @@ static void train_usage(FILE *out) {
     fprintf(out, "usage: mpiexec -n P pipelm train [options]\n\n"
                  "Trains GPT-2 (llm.c's definition) split into P pipeline stages, one per rank.\n"
                  "Settings come from the preset, then --config FILE, then the command line.\n\noptions:\n");
-    config_print_help(out);
+    config_print_help(out, 0);
+}
+
+static void bench_usage(FILE *out) {
+    fprintf(out, "usage: mpiexec -n P pipelm bench [train options] [--warmup N] [--steps N] [--json FILE] [--csv FILE]\n"
+                 "       pipelm bench --peak [--json FILE]\n\n"
+                 "Runs --warmup untimed steps then --steps timed ones (defaults 2 and 5) and reports\n"
+                 "tokens/s, step time, model TFLOP/s (6N + 6LCT per token), MFU against the measured\n"
+                 "sgemm peak of every rank, measured and theoretical bubble, and per-stage compute,\n"
+                 "MPI wait, idle time and peak memory. --peak measures cblas_sgemm alone.\n\noptions:\n");
+    config_print_help(out, 1);
 }
 
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
@@ -116,8 +126,11 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
         return 0;
     }
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
-    if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv, 2, comm, abort_needed);
-    if (strcmp(argv[1], "train") != 0) {
+    int bench = strcmp(argv[1], "bench") == 0;
+    if (bench)
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], "--peak") == 0) return bench_peak_main(argc, argv, 2, comm);
+    if (strcmp(argv[1], "train") != 0 && !bench) {
         if (rank == 0) {
             pl_error("unknown command '%s'", argv[1]);
             usage(stderr);
@@ -126,20 +139,28 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     }
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            if (rank == 0) train_usage(pl_out);
+            if (rank == 0) (bench ? bench_usage : train_usage)(pl_out);
             return 0;
         }
     pl_options o;
     config_defaults(&o);
+    if (bench) { /* a short, quiet run unless told otherwise */
+        o.steps = 5;
+        o.warmup = 2;
+        o.log_every = 1000000;
+        o.progress = 0;
+    }
     char err[1024];
     /* every rank parses the same arguments, so every rank sees the same error: no hang */
-    if (config_parse(&o, argc, argv, 2, err, sizeof err) != PL_OK ||
+    if (config_parse(&o, argc, argv, 2, bench, err, sizeof err) != PL_OK ||
         config_validate(&o, err, sizeof err) != PL_OK) {
         if (rank == 0) pl_error("%s", err);
         return 2;
     }
+    o.bench = bench;
     int agreed = 1;
     int rc = train_run(&o, comm, &agreed);
     if (rc != PL_OK && !agreed) *abort_needed = 1;
+    if (rc == PL_EPREEMPT) return PIPELM_EXIT_PREEMPTED;
     return rc == PL_OK ? 0 : 1;
 }

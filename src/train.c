@@ -7,7 +7,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#include "pipelm/bench.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
@@ -19,6 +22,11 @@
 #include "pipelm/split.h"
 #include "pipelm/trace.h"
 #include "pipelm/train.h"
+
+/* Preemption: SIGTERM / SIGUSR1 set a flag; the step in progress finishes, every rank
+ * learns of it in the step's allreduce, a checkpoint is saved, and the run exits 75. */
+static volatile sig_atomic_t stop_signal = 0;
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
@@ -185,9 +193,9 @@ static void print_stage_table(run *R) {
 
 /* Squared gradient norms per part (slot 0 embeddings, 1+l block l, L+1 final norm) plus the
  * loss sum in slot L+2, summed over ranks: every slot has one owner, so the sums are exact. */
-static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss, int *bad_slot) {
+static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss, int *bad_slot, int *stop) {
     stage *st = &R->st;
-    int L = R->cfg.L, n = L + 3;
+    int L = R->cfg.L, n = L + 4; /* slot L+3: a stop signal seen by any rank */
     double *v = calloc(n, sizeof(double)), *g = calloc(n, sizeof(double));
     if (!v || !g) { free(v); free(g); return PL_ENOMEM; }
     for (int i = 0; i < st->ntensors; i++) {
@@ -197,6 +205,7 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
         v[slot] += st->be->sumsq(st->grads + t->offset, t->numel);
     }
     if (st->has_head) v[L + 2] = loss_sum;
+    v[L + 3] = stop_signal ? 1.0 : 0.0;
     int rc = MPI_Allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->comm);
     double total = 0.0;
     *bad_slot = -1;
@@ -206,6 +215,7 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     }
     *norm = sqrt(total);
     *loss = g[L + 2] / ((double)R->B * R->T);
+    *stop = g[L + 3] > 0;
     free(v);
     free(g);
     return rc == MPI_SUCCESS ? PL_OK : PL_EMPI;
@@ -281,10 +291,23 @@ static int evaluate(run *R, double *val_loss) {
     return PL_OK;
 }
 
+/* Validation at a step, if any rank has validation data; prints and records val_loss. */
+static int maybe_evaluate(run *R, int step) {
+    int anyval = R->have_val;
+    PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &anyval, 1, MPI_INT, MPI_MAX, R->comm));
+    if (!anyval) return PL_OK;
+    double vl;
+    PL_TRY(evaluate(R, &vl));
+    if (R->tty && R->rank == 0) fprintf(pl_out, "\r\033[K");
+    pl_info("val   %5d | val_loss %.6f\n", step, vl);
+    metrics_line(&R->mx, "{\"event\":\"val\",\"step\":%d,\"val_loss\":%.17g}", step, vl);
+    return PL_OK;
+}
+
 /* Progress bar on a terminal, redrawn in place under the step lines. */
-static void draw_progress(run *R, int step, double elapsed) {
+static void draw_progress(run *R, int step, int steps, double elapsed) {
     if (!R->tty || R->rank != 0) return;
-    int steps = R->o->steps, width = 30, fill = steps ? width * step / steps : width;
+    int width = 30, fill = steps ? width * step / steps : width;
     double eta = step ? elapsed / step * (steps - step) : 0;
     char bar[64];
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
@@ -294,7 +317,7 @@ static void draw_progress(run *R, int step, double elapsed) {
 }
 
 /* One optimizer step: tied-gradient sum, norm and loss, clipping, AdamW on every tensor. */
-static int optimizer_step(run *R, int step, double loss_sum, double *loss, double *norm, double lr) {
+static int optimizer_step(run *R, int step, double loss_sum, double *loss, double *norm, double lr, int *stop) {
     stage *st = &R->st;
     const pl_options *o = R->o;
     size_t wte_n = (size_t)R->cfg.Vp * R->cfg.C;
@@ -303,7 +326,7 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     if (R->P > 1 && (st->has_embed || st->has_head))
         PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, st->dwte, (int)wte_n, MPI_FLOAT, MPI_SUM, R->tied));
     int bad;
-    PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad));
+    PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad, stop));
     if (bad >= 0 || !isfinite(*loss)) {
         char where[128];
         if (bad >= 0) slot_name(R, bad, where, sizeof where);
@@ -362,8 +385,51 @@ static void write_run_line(run *R) {
     fflush(f);
 }
 
+/* Per-rank figures a benchmark gathers at the end (ms per timed step). */
+static int bench_finish(run *R, const double *step_s, int nsteps) {
+    double mine[8];
+    int k = R->tm_steps ? R->tm_steps : 1;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    mine[0] = 1e3 * (R->tm[TM_FWD] + R->tm[TM_BWD]) / k;
+    mine[1] = 1e3 * R->tm[TM_WAIT] / k;
+    mine[2] = 1e3 * R->tm[TM_OPT] / k;
+    mine[3] = 1e3 * R->tm[TM_STEP] / k;
+    mine[4] = ru.ru_maxrss / 1024.0;
+    mine[5] = R->st.nb;
+    mine[6] = R->o->peak_gflops > 0 ? R->o->peak_gflops * backend_cpu_get_threads()
+                                    : bench_sgemm_gflops(1024, backend_cpu_get_threads(), 1.0);
+    mine[7] = backend_cpu_get_threads();
+    double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
+    PL_MPI_CHECK(MPI_Gather(mine, 8, MPI_DOUBLE, all, 8, MPI_DOUBLE, 0, R->comm));
+    int rc = PL_OK;
+    if (R->rank == 0) {
+        bench_result br;
+        memset(&br, 0, sizeof br);
+        br.P = R->P;
+        br.M = R->M;
+        br.B = R->B;
+        br.T = R->T;
+        snprintf(br.schedule, sizeof br.schedule, "%s", R->sc.name);
+        br.nsteps = nsteps;
+        br.step_s = step_s;
+        br.flops_per_token = 6.0 * gpt2_num_params(&R->cfg) + 6.0 * R->cfg.L * R->cfg.C * R->T;
+        sched_sim sim;
+        char err[512];
+        br.bubble_theoretical = sched_simulate(&R->sc, &sim, err, sizeof err) == 0 ? sim.bubble : NAN;
+        if (br.bubble_theoretical == br.bubble_theoretical) sched_sim_free(&sim);
+        br.stage_stats = all;
+        rc = bench_report(&br, R->o->json, R->o->csv);
+        free(all);
+    }
+    PL_MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, R->comm));
+    return rc;
+}
+
+
 int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     run R;
+    double *step_s = NULL;
     *agreed = 1;
     memset(&R, 0, sizeof R);
     R.o = o;
@@ -382,9 +448,9 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     char err[1024] = "";
     int rc = setup(&R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    /* rank 0 must know the entropy floor, which only data ranks compute */
     rc = agree(&R, rc, "set-up");
     if (rc != PL_OK) goto done;
+    /* rank 0 must know the entropy floor, which only data ranks compute */
     if (R.P > 1) {
         double ent = R.have_train ? R.train.entropy : NAN;
         PL_MPI_CHECK(MPI_Bcast(&ent, 1, MPI_DOUBLE, R.P - 1, comm));
@@ -397,12 +463,20 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     else if (R.have_train)
         pl_info("data: %s\n", R.train.desc);
     write_run_line(&R);
-    trace *tr = NULL;
-    (void)tr;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    int first_step = 1;
+    int last_step = o->bench ? o->warmup + o->steps : o->steps;
+    step_s = o->bench ? calloc(last_step + 1, sizeof(double)) : NULL;
+    if (o->trace[0]) R.eng.tr = trace_open(comm);
     double t_start = pl_now(), last_loss = NAN;
     float dloss = (float)(1.0 / ((double)R.B * R.T));
-    int step;
-    for (step = 1; step <= o->steps; step++) {
+    int step, stopped = 0;
+    for (step = first_step; step <= last_step; step++) {
+        if (o->bench && step == o->warmup + 1) { /* the timed part starts now */
+            memset(R.tm, 0, sizeof R.tm);
+            R.tm_steps = 0;
+        }
         double t0 = pl_now();
         double lr = train_lr(o, step);
         if (R.have_train) data_batch(&R.train, step - 1, R.B, R.T, R.inputs, R.targets);
@@ -415,58 +489,61 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
             goto done;
         }
         double t1 = pl_now();
-        rc = optimizer_step(&R, step, loss_sum, &loss, &norm, lr);
+        rc = optimizer_step(&R, step, loss_sum, &loss, &norm, lr, &stopped);
         if (rc != PL_OK) {
             *agreed = rc == PL_ENUM; /* a bad norm or loss is seen by every rank at once */
             goto done;
         }
         double t2 = pl_now();
+        trace_event(R.eng.tr, "optimizer", "optim", -1, t1, t2);
         R.tm[TM_FWD] += R.eng.t_fwd;
         R.tm[TM_BWD] += R.eng.t_bwd;
         R.tm[TM_WAIT] += R.eng.t_wait;
         R.tm[TM_OPT] += t2 - t1;
         R.tm[TM_STEP] += t2 - t0;
         R.tm_steps++;
+        if (step_s) step_s[step] = t2 - t0;
         last_loss = loss;
         double ms = 1e3 * (t2 - t0), tps = R.B * R.T / (t2 - t0);
         if (R.rank == 0) {
-            if (step % o->log_every == 0 || step == o->steps) {
+            if (step % o->log_every == 0 || step == last_step) {
                 if (R.tty) fprintf(pl_out, "\r\033[K");
                 pl_info("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s\n", step,
-                        o->steps, loss, lr, norm, ms, tps);
+                        last_step, loss, lr, norm, ms, tps);
             }
             char l[64], g[64];
             metrics_num(l, sizeof l, loss);
             metrics_num(g, sizeof g, norm);
             metrics_line(&R.mx, "{\"event\":\"step\",\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,"
                          "\"step_ms\":%.3f,\"tokens_per_s\":%.1f}", step, l, lr, g, ms, tps);
-            draw_progress(&R, step, pl_now() - t_start);
+            draw_progress(&R, step - first_step + 1, last_step - first_step + 1, pl_now() - t_start);
         }
-        if ((o->timers_every && step % o->timers_every == 0)) {
+        if (o->timers_every && step % o->timers_every == 0 && !o->bench) {
             rc = report_timers(&R, step);
             if (rc != PL_OK) { *agreed = 0; goto done; }
         }
-        if ((o->eval_every && step % o->eval_every == 0) || step == o->steps) {
-            if (R.have_val || R.P > 1) {
-                int anyval = R.have_val;
-                PL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &anyval, 1, MPI_INT, MPI_MAX, comm));
-                if (anyval) {
-                    double vl;
-                    rc = evaluate(&R, &vl);
-                    if (rc != PL_OK) { *agreed = 0; goto done; }
-                    if (R.tty && R.rank == 0) fprintf(pl_out, "\r\033[K");
-                    pl_info("val   %5d | val_loss %.6f\n", step, vl);
-                    metrics_line(&R.mx, "{\"event\":\"val\",\"step\":%d,\"val_loss\":%.17g}", step, vl);
-                }
-            }
+        if (!o->bench && ((o->eval_every && step % o->eval_every == 0) || step == last_step)) {
+            rc = maybe_evaluate(&R, step);
+            if (rc != PL_OK) { *agreed = 0; goto done; }
         }
+        if (stopped) break;
     }
     if (R.tty && R.rank == 0) fprintf(pl_out, "\r\033[K");
-    if (R.tm_steps) {
-        rc = report_timers(&R, o->steps);
+    if (stopped) pl_info("received signal %d: stopping after step %d\n", (int)stop_signal, step);
+    if (o->bench) {
+        rc = bench_finish(&R, step_s + o->warmup + 1, o->steps);
+        if (rc != PL_OK) { *agreed = 0; goto done; }
+    } else if (R.tm_steps) {
+        rc = report_timers(&R, step > last_step ? last_step : step);
         if (rc != PL_OK) { *agreed = 0; goto done; }
     }
-    if (o->save_final[0]) {
+    if (R.eng.tr) {
+        rc = trace_write(R.eng.tr, o->trace);
+        R.eng.tr = NULL;
+        if (rc != PL_OK) { *agreed = 0; goto done; }
+        pl_info("wrote trace %s\n", o->trace);
+    }
+    if (o->save_final[0] && !stopped) {
         rc = llmc_save(o->save_final, &R.st, 0, comm);
         if (rc != PL_OK) goto done;
         pl_info("saved final weights to %s\n", o->save_final);
@@ -494,6 +571,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
         int *peaks = R.rank == 0 ? malloc(sizeof(int) * R.P) : NULL;
         PL_MPI_CHECK(MPI_Gather(&R.st.slots_peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, comm));
         double wall = pl_now() - t_start;
+        int done_steps = step > last_step ? last_step : step;
         if (R.rank == 0) {
             char l[64], buf[2048];
             int off = 0;
@@ -501,13 +579,17 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
                 off += snprintf(buf + off, sizeof buf - off, "%s%d", s ? "," : "", peaks[s]);
             metrics_num(l, sizeof l, last_loss);
             metrics_line(&R.mx, "{\"event\":\"end\",\"steps\":%d,\"final_loss\":%s,\"wall_s\":%.3f,"
-                         "\"inflight_peak\":[%s],\"tied_identical\":%s}", o->steps, l, wall, buf,
-                         tied_same ? "true" : "false");
-            pl_info("done: %d steps in %.1f s, final loss %.6f\n", o->steps, wall, last_loss);
+                         "\"inflight_peak\":[%s],\"tied_identical\":%s%s}", done_steps, l, wall, buf,
+                         tied_same ? "true" : "false", stopped ? ",\"preempted\":true" : "");
+            pl_info("done: %d steps in %.1f s, final loss %.6f\n", done_steps - first_step + 1, wall, last_loss);
         }
         free(peaks);
     }
+    if (rc == PL_OK && stopped) rc = PL_EPREEMPT;
 done:
+    free(step_s);
+    if (R.eng.tr) trace_write(R.eng.tr, "/dev/null");
+    R.eng.tr = NULL;
     metrics_close(&R.mx);
     if (R.tied != MPI_COMM_NULL) MPI_Comm_free(&R.tied);
     engine_free(&R.eng);

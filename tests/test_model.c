@@ -280,7 +280,7 @@ START_TEST(test_config) {
     char err[1024];
     config_defaults(&o);
     char *argv[] = {"pipelm", "train", "--config", (char *)ini, "--batch=6", "--steps", "7"};
-    ck_assert_int_eq(config_parse(&o, 7, argv, 2, err, sizeof err), 0);
+    ck_assert_int_eq(config_parse(&o, 7, argv, 2, 0, err, sizeof err), 0);
     ck_assert_str_eq(o.preset, "tutorial");
     ck_assert_int_eq(o.n_embd, 512);      /* from the preset */
     ck_assert(fabs(o.lr - 0.002) < 1e-15); /* file beats preset */
@@ -289,15 +289,15 @@ START_TEST(test_config) {
     ck_assert_int_eq(o.steps, 7);
     config_defaults(&o);
     char *bad1[] = {"pipelm", "train", "--bogus", "1"};
-    ck_assert_int_ne(config_parse(&o, 4, bad1, 2, err, sizeof err), 0);
+    ck_assert_int_ne(config_parse(&o, 4, bad1, 2, 0, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "--bogus"));
     char *bad2[] = {"pipelm", "train", "--lr", "fast"};
-    ck_assert_int_ne(config_parse(&o, 4, bad2, 2, err, sizeof err), 0);
+    ck_assert_int_ne(config_parse(&o, 4, bad2, 2, 0, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "'fast'"));
     ck_assert_ptr_nonnull(strstr(err, "--lr"));
     char *bad3[] = {"pipelm", "train", "--batch", "6", "--microbatches", "4"};
     config_defaults(&o);
-    ck_assert_int_eq(config_parse(&o, 6, bad3, 2, err, sizeof err), 0);
+    ck_assert_int_eq(config_parse(&o, 6, bad3, 2, 0, err, sizeof err), 0);
     ck_assert_int_ne(config_validate(&o, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "not divisible"));
     f = fopen(ini, "w");
@@ -305,7 +305,7 @@ START_TEST(test_config) {
     fclose(f);
     char *bad4[] = {"pipelm", "train", "--config", (char *)ini};
     config_defaults(&o);
-    ck_assert_int_ne(config_parse(&o, 4, bad4, 2, err, sizeof err), 0);
+    ck_assert_int_ne(config_parse(&o, 4, bad4, 2, 0, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "colour"));
 }
 END_TEST

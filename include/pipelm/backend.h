@@ -93,6 +93,7 @@ extern const backend backend_cpu;
 const backend *backend_find(const char *name);
 /* Set the CPU thread count used by OpenMP loops and OpenBLAS. */
 void backend_cpu_set_threads(int n);
+int backend_cpu_get_threads(void);
 
 #ifdef __cplusplus
 }

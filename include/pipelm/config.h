@@ -36,6 +36,15 @@ typedef struct {
     /* runtime */
     char backend[16];
     int threads, log_every, timers_every, progress;
+    /* checkpoints */
+    char ckpt_dir[PL_PATH], resume[PL_PATH];
+    int ckpt_every, ckpt_keep;
+    /* timeline */
+    char trace[PL_PATH];
+    /* benchmark (pipelm bench only) */
+    int bench, warmup;
+    char json[PL_PATH], csv[PL_PATH];
+    double peak_gflops;
     /* test-only fault injection: rank fail_rank stops at step fail_step */
     int fail_rank, fail_step;
     /* which model dimensions were given explicitly (so --init can check or adopt them) */
@@ -46,12 +55,14 @@ typedef struct {
 void config_defaults(pl_options *o);
 /* Apply a preset by name; PL_EINVAL for an unknown one (err names the known ones). */
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
-/* Parse argv[first..argc): --config first, then the preset, then file values, then flags. */
-int config_parse(pl_options *o, int argc, char **argv, int first, char *err, size_t errlen);
+/* Parse argv[first..argc): --config first, then the preset, then file values, then flags.
+ * With bench != 0 the benchmark-only options (--warmup, --json, --csv, --peak-gflops) are
+ * accepted too. */
+int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen);
 /* Check ranges and combinations (batch divisible by microbatches, seq-len <= max...). */
 int config_validate(const pl_options *o, char *err, size_t errlen);
-/* Print the option table as --help text. */
-void config_print_help(FILE *out);
+/* Print the option table as --help text (bench-only options when bench != 0). */
+void config_print_help(FILE *out, int bench);
 /* Write the settings as a JSON object (for the metrics "run" line). */
 void config_write_json(const pl_options *o, FILE *out);
 

@@ -13,6 +13,10 @@
 #include <stdio.h>
 #include <mpi.h>
 
+/* Exit status of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
+ * a job script requeues on it. */
+#define PIPELM_EXIT_PREEMPTED 75
+
 int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_needed);
 
 #endif
