@@ -4,6 +4,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/common.h"
@@ -59,10 +60,21 @@ void engine_free(engine *e) {
     memset(e, 0, sizeof *e);
 }
 
-/* Wait for a request, charging the time to t_wait (and the trace). */
+/* Wait for a request, charging the time to t_wait (and the trace). When ranks outnumber
+ * cores (e.polite), poll with MPI_Test and yield the core between polls, so a waiting rank
+ * does not steal cycles from the rank it is waiting for; otherwise MPI_Wait spins. */
 static int timed_wait(engine *e, MPI_Request *rq, const char *what, int mb) {
     double t0 = pl_now();
-    PL_MPI_CHECK(MPI_Wait(rq, MPI_STATUS_IGNORE));
+    if (e->polite) {
+        int done = 0;
+        for (;;) {
+            PL_MPI_CHECK(MPI_Test(rq, &done, MPI_STATUS_IGNORE));
+            if (done) break;
+            sched_yield();
+        }
+    } else {
+        PL_MPI_CHECK(MPI_Wait(rq, MPI_STATUS_IGNORE));
+    }
     double t1 = pl_now();
     e->t_wait += t1 - t0;
     if (e->tr && t1 - t0 > 1e-6) trace_event(e->tr, what, "wait", mb, t0, t1);

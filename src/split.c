@@ -42,12 +42,26 @@ static int alloc_split(split *sp, int P) {
     return sp->blocks && sp->first ? PL_OK : PL_ENOMEM;
 }
 
-/* Balance: dynamic programme over (stages, blocks) minimising the largest stage cost, where
- * stage s's cost is its blocks' cost plus embedding (s = 0) and head (s = P-1). */
-static void split_auto(split *sp, const gpt2_config *cfg, int T) {
+/* Cost of stage `stage` holding blocks [k, l): compute (forward FLOPs per token) and memory
+ * (bytes: parameters with their gradients and two AdamW moments, plus the activations of the
+ * micro-batches it holds at once under 1F1B, min(P - stage, M)). */
+static void stage_cost(const gpt2_config *cfg, int P, int M, int Bm, int T, int stage, int k, int l,
+                       double *flops, double *bytes) {
+    split one = {.P = P};
+    int blocks[1024] = {0};
+    one.blocks = blocks;
+    blocks[stage] = l - k;
+    *flops = split_stage_flops(&one, cfg, stage, T);
+    int inflight = P - stage < M ? P - stage : M;
+    *bytes = 16.0 * split_stage_params(&one, cfg, stage) +
+             (double)inflight * split_stage_act_bytes(&one, cfg, stage, Bm, T);
+}
+
+/* One dynamic programme over (stages, blocks): minimise the largest stage cost, where a
+ * stage's cost is its FLOPs (use_mem = 0) or its memory (use_mem = 1, subject to every
+ * stage's FLOPs staying within flop_cap). Middle stages hold at least one block. */
+static double split_dp(split *sp, const gpt2_config *cfg, int M, int Bm, int T, int use_mem, double flop_cap) {
     int P = sp->P, L = cfg->L;
-    double bf = gpt2_block_flops(cfg, T), ef = embed_flops(cfg), hf = gpt2_head_flops(cfg);
-    /* best[s][l] = minimal max cost of stages 0..s-1 covering blocks [0, l) */
     double *best = malloc(sizeof(double) * (P + 1) * (L + 1));
     int *arg = malloc(sizeof(int) * (P + 1) * (L + 1));
     for (int i = 0; i < (P + 1) * (L + 1); i++) best[i] = DBL_MAX, arg[i] = -1;
@@ -55,33 +69,48 @@ static void split_auto(split *sp, const gpt2_config *cfg, int T) {
     for (int s = 1; s <= P; s++) {
         int stage = s - 1, middle = stage > 0 && stage < P - 1;
         for (int l = 0; l <= L; l++) {
+            if (s == P && l != L) continue;
             for (int k = 0; k <= l; k++) { /* stage takes blocks [k, l) */
-                if (best[(s - 1) * (L + 1) + k] == DBL_MAX) continue;
-                if (middle && l - k < 1) continue;
-                double cost = (l - k) * bf + (stage == 0 ? ef : 0) + (stage == P - 1 ? hf : 0);
-                double m = cost > best[(s - 1) * (L + 1) + k] ? cost : best[(s - 1) * (L + 1) + k];
-                /* strict < keeps the earliest (most blocks on later stages) on ties; prefer the
-                 * split whose earlier stages are fuller by using <= */
-                if (m <= best[s * (L + 1) + l]) {
+                double prev = best[(s - 1) * (L + 1) + k];
+                if (prev == DBL_MAX || (middle && l - k < 1)) continue;
+                double f, b;
+                stage_cost(cfg, P, M, Bm, T, stage, k, l, &f, &b);
+                if (use_mem && f > flop_cap) continue;
+                double c = use_mem ? b : f, m = c > prev ? c : prev;
+                if (m < best[s * (L + 1) + l]) {
                     best[s * (L + 1) + l] = m;
                     arg[s * (L + 1) + l] = k;
                 }
             }
         }
     }
+    double result = best[P * (L + 1) + L];
     int l = L;
-    for (int s = P; s >= 1; s--) {
+    for (int s = P; s >= 1 && result != DBL_MAX; s--) {
         int k = arg[s * (L + 1) + l];
         sp->blocks[s - 1] = l - k;
         l = k;
     }
     free(best);
     free(arg);
+    return result;
 }
 
-int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int T, char *err, size_t errlen) {
+/* Balance compute first; among the splits whose largest stage is that cheap, take the one
+ * with the smallest largest memory footprint (the first stage holds the most micro-batches). */
+static void split_auto(split *sp, const gpt2_config *cfg, int M, int Bm, int T) {
+    double fmax = split_dp(sp, cfg, M, Bm, T, 0, 0.0);
+    split_dp(sp, cfg, M, Bm, T, 1, fmax * (1.0 + 1e-9));
+}
+
+int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
+               size_t errlen) {
     memset(sp, 0, sizeof *sp);
     int L = cfg->L;
+    if (P < 1 || P > 1024) {
+        snprintf(err, errlen, "%d stages: pipelm supports 1 to 1024", P);
+        return PL_EINVAL;
+    }
     if (P - 2 > L) {
         snprintf(err, errlen, "%d stages need at least %d blocks (every middle stage holds one) but "
                  "the model has n-layer=%d; run with at most %d ranks", P, P - 2, L, L + 2);
@@ -92,7 +121,7 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int T
         return PL_ENOMEM;
     }
     if (strcmp(spec, "auto") == 0) {
-        split_auto(sp, cfg, T);
+        split_auto(sp, cfg, M, Bm, T);
     } else {
         int n = 0, sum = 0;
         const char *p = spec;

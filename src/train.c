@@ -48,6 +48,7 @@ typedef struct {
     int tty;
     double tm[TM_N];
     int tm_steps;
+    int polite;
 } run;
 
 double train_lr(const pl_options *o, int step) {
@@ -111,7 +112,7 @@ static int setup(run *R, char *err, size_t errlen) {
     }
     PL_TRY(be->init(err, errlen));
     PL_TRY(resolve_config(R, err, errlen));
-    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->P, R->T, err, errlen));
+    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->P, R->M, R->B / R->M, R->T, err, errlen));
     if (o->schedule_csv[0]) {
         FILE *f = fopen(o->schedule_csv, "r");
         if (!f) {
@@ -143,6 +144,7 @@ static int setup(run *R, char *err, size_t errlen) {
     else stage_init_params(&R->st, (unsigned long long)o->seed);
     PL_TRY(engine_init(&R->eng, &R->st, &R->sc, R->comm, err, errlen));
     R->eng.fail_rank = o->fail_rank;
+    R->eng.polite = R->polite;
     R->eng.fail_step = o->fail_step;
     /* data: the first stage needs inputs, the last the targets */
     if (s == 0 || s == P - 1) {
@@ -350,21 +352,21 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     return PL_OK;
 }
 
-/* Threads per rank: --threads, else OMP_NUM_THREADS, else cores / ranks on this node. */
+/* Threads per rank: --threads, else OMP_NUM_THREADS, else cores / ranks on this node. When
+ * ranks x threads exceed the node's cores, waiting ranks yield their core (R->polite). */
 static void set_threads(run *R) {
-    int n = R->o->threads;
-    if (n <= 0 && getenv("OMP_NUM_THREADS")) n = atoi(getenv("OMP_NUM_THREADS"));
-    if (n <= 0) {
-        MPI_Comm node;
-        int local = 1;
-        if (MPI_Comm_split_type(R->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-            MPI_Comm_size(node, &local);
-            MPI_Comm_free(&node);
-        }
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = (int)(cores / local);
+    int n = R->o->threads, local = 1;
+    MPI_Comm node;
+    if (MPI_Comm_split_type(R->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
     }
-    backend_cpu_set_threads(n > 0 ? n : 1);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n <= 0 && getenv("OMP_NUM_THREADS")) n = atoi(getenv("OMP_NUM_THREADS"));
+    if (n <= 0) n = (int)(cores / local);
+    if (n <= 0) n = 1;
+    backend_cpu_set_threads(n);
+    R->polite = (long)local * n > cores;
 }
 
 /* The "run" line of the metrics file. */

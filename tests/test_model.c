@@ -317,7 +317,7 @@ START_TEST(test_split) {
     gpt2_config_make(&cfg, 50257, 1024, 12, 12, 768, err, sizeof err);
     for (int P = 1; P <= 8; P++) {
         split sp;
-        ck_assert_int_eq(split_make(&sp, "auto", &cfg, P, 1024, err, sizeof err), 0);
+        ck_assert_int_eq(split_make(&sp, "auto", &cfg, P, 4, 1, 1024, err, sizeof err), 0);
         int sum = 0;
         for (int s = 0; s < P; s++) {
             sum += sp.blocks[s];
@@ -329,15 +329,15 @@ START_TEST(test_split) {
         split_free(&sp);
     }
     split sp;
-    ck_assert_int_eq(split_make(&sp, "5,0,7", &cfg, 3, 1024, err, sizeof err), PL_EINVAL);
+    ck_assert_int_eq(split_make(&sp, "5,0,7", &cfg, 3, 4, 1, 1024, err, sizeof err), PL_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "middle stage 1"));
-    ck_assert_int_eq(split_make(&sp, "4,4", &cfg, 2, 1024, err, sizeof err), PL_EINVAL);
+    ck_assert_int_eq(split_make(&sp, "4,4", &cfg, 2, 4, 1, 1024, err, sizeof err), PL_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "adds up to 8"));
-    ck_assert_int_eq(split_make(&sp, "4,4,4", &cfg, 2, 1024, err, sizeof err), PL_EINVAL);
+    ck_assert_int_eq(split_make(&sp, "4,4,4", &cfg, 2, 4, 1, 1024, err, sizeof err), PL_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "3 stages but there are 2 ranks"));
-    ck_assert_int_eq(split_make(&sp, "4,-1,9", &cfg, 3, 1024, err, sizeof err), PL_EINVAL);
+    ck_assert_int_eq(split_make(&sp, "4,-1,9", &cfg, 3, 4, 1, 1024, err, sizeof err), PL_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "negative"));
-    ck_assert_int_eq(split_make(&sp, "0,12", &cfg, 2, 1024, err, sizeof err), 0);
+    ck_assert_int_eq(split_make(&sp, "0,12", &cfg, 2, 4, 1, 1024, err, sizeof err), 0);
     ck_assert_int_eq(sp.first[1], 0);
     split_free(&sp);
 }

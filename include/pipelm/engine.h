@@ -28,6 +28,7 @@ typedef struct {
     double *mb_loss;                       /* M: loss sums on the last stage */
     double t_fwd, t_bwd, t_wait;           /* seconds, accumulated; caller resets */
     int fail_rank, fail_step;              /* test-only fault injection */
+    int polite;                            /* yield the core while waiting (oversubscribed) */
     trace *tr;                             /* optional timeline */
 } engine;
 

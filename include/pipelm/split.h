@@ -4,8 +4,9 @@
  * Stage s owns blocks [first[s], first[s] + blocks[s]); stage 0 also owns the embeddings and
  * stage P-1 the final LayerNorm, LM head and loss. "auto" minimises the most expensive
  * stage under a cost model of forward+backward FLOPs per token (each block, the embedding
- * lookup, the head and its softmax); ties go to the split with the smaller largest stage by
- * activation memory. An explicit "4,3,5" gives the blocks per stage; stages in the middle
+ * lookup, the head and its softmax); among splits whose costliest stage costs that least, it
+ * takes the one whose largest memory (parameters, gradients, AdamW moments and the
+ * activations of the micro-batches held at once under 1F1B) is smallest. An explicit "4,3,5" gives the blocks per stage; stages in the middle
  * must hold at least one block, the first and last may hold none.
  */
 #ifndef PIPELM_SPLIT_H
@@ -20,8 +21,9 @@ typedef struct {
     int *blocks, *first;   /* P each */
 } split;
 
-/* Parse or compute a split of cfg's L blocks over P stages at sequence length T. */
-int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int T, char *err, size_t errlen);
+/* Parse or compute a split of cfg's L blocks over P stages, for M micro-batches of Bm x T. */
+int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
+               size_t errlen);
 void split_free(split *sp);
 /* Estimated forward FLOPs per token of stage s. */
 double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T);

@@ -1,0 +1,1005 @@
+/*
+ * ckpt.c — checkpoints as one parallel-HDF5 file per save (shared/notes/formats.md §2).
+ *
+ * Every rank opens the file through MPI-IO with collective metadata, creates every group,
+ * attribute and dataset (HDF5 metadata is collective), and takes part in every dataset's
+ * collective H5Dwrite / H5Dread: the rank whose stage holds a tensor selects all of it, the
+ * others select nothing. Tensors are named by layer, so any split reads any checkpoint.
+ * Datasets are fp32, chunked by whole rows (up to 4 MiB a chunk) and carry HDF5's Fletcher32
+ * checksum, which HDF5 verifies on every read.
+ *
+ * Collective discipline: a rank never leaves the sequence of collective calls on its own.
+ * After each dataset all ranks agree on a status (one small MPI_Allreduce) and stop together;
+ * the message of the lowest failing rank is broadcast so every rank reports the same cause.
+ *
+ * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
+ * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
+ * to DIR/latest, and only then removes checkpoints beyond `keep`. Any failure removes the
+ * temporary file and leaves latest and every older checkpoint as they were.
+ *
+ * Test-only failure injection: PIPELM_CKPT_FAIL = write[:R] (rank R, default the last, fails
+ * after writing half the datasets), rename (rank 0 fails just before the rename), kill[:R]
+ * (rank R raises SIGKILL half way through the datasets).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <hdf5.h>
+#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
+#include "pipelm/common.h"
+
+#define CKPT_FORMAT "pipelm-checkpoint"
+#define CHUNK_BYTES (4u << 20) /* target chunk size: whole rows up to 4 MiB */
+
+/* ---- error reporting ------------------------------------------------------------------- */
+
+/* Innermost and outermost descriptions found on HDF5's error stack. */
+typedef struct {
+    char first[256], last[512];
+    int n;
+} h5_walk_state;
+
+/* H5Ewalk2 callback: remember the outermost (API) and innermost (cause) descriptions. */
+static herr_t h5_walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
+    h5_walk_state *w = data;
+    const char *d = e->desc && e->desc[0] ? e->desc : e->func_name ? e->func_name : "?";
+    if (n == 0) snprintf(w->first, sizeof w->first, "%s", d);
+    snprintf(w->last, sizeof w->last, "%s", d);
+    w->n++;
+    return 0;
+}
+
+/* Name of the function in a stringified call ("ds = H5Dcreate2(a, b)" -> "H5Dcreate2"). */
+static void call_name(const char *call, char *out, size_t len) {
+    const char *p = strchr(call, '(');
+    if (!p) p = call + strlen(call);
+    const char *b = p;
+    while (b > call && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+    snprintf(out, len, "%.*s", (int)(p - b), b);
+}
+
+void ckpt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+int ckpt_h5_fail(h5ctx *cx, const char *file, int line, const char *call) {
+    h5_walk_state w;
+    memset(&w, 0, sizeof w);
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5_walk_cb, &w);
+    H5Eclear2(H5E_DEFAULT);
+    for (char *c = w.last; *c; c++) /* MPI-IO messages carry newlines */
+        if (*c == '\n' || *c == '\t') *c = ' ';
+    char fn[64];
+    call_name(call, fn, sizeof fn);
+    char cause[800];
+    if (!w.n) snprintf(cause, sizeof cause, "(HDF5 gave no message)");
+    else if (w.n > 1 && strcmp(w.first, w.last) != 0) snprintf(cause, sizeof cause, "%s (%s)", w.last, w.first);
+    else snprintf(cause, sizeof cause, "%s", w.last);
+    snprintf(cx->err, cx->errlen, "checkpoint %s: rank %d: %s%s%s failed: %s [%s:%d]", cx->file, cx->rank,
+             cx->obj[0] ? cx->obj : "", cx->obj[0] ? ": " : "", fn, cause, file, line);
+    return PL_EHDF5;
+}
+
+/* Fill err with "checkpoint FILE: rank R: message" for a failure outside HDF5. */
+static int fail_msg(h5ctx *cx, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail_msg(h5ctx *cx, int rc, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(cx->err, cx->errlen, "checkpoint %s: rank %d: %s", cx->file, cx->rank, msg);
+    return rc;
+}
+
+/* All ranks agree on a status. On failure every rank returns the lowest failing rank's code
+ * and its message lands in every rank's err (so any rank can print the real cause). */
+static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int in = rc != PL_OK ? size - rank : 0, out = 0;
+    if (MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
+        snprintf(err, errlen, "checkpoint: rank %d: MPI_Allreduce failed while agreeing on a status", rank);
+        return PL_EMPI;
+    }
+    if (out == 0) return PL_OK;
+    int root = size - out;
+    struct { int rc; char msg[1500]; } m;
+    memset(&m, 0, sizeof m);
+    if (rank == root) {
+        m.rc = rc;
+        snprintf(m.msg, sizeof m.msg, "%s", err[0] ? err : "failed (no message)");
+    }
+    if (MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, root, comm) != MPI_SUCCESS) {
+        snprintf(err, errlen, "checkpoint: rank %d: rank %d failed; MPI_Bcast of its message failed", rank, root);
+        return rc != PL_OK ? rc : PL_EPEER;
+    }
+    if (rank != root) snprintf(err, errlen, "%s", m.msg);
+    return m.rc;
+}
+
+/* ---- the global tensor list (same on every rank, schema order) -------------------------- */
+
+int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g) {
+    int n = 0, C = c->C;
+    /* per-kind shape: rows, cols (cols 0 = 1-D) */
+    int rows[P_NKINDS] = {c->Vp, c->maxT, C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C, C, C};
+    int cols[P_NKINDS] = {C, C, 0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0, 0, 0};
+    for (int k = 0; k < P_NKINDS; k++) {
+        int block = k >= P_LN1W && k <= P_FCPROJB;
+        if (block && k != P_LN1W) continue; /* blocks are emitted layer by layer below */
+        int nl = block ? c->L : 1;
+        for (int l = 0; l < nl; l++) {
+            int k0 = block ? P_LN1W : k, k1 = block ? P_FCPROJB : k;
+            for (int kk = k0; kk <= k1; kk++) {
+                ckpt_gtensor *t = &g[n++];
+                t->kind = kk;
+                t->layer = block ? l : -1;
+                t->ndim = cols[kk] ? 2 : 1;
+                t->shape[0] = rows[kk];
+                t->shape[1] = cols[kk] ? cols[kk] : 1;
+                t->numel = (size_t)rows[kk] * (size_t)t->shape[1];
+                if (block) snprintf(t->path, sizeof t->path, "h.%d/%s", l, param_kind_name[kk]);
+                else snprintf(t->path, sizeof t->path, "%s", param_kind_name[kk]);
+            }
+        }
+    }
+    return n;
+}
+
+/* ---- small HDF5 helpers (every call through CKPT_H5) ---------------------------------- */
+
+/* Write a scalar or 1-D attribute of a native type to loc. */
+static int attr_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int n, const void *val, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t sp = -1, a = -1;
+    hsize_t dim = (hsize_t)n;
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    CKPT_H5(sp = n > 0 ? H5Screate_simple(1, &dim, NULL) : H5Screate(H5S_SCALAR));
+    CKPT_H5(a = H5Acreate2(loc, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT));
+    CKPT_H5(H5Awrite(a, mtype, val));
+done:
+    if (a >= 0) H5Aclose(a);
+    if (sp >= 0) H5Sclose(sp);
+    if (rc == PL_OK) cx->obj[0] = 0;
+    return rc;
+}
+
+static int attr_i64(hid_t loc, const char *name, long long v, h5ctx *cx) {
+    return attr_write(loc, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, &v, cx);
+}
+static int attr_f64(hid_t loc, const char *name, double v, h5ctx *cx) {
+    return attr_write(loc, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, &v, cx);
+}
+
+/* A fixed-length, NUL-terminated string attribute (h5py reads it as bytes). */
+static int attr_str(hid_t loc, const char *name, const char *s, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t t = -1;
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    CKPT_H5(t = H5Tcopy(H5T_C_S1));
+    CKPT_H5(H5Tset_size(t, strlen(s) + 1));
+    CKPT_H5(H5Tset_strpad(t, H5T_STR_NULLTERM));
+    rc = attr_write(loc, name, t, t, 0, s, cx);
+done:
+    if (t >= 0) H5Tclose(t);
+    return rc;
+}
+
+/* Read a scalar or 1-D attribute converted to mtype (at most n values). */
+static int attr_read(hid_t loc, const char *name, hid_t mtype, int n, void *val, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t a = -1, sp = -1;
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    htri_t there;
+    CKPT_H5(there = H5Aexists(loc, name));
+    if (!there) {
+        rc = fail_msg(cx, PL_EIO, "attribute '%s' is missing (not a pipelm checkpoint, or damaged)", name);
+        goto done;
+    }
+    CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
+    CKPT_H5(sp = H5Aget_space(a));
+    hssize_t np;
+    CKPT_H5(np = H5Sget_simple_extent_npoints(sp));
+    if (np > n) {
+        rc = fail_msg(cx, PL_EIO, "attribute '%s' holds %lld values, at most %d expected", name, (long long)np, n);
+        goto done;
+    }
+    CKPT_H5(H5Aread(a, mtype, val));
+done:
+    if (sp >= 0) H5Sclose(sp);
+    if (a >= 0) H5Aclose(a);
+    if (rc == PL_OK) cx->obj[0] = 0;
+    return rc;
+}
+
+static int attr_get_i64(hid_t loc, const char *name, long long *v, h5ctx *cx) {
+    return attr_read(loc, name, H5T_NATIVE_LLONG, 1, v, cx);
+}
+static int attr_get_int(hid_t loc, const char *name, int *v, h5ctx *cx) {
+    return attr_read(loc, name, H5T_NATIVE_INT, 1, v, cx);
+}
+static int attr_get_f64(hid_t loc, const char *name, double *v, h5ctx *cx) {
+    return attr_read(loc, name, H5T_NATIVE_DOUBLE, 1, v, cx);
+}
+
+/* Read a string attribute into buf (truncated to len - 1 characters). */
+static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t a = -1, ft = -1, mt = -1;
+    char *tmp = NULL;
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    htri_t there;
+    CKPT_H5(there = H5Aexists(loc, name));
+    if (!there) {
+        rc = fail_msg(cx, PL_EIO, "attribute '%s' is missing (not a pipelm checkpoint, or damaged)", name);
+        goto done;
+    }
+    CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
+    CKPT_H5(ft = H5Aget_type(a));
+    if (H5Tget_class(ft) != H5T_STRING) {
+        rc = fail_msg(cx, PL_EIO, "attribute '%s' is not a string", name);
+        goto done;
+    }
+    htri_t vl;
+    CKPT_H5(vl = H5Tis_variable_str(ft));
+    if (vl) {
+        char *s = NULL;
+        CKPT_H5(mt = H5Tcopy(H5T_C_S1));
+        CKPT_H5(H5Tset_size(mt, H5T_VARIABLE));
+        CKPT_H5(H5Aread(a, mt, &s));
+        snprintf(buf, len, "%s", s ? s : "");
+        free(s); /* allocated by HDF5 with the system allocator */
+    } else {
+        size_t sz = H5Tget_size(ft);
+        tmp = calloc(sz + 1, 1);
+        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute '%s'", name); goto done; }
+        CKPT_H5(mt = H5Tcopy(H5T_C_S1));
+        CKPT_H5(H5Tset_size(mt, sz));
+        CKPT_H5(H5Aread(a, mt, tmp));
+        snprintf(buf, len, "%s", tmp);
+    }
+done:
+    free(tmp);
+    if (mt >= 0) H5Tclose(mt);
+    if (ft >= 0) H5Tclose(ft);
+    if (a >= 0) H5Aclose(a);
+    if (rc == PL_OK) cx->obj[0] = 0;
+    return rc;
+}
+
+/* Create a group under loc. */
+static int group_create(hid_t loc, const char *name, hid_t *g, h5ctx *cx) {
+    int rc = PL_OK;
+    snprintf(cx->obj, sizeof cx->obj, "group %s", name);
+    CKPT_H5(*g = H5Gcreate2(loc, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    cx->obj[0] = 0;
+done:
+    return rc;
+}
+
+/* Open a file through MPI-IO on comm with collective metadata reads and writes; serial
+ * (comm == MPI_COMM_NULL) uses HDF5's default POSIX driver. */
+int ckpt_h5_open(const char *path, int create, MPI_Comm comm, hid_t *file, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t fapl = -1;
+    *file = -1;
+    cx->obj[0] = 0;
+    CKPT_H5(fapl = H5Pcreate(H5P_FILE_ACCESS));
+    if (comm != MPI_COMM_NULL) {
+        CKPT_H5(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+        CKPT_H5(H5Pset_all_coll_metadata_ops(fapl, 1));
+        CKPT_H5(H5Pset_coll_metadata_write(fapl, 1));
+    }
+    /* large datasets start on 1 MiB boundaries: aligned, unshared file-system blocks */
+    CKPT_H5(H5Pset_alignment(fapl, 1 << 20, 1 << 20));
+    if (create) CKPT_H5(*file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    else CKPT_H5(*file = H5Fopen(path, H5F_ACC_RDONLY, fapl));
+done:
+    if (fapl >= 0) H5Pclose(fapl);
+    return rc;
+}
+
+/* ---- failure injection ------------------------------------------------------------------ */
+
+enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL };
+
+/* Parse PIPELM_CKPT_FAIL: mode and the rank that fails (default the last rank). */
+static int fail_mode(int size, int *who, h5ctx *cx) {
+    const char *s = getenv("PIPELM_CKPT_FAIL");
+    *who = size - 1;
+    if (!s || !s[0]) return FAIL_NONE;
+    int mode = strncmp(s, "write", 5) == 0 ? FAIL_WRITE : strncmp(s, "rename", 6) == 0 ? FAIL_RENAME
+             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : -1;
+    if (mode < 0) {
+        fail_msg(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK]", s);
+        return -1;
+    }
+    const char *colon = strchr(s, ':');
+    if (colon) *who = atoi(colon + 1);
+    if (mode == FAIL_RENAME) *who = 0;
+    return mode;
+}
+
+/* ---- writing one file ------------------------------------------------------------------- */
+
+/* Chunk shape: whole rows, as many as fit in CHUNK_BYTES (1-D: up to CHUNK_BYTES). */
+static void chunk_dims(const ckpt_gtensor *g, hsize_t *ch) {
+    if (g->ndim == 2) {
+        size_t row = (size_t)g->shape[1] * sizeof(float);
+        size_t r = CHUNK_BYTES / row;
+        if (r < 1) r = 1;
+        if (r > (size_t)g->shape[0]) r = (size_t)g->shape[0];
+        ch[0] = r;
+        ch[1] = (hsize_t)g->shape[1];
+    } else {
+        size_t n = CHUNK_BYTES / sizeof(float);
+        ch[0] = (hsize_t)(g->numel < n ? g->numel : n);
+    }
+}
+
+/* Collective: create one dataset under parent and write it; data is NULL on the ranks that
+ * do not own it (they take part with an empty selection). */
+static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data, hid_t dxpl, h5ctx *cx) {
+    static const float dummy = 0.0f; /* a non-NULL buffer for empty selections */
+    int rc = PL_OK;
+    hid_t sp = -1, dcpl = -1, ds = -1;
+    hsize_t dims[2] = {(hsize_t)g->shape[0], (hsize_t)g->shape[1]}, ch[2];
+    const char *leaf = strrchr(g->path, '/') ? strrchr(g->path, '/') + 1 : g->path;
+    chunk_dims(g, ch);
+    CKPT_H5(sp = H5Screate_simple(g->ndim, dims, NULL));
+    CKPT_H5(dcpl = H5Pcreate(H5P_DATASET_CREATE));
+    CKPT_H5(H5Pset_chunk(dcpl, g->ndim, ch));
+    CKPT_H5(H5Pset_fletcher32(dcpl));
+    /* every element is written: skip writing fill values first */
+    CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    CKPT_H5(ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    if (!data) CKPT_H5(H5Sselect_none(sp));
+    CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, data ? data : &dummy));
+done:
+    if (ds >= 0 && H5Dclose(ds) < 0 && rc == PL_OK) rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Dclose(ds)");
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sp >= 0) H5Sclose(sp);
+    return rc;
+}
+
+/* The root, /config, /optim and /train attributes (identical on every rank). */
+static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const char *created, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t g = -1;
+    PL_TRY(attr_str(f, "format", CKPT_FORMAT, cx));
+    PL_TRY(attr_i64(f, "format_version", CKPT_FORMAT_VERSION, cx));
+    PL_TRY(attr_str(f, "pipelm_version", PACKAGE_VERSION, cx));
+    PL_TRY(attr_i64(f, "step", m->step, cx));
+    PL_TRY(attr_str(f, "created", created, cx));
+
+    PL_TRY(group_create(f, "config", &g, cx));
+    if ((rc = attr_i64(g, "vocab_size", c->V, cx)) || (rc = attr_i64(g, "padded_vocab_size", c->Vp, cx)) ||
+        (rc = attr_i64(g, "max_seq_len", c->maxT, cx)) || (rc = attr_i64(g, "n_layer", c->L, cx)) ||
+        (rc = attr_i64(g, "n_head", c->NH, cx)) || (rc = attr_i64(g, "n_embd", c->C, cx)))
+        goto done;
+    H5Gclose(g);
+
+    g = -1;
+    PL_TRY(group_create(f, "optim", &g, cx));
+    if ((rc = attr_str(g, "name", "adamw", cx)) || (rc = attr_f64(g, "beta1", m->beta1, cx)) ||
+        (rc = attr_f64(g, "beta2", m->beta2, cx)) || (rc = attr_f64(g, "eps", m->eps, cx)) ||
+        (rc = attr_f64(g, "weight_decay", m->weight_decay, cx)) || (rc = attr_f64(g, "lr", m->lr, cx)) ||
+        (rc = attr_i64(g, "step", m->step, cx)))
+        goto done;
+    H5Gclose(g);
+
+    g = -1;
+    PL_TRY(group_create(f, "train", &g, cx));
+    int ns = m->nstages > 0 && m->nstages <= CKPT_MAX_STAGES ? m->nstages : 0;
+    if ((rc = attr_i64(g, "step", m->step, cx)) || (rc = attr_i64(g, "tokens_seen", m->tokens_seen, cx)) ||
+        (rc = attr_i64(g, "data_pos", m->data_pos, cx)) || (rc = attr_i64(g, "seed", m->seed, cx)) ||
+        (rc = attr_i64(g, "data_seed", m->data_seed, cx)) || (rc = attr_str(g, "data", m->data, cx)) ||
+        (rc = attr_f64(g, "lr", m->lr, cx)) || (rc = attr_f64(g, "min_lr", m->min_lr, cx)) ||
+        (rc = attr_i64(g, "warmup_steps", m->warmup_steps, cx)) ||
+        (rc = attr_i64(g, "total_steps", m->total_steps, cx)) ||
+        (rc = attr_str(g, "lr_schedule", m->lr_schedule, cx)) || (rc = attr_f64(g, "grad_clip", m->grad_clip, cx)) ||
+        (rc = attr_i64(g, "batch", m->batch, cx)) || (rc = attr_i64(g, "seq_len", m->seq_len, cx)) ||
+        (rc = attr_i64(g, "microbatches", m->microbatches, cx)) ||
+        (rc = attr_str(g, "schedule", m->schedule, cx)) || (rc = attr_i64(g, "nstages", m->nstages, cx)))
+        goto done;
+    if (ns > 0) rc = attr_write(g, "split", H5T_STD_I32LE, H5T_NATIVE_INT, ns, m->split, cx);
+done:
+    if (g >= 0) H5Gclose(g);
+    return rc;
+}
+
+/* The tensors of one section (params, m or v) this stage writes: NULL where it writes none.
+ * The tied wte is written from the first stage only. */
+static const float *owned_data(const stage *st, const ckpt_gtensor *g, int which, float *stagebuf) {
+    const param_tensor *t = stage_find_tensor(st, g->kind, g->layer);
+    if (!t || (g->kind == P_WTE && !st->has_embed)) return NULL;
+    const float *base = which == 0 ? st->params : which == 1 ? st->m : st->v;
+    if (st->be->host_memory) return base + t->offset;
+    st->be->to_host(stagebuf, base + t->offset, t->numel * sizeof(float));
+    return stagebuf;
+}
+
+/* Check before any collective HDF5 call that every rank has the same model and that each
+ * tensor has exactly one writer; otherwise the collective calls would not match. */
+static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
+    int dims[6] = {st->cfg.V, st->cfg.maxT, st->cfg.L, st->cfg.NH, st->cfg.C, st->cfg.Vp}, lo[6], hi[6];
+    int rc = PL_OK;
+    int *cnt = calloc((size_t)n, sizeof(int)), *sum = calloc((size_t)n, sizeof(int));
+    if (!cnt || !sum) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++)
+        cnt[i] = stage_find_tensor(st, gt[i].kind, gt[i].layer) && (gt[i].kind != P_WTE || st->has_embed);
+    if (MPI_Allreduce(dims, lo, 6, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS ||
+        MPI_Allreduce(dims, hi, 6, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
+        MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS) {
+        rc = fail_msg(cx, PL_EMPI, "MPI_Allreduce failed while checking the stages");
+        goto done;
+    }
+    if (memcmp(lo, hi, sizeof lo) != 0) {
+        rc = fail_msg(cx, PL_EINVAL, "the ranks' stages disagree on the model dimensions");
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        if (sum[i] != 1) {
+            rc = fail_msg(cx, PL_EINVAL, "tensor %s is held by %d stages (the stages must hold each block once)",
+                          gt[i].path, sum[i]);
+            break;
+        }
+done:
+    free(cnt);
+    free(sum);
+    return rc;
+}
+
+int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_Comm comm, double *bytes_out,
+                    char *err, size_t errlen) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    ckpt_h5_quiet();
+    h5ctx cxs = {path, "", err, errlen, rank}, *cx = &cxs;
+    err[0] = 0;
+    int rc = PL_OK, n = 14 + 12 * st->cfg.L;
+    hid_t f = -1, dxpl = -1, sec = -1, sub = -1, lay = -1;
+    float *stagebuf = NULL;
+    ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+    double mybytes = 0.0;
+    /* every rank writes rank 0's metadata and time stamp, so the attributes match */
+    ckpt_meta meta = *meta_in;
+    char created[32] = "";
+    if (rank == 0) {
+        time_t now = time(NULL);
+        struct tm tmv;
+        gmtime_r(&now, &tmv);
+        strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    }
+    if (MPI_Bcast(&meta, (int)sizeof meta, MPI_BYTE, 0, comm) != MPI_SUCCESS ||
+        MPI_Bcast(created, (int)sizeof created, MPI_CHAR, 0, comm) != MPI_SUCCESS)
+        rc = fail_msg(cx, PL_EMPI, "MPI_Bcast of the metadata failed");
+    if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    n = ckpt_global_tensors(&st->cfg, gt);
+    rc = check_ownership(st, gt, n, comm, cx);
+    int who, mode = fail_mode(size, &who, cx);
+    if (mode < 0) rc = PL_EINVAL;
+    if (!st->be->host_memory) {
+        size_t maxn = 0;
+        for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
+        stagebuf = malloc((maxn ? maxn : 1) * sizeof(float));
+        if (!stagebuf) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float staging buffer", maxn);
+    }
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+
+    rc = ckpt_h5_open(path, 1, comm, &f, cx);
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    rc = write_attrs(f, &st->cfg, &meta, created, cx);
+    if (rc == PL_OK) {
+        if ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 || H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)
+            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE)");
+    }
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
+
+    /* /model, /optim/m, /optim/v: every rank walks the same datasets in the same order */
+    static const char *const sections[3] = {"model", "optim/m", "optim/v"};
+    int total = 3 * n, done_n = 0;
+    for (int s = 0; s < 3 && rc == PL_OK; s++) {
+        sub = -1;
+        if (s == 0) rc = group_create(f, "model", &sec, cx);
+        else {
+            /* /optim exists (its attributes); m and v go under it */
+            if ((sub = H5Gopen2(f, "optim", H5P_DEFAULT)) < 0) rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Gopen2(f, \"optim\")");
+            else rc = group_create(sub, s == 1 ? "m" : "v", &sec, cx);
+        }
+        if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
+        int cur = -1;
+        for (int i = 0; i < n; i++) {
+            const ckpt_gtensor *g = &gt[i];
+            if (g->layer != cur) { /* entering a block (or leaving the last one) */
+                if (lay >= 0) H5Gclose(lay);
+                lay = -1;
+                cur = g->layer;
+                if (cur >= 0) {
+                    char name[32];
+                    snprintf(name, sizeof name, "h.%d", cur);
+                    rc = group_create(sec, name, &lay, cx);
+                    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
+                }
+            }
+            const float *data = owned_data(st, g, s, stagebuf);
+            snprintf(cx->obj, sizeof cx->obj, "dataset /%s/%s", sections[s], g->path);
+            rc = write_dataset(cur >= 0 ? lay : sec, g, data, dxpl, cx);
+            if (rc == PL_OK && data) mybytes += (double)g->numel * sizeof(float);
+            done_n++;
+            if (rc == PL_OK && rank == who && done_n == total / 2) {
+                if (mode == FAIL_KILL) raise(SIGKILL);
+                if (mode == FAIL_WRITE)
+                    rc = fail_msg(cx, PL_EIO, "injected failure after %d of %d datasets (PIPELM_CKPT_FAIL=write)",
+                                  done_n, total);
+            }
+            if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
+        }
+        if (lay >= 0) H5Gclose(lay);
+        lay = -1;
+        if (sec >= 0) H5Gclose(sec);
+        sec = -1;
+        if (sub >= 0) H5Gclose(sub);
+        sub = -1;
+    }
+    cx->obj[0] = 0;
+close:
+    if (dxpl >= 0) H5Pclose(dxpl);
+    {
+        /* H5Fclose is collective and flushes the metadata: it can fail too (a full disk) */
+        int crc = PL_OK;
+        if (f >= 0 && H5Fclose(f) < 0) crc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Fclose(f)");
+        f = -1;
+        if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
+    }
+    if (rc == PL_OK && bytes_out) {
+        double all = 0.0;
+        MPI_Allreduce(&mybytes, &all, 1, MPI_DOUBLE, MPI_SUM, comm);
+        *bytes_out = all;
+    }
+out:
+    free(gt);
+    free(stagebuf);
+    return rc;
+}
+
+/* ---- the atomic save -------------------------------------------------------------------- */
+
+/* Parse "ckpt_<digits>.h5" -> step; -1 if the name is anything else (temp files included). */
+long long ckpt_name_step(const char *name) {
+    if (strncmp(name, "ckpt_", 5) != 0) return -1;
+    const char *p = name + 5, *q = p;
+    while (isdigit((unsigned char)*q)) q++;
+    if (q == p || q - p > 18 || strcmp(q, ".h5") != 0) return -1;
+    return atoll(p);
+}
+
+/* mkdir -p. */
+static int make_dirs(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    struct stat sb;
+    if (stat(buf, &sb) != 0) return -1;
+    if (!S_ISDIR(sb.st_mode)) { errno = ENOTDIR; return -1; }
+    return 0;
+}
+
+/* fsync a file or directory by path. */
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int r = fsync(fd);
+    /* some file systems refuse fsync on directories: not a failure of the save */
+    if (r != 0 && (errno == EINVAL || errno == EROFS)) r = 0;
+    int e = errno;
+    close(fd);
+    errno = e;
+    return r;
+}
+
+/* Remove temporary files left by a save that died (a killed rank); rank 0 at a save's start. */
+static void remove_stale_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4400];
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, ".ckpt_", 6) == 0 && strstr(e->d_name, ".h5.tmp")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+}
+
+/* Compare steps for qsort (ascending). */
+static int cmp_ll(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Remove checkpoints beyond the newest `keep` (oldest first), never `current`. A file that
+ * cannot be removed is reported as a warning: the save itself succeeded. */
+static void prune(const char *dir, int keep, long long current) {
+    if (keep <= 0) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    size_t n = 0, cap = 64;
+    long long *steps = malloc(cap * sizeof *steps);
+    struct dirent *e;
+    while (steps && (e = readdir(d))) {
+        long long s = ckpt_name_step(e->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            long long *t = realloc(steps, 2 * cap * sizeof *steps);
+            if (!t) break;
+            steps = t;
+            cap *= 2;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (!steps) return;
+    qsort(steps, n, sizeof *steps, cmp_ll);
+    for (size_t i = 0; i + (size_t)keep < n; i++) {
+        if (steps[i] == current) continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/ckpt_%08lld.h5", dir, steps[i]);
+        if (unlink(p) != 0 && errno != ENOENT)
+            fprintf(stderr, "pipelm: rank 0: warning: could not remove old checkpoint %s: %s\n", p, strerror(errno));
+    }
+    free(steps);
+}
+
+/* Rank 0: make a closed temporary file durable and move it into place; then point latest at
+ * it. Returns an error (and leaves latest alone) if any step fails. */
+static int publish(const char *dir, const char *tmp, const char *final, const char *name, h5ctx *cx) {
+    char lt[4400], lf[4400];
+    snprintf(lt, sizeof lt, "%s/latest.tmp", dir);
+    snprintf(lf, sizeof lf, "%s/latest", dir);
+    if (fsync_path(tmp) != 0) return fail_msg(cx, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
+    if (rename(tmp, final) != 0)
+        return fail_msg(cx, PL_EIO, "renaming %s to %s failed: %s", tmp, final, strerror(errno));
+    fsync_path(dir);
+    FILE *fp = fopen(lt, "w");
+    if (!fp) return fail_msg(cx, PL_EIO, "cannot create %s: %s (%s is saved but latest still names the previous one)",
+                             lt, strerror(errno), final);
+    int ok = fprintf(fp, "%s\n", name) > 0;
+    ok = fflush(fp) == 0 && ok;
+    ok = fsync(fileno(fp)) == 0 && ok;
+    int e = errno;
+    ok = fclose(fp) == 0 && ok;
+    if (!ok || rename(lt, lf) != 0) {
+        if (!e) e = errno;
+        unlink(lt);
+        return fail_msg(cx, PL_EIO, "updating %s failed: %s (%s is saved but latest still names the previous one)",
+                        lf, strerror(e), final);
+    }
+    fsync_path(dir);
+    return PL_OK;
+}
+
+int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm, char *path_out,
+              size_t pathlen, double *bytes_out, char *err, size_t errlen) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    char tmp[4400], final[4400], name[64];
+    snprintf(name, sizeof name, "ckpt_%08lld.h5", meta->step);
+    snprintf(tmp, sizeof tmp, "%s/.ckpt_%08lld.h5.tmp", dir, meta->step);
+    snprintf(final, sizeof final, "%s/%s", dir, name);
+    h5ctx cxs = {final, "", err, errlen, rank}, *cx = &cxs;
+    err[0] = 0;
+    if (path_out && pathlen) snprintf(path_out, pathlen, "%s", final);
+    int rc = PL_OK;
+    if (meta->step < 0) rc = fail_msg(cx, PL_EINVAL, "negative step %lld", meta->step);
+    else if (strlen(dir) > 4000) rc = fail_msg(cx, PL_EINVAL, "directory name too long");
+    else if (rank == 0) {
+        if (make_dirs(dir) != 0) rc = fail_msg(cx, PL_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+        else remove_stale_temps(dir);
+    }
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) return rc;
+
+    rc = ckpt_write_file(tmp, st, meta, comm, bytes_out, err, errlen);
+    if (rc == PL_OK && rank == 0) {
+        int who, mode = fail_mode(size, &who, cx);
+        if (mode == FAIL_RENAME)
+            rc = fail_msg(cx, PL_EIO, "injected failure before renaming %s (PIPELM_CKPT_FAIL=rename)", tmp);
+        else rc = publish(dir, tmp, final, name, cx);
+    }
+    rc = agree(comm, rc, err, errlen);
+    if (rc != PL_OK) {
+        if (rank == 0) unlink(tmp); /* the previous checkpoint and latest stay untouched */
+        return rc;
+    }
+    if (rank == 0) prune(dir, keep, meta->step);
+    PL_MPI_CHECK(MPI_Barrier(comm)); /* nobody looks at DIR before the pruning is over */
+    return PL_OK;
+}
+
+int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
+                   size_t errlen) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    h5ctx cxs = {path, "", err, errlen, rank};
+    int rc = ckpt_write_file(tmp, st, meta, comm, bytes_out, err, errlen);
+    if (rc == PL_OK && rank == 0) {
+        if (fsync_path(tmp) != 0) rc = fail_msg(&cxs, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
+        else if (rename(tmp, path) != 0)
+            rc = fail_msg(&cxs, PL_EIO, "renaming %s to %s failed: %s", tmp, path, strerror(errno));
+    }
+    rc = agree(comm, rc, err, errlen);
+    if (rc != PL_OK && rank == 0) unlink(tmp);
+    return rc;
+}
+
+/* ---- resolving --resume ----------------------------------------------------------------- */
+
+int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    struct stat sb;
+    if (stat(path_or_dir, &sb) != 0) {
+        snprintf(err, errlen, "checkpoint %s: %s", path_or_dir, strerror(errno));
+        return PL_EIO;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(path, pathlen, "%s", path_or_dir);
+        return PL_OK;
+    }
+    /* DIR/latest names the newest complete checkpoint, if it still exists */
+    char lf[4400], name[512] = "", cand[4400 + 512];
+    snprintf(lf, sizeof lf, "%s/latest", path_or_dir);
+    FILE *fp = fopen(lf, "r");
+    if (fp) {
+        if (fgets(name, sizeof name, fp)) name[strcspn(name, "\r\n")] = 0;
+        fclose(fp);
+        if (name[0]) {
+            if (name[0] == '/') snprintf(cand, sizeof cand, "%s", name);
+            else snprintf(cand, sizeof cand, "%s/%s", path_or_dir, name);
+            if (stat(cand, &sb) == 0 && S_ISREG(sb.st_mode)) {
+                snprintf(path, pathlen, "%s", cand);
+                return PL_OK;
+            }
+        }
+    }
+    /* else the highest-numbered ckpt_*.h5 (temporary files do not match the pattern) */
+    DIR *d = opendir(path_or_dir);
+    if (!d) {
+        snprintf(err, errlen, "checkpoint directory %s: %s", path_or_dir, strerror(errno));
+        return PL_EIO;
+    }
+    long long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long s = ckpt_name_step(e->d_name);
+        if (s > best) best = s;
+    }
+    closedir(d);
+    if (best < 0) {
+        snprintf(err, errlen, "no checkpoint in %s", path_or_dir);
+        return PL_EIO;
+    }
+    snprintf(path, pathlen, "%s/ckpt_%08lld.h5", path_or_dir, best);
+    return PL_OK;
+}
+
+/* ---- loading ---------------------------------------------------------------------------- */
+
+int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t g = -1;
+    char fmt[64] = "";
+    long long ver = 0;
+    PL_TRY(attr_get_str(f, "format", fmt, sizeof fmt, cx));
+    if (strcmp(fmt, CKPT_FORMAT) != 0)
+        return fail_msg(cx, PL_EIO, "format is '%s', not '%s'", fmt, CKPT_FORMAT);
+    PL_TRY(attr_get_i64(f, "format_version", &ver, cx));
+    if (ver != CKPT_FORMAT_VERSION)
+        return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", ver, CKPT_FORMAT_VERSION);
+    if (cfg) {
+        int V, Vp, maxT, L, NH, C;
+        snprintf(cx->obj, sizeof cx->obj, "group /config");
+        CKPT_H5(g = H5Gopen2(f, "config", H5P_DEFAULT));
+        if ((rc = attr_get_int(g, "vocab_size", &V, cx)) || (rc = attr_get_int(g, "padded_vocab_size", &Vp, cx)) ||
+            (rc = attr_get_int(g, "max_seq_len", &maxT, cx)) || (rc = attr_get_int(g, "n_layer", &L, cx)) ||
+            (rc = attr_get_int(g, "n_head", &NH, cx)) || (rc = attr_get_int(g, "n_embd", &C, cx)))
+            goto done;
+        char e2[256];
+        if (gpt2_config_make(cfg, V, maxT, L, NH, C, e2, sizeof e2) != PL_OK) {
+            rc = fail_msg(cx, PL_EIO, "bad /config: %s", e2);
+            goto done;
+        }
+        if (cfg->Vp != Vp) {
+            rc = fail_msg(cx, PL_EIO, "padded_vocab_size %d is not vocab_size %d rounded up to 128", Vp, V);
+            goto done;
+        }
+        H5Gclose(g);
+        g = -1;
+    }
+    if (m) {
+        memset(m, 0, sizeof *m);
+        PL_TRY(attr_get_i64(f, "step", &m->step, cx));
+        snprintf(cx->obj, sizeof cx->obj, "group /optim");
+        CKPT_H5(g = H5Gopen2(f, "optim", H5P_DEFAULT));
+        if ((rc = attr_get_f64(g, "beta1", &m->beta1, cx)) || (rc = attr_get_f64(g, "beta2", &m->beta2, cx)) ||
+            (rc = attr_get_f64(g, "eps", &m->eps, cx)) || (rc = attr_get_f64(g, "weight_decay", &m->weight_decay, cx)))
+            goto done;
+        H5Gclose(g);
+        snprintf(cx->obj, sizeof cx->obj, "group /train");
+        g = -1;
+        CKPT_H5(g = H5Gopen2(f, "train", H5P_DEFAULT));
+        if ((rc = attr_get_i64(g, "tokens_seen", &m->tokens_seen, cx)) ||
+            (rc = attr_get_i64(g, "data_pos", &m->data_pos, cx)) || (rc = attr_get_i64(g, "seed", &m->seed, cx)) ||
+            (rc = attr_get_i64(g, "data_seed", &m->data_seed, cx)) ||
+            (rc = attr_get_str(g, "data", m->data, sizeof m->data, cx)) || (rc = attr_get_f64(g, "lr", &m->lr, cx)) ||
+            (rc = attr_get_f64(g, "min_lr", &m->min_lr, cx)) ||
+            (rc = attr_get_int(g, "warmup_steps", &m->warmup_steps, cx)) ||
+            (rc = attr_get_int(g, "total_steps", &m->total_steps, cx)) ||
+            (rc = attr_get_str(g, "lr_schedule", m->lr_schedule, sizeof m->lr_schedule, cx)) ||
+            (rc = attr_get_f64(g, "grad_clip", &m->grad_clip, cx)) || (rc = attr_get_int(g, "batch", &m->batch, cx)) ||
+            (rc = attr_get_int(g, "seq_len", &m->seq_len, cx)) ||
+            (rc = attr_get_int(g, "microbatches", &m->microbatches, cx)) ||
+            (rc = attr_get_str(g, "schedule", m->schedule, sizeof m->schedule, cx)) ||
+            (rc = attr_get_int(g, "nstages", &m->nstages, cx)))
+            goto done;
+        if (m->nstages < 0 || m->nstages > CKPT_MAX_STAGES) {
+            rc = fail_msg(cx, PL_EIO, "/train nstages %d is out of range", m->nstages);
+            goto done;
+        }
+        if (m->nstages > 0) rc = attr_read(g, "split", H5T_NATIVE_INT, m->nstages, m->split, cx);
+    }
+done:
+    if (g >= 0) H5Gclose(g);
+    if (rc == PL_OK) cx->obj[0] = 0;
+    return rc;
+}
+
+/* The /config of the file must equal the run's model; name the first difference. */
+static int check_config(const gpt2_config *f, const gpt2_config *r, h5ctx *cx) {
+    const char *names[] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
+    int a[] = {f->V, f->Vp, f->maxT, f->L, f->NH, f->C}, b[] = {r->V, r->Vp, r->maxT, r->L, r->NH, r->C};
+    for (int i = 0; i < 6; i++)
+        if (a[i] != b[i]) return fail_msg(cx, PL_EINVAL, "%s is %d in the file but %d in this run", names[i], a[i], b[i]);
+    return PL_OK;
+}
+
+/* Collective: open one dataset, check its shape, read it where buf != NULL (others select
+ * nothing). A checksum failure is reported by HDF5's filter and names the dataset. */
+static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float *buf, hid_t dxpl, h5ctx *cx) {
+    static float dummy;
+    int rc = PL_OK;
+    hid_t ds = -1, sp = -1;
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s", dpath);
+    htri_t there;
+    CKPT_H5(there = H5Lexists(f, dpath, H5P_DEFAULT));
+    if (!there) {
+        rc = fail_msg(cx, PL_EIO, "dataset %s is missing", dpath);
+        goto done;
+    }
+    CKPT_H5(ds = H5Dopen2(f, dpath, H5P_DEFAULT));
+    CKPT_H5(sp = H5Dget_space(ds));
+    int nd;
+    hsize_t dims[2] = {0, 0};
+    CKPT_H5(nd = H5Sget_simple_extent_ndims(sp));
+    if (nd >= 1 && nd <= 2) CKPT_H5(H5Sget_simple_extent_dims(sp, dims, NULL));
+    if (nd != g->ndim || dims[0] != (hsize_t)g->shape[0] || (nd == 2 && dims[1] != (hsize_t)g->shape[1])) {
+        char want[48], have[48];
+        if (g->ndim == 2) snprintf(want, sizeof want, "(%d, %d)", g->shape[0], g->shape[1]);
+        else snprintf(want, sizeof want, "(%d)", g->shape[0]);
+        if (nd == 2) snprintf(have, sizeof have, "(%llu, %llu)", (unsigned long long)dims[0], (unsigned long long)dims[1]);
+        else if (nd == 1) snprintf(have, sizeof have, "(%llu)", (unsigned long long)dims[0]);
+        else snprintf(have, sizeof have, "%d dimensions", nd);
+        rc = fail_msg(cx, PL_EIO, "dataset %s has shape %s in the file but this run expects %s", dpath, have, want);
+        goto done;
+    }
+    if (!buf) CKPT_H5(H5Sselect_none(sp));
+    CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, buf ? buf : &dummy));
+done:
+    if (sp >= 0) H5Sclose(sp);
+    if (ds >= 0) H5Dclose(ds);
+    return rc;
+}
+
+int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
+              size_t errlen) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    ckpt_h5_quiet();
+    h5ctx cxs = {path, "", err, errlen, rank}, *cx = &cxs;
+    err[0] = 0;
+    int rc = PL_OK, n = 14 + 12 * st->cfg.L;
+    hid_t f = -1, dxpl = -1;
+    float *stagebuf = NULL;
+    ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+    double mybytes = 0.0;
+    struct stat sb;
+    if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    else if (stat(path, &sb) != 0) rc = fail_msg(cx, PL_EIO, "%s", strerror(errno));
+    if (!st->be->host_memory && rc == PL_OK) {
+        size_t maxn = 0;
+        for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
+        stagebuf = malloc((maxn ? maxn : 1) * sizeof(float));
+        if (!stagebuf) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float staging buffer", maxn);
+    }
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    n = ckpt_global_tensors(&st->cfg, gt);
+
+    rc = ckpt_h5_open(path, 0, comm, &f, cx);
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    gpt2_config fc;
+    ckpt_meta m;
+    rc = ckpt_read_meta(f, &fc, &m, cx);
+    if (rc == PL_OK) rc = check_config(&fc, &st->cfg, cx);
+    if (rc == PL_OK && ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 || H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0))
+        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE)");
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
+
+    static const char *const sections[3] = {"model", "optim/m", "optim/v"};
+    for (int s = 0; s < 3 && rc == PL_OK; s++)
+        for (int i = 0; i < n; i++) {
+            const ckpt_gtensor *g = &gt[i];
+            const param_tensor *t = stage_find_tensor(st, g->kind, g->layer); /* wte: first and last */
+            float *base = s == 0 ? st->params : s == 1 ? st->m : st->v;
+            float *dst = t ? (st->be->host_memory ? base + t->offset : stagebuf) : NULL;
+            char dpath[96];
+            snprintf(dpath, sizeof dpath, "/%s/%s", sections[s], g->path);
+            rc = read_dataset(f, dpath, g, dst, dxpl, cx);
+            if (rc == PL_OK && t) {
+                if (!st->be->host_memory) st->be->from_host(base + t->offset, stagebuf, t->numel * sizeof(float));
+                mybytes += (double)t->numel * sizeof(float);
+            }
+            if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
+        }
+    cx->obj[0] = 0;
+    if (rc == PL_OK && meta) *meta = m;
+close:
+    if (dxpl >= 0) H5Pclose(dxpl);
+    {
+        int crc = PL_OK;
+        if (f >= 0 && H5Fclose(f) < 0) crc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Fclose(f)");
+        if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
+    }
+    if (rc == PL_OK && bytes_out) {
+        double all = 0.0;
+        MPI_Allreduce(&mybytes, &all, 1, MPI_DOUBLE, MPI_SUM, comm);
+        *bytes_out = all;
+    }
+out:
+    free(gt);
+    free(stagebuf);
+    return rc;
+}
+
+int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen) {
+    ckpt_h5_quiet();
+    h5ctx cxs = {path, "", err, errlen, pl_rank < 0 ? 0 : pl_rank};
+    err[0] = 0;
+    hid_t f = -1;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return fail_msg(&cxs, PL_EIO, "%s", strerror(errno));
+    int rc = ckpt_h5_open(path, 0, MPI_COMM_NULL, &f, &cxs);
+    if (rc == PL_OK) rc = ckpt_read_meta(f, cfg, meta, &cxs);
+    if (f >= 0) H5Fclose(f);
+    return rc;
+}
