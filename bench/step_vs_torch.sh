@@ -15,6 +15,10 @@
 # BENCH_STEPS (default 8), BENCH_WARMUP (default 2).
 
 PIPELM=${PIPELM:-${1:-./build/src/pipelm}}
+# the non-recursive automake build puts the program at build/pipelm
+if [ "$PIPELM" = ./build/src/pipelm ] && ! [ -x "$PIPELM" ] && [ -x ./build/pipelm ]; then
+    PIPELM=./build/pipelm
+fi
 PY=/usr/bin/python3
 here=$(cd "$(dirname "$0")" && pwd)
 

@@ -28,20 +28,24 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <hdf5.h>
+#define PIPELM_CKPT_INTERNAL 1
 #include "pipelm/ckpt.h"
-#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 
 #define CKPT_FORMAT "pipelm-checkpoint"
-#define CHUNK_BYTES (4u << 20) /* target chunk size: whole rows up to 4 MiB */
+#define CHUNK_BYTES (1u << 20) /* chunk size: whole rows, up to 1 MiB (cache-sized: the
+                                   checksum, copies and write of a chunk stay in cache) */
 
 /* ---- error reporting ------------------------------------------------------------------- */
 
@@ -289,6 +293,73 @@ done:
     return rc;
 }
 
+/* Open an existing group. */
+static int group_open(hid_t loc, const char *name, hid_t *g, h5ctx *cx) {
+    int rc = PL_OK;
+    snprintf(cx->obj, sizeof cx->obj, "group %s", name);
+    CKPT_H5(*g = H5Gopen2(loc, name, H5P_DEFAULT));
+    cx->obj[0] = 0;
+done:
+    return rc;
+}
+
+/* Close a group or dataset on the normal path, checked (unwind paths close unchecked: the
+ * first error is the one worth reporting). Sets *id to -1. */
+static int obj_close(hid_t *id, h5ctx *cx) {
+    int rc = PL_OK;
+    if (*id >= 0) CKPT_H5(H5Oclose(*id));
+done:
+    *id = -1;
+    return rc;
+}
+
+/* A dataset-transfer property list for collective MPI-IO. */
+static int dxpl_collective(hid_t *dxpl, h5ctx *cx) {
+    int rc = PL_OK;
+    CKPT_H5(*dxpl = H5Pcreate(H5P_DATASET_XFER));
+    CKPT_H5(H5Pset_dxpl_mpio(*dxpl, H5FD_MPIO_COLLECTIVE));
+done:
+    return rc;
+}
+
+/* Flush the file's metadata (collective), so that a full disk shows up here, while the
+ * file can still be emptied and closed cleanly, rather than inside H5Fclose. */
+static int flush_file(hid_t f, h5ctx *cx) {
+    int rc = PL_OK;
+    cx->obj[0] = 0;
+    CKPT_H5(H5Fflush(f, H5F_SCOPE_GLOBAL));
+done:
+    return rc;
+}
+
+int ckpt_h5_close_file(hid_t *f, h5ctx *cx) {
+    int rc = PL_OK;
+    cx->obj[0] = 0;
+    if (*f >= 0) CKPT_H5(H5Fclose(*f));
+done:
+    *f = -1;
+    return rc;
+}
+
+/* MPI-IO hints. Every rank writes whole chunks of its own, so ROMIO's two-phase collective
+ * buffering (which funnels the data through aggregator ranks) and data sieving (which reads
+ * and rewrites the gaps between chunks) only cost time: both off. PIPELM_CKPT_HINTS =
+ * "key=value,key=value" adds or overrides hints (e.g. Lustre striping_factor). */
+static MPI_Info make_hints(void) {
+    MPI_Info info;
+    if (MPI_Info_create(&info) != MPI_SUCCESS) return MPI_INFO_NULL;
+    MPI_Info_set(info, "romio_cb_write", "disable");
+    MPI_Info_set(info, "romio_ds_write", "disable");
+    const char *h = getenv("PIPELM_CKPT_HINTS");
+    char k[128], v[128];
+    while (h && sscanf(h, " %127[^=]=%127[^,]", k, v) == 2) {
+        MPI_Info_set(info, k, v);
+        h = strchr(h, ',');
+        if (h) h++;
+    }
+    return info;
+}
+
 /* Open a file through MPI-IO on comm with collective metadata reads and writes; serial
  * (comm == MPI_COMM_NULL) uses HDF5's default POSIX driver. */
 int ckpt_h5_open(const char *path, int create, MPI_Comm comm, hid_t *file, h5ctx *cx) {
@@ -298,12 +369,13 @@ int ckpt_h5_open(const char *path, int create, MPI_Comm comm, hid_t *file, h5ctx
     cx->obj[0] = 0;
     CKPT_H5(fapl = H5Pcreate(H5P_FILE_ACCESS));
     if (comm != MPI_COMM_NULL) {
-        CKPT_H5(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+        MPI_Info info = make_hints();
+        herr_t set = H5Pset_fapl_mpio(fapl, comm, info); /* HDF5 keeps its own copy */
+        if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+        CKPT_H5(set);
         CKPT_H5(H5Pset_all_coll_metadata_ops(fapl, 1));
         CKPT_H5(H5Pset_coll_metadata_write(fapl, 1));
     }
-    /* large datasets start on 1 MiB boundaries: aligned, unshared file-system blocks */
-    CKPT_H5(H5Pset_alignment(fapl, 1 << 20, 1 << 20));
     if (create) CKPT_H5(*file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
     else CKPT_H5(*file = H5Fopen(path, H5F_ACC_RDONLY, fapl));
 done:
@@ -349,14 +421,57 @@ static void chunk_dims(const ckpt_gtensor *g, hsize_t *ch) {
     }
 }
 
-/* Collective: create one dataset under parent and write it; data is NULL on the ranks that
- * do not own it (they take part with an empty selection). */
-static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data, hid_t dxpl, h5ctx *cx) {
+/* How the writing of one dataset is shared: datasets of two or more chunks are split by
+ * whole chunks over the ranks (rank r writes rows [*first, *first + *count) of it; elements
+ * for 1-D), so every rank checksums and writes a part at the same time, as P independent
+ * writers would. Returns 0 for a dataset its owner writes alone. */
+static int share_of(const ckpt_gtensor *g, int P, int r, size_t *first, size_t *count) {
+    hsize_t ch[2];
+    chunk_dims(g, ch);
+    size_t rows = g->ndim == 2 ? (size_t)g->shape[0] : g->numel, cr = (size_t)ch[0];
+    size_t nch = (rows + cr - 1) / cr;
+    if (P < 2 || nch < 2 || g->numel > (size_t)INT_MAX) return 0;
+    size_t c0 = nch * (size_t)r / (size_t)P, c1 = nch * (size_t)(r + 1) / (size_t)P;
+    size_t end = c1 * cr < rows ? c1 * cr : rows;
+    *first = c0 * cr < rows ? c0 * cr : rows;
+    *count = end - *first;
+    return 1;
+}
+
+/* What every dataset write of one file needs. */
+typedef struct {
+    MPI_Comm comm;
+    int rank, P;
+    int *counts, *displs; /* P each, for MPI_Scatterv */
+    float *scratch;       /* this rank's share of a dataset another rank owns */
+    hid_t dxpl;           /* collective transfers */
+} writer;
+
+/* Collective: create one dataset under parent and write it. data is the whole tensor on its
+ * owner and NULL elsewhere; a shared dataset is first scattered by the owner (MPI_Scatterv)
+ * and each rank writes its chunks; otherwise the owner writes it all and the others take part
+ * with an empty selection. */
+static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data, int owner, writer *w, h5ctx *cx) {
     static const float dummy = 0.0f; /* a non-NULL buffer for empty selections */
-    int rc = PL_OK;
-    hid_t sp = -1, dcpl = -1, ds = -1;
+    int rc = PL_OK, mpi_rc = MPI_SUCCESS;
+    hid_t sp = -1, mem = -1, dcpl = -1, ds = -1;
     hsize_t dims[2] = {(hsize_t)g->shape[0], (hsize_t)g->shape[1]}, ch[2];
+    size_t width = g->ndim == 2 ? (size_t)g->shape[1] : 1, first = 0, count = 0;
     const char *leaf = strrchr(g->path, '/') ? strrchr(g->path, '/') + 1 : g->path;
+    const float *buf = data;
+    int shared = share_of(g, w->P, w->rank, &first, &count);
+    if (shared) {
+        for (int r = 0; r < w->P; r++) {
+            size_t f0 = 0, c0 = 0;
+            share_of(g, w->P, r, &f0, &c0);
+            w->counts[r] = (int)(c0 * width);
+            w->displs[r] = (int)(f0 * width);
+        }
+        /* the owner keeps its own share in place */
+        mpi_rc = MPI_Scatterv(data, w->counts, w->displs, MPI_FLOAT, w->rank == owner ? MPI_IN_PLACE : w->scratch,
+                              w->counts[w->rank], MPI_FLOAT, owner, w->comm);
+        buf = count == 0 ? NULL : w->rank == owner ? data + first * width : w->scratch;
+    }
     chunk_dims(g, ch);
     CKPT_H5(sp = H5Screate_simple(g->ndim, dims, NULL));
     CKPT_H5(dcpl = H5Pcreate(H5P_DATASET_CREATE));
@@ -365,11 +480,24 @@ static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data,
     /* every element is written: skip writing fill values first */
     CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
     CKPT_H5(ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    if (!data) CKPT_H5(H5Sselect_none(sp));
-    CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, data ? data : &dummy));
+    if (!buf) {
+        CKPT_H5(H5Sselect_none(sp));
+        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, w->dxpl, &dummy));
+    } else if (shared) {
+        hsize_t start[2] = {first, 0}, cnt[2] = {count, width};
+        CKPT_H5(H5Sselect_hyperslab(sp, H5S_SELECT_SET, start, NULL, cnt, NULL));
+        CKPT_H5(mem = H5Screate_simple(g->ndim, cnt, NULL));
+        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, sp, w->dxpl, buf));
+    } else {
+        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, w->dxpl, buf));
+    }
+    CKPT_H5(H5Dclose(ds));
+    ds = -1;
+    if (mpi_rc != MPI_SUCCESS) rc = fail_msg(cx, PL_EMPI, "%s: MPI_Scatterv from its owner (rank %d) failed", cx->obj, owner);
 done:
-    if (ds >= 0 && H5Dclose(ds) < 0 && rc == PL_OK) rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Dclose(ds)");
+    if (ds >= 0) H5Dclose(ds);
     if (dcpl >= 0) H5Pclose(dcpl);
+    if (mem >= 0) H5Sclose(mem);
     if (sp >= 0) H5Sclose(sp);
     return rc;
 }
@@ -389,18 +517,14 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
         (rc = attr_i64(g, "max_seq_len", c->maxT, cx)) || (rc = attr_i64(g, "n_layer", c->L, cx)) ||
         (rc = attr_i64(g, "n_head", c->NH, cx)) || (rc = attr_i64(g, "n_embd", c->C, cx)))
         goto done;
-    H5Gclose(g);
-
-    g = -1;
+    if ((rc = obj_close(&g, cx))) goto done;
     PL_TRY(group_create(f, "optim", &g, cx));
     if ((rc = attr_str(g, "name", "adamw", cx)) || (rc = attr_f64(g, "beta1", m->beta1, cx)) ||
         (rc = attr_f64(g, "beta2", m->beta2, cx)) || (rc = attr_f64(g, "eps", m->eps, cx)) ||
         (rc = attr_f64(g, "weight_decay", m->weight_decay, cx)) || (rc = attr_f64(g, "lr", m->lr, cx)) ||
         (rc = attr_i64(g, "step", m->step, cx)))
         goto done;
-    H5Gclose(g);
-
-    g = -1;
+    if ((rc = obj_close(&g, cx))) goto done;
     PL_TRY(group_create(f, "train", &g, cx));
     int ns = m->nstages > 0 && m->nstages <= CKPT_MAX_STAGES ? m->nstages : 0;
     if ((rc = attr_i64(g, "step", m->step, cx)) || (rc = attr_i64(g, "tokens_seen", m->tokens_seen, cx)) ||
@@ -414,7 +538,8 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
         (rc = attr_i64(g, "microbatches", m->microbatches, cx)) ||
         (rc = attr_str(g, "schedule", m->schedule, cx)) || (rc = attr_i64(g, "nstages", m->nstages, cx)))
         goto done;
-    if (ns > 0) rc = attr_write(g, "split", H5T_STD_I32LE, H5T_NATIVE_INT, ns, m->split, cx);
+    if (ns > 0 && (rc = attr_write(g, "split", H5T_STD_I32LE, H5T_NATIVE_INT, ns, m->split, cx))) goto done;
+    rc = obj_close(&g, cx);
 done:
     if (g >= 0) H5Gclose(g);
     return rc;
@@ -433,16 +558,22 @@ static const float *owned_data(const stage *st, const ckpt_gtensor *g, int which
 
 /* Check before any collective HDF5 call that every rank has the same model and that each
  * tensor has exactly one writer; otherwise the collective calls would not match. */
-static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
+static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, int *owner, h5ctx *cx) {
     int dims[6] = {st->cfg.V, st->cfg.maxT, st->cfg.L, st->cfg.NH, st->cfg.C, st->cfg.Vp}, lo[6], hi[6];
     int rc = PL_OK;
+    int rank;
+    MPI_Comm_rank(comm, &rank);
     int *cnt = calloc((size_t)n, sizeof(int)), *sum = calloc((size_t)n, sizeof(int));
-    if (!cnt || !sum) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
-    for (int i = 0; i < n; i++)
+    int *mine = calloc((size_t)n, sizeof(int));
+    if (!cnt || !sum || !mine) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++) {
         cnt[i] = stage_find_tensor(st, gt[i].kind, gt[i].layer) && (gt[i].kind != P_WTE || st->has_embed);
+        mine[i] = cnt[i] ? rank : -1;
+    }
     if (MPI_Allreduce(dims, lo, 6, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS ||
         MPI_Allreduce(dims, hi, 6, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
-        MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS) {
+        MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS ||
+        MPI_Allreduce(mine, owner, n, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
         rc = fail_msg(cx, PL_EMPI, "MPI_Allreduce failed while checking the stages");
         goto done;
     }
@@ -459,21 +590,46 @@ static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_C
 done:
     free(cnt);
     free(sum);
+    free(mine);
     return rc;
 }
 
-int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_Comm comm, double *bytes_out,
-                    char *err, size_t errlen) {
+/* Rank 0, before creating the file: refuse early if the file system clearly lacks room for
+ * the checkpoint (tensor bytes three times over plus ~8 KiB of HDF5 metadata per dataset).
+ * A full disk found later is handled too, but failing here keeps HDF5 out of it.
+ * PIPELM_CKPT_NO_SPACE_CHECK=1 skips it (tests of the later path). */
+static int check_space(const char *path, const gpt2_config *c, int ntensors, h5ctx *cx) {
+    const char *skip = getenv("PIPELM_CKPT_NO_SPACE_CHECK");
+    if (skip && skip[0] == '1') return PL_OK;
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+    else snprintf(dir, sizeof dir, ".");
+    struct statvfs vf;
+    if (statvfs(dir, &vf) != 0) return PL_OK; /* cannot tell: let the writes decide */
+    double need = 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 8192.0 + 1048576.0;
+    double have = (double)vf.f_bavail * (double)vf.f_frsize;
+    if (have < need)
+        return fail_msg(cx, PL_EIO, "not enough space in %s: %.1f MB free, the checkpoint needs about %.1f MB "
+                        "(No space left on device)", dir, have / 1e6, need / 1e6);
+    return PL_OK;
+}
+
+int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta_in, MPI_Comm comm,
+                    double *bytes_out, char *err, size_t errlen) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     ckpt_h5_quiet();
-    h5ctx cxs = {path, "", err, errlen, rank}, *cx = &cxs;
+    h5ctx cxs = {label ? label : path, "", err, errlen, rank}, *cx = &cxs;
     err[0] = 0;
-    int rc = PL_OK, n = 14 + 12 * st->cfg.L;
-    hid_t f = -1, dxpl = -1, sec = -1, sub = -1, lay = -1;
+    int rc = PL_OK, n = 4 + 12 * st->cfg.L;
+    hid_t f = -1, sec = -1, sub = -1, lay = -1;
     float *stagebuf = NULL;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+    int *owner = calloc((size_t)n, sizeof(int));
+    writer w = {comm, rank, size, calloc((size_t)size, sizeof(int)), calloc((size_t)size, sizeof(int)), NULL, -1};
     double mybytes = 0.0;
     /* every rank writes rank 0's metadata and time stamp, so the attributes match */
     ckpt_meta meta = *meta_in;
@@ -487,10 +643,21 @@ int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_C
     if (MPI_Bcast(&meta, (int)sizeof meta, MPI_BYTE, 0, comm) != MPI_SUCCESS ||
         MPI_Bcast(created, (int)sizeof created, MPI_CHAR, 0, comm) != MPI_SUCCESS)
         rc = fail_msg(cx, PL_EMPI, "MPI_Bcast of the metadata failed");
-    if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    if (!gt || !owner || !w.counts || !w.displs) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     n = ckpt_global_tensors(&st->cfg, gt);
-    rc = check_ownership(st, gt, n, comm, cx);
+    rc = check_ownership(st, gt, n, comm, owner, cx);
+    {
+        /* room for this rank's largest share of a dataset another rank owns */
+        size_t most = 1, first, count;
+        for (int i = 0; i < n; i++)
+            if (share_of(&gt[i], size, rank, &first, &count)) {
+                size_t fl = count * (gt[i].ndim == 2 ? (size_t)gt[i].shape[1] : 1);
+                most = fl > most ? fl : most;
+            }
+        w.scratch = malloc(most * sizeof(float));
+        if (!w.scratch) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float buffer", most);
+    }
     int who, mode = fail_mode(size, &who, cx);
     if (mode < 0) rc = PL_EINVAL;
     if (!st->be->host_memory) {
@@ -501,13 +668,12 @@ int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_C
     }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
 
+    if (rank == 0) rc = check_space(path, &st->cfg, n, cx);
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     rc = ckpt_h5_open(path, 1, comm, &f, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     rc = write_attrs(f, &st->cfg, &meta, created, cx);
-    if (rc == PL_OK) {
-        if ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 || H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0)
-            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE)");
-    }
+    if (rc == PL_OK) rc = dxpl_collective(&w.dxpl, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
 
     /* /model, /optim/m, /optim/v: every rank walks the same datasets in the same order */
@@ -518,27 +684,26 @@ int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_C
         if (s == 0) rc = group_create(f, "model", &sec, cx);
         else {
             /* /optim exists (its attributes); m and v go under it */
-            if ((sub = H5Gopen2(f, "optim", H5P_DEFAULT)) < 0) rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Gopen2(f, \"optim\")");
-            else rc = group_create(sub, s == 1 ? "m" : "v", &sec, cx);
+            rc = group_open(f, "optim", &sub, cx);
+            if (rc == PL_OK) rc = group_create(sub, s == 1 ? "m" : "v", &sec, cx);
         }
         if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
         int cur = -1;
         for (int i = 0; i < n; i++) {
             const ckpt_gtensor *g = &gt[i];
             if (g->layer != cur) { /* entering a block (or leaving the last one) */
-                if (lay >= 0) H5Gclose(lay);
-                lay = -1;
+                rc = obj_close(&lay, cx);
                 cur = g->layer;
-                if (cur >= 0) {
+                if (rc == PL_OK && cur >= 0) {
                     char name[32];
                     snprintf(name, sizeof name, "h.%d", cur);
                     rc = group_create(sec, name, &lay, cx);
-                    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
                 }
+                if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
             }
             const float *data = owned_data(st, g, s, stagebuf);
             snprintf(cx->obj, sizeof cx->obj, "dataset /%s/%s", sections[s], g->path);
-            rc = write_dataset(cur >= 0 ? lay : sec, g, data, dxpl, cx);
+            rc = write_dataset(cur >= 0 ? lay : sec, g, data, owner[i], &w, cx);
             if (rc == PL_OK && data) mybytes += (double)g->numel * sizeof(float);
             done_n++;
             if (rc == PL_OK && rank == who && done_n == total / 2) {
@@ -549,21 +714,34 @@ int ckpt_write_file(const char *path, stage *st, const ckpt_meta *meta_in, MPI_C
             }
             if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
         }
+        int crc = obj_close(&lay, cx);
+        if (!crc) crc = obj_close(&sec, cx);
+        if (!crc) crc = obj_close(&sub, cx);
         if (lay >= 0) H5Gclose(lay);
-        lay = -1;
         if (sec >= 0) H5Gclose(sec);
-        sec = -1;
         if (sub >= 0) H5Gclose(sub);
-        sub = -1;
+        lay = sec = sub = -1;
+        if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
     }
     cx->obj[0] = 0;
+    if (rc == PL_OK) rc = agree(comm, flush_file(f, cx), err, errlen);
 close:
-    if (dxpl >= 0) H5Pclose(dxpl);
+    if (w.dxpl >= 0) H5Pclose(w.dxpl);
+    if (rc != PL_OK && f >= 0) {
+        /* The file is abandoned. Empty it before H5Fclose flushes what is left: on a full disk
+         * that flush would fail too, and HDF5 1.10 does not recover from a failed H5Fclose
+         * (the file ID is left dangling and the library crashes at exit). Every rank has
+         * finished its collective writes here (the agreement above). */
+        MPI_Barrier(comm);
+        if (rank == 0 && truncate(path, 0) != 0) { /* best effort: the file is removed later */ }
+        MPI_Barrier(comm);
+    }
     {
-        /* H5Fclose is collective and flushes the metadata: it can fail too (a full disk) */
-        int crc = PL_OK;
-        if (f >= 0 && H5Fclose(f) < 0) crc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Fclose(f)");
-        f = -1;
+        /* H5Fclose is collective and flushes the metadata: it can fail too. After an earlier
+         * failure its message goes to a scratch buffer: the first cause is the one reported. */
+        char scratch[512];
+        h5ctx cc = {cx->file, "", scratch, sizeof scratch, rank};
+        int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
         if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
     }
     if (rc == PL_OK && bytes_out) {
@@ -573,6 +751,10 @@ close:
     }
 out:
     free(gt);
+    free(owner);
+    free(w.counts);
+    free(w.displs);
+    free(w.scratch);
     free(stagebuf);
     return rc;
 }
@@ -720,7 +902,7 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
     }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) return rc;
 
-    rc = ckpt_write_file(tmp, st, meta, comm, bytes_out, err, errlen);
+    rc = ckpt_write_file(tmp, final, st, meta, comm, bytes_out, err, errlen);
     if (rc == PL_OK && rank == 0) {
         int who, mode = fail_mode(size, &who, cx);
         if (mode == FAIL_RENAME)
@@ -744,7 +926,7 @@ int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm 
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     h5ctx cxs = {path, "", err, errlen, rank};
-    int rc = ckpt_write_file(tmp, st, meta, comm, bytes_out, err, errlen);
+    int rc = ckpt_write_file(tmp, path, st, meta, comm, bytes_out, err, errlen);
     if (rc == PL_OK && rank == 0) {
         if (fsync_path(tmp) != 0) rc = fail_msg(&cxs, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
         else if (rename(tmp, path) != 0)
@@ -819,8 +1001,7 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
         return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", ver, CKPT_FORMAT_VERSION);
     if (cfg) {
         int V, Vp, maxT, L, NH, C;
-        snprintf(cx->obj, sizeof cx->obj, "group /config");
-        CKPT_H5(g = H5Gopen2(f, "config", H5P_DEFAULT));
+        if ((rc = group_open(f, "config", &g, cx))) goto done;
         if ((rc = attr_get_int(g, "vocab_size", &V, cx)) || (rc = attr_get_int(g, "padded_vocab_size", &Vp, cx)) ||
             (rc = attr_get_int(g, "max_seq_len", &maxT, cx)) || (rc = attr_get_int(g, "n_layer", &L, cx)) ||
             (rc = attr_get_int(g, "n_head", &NH, cx)) || (rc = attr_get_int(g, "n_embd", &C, cx)))
@@ -834,21 +1015,16 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
             rc = fail_msg(cx, PL_EIO, "padded_vocab_size %d is not vocab_size %d rounded up to 128", Vp, V);
             goto done;
         }
-        H5Gclose(g);
-        g = -1;
+        if ((rc = obj_close(&g, cx))) goto done;
     }
     if (m) {
         memset(m, 0, sizeof *m);
         PL_TRY(attr_get_i64(f, "step", &m->step, cx));
-        snprintf(cx->obj, sizeof cx->obj, "group /optim");
-        CKPT_H5(g = H5Gopen2(f, "optim", H5P_DEFAULT));
+        if ((rc = group_open(f, "optim", &g, cx))) goto done;
         if ((rc = attr_get_f64(g, "beta1", &m->beta1, cx)) || (rc = attr_get_f64(g, "beta2", &m->beta2, cx)) ||
             (rc = attr_get_f64(g, "eps", &m->eps, cx)) || (rc = attr_get_f64(g, "weight_decay", &m->weight_decay, cx)))
             goto done;
-        H5Gclose(g);
-        snprintf(cx->obj, sizeof cx->obj, "group /train");
-        g = -1;
-        CKPT_H5(g = H5Gopen2(f, "train", H5P_DEFAULT));
+        if ((rc = obj_close(&g, cx)) || (rc = group_open(f, "train", &g, cx))) goto done;
         if ((rc = attr_get_i64(g, "tokens_seen", &m->tokens_seen, cx)) ||
             (rc = attr_get_i64(g, "data_pos", &m->data_pos, cx)) || (rc = attr_get_i64(g, "seed", &m->seed, cx)) ||
             (rc = attr_get_i64(g, "data_seed", &m->data_seed, cx)) ||
@@ -867,7 +1043,8 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
             rc = fail_msg(cx, PL_EIO, "/train nstages %d is out of range", m->nstages);
             goto done;
         }
-        if (m->nstages > 0) rc = attr_read(g, "split", H5T_NATIVE_INT, m->nstages, m->split, cx);
+        if (m->nstages > 0 && (rc = attr_read(g, "split", H5T_NATIVE_INT, m->nstages, m->split, cx))) goto done;
+        if ((rc = obj_close(&g, cx))) goto done;
     }
 done:
     if (g >= 0) H5Gclose(g);
@@ -915,6 +1092,10 @@ static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float
     }
     if (!buf) CKPT_H5(H5Sselect_none(sp));
     CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, buf ? buf : &dummy));
+    CKPT_H5(H5Sclose(sp));
+    sp = -1;
+    CKPT_H5(H5Dclose(ds));
+    ds = -1;
 done:
     if (sp >= 0) H5Sclose(sp);
     if (ds >= 0) H5Dclose(ds);
@@ -928,7 +1109,7 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     ckpt_h5_quiet();
     h5ctx cxs = {path, "", err, errlen, rank}, *cx = &cxs;
     err[0] = 0;
-    int rc = PL_OK, n = 14 + 12 * st->cfg.L;
+    int rc = PL_OK, n = 4 + 12 * st->cfg.L;
     hid_t f = -1, dxpl = -1;
     float *stagebuf = NULL;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
@@ -951,8 +1132,7 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     ckpt_meta m;
     rc = ckpt_read_meta(f, &fc, &m, cx);
     if (rc == PL_OK) rc = check_config(&fc, &st->cfg, cx);
-    if (rc == PL_OK && ((dxpl = H5Pcreate(H5P_DATASET_XFER)) < 0 || H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) < 0))
-        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE)");
+    if (rc == PL_OK) rc = dxpl_collective(&dxpl, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
 
     static const char *const sections[3] = {"model", "optim/m", "optim/v"};
@@ -976,8 +1156,9 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
 close:
     if (dxpl >= 0) H5Pclose(dxpl);
     {
-        int crc = PL_OK;
-        if (f >= 0 && H5Fclose(f) < 0) crc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Fclose(f)");
+        char scratch[512];
+        h5ctx cc = {path, "", scratch, sizeof scratch, rank};
+        int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
         if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
     }
     if (rc == PL_OK && bytes_out) {
@@ -1000,6 +1181,6 @@ int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *er
     if (stat(path, &sb) != 0) return fail_msg(&cxs, PL_EIO, "%s", strerror(errno));
     int rc = ckpt_h5_open(path, 0, MPI_COMM_NULL, &f, &cxs);
     if (rc == PL_OK) rc = ckpt_read_meta(f, cfg, meta, &cxs);
-    if (f >= 0) H5Fclose(f);
-    return rc;
+    int crc = ckpt_h5_close_file(&f, &cxs);
+    return rc != PL_OK ? rc : crc;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/bench.h"
+#include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/pipelm.h"
@@ -20,7 +21,9 @@ static void usage(FILE *out) {
             "commands:\n"
             "  train      train a GPT-2 model, one pipeline stage per MPI rank\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
-            "  bench      measure performance (--peak: sgemm GFLOP/s)\n\n"
+            "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
+            "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
+            "  inspect    print a checkpoint's metadata and tensors, verify every checksum\n\n"
             "  pipelm <command> --help   options of a command\n"
             "  pipelm --version\n",
             PACKAGE_VERSION);
@@ -126,6 +129,8 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
         return 0;
     }
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
+    if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
+    if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
     int bench = strcmp(argv[1], "bench") == 0;
     if (bench)
         for (int i = 2; i < argc; i++)

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include "pipelm/bench.h"
+#include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
@@ -387,6 +388,93 @@ static void write_run_line(run *R) {
     fflush(f);
 }
 
+/* The training state that goes into a checkpoint beside the tensors. */
+static void fill_meta(const run *R, int step, ckpt_meta *m) {
+    const pl_options *o = R->o;
+    memset(m, 0, sizeof *m);
+    m->step = step;
+    m->tokens_seen = (long long)step * R->B * R->T;
+    m->data_pos = step; /* batch k of the data source is read at step k+1 */
+    m->seed = o->seed;
+    m->data_seed = o->data_seed;
+    snprintf(m->data, sizeof m->data, "%.500s", o->data);
+    m->lr = o->lr;
+    m->min_lr = o->min_lr;
+    m->beta1 = o->beta1;
+    m->beta2 = o->beta2;
+    m->eps = o->eps;
+    m->weight_decay = o->weight_decay;
+    m->grad_clip = o->grad_clip;
+    m->warmup_steps = o->warmup_steps;
+    m->total_steps = o->steps;
+    snprintf(m->lr_schedule, sizeof m->lr_schedule, "%s", o->lr_schedule);
+    m->batch = R->B;
+    m->seq_len = R->T;
+    m->microbatches = R->M;
+    snprintf(m->schedule, sizeof m->schedule, "%s", R->sc.name);
+    m->nstages = R->P;
+    for (int s = 0; s < R->P && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
+}
+
+/* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */
+static int save_checkpoint(run *R, int step) {
+    ckpt_meta m;
+    fill_meta(R, step, &m);
+    char path[PL_PATH + 64], err[1024] = "";
+    double bytes = 0, t0 = pl_now();
+    trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t0);
+    int rc = ckpt_save(R->o->ckpt_dir, &R->st, &m, R->o->ckpt_keep, R->comm, path, sizeof path, &bytes, err, sizeof err);
+    double t1 = pl_now();
+    trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t1);
+    if (rc != PL_OK) {
+        if (err[0]) pl_error("checkpoint at step %d: %s", step, err);
+        if (R->rank == 0) pl_error("checkpoint at step %d failed; the previous checkpoint in %s is intact", step, R->o->ckpt_dir);
+        return rc;
+    }
+    pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,
+            bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    return PL_OK;
+}
+
+/* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
+ * step after the saved one. Settings that would change the data stream must match. */
+static int resume_checkpoint(run *R, int *first_step) {
+    const pl_options *o = R->o;
+    char path[PL_PATH + 64], err[1024] = "";
+    int rc = ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, err, sizeof err);
+    if (rc != PL_OK) {
+        if (R->rank == 0) pl_error("--resume: %s", err);
+        return rc; /* every rank resolved the same name the same way */
+    }
+    ckpt_meta m;
+    double bytes = 0, t0 = pl_now();
+    rc = ckpt_load(path, &R->st, &m, R->comm, &bytes, err, sizeof err);
+    double t1 = pl_now();
+    if (rc != PL_OK) {
+        if (err[0]) pl_error("resuming from %s: %s", path, err);
+        return rc;
+    }
+    const char *what = NULL;
+    char a[600] = "", b[600] = "";
+    if (m.batch != R->B) { what = "batch"; snprintf(a, sizeof a, "%d", m.batch); snprintf(b, sizeof b, "%d", R->B); }
+    else if (m.seq_len != R->T) { what = "seq-len"; snprintf(a, sizeof a, "%d", m.seq_len); snprintf(b, sizeof b, "%d", R->T); }
+    else if (strcmp(m.data, o->data) != 0) { what = "data"; snprintf(a, sizeof a, "%.500s", m.data); snprintf(b, sizeof b, "%.500s", o->data); }
+    else if (m.data_seed != o->data_seed) { what = "data-seed"; snprintf(a, sizeof a, "%lld", m.data_seed); snprintf(b, sizeof b, "%lld", o->data_seed); }
+    if (what) {
+        if (R->rank == 0)
+            pl_error("cannot resume from %s: it was saved with --%s %s but this run has --%s %s", path, what, a, what, b);
+        return PL_EINVAL;
+    }
+    *first_step = (int)m.step + 1;
+    char split[256] = "";
+    for (int s = 0, off = 0; s < m.nstages && s < CKPT_MAX_STAGES && off < (int)sizeof split - 16; s++)
+        off += snprintf(split + off, sizeof split - off, "%s%d", s ? "," : "", m.split[s]);
+    pl_info("resumed from %s: step %lld (saved on %d stage%s, split %s), %.1f MB in %.2f s (%.1f MB/s)\n", path,
+            m.step, m.nstages, m.nstages > 1 ? "s" : "", split, bytes / 1e6, t1 - t0,
+            bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    return PL_OK;
+}
+
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */
 static int bench_finish(run *R, const double *step_s, int nsteps) {
     double mine[8];
@@ -468,7 +556,13 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     signal(SIGTERM, on_stop_signal);
     signal(SIGUSR1, on_stop_signal);
     int first_step = 1;
+    if (o->resume[0]) {
+        rc = resume_checkpoint(&R, &first_step);
+        if (rc != PL_OK) goto done;
+    }
     int last_step = o->bench ? o->warmup + o->steps : o->steps;
+    if (first_step > last_step) pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n",
+                                        first_step - 1, last_step);
     step_s = o->bench ? calloc(last_step + 1, sizeof(double)) : NULL;
     if (o->trace[0]) R.eng.tr = trace_open(comm);
     double t_start = pl_now(), last_loss = NAN;
@@ -528,6 +622,10 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
             rc = maybe_evaluate(&R, step);
             if (rc != PL_OK) { *agreed = 0; goto done; }
         }
+        if (o->ckpt_dir[0] && !o->bench && (stopped || step == last_step || (o->ckpt_every && step % o->ckpt_every == 0))) {
+            rc = save_checkpoint(&R, step);
+            if (rc != PL_OK) goto done; /* agreed: every rank took part in the save */
+        }
         if (stopped) break;
     }
     if (R.tty && R.rank == 0) fprintf(pl_out, "\r\033[K");
@@ -574,6 +672,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
         PL_MPI_CHECK(MPI_Gather(&R.st.slots_peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, comm));
         double wall = pl_now() - t_start;
         int done_steps = step > last_step ? last_step : step;
+        if (done_steps < first_step - 1) done_steps = first_step - 1;
         if (R.rank == 0) {
             char l[64], buf[2048];
             int off = 0;

@@ -29,17 +29,22 @@ free_port() {
 
 # alive PID NAME: PID is running and is the daemon NAME (guards against a reused PID).
 alive() {
-    [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q "$2"
+    [ -n "$1" ] && { tr '\0' ' ' < "/proc/$1/cmdline"; } 2> /dev/null | grep -q "$2"
 }
 
-# Processes whose environment names this cluster's slurm.conf: job steps and their tasks.
+# Job processes of this cluster left behind: slurmstepd (started by our slurmd, so it carries
+# our SLURM_CONF) and the tasks and batch shells under it (SLURM_CONF and a SLURM_JOB_ID).
+# This script's own process tree is never listed (its subshells share its environment).
 cluster_procs() {
-    local conf=$1 f pid
+    local conf=$1 f pid env
     for f in /proc/[0-9]*/environ; do
         pid=${f#/proc/}
         pid=${pid%/environ}
-        [ "$pid" = $$ ] && continue
-        { tr '\0' '\n' < "$f"; } 2> /dev/null | grep -qxF "SLURM_CONF=$conf" && echo "$pid"
+        [ "$pid" = $$ ] || [ "$pid" = "$BASHPID" ] && continue
+        [ "$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2> /dev/null)" = $$ ] && continue
+        env=$({ tr '\0' '\n' < "$f"; } 2> /dev/null) || continue
+        grep -qxF "SLURM_CONF=$conf" <<< "$env" || continue
+        if grep -q '^SLURM_JOB_ID=' <<< "$env" || alive "$pid" '^slurmstepd'; then echo "$pid"; fi
     done
 }
 
@@ -71,8 +76,9 @@ stop_cluster() {
     local left
     left=$(cluster_procs "$dir/slurm.conf")
     if [ -n "$left" ]; then
-        echo "slurm_cluster: killing leftover job processes:" $left >&2
-        kill -KILL $left 2>/dev/null
+        echo "slurm_cluster: killing leftover job processes:" "$left" >&2
+        # shellcheck disable=SC2086 # one PID per word
+        kill -KILL $left 2> /dev/null
     fi
     rm -rf "$dir"
 }

@@ -24,6 +24,10 @@ if [ -n "${PIPELM:-}" ]; then
     bin=$PIPELM
 elif [ -x ../src/pipelm ]; then
     bin=../src/pipelm
+elif [ -x ./pipelm ]; then          # non-recursive build: tests run in builddir
+    bin=./pipelm
+elif [ -x ../pipelm ]; then
+    bin=../pipelm
 elif command -v pipelm >/dev/null 2>&1; then
     bin=$(command -v pipelm)
 else

@@ -52,4 +52,62 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
 int ckpt_convert_main(int argc, char **argv, int first);
 int ckpt_inspect_main(int argc, char **argv, int first);
 
+/* Collective over comm: write one checkpoint at exactly `path` (through path.tmp and a
+ * rename), without DIR/latest or pruning. `pipelm convert` uses it on MPI_COMM_SELF. */
+int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
+                   char *err, size_t errlen);
+/* One process, no MPI: read a checkpoint's model config (/config) and metadata (/train,
+ * /optim, root step) without its tensors. cfg or meta may be NULL. Lets a run resumed from
+ * a checkpoint take the model dimensions and the saved split from the file. */
+int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen);
+
+#ifdef PIPELM_CKPT_INTERNAL
+/* Shared by ckpt.c and ckpt_tools.c only (needs hdf5.h). */
+#include <hdf5.h>
+
+/* What an HDF5 call was working on, for its error message. */
+typedef struct {
+    const char *file; /* the checkpoint's path */
+    char obj[160];    /* "dataset /model/wte", "attribute step", or "" */
+    char *err;        /* the caller's message buffer */
+    size_t errlen;
+    int rank;
+} h5ctx;
+
+/* The one check for HDF5 calls: a negative result fills cx->err with the checkpoint file,
+ * rank, object, call, HDF5's own message (from its error stack) and file:line, sets rc to
+ * PL_EHDF5 and jumps to the function's `done:` label (which closes what it opened). */
+#define CKPT_H5(call)                                                                  \
+    do {                                                                               \
+        if ((call) < 0) {                                                              \
+            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, #call);                          \
+            goto done;                                                                 \
+        }                                                                              \
+    } while (0)
+int ckpt_h5_fail(h5ctx *cx, const char *file, int line, const char *call);
+/* Turn off HDF5's automatic error-stack printing (CKPT_H5 reports instead). */
+void ckpt_h5_quiet(void);
+/* Open (create != 0: create/truncate) a file: MPI-IO with collective metadata on comm, or
+ * HDF5's default driver when comm is MPI_COMM_NULL. */
+int ckpt_h5_open(const char *path, int create, MPI_Comm comm, hid_t *file, h5ctx *cx);
+int ckpt_h5_close_file(hid_t *file, h5ctx *cx);
+
+/* One dataset of the schema: path below /model (or /optim/m, /optim/v), e.g. "h.3/qkv_w". */
+typedef struct {
+    int kind, layer, ndim, shape[2];
+    size_t numel;
+    char path[48];
+} ckpt_gtensor;
+/* The 4 + 12 L tensors of the whole model in schema order; returns the count. */
+int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g);
+/* Read and check the root attributes; fill cfg (/config) and meta (/train, /optim) if not NULL. */
+int ckpt_read_meta(hid_t file, gpt2_config *cfg, ckpt_meta *meta, h5ctx *cx);
+/* Collective: write a checkpoint file at exactly `path` (no temp name, no rename); messages
+ * name `label` (the final name of a temporary file), or path if label is NULL. */
+int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta, MPI_Comm comm,
+                    double *bytes_out, char *err, size_t errlen);
+/* "ckpt_00000042.h5" -> 42; -1 for any other name. */
+long long ckpt_name_step(const char *name);
+#endif
+
 #endif

@@ -1,0 +1,462 @@
+/*
+ * ckpt_tools.c — `pipelm convert` (llm.c model file <-> checkpoint) and `pipelm inspect`.
+ *
+ * Both run in one process (rank 0 of MPI_COMM_WORLD; other ranks of a larger job do nothing).
+ * convert builds one stage that holds the whole model on MPI_COMM_SELF and reuses the
+ * library's own readers and writers, so a converted file is exactly what a run would save:
+ * llm.c (fp32 v3 or bf16 v5) -> checkpoint with zero AdamW moments at step 0, and
+ * checkpoint -> llm.c fp32 v3 (fp32 -> checkpoint -> fp32 is byte-identical).
+ * inspect prints the metadata and reads every dataset back, so HDF5 verifies each
+ * Fletcher32 checksum; it exits 0 only if every dataset has one and it holds.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#define PIPELM_CKPT_INTERNAL 1
+#include "pipelm/ckpt.h"
+#include "pipelm/common.h"
+#include "pipelm/config.h"
+#include "pipelm/llmc.h"
+#include "pipelm/model.h"
+
+/* What a file is, from its first bytes. */
+enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5 };
+
+/* Sniff a file: llm.c model magic (int32 20240326) or the HDF5 signature. */
+static int file_kind(const char *path, char *err, size_t errlen) {
+    unsigned char b[8] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open it", path);
+        return -1;
+    }
+    size_t got = fread(b, 1, sizeof b, f);
+    fclose(f);
+    static const unsigned char h5sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    if (got == 8 && memcmp(b, h5sig, 8) == 0) return KIND_HDF5;
+    int32_t magic = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+    if (got >= 4 && magic == LLMC_MODEL_MAGIC) return KIND_LLMC;
+    return KIND_UNKNOWN;
+}
+
+/* llm.c model file -> checkpoint at step 0 with zero moments and the default AdamW settings. */
+static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errlen) {
+    gpt2_config cfg;
+    int version;
+    PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
+    stage st;
+    PL_TRY(stage_init(&st, &cfg, 0, cfg.L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
+    int rc = llmc_load_stage(in, &st, err, errlen); /* moments stay zero (zero-filled) */
+    if (rc == PL_OK) {
+        pl_options o;
+        config_defaults(&o);
+        ckpt_meta m;
+        memset(&m, 0, sizeof m);
+        m.seed = o.seed;
+        m.data_seed = o.data_seed;
+        m.lr = o.lr;
+        m.min_lr = o.min_lr;
+        m.beta1 = o.beta1;
+        m.beta2 = o.beta2;
+        m.eps = o.eps;
+        m.weight_decay = o.weight_decay;
+        m.grad_clip = o.grad_clip;
+        m.warmup_steps = o.warmup_steps;
+        snprintf(m.lr_schedule, sizeof m.lr_schedule, "%s", o.lr_schedule);
+        snprintf(m.data, sizeof m.data, "(converted from %.400s)", in);
+        m.nstages = 1;
+        m.split[0] = cfg.L;
+        double bytes;
+        rc = ckpt_save_file(out, &st, &m, MPI_COMM_SELF, &bytes, err, errlen);
+        if (rc == PL_OK)
+            printf("converted %s (llm.c %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
+                   version == 3 ? "fp32" : "bf16", gpt2_num_params(&cfg), out);
+    }
+    stage_free(&st);
+    return rc;
+}
+
+/* Checkpoint -> llm.c fp32 (version 3) model file; every checksum is verified on the way. */
+static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errlen) {
+    gpt2_config cfg;
+    PL_TRY(ckpt_read_info(in, &cfg, NULL, err, errlen));
+    stage st;
+    PL_TRY(stage_init(&st, &cfg, 0, cfg.L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
+    ckpt_meta m;
+    int rc = ckpt_load(in, &st, &m, MPI_COMM_SELF, NULL, err, errlen);
+    if (rc == PL_OK) {
+        rc = llmc_save(out, &st, 0, MPI_COMM_SELF); /* reports its own errors */
+        if (rc != PL_OK) snprintf(err, errlen, "writing %s failed (message above)", out);
+        else
+            printf("converted checkpoint %s (step %lld, %zu parameters) -> llm.c fp32 model file %s\n", in, m.step,
+                   gpt2_num_params(&cfg), out);
+    }
+    stage_free(&st);
+    return rc;
+}
+
+int ckpt_convert_main(int argc, char **argv, int first) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) return 0;
+    if (argc - first == 1 && (strcmp(argv[first], "--help") == 0 || strcmp(argv[first], "-h") == 0)) {
+        printf("usage: pipelm convert IN OUT\n"
+               "  IN an llm.c model file (fp32 v3 or bf16 v5) -> OUT a checkpoint (.h5) at step 0, zero moments\n"
+               "  IN a checkpoint (.h5)                         -> OUT an llm.c fp32 (v3) model file\n");
+        return 0;
+    }
+    if (argc - first != 2) {
+        pl_error("convert: expected IN OUT (see pipelm convert --help)");
+        return 2;
+    }
+    const char *in = argv[first], *out = argv[first + 1];
+    char err[2048] = "";
+    int kind = file_kind(in, err, sizeof err), rc;
+    if (kind < 0) rc = PL_EIO;
+    else if (kind == KIND_LLMC) rc = llmc_to_ckpt(in, out, err, sizeof err);
+    else if (kind == KIND_HDF5) rc = ckpt_to_llmc(in, out, err, sizeof err);
+    else {
+        snprintf(err, sizeof err, "%s is neither an llm.c model file (magic %d) nor an HDF5 checkpoint", in,
+                 LLMC_MODEL_MAGIC);
+        rc = PL_EINVAL;
+    }
+    if (rc != PL_OK) pl_error("convert: %s", err[0] ? err : "failed");
+    return rc == PL_OK ? 0 : 1;
+}
+
+/* ---- inspect ---------------------------------------------------------------------------- */
+
+/* Print one attribute's value, whatever its type (strings, integers, floats; 1-D arrays). */
+static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, void *data) {
+    (void)info;
+    h5ctx *cx = data;
+    FILE *out = pl_out ? pl_out : stdout;
+    int rc = PL_OK;
+    hid_t a = -1, t = -1, sp = -1, mt = -1;
+    void *buf = NULL;
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
+    CKPT_H5(t = H5Aget_type(a));
+    CKPT_H5(sp = H5Aget_space(a));
+    hssize_t n;
+    CKPT_H5(n = H5Sget_simple_extent_npoints(sp));
+    H5T_class_t cls = H5Tget_class(t);
+    fprintf(out, "  %-18s ", name);
+    if (cls == H5T_STRING) {
+        htri_t vl;
+        CKPT_H5(vl = H5Tis_variable_str(t));
+        CKPT_H5(mt = H5Tcopy(H5T_C_S1));
+        if (vl) {
+            char *s = NULL;
+            CKPT_H5(H5Tset_size(mt, H5T_VARIABLE));
+            CKPT_H5(H5Aread(a, mt, &s));
+            fprintf(out, "\"%s\"", s ? s : "");
+            free(s);
+        } else {
+            size_t sz = H5Tget_size(t);
+            buf = calloc(sz + 1, 1);
+            if (!buf) { fprintf(out, "(out of memory)"); goto done; }
+            CKPT_H5(H5Tset_size(mt, sz));
+            CKPT_H5(H5Aread(a, mt, buf));
+            fprintf(out, "\"%s\"", (char *)buf);
+        }
+    } else if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && n >= 1) {
+        buf = calloc((size_t)n, 8);
+        if (!buf) { fprintf(out, "(out of memory)"); goto done; }
+        CKPT_H5(H5Aread(a, cls == H5T_INTEGER ? H5T_NATIVE_LLONG : H5T_NATIVE_DOUBLE, buf));
+        if (n > 1) fputc('[', out);
+        for (hssize_t i = 0; i < n && i < 64; i++) {
+            if (cls == H5T_INTEGER) fprintf(out, "%s%lld", i ? ", " : "", ((long long *)buf)[i]);
+            else fprintf(out, "%s%.9g", i ? ", " : "", ((double *)buf)[i]);
+        }
+        if (n > 64) fprintf(out, ", ... (%lld values)", (long long)n);
+        if (n > 1) fputc(']', out);
+    } else {
+        fprintf(out, "(HDF5 type class %d, %lld values)", (int)cls, (long long)n);
+    }
+done:
+    fputc('\n', out);
+    free(buf);
+    if (mt >= 0) H5Tclose(mt);
+    if (sp >= 0) H5Sclose(sp);
+    if (t >= 0) H5Tclose(t);
+    if (a >= 0) H5Aclose(a);
+    if (rc != PL_OK) fprintf(out, "  (%s)\n", cx->err);
+    cx->obj[0] = 0;
+    return 0; /* keep going: one bad attribute should not hide the rest */
+}
+
+/* Print the attributes of one group, if it exists. */
+static void print_group_attrs(hid_t f, const char *group, h5ctx *cx) {
+    FILE *out = pl_out ? pl_out : stdout;
+    int rc = PL_OK;
+    hid_t g = -1;
+    htri_t there = 1;
+    if (strcmp(group, "/") != 0) CKPT_H5(there = H5Lexists(f, group, H5P_DEFAULT));
+    if (!there) goto done;
+    CKPT_H5(g = H5Gopen2(f, group, H5P_DEFAULT));
+    fprintf(out, "%s\n", group);
+    hsize_t idx = 0;
+    CKPT_H5(H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_INC, &idx, print_attr, cx));
+done:
+    if (g >= 0) H5Gclose(g);
+    if (rc != PL_OK) fprintf(out, "  (%s)\n", cx->err);
+}
+
+/* Dataset names found by the walk. */
+typedef struct {
+    char **names;
+    size_t n, cap;
+    int oom;
+} name_list;
+
+/* H5Lvisit callback: collect every dataset ("/model/h.0/ln1_w"). */
+static herr_t collect_dataset(hid_t g, const char *name, const H5L_info_t *info, void *data) {
+    name_list *L = data;
+    if (info->type != H5L_TYPE_HARD) return 0;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    if (o < 0) return 0; /* unreadable object: the table will miss it, the walk goes on */
+    int isds = H5Iget_type(o) == H5I_DATASET;
+    H5Oclose(o);
+    if (!isds) return 0;
+    if (L->n == L->cap) {
+        size_t cap = L->cap ? 2 * L->cap : 256;
+        char **t = realloc(L->names, cap * sizeof *t);
+        if (!t) { L->oom = 1; return -1; }
+        L->names = t;
+        L->cap = cap;
+    }
+    size_t len = strlen(name) + 2;
+    char *s = malloc(len);
+    if (!s) { L->oom = 1; return -1; }
+    snprintf(s, len, "/%s", name);
+    L->names[L->n++] = s;
+    return 0;
+}
+
+/* Natural order: digit runs compare as numbers, so h.2 comes before h.10. */
+static int natural_cmp_str(const char *a, const char *b) {
+    while (*a && *b) {
+        if (*a >= '0' && *a <= '9' && *b >= '0' && *b <= '9') {
+            char *ea, *eb;
+            unsigned long long x = strtoull(a, &ea, 10), y = strtoull(b, &eb, 10);
+            if (x != y) return x < y ? -1 : 1;
+            a = ea;
+            b = eb;
+        } else {
+            if (*a != *b) return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+            a++;
+            b++;
+        }
+    }
+    return (unsigned char)*a - (unsigned char)*b;
+}
+
+/* Schema position of each dataset name (-1: not in the schema), for the sort. */
+static const char **g_order;
+static int g_norder;
+
+static int schema_pos(const char *name) {
+    for (int i = 0; i < g_norder; i++)
+        if (strcmp(g_order[i], name) == 0) return i;
+    return -1;
+}
+
+/* Schema order first (model, m, v; by layer), then anything else in natural order. */
+static int dataset_cmp(const void *pa, const void *pb) {
+    const char *a = *(char *const *)pa, *b = *(char *const *)pb;
+    int x = schema_pos(a), y = schema_pos(b);
+    if (x >= 0 && y >= 0) return x - y;
+    if (x >= 0 || y >= 0) return x >= 0 ? -1 : 1;
+    return natural_cmp_str(a, b);
+}
+
+/* "147.4 MiB" */
+static void human(double b, char *buf, size_t len) {
+    if (b < 1024) snprintf(buf, len, "%.0f B", b);
+    else if (b < 1048576.0) snprintf(buf, len, "%.1f KiB", b / 1024);
+    else if (b < 1073741824.0) snprintf(buf, len, "%.1f MiB", b / 1048576.0);
+    else snprintf(buf, len, "%.2f GiB", b / 1073741824.0);
+}
+
+/* One row of the dataset table: read it back (HDF5 verifies the checksum). Returns 0 if the
+ * dataset has a Fletcher32 checksum and it holds. */
+static int inspect_dataset(hid_t f, const char *name, int width, double *bytes, h5ctx *cx) {
+    FILE *out = pl_out ? pl_out : stdout;
+    int rc = PL_OK, has_sum = 0;
+    hid_t ds = -1, sp = -1, dcpl = -1, ft = -1, mt = -1;
+    void *buf = NULL;
+    char shape[96] = "?", size[32] = "?";
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s", name);
+    CKPT_H5(ds = H5Dopen2(f, name, H5P_DEFAULT));
+    CKPT_H5(sp = H5Dget_space(ds));
+    int nd;
+    hsize_t dims[8];
+    CKPT_H5(nd = H5Sget_simple_extent_ndims(sp));
+    if (nd > 8) nd = 8;
+    CKPT_H5(H5Sget_simple_extent_dims(sp, dims, NULL));
+    int off = snprintf(shape, sizeof shape, "(");
+    for (int i = 0; i < nd && off < (int)sizeof shape - 24; i++)
+        off += snprintf(shape + off, sizeof shape - off, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+    snprintf(shape + off, sizeof shape - off, ")");
+    hssize_t n;
+    CKPT_H5(n = H5Sget_simple_extent_npoints(sp));
+    CKPT_H5(ft = H5Dget_type(ds));
+    CKPT_H5(mt = H5Tget_native_type(ft, H5T_DIR_ASCEND));
+    size_t esz = H5Tget_size(mt);
+    *bytes = (double)n * (double)H5Tget_size(ft);
+    human(*bytes, size, sizeof size);
+    CKPT_H5(dcpl = H5Dget_create_plist(ds));
+    int nf;
+    CKPT_H5(nf = H5Pget_nfilters(dcpl));
+    for (int i = 0; i < nf; i++) {
+        unsigned flags, cd[8];
+        size_t ncd = 8;
+        char fname[64];
+        H5Z_filter_t id;
+        CKPT_H5(id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof fname, fname, NULL));
+        if (id == H5Z_FILTER_FLETCHER32) has_sum = 1;
+    }
+    buf = malloc((size_t)(n > 0 ? n : 1) * esz);
+    if (!buf) {
+        snprintf(cx->err, cx->errlen, "out of memory reading %s", name);
+        rc = PL_ENOMEM;
+        goto done;
+    }
+    CKPT_H5(H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf));
+done:
+    free(buf);
+    if (mt >= 0) H5Tclose(mt);
+    if (ft >= 0) H5Tclose(ft);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sp >= 0) H5Sclose(sp);
+    if (ds >= 0) H5Dclose(ds);
+    const char *verdict = rc != PL_OK ? "FAILED" : has_sum ? "OK" : "NONE";
+    fprintf(out, "  %-*s  %-14s %11s  %s\n", width, name, shape, size, verdict);
+    if (rc != PL_OK) fprintf(out, "      %s\n", cx->err);
+    cx->obj[0] = 0;
+    return rc != PL_OK || !has_sum;
+}
+
+int ckpt_inspect_main(int argc, char **argv, int first) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) return 0;
+    FILE *out = pl_out ? pl_out : stdout;
+    if (argc - first == 1 && (strcmp(argv[first], "--help") == 0 || strcmp(argv[first], "-h") == 0)) {
+        fprintf(out, "usage: pipelm inspect FILE\n"
+                     "  prints a checkpoint's metadata and every dataset (shape, size), reading each back so\n"
+                     "  that its checksum is verified; exits 0 if every checksum holds, 1 otherwise\n");
+        return 0;
+    }
+    if (argc - first != 1) {
+        pl_error("inspect: expected one checkpoint file (see pipelm inspect --help)");
+        return 2;
+    }
+    const char *path = argv[first];
+    ckpt_h5_quiet();
+    char err[2048] = "";
+    h5ctx cxs = {path, "", err, sizeof err, 0}, *cx = &cxs;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        pl_error("inspect: %s: cannot open it", path);
+        return 1;
+    }
+    hid_t f = -1;
+    if (ckpt_h5_open(path, 0, MPI_COMM_NULL, &f, cx) != PL_OK) {
+        pl_error("inspect: %s", err);
+        return 1;
+    }
+    fprintf(out, "checkpoint %s (%lld bytes)\n", path, (long long)sb.st_size);
+    print_group_attrs(f, "/", cx);
+    print_group_attrs(f, "/config", cx);
+    print_group_attrs(f, "/optim", cx);
+    print_group_attrs(f, "/train", cx);
+
+    name_list L = {NULL, 0, 0, 0};
+    int rc = PL_OK, bad = 0, missing = 0;
+    char (*expect)[64] = NULL;
+    const char **order = NULL;
+    int nexp = 0;
+    CKPT_H5(H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &L));
+    /* a pipelm checkpoint lists in schema order and every schema dataset must be there */
+    gpt2_config cfg;
+    char e2[1024];
+    h5ctx cq = {path, "", e2, sizeof e2, 0};
+    if (ckpt_read_meta(f, &cfg, NULL, &cq) == PL_OK) {
+        int n = 4 + 12 * cfg.L;
+        ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+        expect = calloc(3 * (size_t)n, sizeof *expect);
+        order = calloc(3 * (size_t)n, sizeof *order);
+        if (gt && expect && order) {
+            n = ckpt_global_tensors(&cfg, gt);
+            static const char *const sec[3] = {"model", "optim/m", "optim/v"};
+            for (int s = 0; s < 3; s++)
+                for (int i = 0; i < n; i++) {
+                    snprintf(expect[nexp], sizeof expect[nexp], "/%s/%s", sec[s], gt[i].path);
+                    order[nexp] = expect[nexp];
+                    nexp++;
+                }
+        }
+        free(gt);
+    }
+    g_order = order;
+    g_norder = order ? nexp : 0;
+    qsort(L.names, L.n, sizeof *L.names, dataset_cmp);
+    int width = 7;
+    for (size_t i = 0; i < L.n; i++) width = (int)strlen(L.names[i]) > width ? (int)strlen(L.names[i]) : width;
+    fprintf(out, "datasets\n  %-*s  %-14s %11s  %s\n", width, "name", "shape", "size", "checksum");
+    double total = 0.0, b;
+    const char *first_bad = NULL;
+    for (size_t i = 0; i < L.n; i++) {
+        b = 0.0;
+        if (inspect_dataset(f, L.names[i], width, &b, cx)) {
+            bad++;
+            if (!first_bad) first_bad = L.names[i];
+        }
+        total += b;
+    }
+    for (int i = 0; i < g_norder; i++) {
+        int found = 0;
+        for (size_t k = 0; k < L.n && !found; k++) found = strcmp(L.names[k], g_order[i]) == 0;
+        if (!found) {
+            fprintf(out, "  %-*s  %-14s %11s  %s\n", width, g_order[i], "-", "-", "MISSING");
+            if (!first_bad) first_bad = g_order[i];
+            missing++;
+        }
+    }
+    bad += missing;
+    char tot[32];
+    human(total, tot, sizeof tot);
+    if (L.oom) {
+        fprintf(out, "out of memory listing the datasets: the table is incomplete\n");
+        bad++;
+    }
+    if (L.n == 0) {
+        fprintf(out, "no datasets: not a pipelm checkpoint\n");
+        bad++;
+    } else if (bad == 0) {
+        fprintf(out, "all %zu checksums OK (%s of tensor data)\n", L.n, tot);
+    } else {
+        fprintf(out, "CHECKSUM FAILED or missing for %d of %zu datasets (first: %s)\n", bad,
+                L.n + (size_t)missing, first_bad ? first_bad : "?");
+    }
+done:
+    if (rc != PL_OK) {
+        pl_error("inspect: %s", err);
+        bad++;
+    }
+    for (size_t i = 0; i < L.n; i++) free(L.names[i]);
+    free(L.names);
+    free(expect);
+    free(order);
+    g_order = NULL;
+    g_norder = 0;
+    ckpt_h5_close_file(&f, cx);
+    return bad ? 1 : 0;
+}

@@ -1,0 +1,827 @@
+/*
+ * test_ckpt.c — checkpoint tests (one MPI process, Check, CK_NOFORK): save/load round trip
+ * bit-identical for parameters and both moments; a whole-model checkpoint loads into any
+ * split; a flipped byte fails the load naming the dataset; config, shape and missing-dataset
+ * errors named; injected failures (PIPELM_CKPT_FAIL=write, rename) and a full file system
+ * (a tiny tmpfs, skipped where mount is not permitted) leave the previous checkpoint as
+ * `latest` and loadable; keep=K prunes only after a successful save; --resume resolution;
+ * llm.c -> checkpoint -> llm.c byte-identical (fp32) and bf16 input; inspect's verdict.
+ *
+ * With arguments it is instead a small multi-rank driver for tests/test_ckpt.sh and
+ * bench/ckpt_bandwidth.sh (see usage() below), e.g. `mpiexec -n 3 test_ckpt save DIR 5 1,1,1 0 7`.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <mpi.h>
+#include <hdf5.h>
+#include "pipelm/ckpt.h"
+#include "pipelm/common.h"
+#include "pipelm/llmc.h"
+#include "pipelm/model.h"
+#include "pipelm/rng.h"
+
+static char tmpdir[256];
+
+/* A path inside the test's scratch directory. */
+static const char *tpath(const char *name) {
+    static char buf[16][512];
+    static int k = 0;
+    k = (k + 1) % 16;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+/* The small model of the tests: V=100 (Vp 128), maxT 16, L 3, NH 2, C 16; the driver takes
+ * other dimensions from TEST_CKPT_DIMS="V,maxT,L,NH,C". */
+static gpt2_config small_cfg(void) {
+    gpt2_config c;
+    char err[256];
+    int d[5] = {100, 16, 3, 2, 16};
+    const char *env = getenv("TEST_CKPT_DIMS");
+    if (env) sscanf(env, "%d,%d,%d,%d,%d", &d[0], &d[1], &d[2], &d[3], &d[4]);
+    gpt2_config_make(&c, d[0], d[1], d[2], d[3], d[4], err, sizeof err);
+    return c;
+}
+
+/* Fill params, m and v of every tensor from streams that depend only on (seed, buffer, kind,
+ * layer), so every split holds the same values; v >= 0 as AdamW's is. */
+static void fill_state(stage *st, unsigned long long seed) {
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        for (int b = 0; b < 3; b++) {
+            float *p = (b == 0 ? st->params : b == 1 ? st->m : st->v) + t->offset;
+            rng_state r;
+            rng_seed(&r, seed, 1000000ULL * (unsigned)b + 1000ULL * (unsigned)(t->kind + 1) + (unsigned)(t->layer + 1));
+            for (size_t k = 0; k < t->numel; k++) {
+                float x = 0.1f * rng_normal(&r);
+                p[k] = b == 2 ? fabsf(x) : x;
+            }
+        }
+    }
+}
+
+/* 1 if params, m and v equal fill_state(seed) bit for bit (on tensors this stage holds). */
+static int state_matches(const stage *st, unsigned long long seed) {
+    stage cp = *st;
+    size_t bytes = st->nparams * sizeof(float);
+    float *p = malloc(bytes), *m = malloc(bytes), *v = malloc(bytes);
+    if (!p || !m || !v) return 0;
+    cp.params = p; cp.m = m; cp.v = v;
+    fill_state(&cp, seed);
+    int ok = 1;
+    for (int i = 0; i < st->ntensors && ok; i++) {
+        const param_tensor *t = &st->tensors[i];
+        size_t nb = t->numel * sizeof(float);
+        ok = memcmp(p + t->offset, st->params + t->offset, nb) == 0 && memcmp(m + t->offset, st->m + t->offset, nb) == 0 &&
+             memcmp(v + t->offset, st->v + t->offset, nb) == 0;
+        if (!ok) fprintf(stderr, "state differs in %s\n", t->name);
+    }
+    free(p); free(m); free(v);
+    return ok;
+}
+
+/* Metadata with a recognisable value in every field. */
+static ckpt_meta sample_meta(long long step, int nstages, const int *split) {
+    ckpt_meta m;
+    memset(&m, 0, sizeof m);
+    m.step = step;
+    m.tokens_seen = step * 1024;
+    m.data_pos = step + 3;
+    m.seed = 1337;
+    m.data_seed = 42;
+    snprintf(m.data, sizeof m.data, "markov");
+    m.lr = 3e-3; m.min_lr = 3e-4; m.beta1 = 0.9; m.beta2 = 0.95; m.eps = 1e-8; m.weight_decay = 0.1;
+    m.grad_clip = 1.0;
+    m.warmup_steps = 20;
+    m.total_steps = 400;
+    snprintf(m.lr_schedule, sizeof m.lr_schedule, "cosine");
+    m.batch = 16; m.seq_len = 16; m.microbatches = 4;
+    snprintf(m.schedule, sizeof m.schedule, "1f1b");
+    m.nstages = nstages;
+    for (int i = 0; i < nstages; i++) m.split[i] = split[i];
+    return m;
+}
+
+/* Stage s of a split (blocks per stage) over P stages. */
+static int build_stage(stage *st, const gpt2_config *c, const int *split, int P, int s, char *err, size_t errlen) {
+    int l0 = 0;
+    for (int i = 0; i < s; i++) l0 += split[i];
+    return stage_init(st, c, l0, l0 + split[s], s == 0, s == P - 1, 1, 1, 1, &backend_cpu, err, errlen);
+}
+
+/* The whole model on one stage. */
+static void whole_stage(stage *st, const gpt2_config *c) {
+    char err[256];
+    int split[1] = {c->L};
+    ck_assert_int_eq(build_stage(st, c, split, 1, 0, err, sizeof err), 0);
+}
+
+/* Contents of a small text file ("" if missing). */
+static const char *slurp(const char *path) {
+    static char buf[1 << 16];
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static int exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static long long file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
+}
+
+/* Number of entries in dir whose name contains `part`. */
+static int count_named(const char *dir, const char *part) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c -- '%s' > '%s/count.txt'", dir, part, tmpdir);
+    if (system(cmd) < 0) return -1;
+    return atoi(slurp(tpath("count.txt")));
+}
+
+/* Flip one byte in the middle of the first chunk of a dataset (its address from HDF5). */
+static int corrupt_dataset(const char *file, const char *dset) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return -1;
+    hid_t ds = H5Dopen2(f, dset, H5P_DEFAULT), sp = ds >= 0 ? H5Dget_space(ds) : -1;
+    hsize_t off[2], size = 0;
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    int rc = (ds >= 0 && sp >= 0 && H5Dget_chunk_info(ds, sp, 0, off, &mask, &addr, &size) >= 0) ? 0 : -1;
+    if (sp >= 0) H5Sclose(sp);
+    if (ds >= 0) H5Dclose(ds);
+    H5Fclose(f);
+    if (rc) return -1;
+    int fd = open(file, O_RDWR);
+    unsigned char b;
+    off_t at = (off_t)(addr + size / 2);
+    if (fd < 0 || pread(fd, &b, 1, at) != 1) return -1;
+    b ^= 0x5a;
+    rc = pwrite(fd, &b, 1, at) == 1 ? 0 : -1;
+    close(fd);
+    return rc;
+}
+
+/* Save a whole-model checkpoint of fill_state(seed) at `step` into dir (asserting success). */
+static void save_whole(const char *dir, long long step, unsigned long long seed, int keep, char *path, size_t len) {
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, seed);
+    int split[1] = {c.L};
+    ckpt_meta m = sample_meta(step, 1, split);
+    char err[2048] = "";
+    double bytes = 0;
+    int rc = ckpt_save(dir, &st, &m, keep, MPI_COMM_SELF, path, len, &bytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "save failed: %s", err);
+    stage_free(&st);
+}
+
+/* Load a checkpoint into a whole-model stage: status, and whether it holds fill_state(seed). */
+static int load_whole(const char *path, unsigned long long seed, int *matches, char *err, size_t errlen) {
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    ckpt_meta m;
+    int rc = ckpt_load(path, &st, &m, MPI_COMM_SELF, NULL, err, errlen);
+    *matches = rc == 0 && state_matches(&st, seed);
+    stage_free(&st);
+    return rc;
+}
+
+START_TEST(test_roundtrip) {
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, 1);
+    int split[3] = {1, 1, 1};
+    ckpt_meta m = sample_meta(7, 3, split);
+    char path[1024], err[2048] = "";
+    double bytes = 0;
+    const char *dir = tpath("rt/sub"); /* created, parents included */
+    int rc = ckpt_save(dir, &st, &m, 0, MPI_COMM_SELF, path, sizeof path, &bytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "save: %s", err);
+    ck_assert_str_eq(path, tpath("rt/sub/ckpt_00000007.h5"));
+    ck_assert(exists(path));
+    ck_assert_str_eq(slurp(tpath("rt/sub/latest")), "ckpt_00000007.h5\n");
+    ck_assert_int_eq(count_named(dir, "tmp"), 0);
+    ck_assert(bytes == 3.0 * 4.0 * (double)gpt2_num_params(&c)); /* wte once */
+
+    stage ld;
+    whole_stage(&ld, &c);
+    ckpt_meta lm;
+    double lbytes = 0;
+    char resolved[1024];
+    ck_assert_int_eq(ckpt_resolve(dir, resolved, sizeof resolved, err, sizeof err), 0);
+    ck_assert_str_eq(resolved, path);
+    rc = ckpt_load(resolved, &ld, &lm, MPI_COMM_SELF, &lbytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "load: %s", err);
+    ck_assert(state_matches(&ld, 1));
+    ck_assert(lbytes == bytes);
+    ck_assert_int_eq(lm.step, 7);
+    ck_assert_int_eq(lm.tokens_seen, 7 * 1024);
+    ck_assert_int_eq(lm.data_pos, 10);
+    ck_assert_int_eq(lm.seed, 1337);
+    ck_assert_int_eq(lm.data_seed, 42);
+    ck_assert_str_eq(lm.data, "markov");
+    ck_assert(lm.lr == 3e-3 && lm.min_lr == 3e-4 && lm.beta1 == 0.9 && lm.beta2 == 0.95 && lm.eps == 1e-8 &&
+              lm.weight_decay == 0.1 && lm.grad_clip == 1.0);
+    ck_assert_int_eq(lm.warmup_steps, 20);
+    ck_assert_int_eq(lm.total_steps, 400);
+    ck_assert_str_eq(lm.lr_schedule, "cosine");
+    ck_assert_int_eq(lm.batch, 16);
+    ck_assert_int_eq(lm.seq_len, 16);
+    ck_assert_int_eq(lm.microbatches, 4);
+    ck_assert_str_eq(lm.schedule, "1f1b");
+    ck_assert_int_eq(lm.nstages, 3);
+    ck_assert(lm.split[0] == 1 && lm.split[1] == 1 && lm.split[2] == 1);
+
+    /* read_info gives the same without the tensors */
+    gpt2_config fc;
+    ckpt_meta im;
+    ck_assert_int_eq(ckpt_read_info(path, &fc, &im, err, sizeof err), 0);
+    ck_assert(fc.V == c.V && fc.Vp == c.Vp && fc.L == c.L && fc.C == c.C && fc.NH == c.NH && fc.maxT == c.maxT);
+    ck_assert_int_eq(im.step, 7);
+    stage_free(&ld);
+    stage_free(&st);
+}
+END_TEST
+
+/* A whole-model checkpoint loads into every stage of other splits (tied wte on both ends). */
+START_TEST(test_load_split) {
+    char path[1024], err[2048];
+    save_whole(tpath("split"), 3, 2, 0, path, sizeof path);
+    gpt2_config c = small_cfg();
+    int splits[3][3] = {{1, 1, 1}, {0, 3, 0}, {2, 0, 1}};
+    int P[3] = {3, 3, 3};
+    for (int k = 0; k < 3; k++)
+        for (int s = 0; s < P[k]; s++) {
+            if (s > 0 && s < P[k] - 1 && splits[k][s] == 0) continue;
+            stage st;
+            ck_assert_int_eq(build_stage(&st, &c, splits[k], P[k], s, err, sizeof err), 0);
+            int rc = ckpt_load(path, &st, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+            ck_assert_msg(rc == 0, "split %d stage %d: %s", k, s, err);
+            ck_assert_msg(state_matches(&st, 2), "split %d stage %d differs", k, s);
+            if (st.has_head) ck_assert(st.wte != NULL);
+            stage_free(&st);
+        }
+}
+END_TEST
+
+START_TEST(test_corrupt) {
+    char path[1024], err[2048] = "";
+    int ok;
+    const char *dsets[] = {"/model/h.1/fc_w", "/optim/v/wpe", "/optim/m/lnf_b"};
+    for (int i = 0; i < 3; i++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "corrupt%d", i);
+        save_whole(tpath(dir), 1, 3, 0, path, sizeof path);
+        ck_assert_int_eq(load_whole(path, 3, &ok, err, sizeof err), 0);
+        ck_assert_int_eq(corrupt_dataset(path, dsets[i]), 0);
+        int rc = load_whole(path, 3, &ok, err, sizeof err);
+        ck_assert_int_ne(rc, 0);
+        ck_assert_msg(strstr(err, dsets[i]) && strstr(err, "Fletcher32") && strstr(err, "rank 0"),
+                      "message does not name %s and the checksum: %s", dsets[i], err);
+        if (i == 0) printf("corrupt byte: %s\n", err);
+        /* inspect names it and fails */
+        FILE *o = fopen(tpath("inspect.txt"), "w");
+        pl_out = o;
+        char *argv[] = {"pipelm", "inspect", path};
+        rc = ckpt_inspect_main(3, argv, 2);
+        pl_out = NULL;
+        fclose(o);
+        ck_assert_int_eq(rc, 1);
+        const char *txt = slurp(tpath("inspect.txt"));
+        const char *row = strstr(txt, dsets[i]);
+        ck_assert_msg(row && strstr(row, "FAILED"), "inspect output does not fail %s", dsets[i]);
+        ck_assert(strstr(txt, "CHECKSUM FAILED"));
+    }
+}
+END_TEST
+
+/* Rewrite a dataset of a checkpoint with another shape, or just delete it (serial HDF5). */
+static void tamper(const char *file, const char *dset, int rows, int cols) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    ck_assert(H5Ldelete(f, dset, H5P_DEFAULT) >= 0);
+    if (rows > 0) {
+        hsize_t d[2] = {(hsize_t)rows, (hsize_t)cols};
+        hid_t sp = H5Screate_simple(cols ? 2 : 1, d, NULL);
+        hid_t ds = H5Dcreate2(f, dset, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        ck_assert(ds >= 0);
+        H5Dclose(ds);
+        H5Sclose(sp);
+    }
+    H5Fclose(f);
+}
+
+START_TEST(test_mismatch) {
+    char path[1024], err[2048] = "";
+    save_whole(tpath("mm"), 1, 4, 0, path, sizeof path);
+    /* config differences are named with both values */
+    int dims[3][5] = {{100, 16, 3, 2, 32}, {100, 16, 2, 2, 16}, {300, 16, 3, 2, 16}};
+    const char *want[3] = {"n_embd is 16 in the file but 32 in this run", "n_layer is 3 in the file but 2 in this run",
+                           "vocab_size is 100 in the file but 300 in this run"};
+    for (int i = 0; i < 3; i++) {
+        gpt2_config c;
+        gpt2_config_make(&c, dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4], err, sizeof err);
+        stage st;
+        int split[1] = {c.L};
+        ck_assert_int_eq(build_stage(&st, &c, split, 1, 0, err, sizeof err), 0);
+        int rc = ckpt_load(path, &st, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+        ck_assert_int_ne(rc, 0);
+        ck_assert_msg(strstr(err, want[i]) && strstr(err, path), "got: %s", err);
+        stage_free(&st);
+    }
+    /* a dataset with the wrong shape, and a missing one */
+    int ok;
+    tamper(path, "/model/wpe", 8, 16);
+    ck_assert_int_ne(load_whole(path, 4, &ok, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "/model/wpe has shape (8, 16) in the file but this run expects (16, 16)"), "got: %s", err);
+    save_whole(tpath("mm2"), 1, 4, 0, path, sizeof path);
+    tamper(path, "/optim/m/lnf_b", 0, 0);
+    ck_assert_int_ne(load_whole(path, 4, &ok, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "dataset /optim/m/lnf_b is missing"), "got: %s", err);
+    /* not a checkpoint at all: HDF5's own message, with rank, call and source line */
+    FILE *f = fopen(tpath("junk.h5"), "w");
+    fputs("this is not HDF5\n", f);
+    fclose(f);
+    ck_assert_int_ne(load_whole(tpath("junk.h5"), 4, &ok, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "rank 0") && strstr(err, "H5Fopen") && strstr(err, "ckpt.c:") &&
+                  strstr(err, "junk.h5"), "got: %s", err);
+    printf("not HDF5: %s\n", err);
+    ck_assert_int_ne(load_whole(tpath("nonexistent.h5"), 4, &ok, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "No such file"), "got: %s", err);
+}
+END_TEST
+
+/* An injected failure leaves the previous checkpoint as latest, loadable, and no temp file. */
+static void check_failed_save(const char *mode, const char *dirname, const char *want) {
+    char path[1024], err[2048] = "";
+    const char *dir = tpath(dirname);
+    save_whole(dir, 1, 5, 0, path, sizeof path);
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, 6);
+    int split[1] = {c.L};
+    ckpt_meta m = sample_meta(2, 1, split);
+    setenv("PIPELM_CKPT_FAIL", mode, 1);
+    int rc = ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
+    unsetenv("PIPELM_CKPT_FAIL");
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(err, want), "%s: got: %s", mode, err);
+    ck_assert_str_eq(slurp(tpath("latest")), ""); /* (sanity: nothing written outside dir) */
+    char lf[600];
+    snprintf(lf, sizeof lf, "%s/latest", dir);
+    ck_assert_str_eq(slurp(lf), "ckpt_00000001.h5\n");
+    ck_assert_int_eq(count_named(dir, "tmp"), 0);
+    ck_assert_int_eq(count_named(dir, "ckpt_00000002"), 0);
+    ck_assert_int_eq(count_named(dir, "ckpt_00000001.h5"), 1); /* keep=1 did not prune it */
+    char res[1024];
+    ck_assert_int_eq(ckpt_resolve(dir, res, sizeof res, err, sizeof err), 0);
+    int ok;
+    ck_assert_int_eq(load_whole(res, 5, &ok, err, sizeof err), 0);
+    ck_assert(ok);
+    stage_free(&st);
+}
+
+START_TEST(test_fail_write) { check_failed_save("write", "fw", "PIPELM_CKPT_FAIL=write"); }
+END_TEST
+START_TEST(test_fail_rename) { check_failed_save("rename", "fr", "PIPELM_CKPT_FAIL=rename"); }
+END_TEST
+START_TEST(test_fail_bad_mode) { check_failed_save("bogus", "fb", "PIPELM_CKPT_FAIL='bogus'"); }
+END_TEST
+
+START_TEST(test_keep) {
+    char path[1024], err[2048];
+    const char *dir = tpath("keep");
+    for (int s = 1; s <= 4; s++) save_whole(dir, s, 10 + s, 2, path, sizeof path);
+    ck_assert_int_eq(count_named(dir, "ckpt_0"), 2);
+    ck_assert(exists(tpath("keep/ckpt_00000003.h5")) && exists(tpath("keep/ckpt_00000004.h5")));
+    /* a failed save prunes nothing */
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, 15);
+    int split[1] = {c.L};
+    ckpt_meta m = sample_meta(5, 1, split);
+    setenv("PIPELM_CKPT_FAIL", "write", 1);
+    ck_assert_int_ne(ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
+    unsetenv("PIPELM_CKPT_FAIL");
+    ck_assert_int_eq(count_named(dir, "ckpt_0"), 2);
+    ck_assert_str_eq(slurp(tpath("keep/latest")), "ckpt_00000004.h5\n");
+    /* a good one with keep=1 leaves only itself */
+    ck_assert_int_eq(ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(count_named(dir, "ckpt_0"), 1);
+    ck_assert(exists(tpath("keep/ckpt_00000005.h5")));
+    stage_free(&st);
+}
+END_TEST
+
+START_TEST(test_resolve) {
+    char out[1024], err[1024];
+    const char *dir = tpath("res");
+    mkdir(dir, 0755);
+    ck_assert_int_ne(ckpt_resolve(dir, out, sizeof out, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "no checkpoint in") && strstr(err, dir), "got: %s", err);
+    const char *names[] = {"ckpt_00000003.h5", "ckpt_00000010.h5", ".ckpt_00000011.h5.tmp", "ckpt_00000012.h5.tmp",
+                           "latest.tmp"};
+    for (int i = 0; i < 5; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        FILE *f = fopen(p, "w");
+        fputs("x", f);
+        fclose(f);
+    }
+    /* no latest: the newest complete one */
+    ck_assert_int_eq(ckpt_resolve(dir, out, sizeof out, err, sizeof err), 0);
+    ck_assert_str_eq(out, tpath("res/ckpt_00000010.h5"));
+    /* latest wins when it names an existing file */
+    FILE *f = fopen(tpath("res/latest"), "w");
+    fputs("ckpt_00000003.h5\n", f);
+    fclose(f);
+    ck_assert_int_eq(ckpt_resolve(dir, out, sizeof out, err, sizeof err), 0);
+    ck_assert_str_eq(out, tpath("res/ckpt_00000003.h5"));
+    /* a dangling latest falls back to the newest */
+    f = fopen(tpath("res/latest"), "w");
+    fputs("ckpt_00000099.h5\n", f);
+    fclose(f);
+    ck_assert_int_eq(ckpt_resolve(dir, out, sizeof out, err, sizeof err), 0);
+    ck_assert_str_eq(out, tpath("res/ckpt_00000010.h5"));
+    /* a file is itself; nothing is an error */
+    ck_assert_int_eq(ckpt_resolve(tpath("res/ckpt_00000003.h5"), out, sizeof out, err, sizeof err), 0);
+    ck_assert_str_eq(out, tpath("res/ckpt_00000003.h5"));
+    ck_assert_int_ne(ckpt_resolve(tpath("nothing_here"), out, sizeof out, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "nothing_here"), "got: %s", err);
+}
+END_TEST
+
+/* Write an llm.c fp32 file of fill_state(seed) parameters. */
+static void write_llmc(const char *path, unsigned long long seed) {
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, seed);
+    ck_assert_int_eq(llmc_save(path, &st, 0, MPI_COMM_SELF), 0);
+    stage_free(&st);
+}
+
+/* Byte-compare two files. */
+static int same_bytes(const char *a, const char *b) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    return system(cmd) == 0;
+}
+
+START_TEST(test_convert_fp32) {
+    const char *in = tpath("m32.bin"), *h5 = tpath("m32.h5"), *back = tpath("m32_back.bin");
+    write_llmc(in, 21);
+    char *a1[] = {"pipelm", "convert", (char *)in, (char *)h5};
+    ck_assert_int_eq(ckpt_convert_main(4, a1, 2), 0);
+    char *a2[] = {"pipelm", "convert", (char *)h5, (char *)back};
+    ck_assert_int_eq(ckpt_convert_main(4, a2, 2), 0);
+    ck_assert_msg(same_bytes(in, back), "llm.c -> h5 -> llm.c is not byte-identical");
+    /* the checkpoint: step 0, zero moments, the parameters */
+    gpt2_config c = small_cfg();
+    stage st;
+    whole_stage(&st, &c);
+    fill_state(&st, 99);
+    ckpt_meta m;
+    char err[2048];
+    ck_assert_int_eq(ckpt_load(h5, &st, &m, MPI_COMM_SELF, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(m.step, 0);
+    for (size_t i = 0; i < st.nparams; i++) ck_assert(st.m[i] == 0.0f && st.v[i] == 0.0f);
+    /* compare parameters with a freshly filled stage */
+    stage ref;
+    whole_stage(&ref, &c);
+    fill_state(&ref, 21);
+    ck_assert(memcmp(ref.params, st.params, st.nparams * sizeof(float)) == 0);
+    stage_free(&ref);
+    stage_free(&st);
+    /* inspect: every checksum holds */
+    FILE *o = fopen(tpath("inspect_ok.txt"), "w");
+    pl_out = o;
+    char *a3[] = {"pipelm", "inspect", (char *)h5};
+    int rc = ckpt_inspect_main(3, a3, 2);
+    pl_out = NULL;
+    fclose(o);
+    ck_assert_int_eq(rc, 0);
+    const char *txt = slurp(tpath("inspect_ok.txt"));
+    ck_assert_msg(strstr(txt, "all 120 checksums OK") && strstr(txt, "pipelm-checkpoint") &&
+                  strstr(txt, "/model/h.2/fcproj_w") && strstr(txt, "(128, 16)"), "inspect output (%zu chars) lacks a line",
+                  strlen(txt));
+    /* refuses what is neither */
+    char *a4[] = {"pipelm", "convert", (char *)tpath("inspect_ok.txt"), (char *)tpath("x.h5")};
+    ck_assert_int_ne(ckpt_convert_main(4, a4, 2), 0);
+}
+END_TEST
+
+/* bf16 (v5) input: the checkpoint holds the bf16 values widened to fp32. */
+START_TEST(test_convert_bf16) {
+    const char *in32 = tpath("b32.bin"), *in16 = tpath("b16.bin"), *h5 = tpath("b16.h5"), *back = tpath("b16_back.bin");
+    write_llmc(in32, 22);
+    /* make the v5 file: same header with version 5, each float's high 16 bits */
+    FILE *f = fopen(in32, "rb");
+    ck_assert(f);
+    fseek(f, 0, SEEK_END);
+    long n = (ftell(f) - 1024) / 4;
+    fseek(f, 0, SEEK_SET);
+    int32_t h[256];
+    ck_assert_int_eq(fread(h, 4, 256, f), 256);
+    uint32_t *u = malloc((size_t)n * 4);
+    ck_assert_int_eq(fread(u, 4, (size_t)n, f), (size_t)n);
+    fclose(f);
+    h[1] = 5;
+    uint16_t *b = malloc((size_t)n * 2);
+    for (long i = 0; i < n; i++) b[i] = (uint16_t)(u[i] >> 16);
+    f = fopen(in16, "wb");
+    fwrite(h, 4, 256, f);
+    fwrite(b, 2, (size_t)n, f);
+    fclose(f);
+    char *a1[] = {"pipelm", "convert", (char *)in16, (char *)h5};
+    ck_assert_int_eq(ckpt_convert_main(4, a1, 2), 0);
+    char *a2[] = {"pipelm", "convert", (char *)h5, (char *)back};
+    ck_assert_int_eq(ckpt_convert_main(4, a2, 2), 0);
+    /* back is fp32 v3 whose every value is the truncated one */
+    f = fopen(back, "rb");
+    int32_t hb[256];
+    ck_assert_int_eq(fread(hb, 4, 256, f), 256);
+    ck_assert_int_eq(hb[1], 3);
+    uint32_t *ub = malloc((size_t)n * 4);
+    ck_assert_int_eq(fread(ub, 4, (size_t)n, f), (size_t)n);
+    fclose(f);
+    for (long i = 0; i < n; i++) ck_assert_uint_eq(ub[i], u[i] & 0xffff0000u);
+    free(u); free(b); free(ub);
+}
+END_TEST
+
+/* Save fill_state(seed) of a whole model of config c at `step` into dir; returns the status. */
+static int save_cfg(const gpt2_config *c, const char *dir, long long step, unsigned long long seed, int keep,
+                    char *path, size_t len, char *err, size_t errlen) {
+    stage st;
+    int split[1] = {c->L};
+    ck_assert_int_eq(build_stage(&st, c, split, 1, 0, err, errlen), 0);
+    fill_state(&st, seed);
+    ckpt_meta m = sample_meta(step, 1, split);
+    int rc = ckpt_save(dir, &st, &m, keep, MPI_COMM_SELF, path, len, NULL, err, errlen);
+    stage_free(&st);
+    return rc;
+}
+
+/* A full file system: the second save fails (early, from the free-space check, or inside
+ * HDF5 with ENOSPC when the check is off) and the first stays latest, intact and loadable.
+ * Needs a tmpfs mount (root, allowed by the container); skipped otherwise. Loop i: the
+ * tmpfs holds one checkpoint plus 30% (i < 2) or 70% of another; i odd disables the check. */
+START_TEST(test_enospc) {
+    char path[1024], err[2048] = "", err2[2048] = "";
+    gpt2_config c; /* data large against HDF5's metadata, as real models are: ~7 MB a file */
+    gpt2_config_make(&c, 256, 64, 2, 2, 128, err, sizeof err);
+    char probe[64];
+    snprintf(probe, sizeof probe, "size_probe%d", _i);
+    ck_assert_int_eq(save_cfg(&c, tpath(probe), 1, 30, 0, path, sizeof path, err, sizeof err), 0);
+    long long S = file_size(path);
+    ck_assert(S > 0);
+    const char *mnt = tpath("tiny");
+    mkdir(mnt, 0755);
+    char opts[64];
+    long long limit = (S + S * (_i < 2 ? 3 : 7) / 10 + 8191) / 4096 * 4096;
+    snprintf(opts, sizeof opts, "size=%lld", limit);
+    if (mount("tmpfs", mnt, "tmpfs", 0, opts) != 0) {
+        printf("test_enospc: SKIPPED (mount tmpfs: %s)\n", strerror(errno));
+        return;
+    }
+    const char *dir = tpath("tiny/ck");
+    int rc1 = save_cfg(&c, dir, 1, 31, 1, path, sizeof path, err, sizeof err);
+    if (_i % 2) setenv("PIPELM_CKPT_NO_SPACE_CHECK", "1", 1);
+    int rc = rc1 ? -1 : save_cfg(&c, dir, 2, 32, 1, path, sizeof path, err, sizeof err);
+    unsetenv("PIPELM_CKPT_NO_SPACE_CHECK");
+    printf("full disk (%lld-byte tmpfs, %lld-byte checkpoints, space check %s): %s\n", limit, S,
+           _i % 2 ? "off" : "on", err);
+    /* the first checkpoint, as latest resolves it */
+    stage st;
+    int split[1] = {c.L};
+    ck_assert_int_eq(build_stage(&st, &c, split, 1, 0, err2, sizeof err2), 0);
+    char res[1024];
+    int lrc = ckpt_resolve(dir, res, sizeof res, err2, sizeof err2);
+    if (lrc == 0) lrc = ckpt_load(res, &st, NULL, MPI_COMM_SELF, NULL, err2, sizeof err2);
+    int same = lrc == 0 && state_matches(&st, 31);
+    stage_free(&st);
+    int tmps = count_named(dir, "tmp");
+    int latest_ok = strcmp(slurp(tpath("tiny/ck/latest")), "ckpt_00000001.h5\n") == 0;
+    umount2(mnt, 0);
+    ck_assert_int_eq(rc1, 0);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(err, "No space left on device"), "got: %s", err);
+    ck_assert_msg(_i % 2 || strstr(err, "not enough space"), "the space check did not catch it: %s", err);
+    ck_assert(latest_ok);
+    ck_assert_int_eq(tmps, 0);
+    ck_assert_msg(same, "previous checkpoint not loadable or changed: %s", err2);
+}
+END_TEST
+
+static Suite *ckpt_suite(void) {
+    Suite *s = suite_create("ckpt");
+    TCase *tc = tcase_create("ckpt");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_load_split);
+    tcase_add_test(tc, test_corrupt);
+    tcase_add_test(tc, test_mismatch);
+    tcase_add_test(tc, test_fail_write);
+    tcase_add_test(tc, test_fail_rename);
+    tcase_add_test(tc, test_fail_bad_mode);
+    tcase_add_test(tc, test_keep);
+    tcase_add_test(tc, test_resolve);
+    tcase_add_test(tc, test_convert_fp32);
+    tcase_add_test(tc, test_convert_bf16);
+    tcase_add_loop_test(tc, test_enospc, 0, 4);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+/* ---- the multi-rank driver -------------------------------------------------------------- */
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage (driver mode, under mpiexec -n P):\n"
+            "  test_ckpt save DIR STEP SPLIT KEEP SEED   save fill_state(SEED) with SPLIT (blocks per rank)\n"
+            "  test_ckpt load PATH|DIR SPLIT SEED STEP   load and check the values and step\n"
+            "  test_ckpt mkllmc OUT SEED                 write an llm.c fp32 file of the test model\n"
+            "  test_ckpt corrupt FILE DATASET            flip a byte inside DATASET's first chunk\n"
+            "  test_ckpt convert IN OUT | inspect FILE   the pipelm subcommands\n"
+            "  test_ckpt bench DIR PRESET REPS           time save and load (tiny|tutorial|gpt2)\n");
+}
+
+/* Parse "1,2,1" into split; returns the number of stages. */
+static int parse_split(const char *s, int *split) {
+    int n = 0;
+    for (const char *p = s; *p && n < CKPT_MAX_STAGES;) {
+        split[n++] = (int)strtol(p, (char **)&p, 10);
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
+
+/* save / load / bench over MPI_COMM_WORLD, one stage per rank. */
+static int drive(int argc, char **argv) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    const char *cmd = argv[1];
+    char err[2048] = "", path[1024] = "";
+    int split[CKPT_MAX_STAGES];
+    if (strcmp(cmd, "convert") == 0) return ckpt_convert_main(argc, argv, 2);
+    if (strcmp(cmd, "inspect") == 0) return ckpt_inspect_main(argc, argv, 2);
+    if (strcmp(cmd, "corrupt") == 0 && argc == 4) {
+        if (rank == 0 && corrupt_dataset(argv[2], argv[3]) != 0) {
+            fprintf(stderr, "corrupt: cannot find %s in %s\n", argv[3], argv[2]);
+            return 1;
+        }
+        return 0;
+    }
+    if (strcmp(cmd, "mkllmc") == 0 && argc == 4) {
+        if (rank != 0) return 0;
+        gpt2_config c = small_cfg();
+        stage st;
+        int s1[1] = {c.L};
+        if (build_stage(&st, &c, s1, 1, 0, err, sizeof err)) return 1;
+        fill_state(&st, strtoull(argv[3], NULL, 10));
+        int rc = llmc_save(argv[2], &st, 0, MPI_COMM_SELF);
+        stage_free(&st);
+        return rc ? 1 : 0;
+    }
+    if ((strcmp(cmd, "save") == 0 && argc == 7) || (strcmp(cmd, "load") == 0 && argc == 6)) {
+        int save = cmd[0] == 's';
+        int P = parse_split(argv[save ? 4 : 3], split);
+        if (P != size) {
+            if (rank == 0) fprintf(stderr, "%s: split %s has %d stages but the job has %d ranks\n", cmd, argv[save ? 4 : 3], P, size);
+            return 2;
+        }
+        gpt2_config c = small_cfg();
+        stage st;
+        if (build_stage(&st, &c, split, P, rank, err, sizeof err)) {
+            fprintf(stderr, "rank %d: %s\n", rank, err);
+            return 1;
+        }
+        int rc;
+        if (save) {
+            fill_state(&st, strtoull(argv[6], NULL, 10));
+            ckpt_meta m = sample_meta(atoll(argv[3]), P, split);
+            double bytes = 0, t0 = MPI_Wtime();
+            rc = ckpt_save(argv[2], &st, &m, atoi(argv[5]), MPI_COMM_WORLD, path, sizeof path, &bytes, err, sizeof err);
+            if (rc == 0 && rank == 0) printf("saved %s (%.0f bytes in %.3f s)\n", path, bytes, MPI_Wtime() - t0);
+        } else {
+            ckpt_meta m;
+            rc = ckpt_resolve(argv[2], path, sizeof path, err, sizeof err);
+            if (rc == 0) rc = ckpt_load(path, &st, &m, MPI_COMM_WORLD, NULL, err, sizeof err);
+            int good = rc == 0 && state_matches(&st, strtoull(argv[4], NULL, 10)) && m.step == atoll(argv[5]), all;
+            MPI_Allreduce(&good, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+            if (rc == 0 && !all) {
+                if (rank == 0) fprintf(stderr, "load: %s loaded but its values or step differ\n", path);
+                rc = 1;
+            } else if (rc == 0 && rank == 0) {
+                printf("loaded %s (step %lld) on %d ranks: values identical\n", path, m.step, size);
+            }
+        }
+        if (rc != 0 && rank == 0) pl_error("%s", err);
+        stage_free(&st);
+        return rc ? 1 : 0;
+    }
+    if (strcmp(cmd, "bench") == 0 && argc == 5) {
+        gpt2_config c;
+        const char *p = argv[3];
+        int rc = strcmp(p, "gpt2") == 0       ? gpt2_config_make(&c, 50257, 1024, 12, 12, 768, err, sizeof err)
+                 : strcmp(p, "tutorial") == 0 ? gpt2_config_make(&c, 10000, 128, 8, 8, 512, err, sizeof err)
+                                              : gpt2_config_make(&c, 256, 64, 4, 4, 64, err, sizeof err);
+        if (rc) return 2;
+        for (int s = 0; s < size; s++) split[s] = c.L / size + (s < c.L % size);
+        stage st;
+        if (build_stage(&st, &c, split, size, rank, err, sizeof err)) {
+            fprintf(stderr, "rank %d: %s\n", rank, err);
+            return 1;
+        }
+        for (size_t i = 0; i < st.nparams; i++) st.params[i] = st.m[i] = st.v[i] = (float)(i % 1013) * 1e-3f;
+        ckpt_meta m = sample_meta(1, size, split);
+        double best_s = 1e30, best_l = 1e30, bytes = 0, lbytes = 0;
+        for (int r = 0; r < atoi(argv[4]) && rc == 0; r++) {
+            m.step = r + 1;
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            rc = ckpt_save(argv[2], &st, &m, 1, MPI_COMM_WORLD, path, sizeof path, &bytes, err, sizeof err);
+            double t1 = MPI_Wtime();
+            if (rc == 0) rc = ckpt_load(path, &st, NULL, MPI_COMM_WORLD, &lbytes, err, sizeof err);
+            double t2 = MPI_Wtime();
+            best_s = t1 - t0 < best_s ? t1 - t0 : best_s;
+            best_l = t2 - t1 < best_l ? t2 - t1 : best_l;
+        }
+        if (rc == 0 && rank == 0)
+            printf("ckpt ranks=%d bytes=%.0f save_s=%.4f save_MBps=%.1f load_s=%.4f load_MBps=%.1f\n", size, bytes,
+                   best_s, bytes / best_s / 1e6, best_l, lbytes / best_l / 1e6);
+        if (rc && rank == 0) pl_error("%s", err);
+        /* per-rank payload, for the POSIX comparison */
+        double mine = 0;
+        for (int i = 0; i < st.ntensors; i++)
+            if (st.tensors[i].kind != P_WTE || st.has_embed) mine += 3.0 * 4.0 * (double)st.tensors[i].numel;
+        if (rc == 0) {
+            double *all = rank == 0 ? malloc(sizeof(double) * size) : NULL;
+            MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            if (rank == 0) {
+                printf("rank_bytes=");
+                for (int s = 0; s < size; s++) printf("%s%.0f", s ? "," : "", all[s]);
+                printf("\n");
+                free(all);
+            }
+        }
+        stage_free(&st);
+        return rc ? 1 : 0;
+    }
+    if (rank == 0) usage();
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &pl_rank);
+    int status;
+    if (argc > 1) {
+        status = drive(argc, argv);
+    } else {
+        snprintf(tmpdir, sizeof tmpdir, "%s/pipelm_ckpt.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        if (!mkdtemp(tmpdir)) {
+            perror("mkdtemp");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        SRunner *sr = srunner_create(ckpt_suite());
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        status = srunner_ntests_failed(sr) ? 1 : 0;
+        srunner_free(sr);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "umount '%s/tiny' 2>/dev/null; rm -rf '%s'", tmpdir, tmpdir);
+        if (system(cmd) != 0) { /* best effort */ }
+    }
+    MPI_Finalize();
+    return status;
+}
