@@ -78,7 +78,8 @@ set xlabel 'step'
 set ylabel 'loss (nats/token)'
 set grid
 set key top right box opaque
-set offsets 0, 0, graph 0.05, graph 0.02
+set offsets 0, 0, graph 0.05, 0
+set yrange [0<*:*]
 plot '$tmp/train.dat' using 1:2 with lines lw 1.5 lc rgb '#1f77b4' title 'train loss'$val_plot$floor_plot
 EOF
     then :; else die "gnuplot failed on ${ins[*]}"; fi

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 
 PKGS="build-essential autoconf automake libtool autoconf-archive pkg-config mpich libmpich-dev
       libopenblas-dev libhdf5-mpich-dev hdf5-tools libinih-dev check gnuplot-nox"
-# the independent PyTorch reference (tests only) and the HDF5 reader used by the tests
-TEST_PKGS="python3-torch python3-numpy python3-h5py"
+# tests only: the independent PyTorch reference, h5py to read checkpoints, a local Slurm cluster
+TEST_PKGS="python3-torch python3-numpy python3-h5py slurm-wlm slurmctld slurmd slurm-client munge"
 
 want=$PKGS
 [ "${1:-}" = "--test" ] && want="$PKGS $TEST_PKGS"

@@ -3,10 +3,13 @@
  *
  * Every rank opens the file through MPI-IO with collective metadata, creates every group,
  * attribute and dataset (HDF5 metadata is collective), and takes part in every dataset's
- * collective H5Dwrite / H5Dread: the rank whose stage holds a tensor selects all of it, the
- * others select nothing. Tensors are named by layer, so any split reads any checkpoint.
- * Datasets are fp32, chunked by whole rows (up to 4 MiB a chunk) and carry HDF5's Fletcher32
- * checksum, which HDF5 verifies on every read.
+ * collective H5Dwrite / H5Dread (H5FD_MPIO_COLLECTIVE). Tensors are named by layer, so any
+ * split reads any checkpoint. Datasets are fp32, chunked by whole rows (up to 1 MiB a chunk)
+ * and carry HDF5's Fletcher32 checksum, which HDF5 verifies on every read.
+ * Writing: the owner of a tensor (the stage holding it; the first stage for the tied wte)
+ * scatters it by whole chunks over all ranks, and every rank checksums and writes its chunks
+ * in the same collective H5Dwrite, so the work is spread as P independent writers would
+ * spread it. Reading: every rank holding a tensor selects all of it, the others nothing.
  *
  * Collective discipline: a rank never leaves the sequence of collective calls on its own.
  * After each dataset all ranks agree on a status (one small MPI_Allreduce) and stop together;
@@ -17,10 +20,18 @@
  * to DIR/latest, and only then removes checkpoints beyond `keep`. Any failure removes the
  * temporary file and leaves latest and every older checkpoint as they were.
  *
- * Test-only failure injection: PIPELM_CKPT_FAIL = write[:R] (rank R, default the last, fails
- * after writing half the datasets), rename (rank 0 fails just before the rename), kill[:R]
- * (rank R raises SIGKILL half way through the datasets).
+ * A full disk: rank 0 checks the free space first and then reserves the file's blocks
+ * (fallocate), because a write failing on one rank inside HDF5's collective calls would
+ * leave the others waiting; a failed save empties its file before closing it.
+ *
+ * Test-only environment: PIPELM_CKPT_FAIL = write[:R] (rank R, default the last, fails after
+ * writing half the datasets), rename (rank 0 fails just before the rename), kill[:R] (rank R
+ * raises SIGKILL half way through the datasets); PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space
+ * check or reservation). PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO hints.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fallocate(2) */
+#endif
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
@@ -74,8 +85,11 @@ static void call_name(const char *call, char *out, size_t len) {
     snprintf(out, len, "%.*s", (int)(p - b), b);
 }
 
+/* HDF5 prints its error stack itself by default; CKPT_H5 reports instead. */
 void ckpt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
+/* The body of CKPT_H5: turn HDF5's error stack (walked with H5Ewalk2) into one message with
+ * the checkpoint, rank, object, call and source line. */
 int ckpt_h5_fail(h5ctx *cx, const char *file, int line, const char *call) {
     h5_walk_state w;
     memset(&w, 0, sizeof w);
@@ -135,6 +149,8 @@ static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) {
 
 /* ---- the global tensor list (same on every rank, schema order) -------------------------- */
 
+/* Every tensor of the whole model in schema order (wte, wpe, h.0/ln1_w ... h.L-1/fcproj_b,
+ * lnf_w, lnf_b) with its shape: the sequence of datasets every rank walks in step. */
 int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g) {
     int n = 0, C = c->C;
     /* per-kind shape: rows, cols (cols 0 = 1-D) */
@@ -180,6 +196,7 @@ done:
     return rc;
 }
 
+/* Scalar int64 / float64 attributes. */
 static int attr_i64(hid_t loc, const char *name, long long v, h5ctx *cx) {
     return attr_write(loc, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, &v, cx);
 }
@@ -228,6 +245,7 @@ done:
     return rc;
 }
 
+/* Scalar attributes read as long long, int or double (HDF5 converts from the file's type). */
 static int attr_get_i64(hid_t loc, const char *name, long long *v, h5ctx *cx) {
     return attr_read(loc, name, H5T_NATIVE_LLONG, 1, v, cx);
 }
@@ -252,7 +270,9 @@ static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ct
     }
     CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
     CKPT_H5(ft = H5Aget_type(a));
-    if (H5Tget_class(ft) != H5T_STRING) {
+    H5T_class_t cls;
+    CKPT_H5(cls = H5Tget_class(ft));
+    if (cls != H5T_STRING) {
         rc = fail_msg(cx, PL_EIO, "attribute '%s' is not a string", name);
         goto done;
     }
@@ -266,7 +286,11 @@ static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ct
         snprintf(buf, len, "%s", s ? s : "");
         free(s); /* allocated by HDF5 with the system allocator */
     } else {
-        size_t sz = H5Tget_size(ft);
+        size_t sz = H5Tget_size(ft); /* 0 on failure */
+        if (sz == 0) {
+            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(ft)");
+            goto done;
+        }
         tmp = calloc(sz + 1, 1);
         if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute '%s'", name); goto done; }
         CKPT_H5(mt = H5Tcopy(H5T_C_S1));
@@ -332,6 +356,7 @@ done:
     return rc;
 }
 
+/* Close the file (collective under MPI-IO; it flushes what is left). Sets *f to -1. */
 int ckpt_h5_close_file(hid_t *f, h5ctx *cx) {
     int rc = PL_OK;
     cx->obj[0] = 0;
@@ -406,19 +431,17 @@ static int fail_mode(int size, int *who, h5ctx *cx) {
 
 /* ---- writing one file ------------------------------------------------------------------- */
 
-/* Chunk shape: whole rows, as many as fit in CHUNK_BYTES (1-D: up to CHUNK_BYTES). */
+/* Chunk shape: whole rows (elements for 1-D), about CHUNK_BYTES a chunk, and the rows split
+ * evenly over the chunks: HDF5 stores an edge chunk at full size, so 3 MiB as chunks of
+ * 1, 1, 1 MiB rather than 1.3, 1.3, 0.4 (stored as 4 MiB). */
 static void chunk_dims(const ckpt_gtensor *g, hsize_t *ch) {
-    if (g->ndim == 2) {
-        size_t row = (size_t)g->shape[1] * sizeof(float);
-        size_t r = CHUNK_BYTES / row;
-        if (r < 1) r = 1;
-        if (r > (size_t)g->shape[0]) r = (size_t)g->shape[0];
-        ch[0] = r;
-        ch[1] = (hsize_t)g->shape[1];
-    } else {
-        size_t n = CHUNK_BYTES / sizeof(float);
-        ch[0] = (hsize_t)(g->numel < n ? g->numel : n);
-    }
+    size_t rows = g->ndim == 2 ? (size_t)g->shape[0] : g->numel;
+    size_t row = g->ndim == 2 ? (size_t)g->shape[1] * sizeof(float) : sizeof(float);
+    size_t nch = (rows * row + CHUNK_BYTES - 1) / CHUNK_BYTES;
+    if (nch < 1) nch = 1;
+    if (nch > rows) nch = rows;
+    ch[0] = (hsize_t)((rows + nch - 1) / nch);
+    if (g->ndim == 2) ch[1] = (hsize_t)g->shape[1];
 }
 
 /* How the writing of one dataset is shared: datasets of two or more chunks are split by
@@ -477,7 +500,8 @@ static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data,
     CKPT_H5(dcpl = H5Pcreate(H5P_DATASET_CREATE));
     CKPT_H5(H5Pset_chunk(dcpl, g->ndim, ch));
     CKPT_H5(H5Pset_fletcher32(dcpl));
-    /* every element is written: skip writing fill values first */
+    /* every element is written: no fill values (HDF5 1.10 under MPI-IO still writes a
+     * checksummed fill chunk for every chunk of a filtered dataset at creation) */
     CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
     CKPT_H5(ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
     if (!buf) {
@@ -594,28 +618,62 @@ done:
     return rc;
 }
 
-/* Rank 0, before creating the file: refuse early if the file system clearly lacks room for
- * the checkpoint (tensor bytes three times over plus ~8 KiB of HDF5 metadata per dataset).
- * A full disk found later is handled too, but failing here keeps HDF5 out of it.
- * PIPELM_CKPT_NO_SPACE_CHECK=1 skips it (tests of the later path). */
+/* Bytes a checkpoint of model c takes on disk, generously: the tensors three times over plus
+ * ~8 KiB of HDF5 metadata per dataset (about 3 KiB are used) and 1 MiB. */
+static double space_needed(const gpt2_config *c, int ntensors) {
+    return 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 8192.0 + 1048576.0;
+}
+
+/* PIPELM_CKPT_NO_SPACE_CHECK=1 turns off the free-space check and the reservation below
+ * (only for tests of a disk that fills up half way, on one rank). */
+static int space_check_off(void) {
+    const char *s = getenv("PIPELM_CKPT_NO_SPACE_CHECK");
+    return s && s[0] == '1';
+}
+
+/* Rank 0, before creating the file: refuse early if the file system clearly lacks room. */
 static int check_space(const char *path, const gpt2_config *c, int ntensors, h5ctx *cx) {
-    const char *skip = getenv("PIPELM_CKPT_NO_SPACE_CHECK");
-    if (skip && skip[0] == '1') return PL_OK;
+    if (space_check_off()) return PL_OK;
     char dir[4400];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *(slash == dir ? slash + 1 : slash) = 0;
     else snprintf(dir, sizeof dir, ".");
     struct statvfs vf;
-    if (statvfs(dir, &vf) != 0) return PL_OK; /* cannot tell: let the writes decide */
-    double need = 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 8192.0 + 1048576.0;
-    double have = (double)vf.f_bavail * (double)vf.f_frsize;
+    if (statvfs(dir, &vf) != 0) return PL_OK; /* cannot tell: the reservation decides */
+    double need = space_needed(c, ntensors), have = (double)vf.f_bavail * (double)vf.f_frsize;
     if (have < need)
         return fail_msg(cx, PL_EIO, "not enough space in %s: %.1f MB free, the checkpoint needs about %.1f MB "
                         "(No space left on device)", dir, have / 1e6, need / 1e6);
     return PL_OK;
 }
 
+/* Rank 0, once the file exists: reserve its blocks (fallocate, file size unchanged) so that a
+ * disk filling up during the save fails here, before any collective write. A write failing
+ * on one rank in the middle of HDF5's collective calls leaves the other ranks waiting in the
+ * next one (a hang), so this matters. File systems without fallocate skip it. */
+static int reserve_space(const char *path, const gpt2_config *c, int ntensors, h5ctx *cx) {
+    if (space_check_off()) return PL_OK;
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) return fail_msg(cx, PL_EIO, "cannot open %s to reserve space: %s", path, strerror(errno));
+    int rc = PL_OK;
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)space_needed(c, ntensors)) != 0 && errno != EOPNOTSUPP &&
+        errno != ENOSYS && errno != EINVAL)
+        rc = fail_msg(cx, PL_EIO, "reserving %.1f MB for the checkpoint failed: %s", space_needed(c, ntensors) / 1e6,
+                      strerror(errno));
+    close(fd);
+    return rc;
+}
+
+/* Rank 0, after closing: give back the reserved blocks beyond the end of the file (truncating
+ * to its own size drops them). */
+static void release_space(const char *path) {
+    struct stat sb;
+    if (space_check_off() || stat(path, &sb) != 0) return;
+    if (truncate(path, sb.st_size) != 0) { /* harmless: the blocks stay reserved */ }
+}
+
+/* Collective: write the whole checkpoint file at path (see the file comment for how). */
 int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta_in, MPI_Comm comm,
                     double *bytes_out, char *err, size_t errlen) {
     int rank, size;
@@ -672,6 +730,8 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     rc = ckpt_h5_open(path, 1, comm, &f, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    if (rank == 0) rc = reserve_space(path, &st->cfg, n, cx);
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
     rc = write_attrs(f, &st->cfg, &meta, created, cx);
     if (rc == PL_OK) rc = dxpl_collective(&w.dxpl, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
@@ -744,6 +804,7 @@ close:
         int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
         if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
     }
+    if (rc == PL_OK && rank == 0) release_space(path);
     if (rc == PL_OK && bytes_out) {
         double all = 0.0;
         MPI_Allreduce(&mybytes, &all, 1, MPI_DOUBLE, MPI_SUM, comm);
@@ -881,6 +942,7 @@ static int publish(const char *dir, const char *tmp, const char *final, const ch
     return PL_OK;
 }
 
+/* Collective: the atomic save into DIR (see the file comment); returns the agreed status. */
 int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm, char *path_out,
               size_t pathlen, double *bytes_out, char *err, size_t errlen) {
     int rank, size;
@@ -919,6 +981,7 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
     return PL_OK;
 }
 
+/* Collective: one checkpoint at an explicit path, through path.tmp and a rename. */
 int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
                    size_t errlen) {
     int rank;
@@ -939,6 +1002,7 @@ int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm 
 
 /* ---- resolving --resume ----------------------------------------------------------------- */
 
+/* What --resume names: a file, DIR/latest, or the newest ckpt_*.h5 in DIR (one process). */
 int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen) {
     struct stat sb;
     if (stat(path_or_dir, &sb) != 0) {
@@ -988,6 +1052,7 @@ int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err,
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
+/* Check the root attributes (format, version) and read /config and the metadata. */
 int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
     int rc = PL_OK;
     hid_t g = -1;
@@ -1102,6 +1167,8 @@ done:
     return rc;
 }
 
+/* Collective: read this stage's tensors and the metadata, verifying checksums, shapes and
+ * the model config; returns the agreed status. */
 int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
               size_t errlen) {
     int rank;
@@ -1172,6 +1239,7 @@ out:
     return rc;
 }
 
+/* One process: a checkpoint's config and metadata, without its tensors. */
 int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen) {
     ckpt_h5_quiet();
     h5ctx cxs = {path, "", err, errlen, pl_rank < 0 ? 0 : pl_rank};

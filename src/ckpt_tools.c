@@ -100,6 +100,7 @@ static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errle
     return rc;
 }
 
+/* `pipelm convert IN OUT`: the direction comes from IN's first bytes. Exit status 0/1/2. */
 int ckpt_convert_main(int argc, char **argv, int first) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -145,7 +146,8 @@ static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, vo
     CKPT_H5(sp = H5Aget_space(a));
     hssize_t n;
     CKPT_H5(n = H5Sget_simple_extent_npoints(sp));
-    H5T_class_t cls = H5Tget_class(t);
+    H5T_class_t cls;
+    CKPT_H5(cls = H5Tget_class(t));
     fprintf(out, "  %-18s ", name);
     if (cls == H5T_STRING) {
         htri_t vl;
@@ -158,7 +160,11 @@ static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, vo
             fprintf(out, "\"%s\"", s ? s : "");
             free(s);
         } else {
-            size_t sz = H5Tget_size(t);
+            size_t sz = H5Tget_size(t); /* 0 on failure */
+            if (sz == 0) {
+                rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(t)");
+                goto done;
+            }
             buf = calloc(sz + 1, 1);
             if (!buf) { fprintf(out, "(out of memory)"); goto done; }
             CKPT_H5(H5Tset_size(mt, sz));
@@ -213,30 +219,40 @@ typedef struct {
     char **names;
     size_t n, cap;
     int oom;
+    h5ctx *cx;
 } name_list;
 
-/* H5Lvisit callback: collect every dataset ("/model/h.0/ln1_w"). */
+/* H5Lvisit callback: collect every dataset ("/model/h.0/ln1_w"); a failure stops the walk. */
 static herr_t collect_dataset(hid_t g, const char *name, const H5L_info_t *info, void *data) {
     name_list *L = data;
+    h5ctx *cx = L->cx;
+    int rc = PL_OK;
+    hid_t o = -1;
+    H5I_type_t type;
     if (info->type != H5L_TYPE_HARD) return 0;
-    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
-    if (o < 0) return 0; /* unreadable object: the table will miss it, the walk goes on */
-    int isds = H5Iget_type(o) == H5I_DATASET;
-    H5Oclose(o);
-    if (!isds) return 0;
-    if (L->n == L->cap) {
-        size_t cap = L->cap ? 2 * L->cap : 256;
-        char **t = realloc(L->names, cap * sizeof *t);
-        if (!t) { L->oom = 1; return -1; }
-        L->names = t;
-        L->cap = cap;
+    snprintf(cx->obj, sizeof cx->obj, "object /%s", name);
+    CKPT_H5(o = H5Oopen(g, name, H5P_DEFAULT));
+    CKPT_H5(type = H5Iget_type(o));
+    if (type == H5I_DATASET) {
+        if (L->n == L->cap) {
+            size_t cap = L->cap ? 2 * L->cap : 256;
+            char **t = realloc(L->names, cap * sizeof *t);
+            if (!t) { L->oom = 1; rc = PL_ENOMEM; goto done; }
+            L->names = t;
+            L->cap = cap;
+        }
+        size_t len = strlen(name) + 2;
+        char *s = malloc(len);
+        if (!s) { L->oom = 1; rc = PL_ENOMEM; goto done; }
+        snprintf(s, len, "/%s", name);
+        L->names[L->n++] = s;
     }
-    size_t len = strlen(name) + 2;
-    char *s = malloc(len);
-    if (!s) { L->oom = 1; return -1; }
-    snprintf(s, len, "/%s", name);
-    L->names[L->n++] = s;
-    return 0;
+    CKPT_H5(H5Oclose(o));
+    o = -1;
+    cx->obj[0] = 0;
+done:
+    if (o >= 0) H5Oclose(o);
+    return rc == PL_OK ? 0 : -1;
 }
 
 /* Natural order: digit runs compare as numbers, so h.2 comes before h.10. */
@@ -308,8 +324,12 @@ static int inspect_dataset(hid_t f, const char *name, int width, double *bytes, 
     CKPT_H5(n = H5Sget_simple_extent_npoints(sp));
     CKPT_H5(ft = H5Dget_type(ds));
     CKPT_H5(mt = H5Tget_native_type(ft, H5T_DIR_ASCEND));
-    size_t esz = H5Tget_size(mt);
-    *bytes = (double)n * (double)H5Tget_size(ft);
+    size_t esz = H5Tget_size(mt), fsz = H5Tget_size(ft); /* 0 on failure */
+    if (esz == 0 || fsz == 0) {
+        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(mt)");
+        goto done;
+    }
+    *bytes = (double)n * (double)fsz;
     human(*bytes, size, sizeof size);
     CKPT_H5(dcpl = H5Dget_create_plist(ds));
     int nf;
@@ -343,6 +363,7 @@ done:
     return rc != PL_OK || !has_sum;
 }
 
+/* `pipelm inspect FILE`: metadata, a table of every dataset read back, and a verdict. */
 int ckpt_inspect_main(int argc, char **argv, int first) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -378,7 +399,7 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
     print_group_attrs(f, "/optim", cx);
     print_group_attrs(f, "/train", cx);
 
-    name_list L = {NULL, 0, 0, 0};
+    name_list L = {NULL, 0, 0, 0, cx};
     int rc = PL_OK, bad = 0, missing = 0;
     char (*expect)[64] = NULL;
     const char **order = NULL;

@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""ckpt_h5py.py LLMC_FILE CKPT_FILE — read a pipelm checkpoint with h5py (Debian's
+python3-h5py, an HDF5 reader independent of pipelm) and check it against the llm.c fp32 model
+file it was converted from: the root attributes, /config, every dataset's name, shape, dtype
+and Fletcher32 filter (shared/notes/formats.md section 2), the parameter values slice by slice,
+and zero AdamW moments. Exit 0 if all hold, 1 otherwise, 77 (skip) without h5py or numpy.
+"""
+import re
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:  # the test treats 77 as "skipped"
+    print(f"ckpt_h5py: skipped ({e})")
+    sys.exit(77)
+
+BLOCK = ["ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
+         "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b"]
+
+
+def shapes(V, Vp, maxT, L, C):
+    """Checkpoint dataset name -> shape, and the llm.c file order of the 16 kinds."""
+    per = {"ln1_w": (C,), "ln1_b": (C,), "qkv_w": (3 * C, C), "qkv_b": (3 * C,),
+           "attproj_w": (C, C), "attproj_b": (C,), "ln2_w": (C,), "ln2_b": (C,),
+           "fc_w": (4 * C, C), "fc_b": (4 * C,), "fcproj_w": (C, 4 * C), "fcproj_b": (C,)}
+    out = {"wte": (Vp, C), "wpe": (maxT, C), "lnf_w": (C,), "lnf_b": (C,)}
+    for i in range(L):
+        for k in BLOCK:
+            out[f"h.{i}/{k}"] = per[k]
+    order = [("wte", (Vp, C), False), ("wpe", (maxT, C), False)]
+    order += [(k, per[k], True) for k in BLOCK]
+    order += [("lnf_w", (C,), False), ("lnf_b", (C,), False)]
+    return out, order
+
+
+def text(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    llmc, ckpt = sys.argv[1], sys.argv[2]
+    fails = []
+
+    def check(ok, what):
+        if not ok:
+            fails.append(what)
+
+    head = np.fromfile(llmc, dtype="<i4", count=256)
+    if head[0] != 20240326 or head[1] != 3:
+        print(f"ckpt_h5py: {llmc} is not an llm.c fp32 model file")
+        return 1
+    maxT, V, L, NH, C, Vp = (int(x) for x in head[2:8])
+    data = np.fromfile(llmc, dtype="<f4", offset=1024)
+    names, order = shapes(V, Vp, maxT, L, C)
+
+    with h5py.File(ckpt, "r") as f:
+        a = f.attrs
+        check(text(a.get("format", "")) == "pipelm-checkpoint", "root attr format")
+        check(int(a.get("format_version", -1)) == 1, "root attr format_version")
+        check(len(text(a.get("pipelm_version", ""))) > 0, "root attr pipelm_version")
+        check(int(a.get("step", -1)) == 0, "root attr step (a converted file is at step 0)")
+        check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text(a.get("created", ""))) is not None,
+              "root attr created (ISO 8601 UTC)")
+        cfg = f["config"].attrs
+        want = {"vocab_size": V, "padded_vocab_size": Vp, "max_seq_len": maxT, "n_layer": L,
+                "n_head": NH, "n_embd": C}
+        for k, v in want.items():
+            check(int(cfg.get(k, -1)) == v, f"/config {k}")
+        check(text(f["optim"].attrs.get("name", "")) == "adamw", "/optim name")
+        for k in ("beta1", "beta2", "eps", "weight_decay", "lr", "step"):
+            check(k in f["optim"].attrs, f"/optim attr {k}")
+        for k in ("step", "tokens_seen", "data_pos", "seed", "data_seed", "lr_schedule", "split", "nstages"):
+            check(k in f["train"].attrs, f"/train attr {k}")
+
+        # every dataset: present, fp32, the schema's shape, chunked, Fletcher32
+        count = 0
+        for sec in ("model", "optim/m", "optim/v"):
+            for name, shape in names.items():
+                path = f"/{sec}/{name}"
+                if path not in f:
+                    fails.append(f"{path} missing")
+                    continue
+                d = f[path]
+                count += 1
+                check(d.shape == shape, f"{path} shape {d.shape} != {shape}")
+                check(d.dtype == np.float32, f"{path} dtype {d.dtype}")
+                check(d.chunks is not None and d.fletcher32, f"{path} not chunked with Fletcher32")
+                if sec != "model":
+                    check(not np.any(d[...]), f"{path} moments not zero")
+
+        # values against the llm.c file, kind by kind (block kinds hold all layers in a row)
+        off = 0
+        for kind, shape, block in order:
+            n = int(np.prod(shape))
+            for i in range(L if block else 1):
+                ref = data[off:off + n].reshape(shape)
+                off += n
+                path = f"/model/h.{i}/{kind}" if block else f"/model/{kind}"
+                if path in f:
+                    check(np.array_equal(f[path][...], ref), f"{path} values differ from the llm.c file")
+        check(off == data.size, "llm.c file size")
+
+    if fails:
+        print(f"ckpt_h5py: {len(fails)} problem(s): " + "; ".join(fails[:10]))
+        return 1
+    print(f"ckpt_h5py: h5py {h5py.version.version} read {count} datasets; names, shapes, attributes "
+          f"and values match {llmc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@
  * `latest` and loadable; keep=K prunes only after a successful save; --resume resolution;
  * llm.c -> checkpoint -> llm.c byte-identical (fp32) and bf16 input; inspect's verdict.
  *
- * With arguments it is instead a small multi-rank driver for tests/test_ckpt.sh and
+ * With arguments it is instead a small multi-rank driver for tests/test_ckpt_ranks.sh and
  * bench/ckpt_bandwidth.sh (see usage() below), e.g. `mpiexec -n 3 test_ckpt save DIR 5 1,1,1 0 7`.
  */
 #ifdef HAVE_CONFIG_H
@@ -140,6 +140,7 @@ static const char *slurp(const char *path) {
     return buf;
 }
 
+/* 1 if path exists; its size in bytes (-1 if missing). */
 static int exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
@@ -208,6 +209,8 @@ static int load_whole(const char *path, unsigned long long seed, int *matches, c
     return rc;
 }
 
+/* Save and load one stage: parameters, both moments and every metadata field come back
+ * bit-identical; DIR (with parents) is created, latest names the file, no temp file stays. */
 START_TEST(test_roundtrip) {
     gpt2_config c = small_cfg();
     stage st;
@@ -287,6 +290,8 @@ START_TEST(test_load_split) {
 }
 END_TEST
 
+/* One flipped byte in a dataset's data: load fails naming the dataset and the Fletcher32
+ * check; inspect marks it FAILED and exits 1. */
 START_TEST(test_corrupt) {
     char path[1024], err[2048] = "";
     int ok;
@@ -334,6 +339,8 @@ static void tamper(const char *file, const char *dset, int rows, int cols) {
     H5Fclose(f);
 }
 
+/* A different model (config), a reshaped or missing dataset, a non-HDF5 or missing file:
+ * each fails with a message naming the setting or dataset. */
 START_TEST(test_mismatch) {
     char path[1024], err[2048] = "";
     save_whole(tpath("mm"), 1, 4, 0, path, sizeof path);
@@ -405,6 +412,7 @@ static void check_failed_save(const char *mode, const char *dirname, const char 
     stage_free(&st);
 }
 
+/* PIPELM_CKPT_FAIL=write, =rename, and an unknown value. */
 START_TEST(test_fail_write) { check_failed_save("write", "fw", "PIPELM_CKPT_FAIL=write"); }
 END_TEST
 START_TEST(test_fail_rename) { check_failed_save("rename", "fr", "PIPELM_CKPT_FAIL=rename"); }
@@ -412,6 +420,7 @@ END_TEST
 START_TEST(test_fail_bad_mode) { check_failed_save("bogus", "fb", "PIPELM_CKPT_FAIL='bogus'"); }
 END_TEST
 
+/* keep=K removes the oldest beyond K, only after a successful save. */
 START_TEST(test_keep) {
     char path[1024], err[2048];
     const char *dir = tpath("keep");
@@ -438,6 +447,8 @@ START_TEST(test_keep) {
 }
 END_TEST
 
+/* --resume resolution: latest if it names a file, else the newest ckpt_*.h5, temp files
+ * ignored; a file is itself; an empty directory is "no checkpoint in DIR". */
 START_TEST(test_resolve) {
     char out[1024], err[1024];
     const char *dir = tpath("res");
@@ -493,6 +504,8 @@ static int same_bytes(const char *a, const char *b) {
     return system(cmd) == 0;
 }
 
+/* pipelm convert: llm.c fp32 -> checkpoint (zero moments, step 0) -> llm.c is byte-identical;
+ * inspect of the result exits 0; a file of neither kind is refused. */
 START_TEST(test_convert_fp32) {
     const char *in = tpath("m32.bin"), *h5 = tpath("m32.h5"), *back = tpath("m32_back.bin");
     write_llmc(in, 21);
@@ -639,6 +652,7 @@ START_TEST(test_enospc) {
 }
 END_TEST
 
+/* All the tests above in one case (they share nothing but the scratch directory). */
 static Suite *ckpt_suite(void) {
     Suite *s = suite_create("ckpt");
     TCase *tc = tcase_create("ckpt");
@@ -801,6 +815,7 @@ static int drive(int argc, char **argv) {
     return 2;
 }
 
+/* No arguments: the Check suite (one process, CK_NOFORK); with arguments: the driver. */
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &pl_rank);

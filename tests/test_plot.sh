@@ -9,7 +9,7 @@ if ! command -v gnuplot > /dev/null; then
     echo "SKIP: gnuplot not installed (apt-get install gnuplot-nox)"
     exit 77
 fi
-cd "$WORK"
+cd "$WORK" || exit 1
 
 # is_png FILE: non-empty and starts with the PNG signature
 is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }

@@ -37,7 +37,10 @@ typedef struct {
 /* Collective over comm: write every stage's parameters and AdamW moments (st->params, m, v)
  * and meta to DIR/ckpt_<step, 8 digits>.h5 atomically, point DIR/latest at it, then remove
  * the oldest checkpoints beyond `keep` (0 keeps all). The tied wte is written by the first
- * stage. path_out receives the file name. Prints nothing; returns the agreed status. */
+ * stage. path_out receives the file name. Prints nothing; returns the agreed status.
+ * *bytes_out: tensor bytes in the file (parameters and moments, all ranks), the same on
+ * every rank. On failure err holds the same message on every rank (the lowest failing rank's,
+ * naming that rank, the file and the cause): print it from one rank. Same for ckpt_load. */
 int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm,
               char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen);
 /* Resolve what --resume names: a file, or a directory (its newest complete checkpoint).
