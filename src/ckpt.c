@@ -1,19 +1,33 @@
 /*
  * ckpt.c — checkpoints as one parallel-HDF5 file per save (shared/notes/formats.md §2).
  *
- * Every rank opens the file through MPI-IO with collective metadata, creates every group,
- * attribute and dataset (HDF5 metadata is collective), and takes part in every dataset's
- * collective H5Dwrite / H5Dread (H5FD_MPIO_COLLECTIVE). Tensors are named by layer, so any
- * split reads any checkpoint. Datasets are fp32, chunked by whole rows (up to 1 MiB a chunk)
- * and carry HDF5's Fletcher32 checksum, which HDF5 verifies on every read.
+ * Every rank opens the file through MPI-IO with collective metadata, and creates every group,
+ * attribute and dataset (HDF5 metadata is collective). Tensors are named by layer, so any
+ * split reads any checkpoint. Datasets are fp32, CONTIGUOUS (no chunks, no filters), created
+ * with H5D_FILL_TIME_NEVER so that creating one writes nothing; each carries a uint32
+ * attribute `crc32c`, the CRC-32C of its little-endian bytes in row-major order (crc32c.h).
+ *
  * Writing: the owner of a tensor (the stage holding it; the first stage for the tied wte)
- * scatters it by whole chunks over all ranks, and every rank checksums and writes its chunks
- * in the same collective H5Dwrite, so the work is spread as P independent writers would
- * spread it. Reading: every rank holding a tensor selects all of it, the others nothing.
+ * computes its CRC and writes the whole dataset. The data transfer is INDEPENDENT by default
+ * (only the owner calls H5Dwrite: no collective at all per dataset) or, with
+ * PIPELM_CKPT_XFER=collective, one collective H5Dwrite per dataset in which the others select
+ * nothing. The CRCs reach every rank in the one MPI_Allreduce that also agrees on the status
+ * of the whole data phase; every rank then writes the same attribute values.
  *
  * Collective discipline: a rank never leaves the sequence of collective calls on its own.
- * After each dataset all ranks agree on a status (one small MPI_Allreduce) and stop together;
- * the message of the lowest failing rank is broadcast so every rank reports the same cause.
+ * A rank that fails (an HDF5 error, an injected failure) keeps its first message, skips its
+ * own data writes from then on, and still makes every collective metadata call of the data
+ * phase in the same order (their errors go to a scratch buffer), so no other rank is left
+ * waiting in a collective; all ranks then agree once, at the end of the data phase, and the
+ * message of the lowest failing rank is broadcast so every rank reports the same cause.
+ * (Independent writes contain no collective to hang in. With collective transfers a rank
+ * whose H5Dcreate alone fails would leave the others in that dataset's H5Dwrite; metadata
+ * calls run the same code on the same metadata on every rank, so they fail alike.)
+ *
+ * Reading: every rank takes part in each dataset's collective H5Dread, selecting all of it if
+ * its stage holds the tensor and nothing otherwise, then checks the CRC-32C of what it read
+ * against the attribute. A dataset without a crc32c attribute is accepted only if it carries
+ * HDF5's Fletcher32 filter (which HDF5 verifies as it reads); one with neither is refused.
  *
  * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
  * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
@@ -21,13 +35,14 @@
  * temporary file and leaves latest and every older checkpoint as they were.
  *
  * A full disk: rank 0 checks the free space first and then reserves the file's blocks
- * (fallocate), because a write failing on one rank inside HDF5's collective calls would
- * leave the others waiting; a failed save empties its file before closing it.
+ * (fallocate), so that a write cannot fail half way on one rank; a failed save empties its
+ * file before closing it.
  *
- * Test-only environment: PIPELM_CKPT_FAIL = write[:R] (rank R, default the last, fails after
- * writing half the datasets), rename (rank 0 fails just before the rename), kill[:R] (rank R
- * raises SIGKILL half way through the datasets); PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space
- * check or reservation). PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO hints.
+ * Environment: PIPELM_CKPT_XFER = independent (default) | collective (see above);
+ * PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO hints. Test-only: PIPELM_CKPT_FAIL = write[:R]
+ * (rank R, default the last, fails after writing half the datasets), rename (rank 0 fails
+ * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets);
+ * PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fallocate(2) */
@@ -42,6 +57,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,10 +69,10 @@
 #define PIPELM_CKPT_INTERNAL 1
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
+#include "pipelm/crc32c.h"
 
 #define CKPT_FORMAT "pipelm-checkpoint"
-#define CHUNK_BYTES (1u << 20) /* chunk size: whole rows, up to 1 MiB (cache-sized: the
-                                   checksum, copies and write of a chunk stay in cache) */
+#define CRC_ATTR "crc32c" /* the per-dataset checksum attribute */
 
 /* ---- error reporting ------------------------------------------------------------------- */
 
@@ -120,19 +136,23 @@ static int fail_msg(h5ctx *cx, int rc, const char *fmt, ...) {
     return rc;
 }
 
-/* All ranks agree on a status. On failure every rank returns the lowest failing rank's code
- * and its message lands in every rank's err (so any rank can print the real cause). */
-static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) {
+/* All ranks agree on a status, in one MPI_Allreduce (MPI_MAX) that can carry more values:
+ * vals[1 .. nvals] (if vals != NULL) are reduced by MAX along with the status, and vals[0]
+ * is the status slot (overwritten). On failure every rank returns the lowest failing rank's
+ * code and its message lands in every rank's err (an MPI_Bcast, on failure only), so any
+ * rank can print the real cause. */
+static int agree_max(MPI_Comm comm, int rc, char *err, size_t errlen, unsigned long long *vals, int nvals) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
-    int in = rc != PL_OK ? size - rank : 0, out = 0;
-    if (MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
+    unsigned long long one = 0, *v = vals ? vals : &one;
+    v[0] = rc != PL_OK ? (unsigned long long)(size - rank) : 0;
+    if (MPI_Allreduce(MPI_IN_PLACE, v, vals ? nvals + 1 : 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm) != MPI_SUCCESS) {
         snprintf(err, errlen, "checkpoint: rank %d: MPI_Allreduce failed while agreeing on a status", rank);
         return PL_EMPI;
     }
-    if (out == 0) return PL_OK;
-    int root = size - out;
+    if (v[0] == 0) return PL_OK;
+    int root = size - (int)v[0];
     struct { int rc; char msg[1500]; } m;
     memset(&m, 0, sizeof m);
     if (rank == root) {
@@ -145,6 +165,26 @@ static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) {
     }
     if (rank != root) snprintf(err, errlen, "%s", m.msg);
     return m.rc;
+}
+
+/* agree_max with nothing else to reduce. */
+static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) { return agree_max(comm, rc, err, errlen, NULL, 0); }
+
+/* CRC-32C of n floats as little-endian fp32 bytes (the bytes of the file). */
+static uint32_t crc_floats(const float *p, size_t n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    uint32_t crc = 0, tmp[1024];
+    for (size_t i = 0; i < n;) {
+        size_t k = n - i < 1024 ? n - i : 1024;
+        memcpy(tmp, p + i, k * 4);
+        for (size_t j = 0; j < k; j++) tmp[j] = __builtin_bswap32(tmp[j]);
+        crc = crc32c_extend(crc, tmp, k * 4);
+        i += k;
+    }
+    return crc;
+#else
+    return crc32c(p, n * sizeof(float));
+#endif
 }
 
 /* ---- the global tensor list (same on every rank, schema order) -------------------------- */
@@ -337,11 +377,11 @@ done:
     return rc;
 }
 
-/* A dataset-transfer property list for collective MPI-IO. */
-static int dxpl_collective(hid_t *dxpl, h5ctx *cx) {
+/* A dataset-transfer property list for collective (or independent) MPI-IO. */
+static int dxpl_make(hid_t *dxpl, int collective, h5ctx *cx) {
     int rc = PL_OK;
     CKPT_H5(*dxpl = H5Pcreate(H5P_DATASET_XFER));
-    CKPT_H5(H5Pset_dxpl_mpio(*dxpl, H5FD_MPIO_COLLECTIVE));
+    CKPT_H5(H5Pset_dxpl_mpio(*dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT));
 done:
     return rc;
 }
@@ -366,9 +406,9 @@ done:
     return rc;
 }
 
-/* MPI-IO hints. Every rank writes whole chunks of its own, so ROMIO's two-phase collective
- * buffering (which funnels the data through aggregator ranks) and data sieving (which reads
- * and rewrites the gaps between chunks) only cost time: both off. PIPELM_CKPT_HINTS =
+/* MPI-IO hints. Each dataset is one contiguous extent written by its owner alone, so ROMIO's
+ * two-phase collective buffering (which funnels the data through aggregator ranks) and data
+ * sieving (which reads and rewrites gaps) only cost time: both off. PIPELM_CKPT_HINTS =
  * "key=value,key=value" adds or overrides hints (e.g. Lustre striping_factor). */
 static MPI_Info make_hints(void) {
     MPI_Info info;
@@ -431,97 +471,58 @@ static int fail_mode(int size, int *who, h5ctx *cx) {
 
 /* ---- writing one file ------------------------------------------------------------------- */
 
-/* Chunk shape: whole rows (elements for 1-D), about CHUNK_BYTES a chunk, and the rows split
- * evenly over the chunks: HDF5 stores an edge chunk at full size, so 3 MiB as chunks of
- * 1, 1, 1 MiB rather than 1.3, 1.3, 0.4 (stored as 4 MiB). */
-static void chunk_dims(const ckpt_gtensor *g, hsize_t *ch) {
-    size_t rows = g->ndim == 2 ? (size_t)g->shape[0] : g->numel;
-    size_t row = g->ndim == 2 ? (size_t)g->shape[1] * sizeof(float) : sizeof(float);
-    size_t nch = (rows * row + CHUNK_BYTES - 1) / CHUNK_BYTES;
-    if (nch < 1) nch = 1;
-    if (nch > rows) nch = rows;
-    ch[0] = (hsize_t)((rows + nch - 1) / nch);
-    if (g->ndim == 2) ch[1] = (hsize_t)g->shape[1];
+/* How the data of a dataset travels (PIPELM_CKPT_XFER). */
+enum { XFER_INDEPENDENT, XFER_COLLECTIVE };
+
+/* Parse PIPELM_CKPT_XFER (default independent); -1 with a message if it is something else. */
+static int xfer_mode(h5ctx *cx) {
+    const char *s = getenv("PIPELM_CKPT_XFER");
+    if (!s || !s[0] || strcmp(s, "independent") == 0) return XFER_INDEPENDENT;
+    if (strcmp(s, "collective") == 0) return XFER_COLLECTIVE;
+    fail_msg(cx, PL_EINVAL, "PIPELM_CKPT_XFER='%s' is not independent or collective", s);
+    return -1;
 }
 
-/* How the writing of one dataset is shared: datasets of two or more chunks are split by
- * whole chunks over the ranks (rank r writes rows [*first, *first + *count) of it; elements
- * for 1-D), so every rank checksums and writes a part at the same time, as P independent
- * writers would. Returns 0 for a dataset its owner writes alone. */
-static int share_of(const ckpt_gtensor *g, int P, int r, size_t *first, size_t *count) {
-    hsize_t ch[2];
-    chunk_dims(g, ch);
-    size_t rows = g->ndim == 2 ? (size_t)g->shape[0] : g->numel, cr = (size_t)ch[0];
-    size_t nch = (rows + cr - 1) / cr;
-    if (P < 2 || nch < 2 || g->numel > (size_t)INT_MAX) return 0;
-    size_t c0 = nch * (size_t)r / (size_t)P, c1 = nch * (size_t)(r + 1) / (size_t)P;
-    size_t end = c1 * cr < rows ? c1 * cr : rows;
-    *first = c0 * cr < rows ? c0 * cr : rows;
-    *count = end - *first;
-    return 1;
-}
-
-/* What every dataset write of one file needs. */
-typedef struct {
-    MPI_Comm comm;
-    int rank, P;
-    int *counts, *displs; /* P each, for MPI_Scatterv */
-    float *scratch;       /* this rank's share of a dataset another rank owns */
-    hid_t dxpl;           /* collective transfers */
-} writer;
-
-/* Collective: create one dataset under parent and write it. data is the whole tensor on its
- * owner and NULL elsewhere; a shared dataset is first scattered by the owner (MPI_Scatterv)
- * and each rank writes its chunks; otherwise the owner writes it all and the others take part
- * with an empty selection. */
-static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data, int owner, writer *w, h5ctx *cx) {
+/* Create one dataset under parent (contiguous, fp32, never filled: creating it writes
+ * nothing) and leave it open in *ds; write data if not NULL (the owner, whole dataset).
+ * With collective transfers a rank without data takes part with an empty selection; with
+ * independent ones it does not call H5Dwrite at all. */
+static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data, int xfer, hid_t dxpl, hid_t *ds,
+                         h5ctx *cx) {
     static const float dummy = 0.0f; /* a non-NULL buffer for empty selections */
-    int rc = PL_OK, mpi_rc = MPI_SUCCESS;
-    hid_t sp = -1, mem = -1, dcpl = -1, ds = -1;
-    hsize_t dims[2] = {(hsize_t)g->shape[0], (hsize_t)g->shape[1]}, ch[2];
-    size_t width = g->ndim == 2 ? (size_t)g->shape[1] : 1, first = 0, count = 0;
+    int rc = PL_OK;
+    hid_t sp = -1, dcpl = -1;
+    hsize_t dims[2] = {(hsize_t)g->shape[0], (hsize_t)g->shape[1]};
     const char *leaf = strrchr(g->path, '/') ? strrchr(g->path, '/') + 1 : g->path;
-    const float *buf = data;
-    int shared = share_of(g, w->P, w->rank, &first, &count);
-    if (shared) {
-        for (int r = 0; r < w->P; r++) {
-            size_t f0 = 0, c0 = 0;
-            share_of(g, w->P, r, &f0, &c0);
-            w->counts[r] = (int)(c0 * width);
-            w->displs[r] = (int)(f0 * width);
-        }
-        /* the owner keeps its own share in place */
-        mpi_rc = MPI_Scatterv(data, w->counts, w->displs, MPI_FLOAT, w->rank == owner ? MPI_IN_PLACE : w->scratch,
-                              w->counts[w->rank], MPI_FLOAT, owner, w->comm);
-        buf = count == 0 ? NULL : w->rank == owner ? data + first * width : w->scratch;
-    }
-    chunk_dims(g, ch);
     CKPT_H5(sp = H5Screate_simple(g->ndim, dims, NULL));
     CKPT_H5(dcpl = H5Pcreate(H5P_DATASET_CREATE));
-    CKPT_H5(H5Pset_chunk(dcpl, g->ndim, ch));
-    CKPT_H5(H5Pset_fletcher32(dcpl));
-    /* every element is written: no fill values (HDF5 1.10 under MPI-IO still writes a
-     * checksummed fill chunk for every chunk of a filtered dataset at creation) */
-    CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
-    CKPT_H5(ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    if (!buf) {
+    CKPT_H5(H5Pset_layout(dcpl, H5D_CONTIGUOUS));
+    CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER)); /* every element is written */
+    CKPT_H5(*ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    if (data) {
+        CKPT_H5(H5Dwrite(*ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, data));
+    } else if (xfer == XFER_COLLECTIVE) {
         CKPT_H5(H5Sselect_none(sp));
-        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, w->dxpl, &dummy));
-    } else if (shared) {
-        hsize_t start[2] = {first, 0}, cnt[2] = {count, width};
-        CKPT_H5(H5Sselect_hyperslab(sp, H5S_SELECT_SET, start, NULL, cnt, NULL));
-        CKPT_H5(mem = H5Screate_simple(g->ndim, cnt, NULL));
-        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, sp, w->dxpl, buf));
-    } else {
-        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, sp, sp, w->dxpl, buf));
+        CKPT_H5(H5Dwrite(*ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, &dummy));
     }
-    CKPT_H5(H5Dclose(ds));
-    ds = -1;
-    if (mpi_rc != MPI_SUCCESS) rc = fail_msg(cx, PL_EMPI, "%s: MPI_Scatterv from its owner (rank %d) failed", cx->obj, owner);
 done:
-    if (ds >= 0) H5Dclose(ds);
     if (dcpl >= 0) H5Pclose(dcpl);
-    if (mem >= 0) H5Sclose(mem);
+    if (sp >= 0) H5Sclose(sp);
+    return rc;
+}
+
+/* The scalar uint32 crc32c attribute of an open dataset (collective, same value everywhere). */
+static int write_crc_attr(hid_t ds, const char *dpath, uint32_t crc, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t sp = -1, a = -1;
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s: attribute " CRC_ATTR, dpath);
+    CKPT_H5(sp = H5Screate(H5S_SCALAR));
+    CKPT_H5(a = H5Acreate2(ds, CRC_ATTR, H5T_STD_U32LE, sp, H5P_DEFAULT, H5P_DEFAULT));
+    CKPT_H5(H5Awrite(a, H5T_NATIVE_UINT32, &crc));
+    CKPT_H5(H5Aclose(a));
+    a = -1;
+done:
+    if (a >= 0) H5Aclose(a);
     if (sp >= 0) H5Sclose(sp);
     return rc;
 }
@@ -582,22 +583,16 @@ static const float *owned_data(const stage *st, const ckpt_gtensor *g, int which
 
 /* Check before any collective HDF5 call that every rank has the same model and that each
  * tensor has exactly one writer; otherwise the collective calls would not match. */
-static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, int *owner, h5ctx *cx) {
+static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
     int dims[6] = {st->cfg.V, st->cfg.maxT, st->cfg.L, st->cfg.NH, st->cfg.C, st->cfg.Vp}, lo[6], hi[6];
     int rc = PL_OK;
-    int rank;
-    MPI_Comm_rank(comm, &rank);
     int *cnt = calloc((size_t)n, sizeof(int)), *sum = calloc((size_t)n, sizeof(int));
-    int *mine = calloc((size_t)n, sizeof(int));
-    if (!cnt || !sum || !mine) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
-    for (int i = 0; i < n; i++) {
+    if (!cnt || !sum) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++)
         cnt[i] = stage_find_tensor(st, gt[i].kind, gt[i].layer) && (gt[i].kind != P_WTE || st->has_embed);
-        mine[i] = cnt[i] ? rank : -1;
-    }
     if (MPI_Allreduce(dims, lo, 6, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS ||
         MPI_Allreduce(dims, hi, 6, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
-        MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS ||
-        MPI_Allreduce(mine, owner, n, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
+        MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS) {
         rc = fail_msg(cx, PL_EMPI, "MPI_Allreduce failed while checking the stages");
         goto done;
     }
@@ -614,7 +609,6 @@ static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_C
 done:
     free(cnt);
     free(sum);
-    free(mine);
     return rc;
 }
 
@@ -681,14 +675,19 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     MPI_Comm_size(comm, &size);
     ckpt_h5_quiet();
     h5ctx cxs = {label ? label : path, "", err, errlen, rank}, *cx = &cxs;
+    /* where the errors of a rank that has already failed go (its first message is kept) */
+    char scratch[1024];
+    h5ctx later = {cxs.file, "", scratch, sizeof scratch, rank};
     err[0] = 0;
-    int rc = PL_OK, n = 4 + 12 * st->cfg.L;
-    hid_t f = -1, sec = -1, sub = -1, lay = -1;
+    int rc = PL_OK, n = 4 + 12 * st->cfg.L, r2;
+    hid_t f = -1, sec = -1, sub = -1, lay = -1, dxpl = -1;
     float *stagebuf = NULL;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
-    int *owner = calloc((size_t)n, sizeof(int));
-    writer w = {comm, rank, size, calloc((size_t)size, sizeof(int)), calloc((size_t)size, sizeof(int)), NULL, -1};
+    hid_t *dsets = malloc(3 * (size_t)n * sizeof *dsets); /* every dataset, open until its attribute is written */
+    /* [0]: agree_max's status slot; [1 + k]: dataset k's CRC-32C | 1 << 32 on its owner, else 0 */
+    unsigned long long *vals = calloc(1 + 3 * (size_t)n, sizeof *vals);
     double mybytes = 0.0;
+    for (int k = 0; dsets && k < 3 * n; k++) dsets[k] = -1;
     /* every rank writes rank 0's metadata and time stamp, so the attributes match */
     ckpt_meta meta = *meta_in;
     char created[32] = "";
@@ -701,23 +700,12 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     if (MPI_Bcast(&meta, (int)sizeof meta, MPI_BYTE, 0, comm) != MPI_SUCCESS ||
         MPI_Bcast(created, (int)sizeof created, MPI_CHAR, 0, comm) != MPI_SUCCESS)
         rc = fail_msg(cx, PL_EMPI, "MPI_Bcast of the metadata failed");
-    if (!gt || !owner || !w.counts || !w.displs) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    if (!gt || !dsets || !vals) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     n = ckpt_global_tensors(&st->cfg, gt);
-    rc = check_ownership(st, gt, n, comm, owner, cx);
-    {
-        /* room for this rank's largest share of a dataset another rank owns */
-        size_t most = 1, first, count;
-        for (int i = 0; i < n; i++)
-            if (share_of(&gt[i], size, rank, &first, &count)) {
-                size_t fl = count * (gt[i].ndim == 2 ? (size_t)gt[i].shape[1] : 1);
-                most = fl > most ? fl : most;
-            }
-        w.scratch = malloc(most * sizeof(float));
-        if (!w.scratch) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float buffer", most);
-    }
-    int who, mode = fail_mode(size, &who, cx);
-    if (mode < 0) rc = PL_EINVAL;
+    rc = check_ownership(st, gt, n, comm, cx);
+    int who, mode = fail_mode(size, &who, cx), xfer = xfer_mode(cx);
+    if (mode < 0 || xfer < 0) rc = PL_EINVAL;
     if (!st->be->host_memory) {
         size_t maxn = 0;
         for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
@@ -733,65 +721,82 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     if (rank == 0) rc = reserve_space(path, &st->cfg, n, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
     rc = write_attrs(f, &st->cfg, &meta, created, cx);
-    if (rc == PL_OK) rc = dxpl_collective(&w.dxpl, cx);
+    if (rc == PL_OK) rc = dxpl_make(&dxpl, xfer == XFER_COLLECTIVE, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
 
-    /* /model, /optim/m, /optim/v: every rank walks the same datasets in the same order */
+    /* The data phase: /model, /optim/m, /optim/v. Every rank walks the same datasets in the
+     * same order and makes every collective call, failed or not; no agreement until the end. */
     static const char *const sections[3] = {"model", "optim/m", "optim/v"};
-    int total = 3 * n, done_n = 0;
-    for (int s = 0; s < 3 && rc == PL_OK; s++) {
-        sub = -1;
-        if (s == 0) rc = group_create(f, "model", &sec, cx);
+    int total = 3 * n, k = 0;
+    h5ctx *use;
+#define FIRST_ERROR(call) (use = rc == PL_OK ? cx : &later, r2 = (call), rc = rc == PL_OK ? r2 : rc)
+    for (int s = 0; s < 3; s++) {
+        if (s == 0) FIRST_ERROR(group_create(f, "model", &sec, use));
         else {
             /* /optim exists (its attributes); m and v go under it */
-            rc = group_open(f, "optim", &sub, cx);
-            if (rc == PL_OK) rc = group_create(sub, s == 1 ? "m" : "v", &sec, cx);
+            FIRST_ERROR(group_open(f, "optim", &sub, use));
+            FIRST_ERROR(group_create(sub, s == 1 ? "m" : "v", &sec, use));
         }
-        if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
         int cur = -1;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n; i++, k++) {
             const ckpt_gtensor *g = &gt[i];
             if (g->layer != cur) { /* entering a block (or leaving the last one) */
-                rc = obj_close(&lay, cx);
+                FIRST_ERROR(obj_close(&lay, use));
                 cur = g->layer;
-                if (rc == PL_OK && cur >= 0) {
+                if (cur >= 0) {
                     char name[32];
                     snprintf(name, sizeof name, "h.%d", cur);
-                    rc = group_create(sec, name, &lay, cx);
+                    FIRST_ERROR(group_create(sec, name, &lay, use));
                 }
-                if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
             }
-            const float *data = owned_data(st, g, s, stagebuf);
-            snprintf(cx->obj, sizeof cx->obj, "dataset /%s/%s", sections[s], g->path);
-            rc = write_dataset(cur >= 0 ? lay : sec, g, data, owner[i], &w, cx);
-            if (rc == PL_OK && data) mybytes += (double)g->numel * sizeof(float);
-            done_n++;
-            if (rc == PL_OK && rank == who && done_n == total / 2) {
+            /* a rank that has failed writes no more data */
+            const float *data = rc == PL_OK ? owned_data(st, g, s, stagebuf) : NULL;
+            if (data) vals[1 + k] = 1ULL << 32 | crc_floats(data, g->numel);
+            use = rc == PL_OK ? cx : &later;
+            snprintf(use->obj, sizeof use->obj, "dataset /%s/%s", sections[s], g->path);
+            FIRST_ERROR(write_dataset(cur >= 0 ? lay : sec, g, data, xfer, dxpl, &dsets[k], use));
+            if (r2 == PL_OK && data) mybytes += (double)g->numel * sizeof(float);
+            if (rc == PL_OK && rank == who && k + 1 == total / 2) {
                 if (mode == FAIL_KILL) raise(SIGKILL);
                 if (mode == FAIL_WRITE)
                     rc = fail_msg(cx, PL_EIO, "injected failure after %d of %d datasets (PIPELM_CKPT_FAIL=write)",
-                                  done_n, total);
+                                  k + 1, total);
             }
-            if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
         }
-        int crc = obj_close(&lay, cx);
-        if (!crc) crc = obj_close(&sec, cx);
-        if (!crc) crc = obj_close(&sub, cx);
-        if (lay >= 0) H5Gclose(lay);
-        if (sec >= 0) H5Gclose(sec);
-        if (sub >= 0) H5Gclose(sub);
-        lay = sec = sub = -1;
-        if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
+        FIRST_ERROR(obj_close(&lay, use));
+        FIRST_ERROR(obj_close(&sec, use));
+        FIRST_ERROR(obj_close(&sub, use));
     }
     cx->obj[0] = 0;
-    if (rc == PL_OK) rc = agree(comm, flush_file(f, cx), err, errlen);
+    /* the one agreement of the data phase; the same MPI_Allreduce brings every CRC to every rank */
+    rc = agree_max(comm, rc, err, errlen, vals, total);
+    for (k = 0; k < total && rc == PL_OK; k++)
+        if (!(vals[1 + k] >> 32)) /* the same on every rank */
+            rc = fail_msg(cx, PL_EINVAL, "no rank computed the CRC-32C of dataset %d", k);
+    if (rc == PL_OK) {
+        for (k = 0; k < total; k++) {
+            char dpath[96];
+            snprintf(dpath, sizeof dpath, "/%s/%s", sections[k / n], gt[k % n].path);
+            FIRST_ERROR(write_crc_attr(dsets[k], dpath, (uint32_t)vals[1 + k], use));
+            snprintf(use->obj, sizeof use->obj, "dataset %s", dpath);
+            FIRST_ERROR(obj_close(&dsets[k], use));
+        }
+        FIRST_ERROR(flush_file(f, use));
+        rc = agree(comm, rc, err, errlen);
+    }
+#undef FIRST_ERROR
 close:
-    if (w.dxpl >= 0) H5Pclose(w.dxpl);
+    if (dxpl >= 0) H5Pclose(dxpl);
+    for (k = 0; dsets && k < 3 * n; k++)
+        if (dsets[k] >= 0) H5Dclose(dsets[k]);
+    if (lay >= 0) H5Gclose(lay);
+    if (sec >= 0) H5Gclose(sec);
+    if (sub >= 0) H5Gclose(sub);
     if (rc != PL_OK && f >= 0) {
         /* The file is abandoned. Empty it before H5Fclose flushes what is left: on a full disk
          * that flush would fail too, and HDF5 1.10 does not recover from a failed H5Fclose
          * (the file ID is left dangling and the library crashes at exit). Every rank has
-         * finished its collective writes here (the agreement above). */
+         * finished its writes here (the agreement above). */
         MPI_Barrier(comm);
         if (rank == 0 && truncate(path, 0) != 0) { /* best effort: the file is removed later */ }
         MPI_Barrier(comm);
@@ -799,7 +804,6 @@ close:
     {
         /* H5Fclose is collective and flushes the metadata: it can fail too. After an earlier
          * failure its message goes to a scratch buffer: the first cause is the one reported. */
-        char scratch[512];
         h5ctx cc = {cx->file, "", scratch, sizeof scratch, rank};
         int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
         if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
@@ -812,10 +816,8 @@ close:
     }
 out:
     free(gt);
-    free(owner);
-    free(w.counts);
-    free(w.displs);
-    free(w.scratch);
+    free(dsets);
+    free(vals);
     free(stagebuf);
     return rc;
 }

@@ -532,6 +532,8 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     R.M = o->microbatches;
     R.tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
     set_threads(&R);
+    signal(SIGTERM, on_stop_signal); /* from here on a stop request ends the run cleanly */
+    signal(SIGUSR1, on_stop_signal);
     /* collective calls come before anything that can fail on one rank only */
     int color = (R.rank == 0 || R.rank == R.P - 1) ? 0 : MPI_UNDEFINED;
     PL_MPI_CHECK(MPI_Comm_split(comm, color, R.rank, &R.tied));
@@ -553,8 +555,6 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     else if (R.have_train)
         pl_info("data: %s\n", R.train.desc);
     write_run_line(&R);
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
     int first_step = 1;
     if (o->resume[0]) {
         rc = resume_checkpoint(&R, &first_step);
