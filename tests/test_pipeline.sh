@@ -92,4 +92,37 @@ rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "non-finite" nan.out; then
     ok "NaN stops the run: $(grep -m1 non-finite nan.out | cut -c1-120)"; else bad "NaN" "rc=$rc"; fi
 
+# --trace: Chrome trace-event JSON, one track per rank, every action of the schedule in it
+mpirun_t 120 2 train $COMMON --steps 2 --microbatches 2 --trace trace.json > trace.out 2>&1 || bad "--trace run" "exit $?"
+if python3 - trace.json <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = t["traceEvents"]
+names = {(e["tid"], e["name"]) for e in ev if e.get("ph") == "X"}
+tracks = {e["args"]["name"] for e in ev if e.get("ph") == "M"}
+need = {(r, n) for r in (0, 1) for n in ("F0", "F1", "B0", "B1", "optimizer")}
+need |= {(0, "send F 0"), (0, "send F 1"), (1, "send B 0"), (1, "send B 1")}
+missing = need - names
+assert tracks == {"rank 0", "rank 1"}, tracks
+assert not missing, missing
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev if e.get("ph") == "X")
+PY
+then ok "--trace parses, one track per rank, all actions present"; else bad "--trace" "see above"; fi
+
+# pipelm bench: the JSON keys scripts depend on
+mpirun_t 120 2 "bench" $COMMON --warmup 1 --steps 2 --json bench.json --csv bench.csv > bench.out 2>&1 || bad "bench run" "exit $?"
+if python3 - bench.json <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+for k in ("tokens_per_s", "tflops", "mfu", "peak_gflops", "bubble_measured", "bubble_theoretical"):
+    assert isinstance(b[k], (int, float)), k
+assert set(b["step_ms"]) >= {"min", "median", "max"}
+assert len(b["stages"]) == 2
+for s in b["stages"]:
+    assert set(s) >= {"rank", "blocks", "compute_ms", "wait_ms", "idle_ms", "peak_rss_mb"}, s
+assert 0 < b["mfu"] < 1 and b["tokens_per_s"] > 0
+PY
+then ok "bench JSON has every key"; else bad "bench JSON" "$(head -c 300 bench.json)"; fi
+[ "$(wc -l < bench.csv)" -eq 2 ] && ok "bench CSV" || bad "bench CSV" "$(cat bench.csv)"
+
 finish
