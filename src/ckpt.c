@@ -8,11 +8,12 @@
  * attribute `crc32c`, the CRC-32C of its little-endian bytes in row-major order (crc32c.h).
  *
  * Writing: the owner of a tensor (the stage holding it; the first stage for the tied wte)
- * computes its CRC and writes the whole dataset. The data transfer is INDEPENDENT by default
- * (only the owner calls H5Dwrite: no collective at all per dataset) or, with
- * PIPELM_CKPT_XFER=collective, one collective H5Dwrite per dataset in which the others select
- * nothing. The CRCs reach every rank in the one MPI_Allreduce that also agrees on the status
- * of the whole data phase; every rank then writes the same attribute values.
+ * computes its CRC (on a second thread that runs alongside the writes, for tensors in host
+ * memory) and writes the whole dataset. The data transfer is INDEPENDENT by default (only the
+ * owner calls H5Dwrite: no collective at all per dataset) or, with PIPELM_CKPT_XFER=collective,
+ * one collective H5Dwrite per dataset in which the others select nothing. The CRCs reach every
+ * rank in the one MPI_Allreduce that also agrees on the status of the whole data phase; every
+ * rank then writes the same attribute values, and the file is flushed.
  *
  * Collective discipline: a rank never leaves the sequence of collective calls on its own.
  * A rank that fails (an HDF5 error, an injected failure) keeps its first message, skips its
@@ -24,10 +25,12 @@
  * whose H5Dcreate alone fails would leave the others in that dataset's H5Dwrite; metadata
  * calls run the same code on the same metadata on every rank, so they fail alike.)
  *
- * Reading: every rank takes part in each dataset's collective H5Dread, selecting all of it if
- * its stage holds the tensor and nothing otherwise, then checks the CRC-32C of what it read
- * against the attribute. A dataset without a crc32c attribute is accepted only if it carries
- * HDF5's Fletcher32 filter (which HDF5 verifies as it reads); one with neither is refused.
+ * Reading: every rank opens every dataset (collective metadata) and checks its shape and
+ * checksum kind; the ranks whose stage holds the tensor read all of it, independently (or,
+ * with PIPELM_CKPT_XFER=collective, in a collective H5Dread where the others select nothing),
+ * and check the CRC-32C of what they read against the attribute. A dataset without a crc32c
+ * attribute is accepted only if it carries HDF5's Fletcher32 filter (which HDF5 verifies as
+ * it reads); one with neither is refused. The same discipline as writing: one agreement.
  *
  * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
  * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
@@ -38,8 +41,10 @@
  * (fallocate), so that a write cannot fail half way on one rank; a failed save empties its
  * file before closing it.
  *
- * Environment: PIPELM_CKPT_XFER = independent (default) | collective (see above);
- * PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO hints. Test-only: PIPELM_CKPT_FAIL = write[:R]
+ * Environment: PIPELM_CKPT_XFER = independent (default) | collective: the data transfers of
+ * saves and loads (see above; collective ones cost a few MPI collectives per dataset, about
+ * 10 ms each when ranks outnumber cores); PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO
+ * hints. Test-only: PIPELM_CKPT_FAIL = write[:R]
  * (rank R, default the last, fails after writing half the datasets), rename (rank 0 fails
  * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets);
  * PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
@@ -55,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -171,7 +177,7 @@ static int agree_max(MPI_Comm comm, int rc, char *err, size_t errlen, unsigned l
 static int agree(MPI_Comm comm, int rc, char *err, size_t errlen) { return agree_max(comm, rc, err, errlen, NULL, 0); }
 
 /* CRC-32C of n floats as little-endian fp32 bytes (the bytes of the file). */
-static uint32_t crc_floats(const float *p, size_t n) {
+uint32_t ckpt_crc_floats(const float *p, size_t n) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     uint32_t crc = 0, tmp[1024];
     for (size_t i = 0; i < n;) {
@@ -581,6 +587,26 @@ static const float *owned_data(const stage *st, const ckpt_gtensor *g, int which
     return stagebuf;
 }
 
+/* The CRC-32C of every tensor this rank owns, computed on a second thread while the main
+ * thread writes (host memory only: the data is read, never changed, by both). vals[1 + k]
+ * for dataset k = s n + i gets CRC | 1 << 32. The thread makes no MPI or HDF5 call. */
+typedef struct {
+    const stage *st;
+    const ckpt_gtensor *gt;
+    int n;
+    unsigned long long *vals;
+} crc_job;
+
+static void *crc_worker(void *arg) {
+    crc_job *j = arg;
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < j->n; i++) {
+            const float *d = owned_data(j->st, &j->gt[i], s, NULL);
+            if (d) j->vals[1 + s * j->n + i] = 1ULL << 32 | ckpt_crc_floats(d, j->gt[i].numel);
+        }
+    return NULL;
+}
+
 /* Check before any collective HDF5 call that every rank has the same model and that each
  * tensor has exactly one writer; otherwise the collective calls would not match. */
 static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
@@ -612,10 +638,11 @@ done:
     return rc;
 }
 
-/* Bytes a checkpoint of model c takes on disk, generously: the tensors three times over plus
- * ~8 KiB of HDF5 metadata per dataset (about 3 KiB are used) and 1 MiB. */
+/* Bytes a checkpoint of model c takes on disk, generously: the tensors (parameters and both
+ * moments) plus 2 KiB of HDF5 metadata per dataset (about 0.5 KiB are used: a contiguous
+ * dataset has no chunk index) and 1 MiB. */
 static double space_needed(const gpt2_config *c, int ntensors) {
-    return 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 8192.0 + 1048576.0;
+    return 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 2048.0 + 1048576.0;
 }
 
 /* PIPELM_CKPT_NO_SPACE_CHECK=1 turns off the free-space check and the reservation below
@@ -729,6 +756,11 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     static const char *const sections[3] = {"model", "optim/m", "optim/v"};
     int total = 3 * n, k = 0;
     h5ctx *use;
+    /* the CRCs overlap the writes on a second thread where the tensors are in host memory
+     * (else, or if the thread cannot start, each is computed just before its write) */
+    crc_job job = {st, gt, n, vals};
+    pthread_t crc_thread;
+    int threaded = st->be->host_memory && pthread_create(&crc_thread, NULL, crc_worker, &job) == 0;
 #define FIRST_ERROR(call) (use = rc == PL_OK ? cx : &later, r2 = (call), rc = rc == PL_OK ? r2 : rc)
     for (int s = 0; s < 3; s++) {
         if (s == 0) FIRST_ERROR(group_create(f, "model", &sec, use));
@@ -751,7 +783,7 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
             }
             /* a rank that has failed writes no more data */
             const float *data = rc == PL_OK ? owned_data(st, g, s, stagebuf) : NULL;
-            if (data) vals[1 + k] = 1ULL << 32 | crc_floats(data, g->numel);
+            if (data && !threaded) vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(data, g->numel);
             use = rc == PL_OK ? cx : &later;
             snprintf(use->obj, sizeof use->obj, "dataset /%s/%s", sections[s], g->path);
             FIRST_ERROR(write_dataset(cur >= 0 ? lay : sec, g, data, xfer, dxpl, &dsets[k], use));
@@ -768,11 +800,13 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
         FIRST_ERROR(obj_close(&sub, use));
     }
     cx->obj[0] = 0;
+    if (threaded) pthread_join(crc_thread, NULL);
     /* the one agreement of the data phase; the same MPI_Allreduce brings every CRC to every rank */
     rc = agree_max(comm, rc, err, errlen, vals, total);
     for (k = 0; k < total && rc == PL_OK; k++)
         if (!(vals[1 + k] >> 32)) /* the same on every rank */
-            rc = fail_msg(cx, PL_EINVAL, "no rank computed the CRC-32C of dataset %d", k);
+            rc = fail_msg(cx, PL_EINVAL, "no rank computed the CRC-32C of dataset /%s/%s", sections[k / n],
+                          gt[k % n].path);
     if (rc == PL_OK) {
         for (k = 0; k < total; k++) {
             char dpath[96];
@@ -1128,9 +1162,55 @@ static int check_config(const gpt2_config *f, const gpt2_config *r, h5ctx *cx) {
     return PL_OK;
 }
 
-/* Collective: open one dataset, check its shape, read it where buf != NULL (others select
- * nothing). A checksum failure is reported by HDF5's filter and names the dataset. */
-static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float *buf, hid_t dxpl, h5ctx *cx) {
+/* The checksum a dataset carries (see ckpt.h). */
+int ckpt_dataset_checksum(hid_t ds, const char *dpath, int *has_crc, uint32_t *stored, int *fletcher, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t a = -1, sp = -1, dcpl = -1;
+    *has_crc = *fletcher = 0;
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s: attribute " CRC_ATTR, dpath);
+    htri_t there;
+    CKPT_H5(there = H5Aexists(ds, CRC_ATTR));
+    if (there) {
+        CKPT_H5(a = H5Aopen(ds, CRC_ATTR, H5P_DEFAULT));
+        CKPT_H5(sp = H5Aget_space(a));
+        hssize_t np;
+        CKPT_H5(np = H5Sget_simple_extent_npoints(sp));
+        if (np != 1) {
+            rc = fail_msg(cx, PL_EIO, "dataset %s: attribute " CRC_ATTR " holds %lld values, not one", dpath,
+                          (long long)np);
+            goto done;
+        }
+        CKPT_H5(H5Aread(a, H5T_NATIVE_UINT32, stored));
+        *has_crc = 1;
+    } else {
+        snprintf(cx->obj, sizeof cx->obj, "dataset %s", dpath);
+        CKPT_H5(dcpl = H5Dget_create_plist(ds));
+        int nf;
+        CKPT_H5(nf = H5Pget_nfilters(dcpl));
+        for (int i = 0; i < nf; i++) {
+            unsigned flags, cd[8];
+            size_t ncd = 8;
+            char fname[64];
+            H5Z_filter_t id;
+            CKPT_H5(id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof fname, fname, NULL));
+            if (id == H5Z_FILTER_FLETCHER32) *fletcher = 1;
+        }
+    }
+done:
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sp >= 0) H5Sclose(sp);
+    if (a >= 0) H5Aclose(a);
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s", dpath);
+    return rc;
+}
+
+/* Collective metadata: open one dataset, check its shape and that it carries a checksum
+ * (every rank, the same answers); read it where buf != NULL and verify the CRC-32C of what
+ * was read (or HDF5's Fletcher32 filter does, as it reads). With collective transfers the
+ * ranks without buf take part in the H5Dread selecting nothing; with independent ones they
+ * do not call it. A failure names the dataset. */
+static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float *buf, int xfer, hid_t dxpl,
+                        h5ctx *cx) {
     static float dummy;
     int rc = PL_OK;
     hid_t ds = -1, sp = -1;
@@ -1157,8 +1237,28 @@ static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float
         rc = fail_msg(cx, PL_EIO, "dataset %s has shape %s in the file but this run expects %s", dpath, have, want);
         goto done;
     }
-    if (!buf) CKPT_H5(H5Sselect_none(sp));
-    CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, buf ? buf : &dummy));
+    int has_crc, fletcher;
+    uint32_t stored = 0;
+    if ((rc = ckpt_dataset_checksum(ds, dpath, &has_crc, &stored, &fletcher, cx)) != PL_OK) goto done;
+    if (!has_crc && !fletcher) {
+        rc = fail_msg(cx, PL_EIO, "dataset %s has no checksum (neither a " CRC_ATTR " attribute nor a Fletcher32 "
+                      "filter): refusing to load it unverified", dpath);
+        goto done;
+    }
+    if (buf) {
+        CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, buf));
+    } else if (xfer == XFER_COLLECTIVE) {
+        CKPT_H5(H5Sselect_none(sp));
+        CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, sp, sp, dxpl, &dummy));
+    }
+    if (buf && has_crc) {
+        uint32_t computed = ckpt_crc_floats(buf, g->numel);
+        if (computed != stored) {
+            rc = fail_msg(cx, PL_EIO, "dataset %s: CRC-32C mismatch (stored 0x%08x, computed 0x%08x)", dpath,
+                          (unsigned)stored, (unsigned)computed);
+            goto done;
+        }
+    }
     CKPT_H5(H5Sclose(sp));
     sp = -1;
     CKPT_H5(H5Dclose(ds));
@@ -1177,6 +1277,8 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     MPI_Comm_rank(comm, &rank);
     ckpt_h5_quiet();
     h5ctx cxs = {path, "", err, errlen, rank}, *cx = &cxs;
+    char scratch[1024]; /* the errors of a rank that has already failed */
+    h5ctx later = {path, "", scratch, sizeof scratch, rank};
     err[0] = 0;
     int rc = PL_OK, n = 4 + 12 * st->cfg.L;
     hid_t f = -1, dxpl = -1;
@@ -1184,7 +1286,9 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     double mybytes = 0.0;
     struct stat sb;
-    if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    int xfer = xfer_mode(cx);
+    if (xfer < 0) rc = PL_EINVAL;
+    else if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
     else if (stat(path, &sb) != 0) rc = fail_msg(cx, PL_EIO, "%s", strerror(errno));
     if (!st->be->host_memory && rc == PL_OK) {
         size_t maxn = 0;
@@ -1201,31 +1305,34 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     ckpt_meta m;
     rc = ckpt_read_meta(f, &fc, &m, cx);
     if (rc == PL_OK) rc = check_config(&fc, &st->cfg, cx);
-    if (rc == PL_OK) rc = dxpl_collective(&dxpl, cx);
+    if (rc == PL_OK) rc = dxpl_make(&dxpl, xfer == XFER_COLLECTIVE, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
 
+    /* Every rank walks every dataset (collective metadata) and reads those its stage holds.
+     * As in a save, a rank that fails keeps its first message, reads no more data and still
+     * makes every collective call; all agree once, at the end. */
     static const char *const sections[3] = {"model", "optim/m", "optim/v"};
-    for (int s = 0; s < 3 && rc == PL_OK; s++)
+    for (int s = 0; s < 3; s++)
         for (int i = 0; i < n; i++) {
             const ckpt_gtensor *g = &gt[i];
             const param_tensor *t = stage_find_tensor(st, g->kind, g->layer); /* wte: first and last */
             float *base = s == 0 ? st->params : s == 1 ? st->m : st->v;
-            float *dst = t ? (st->be->host_memory ? base + t->offset : stagebuf) : NULL;
+            float *dst = t && rc == PL_OK ? (st->be->host_memory ? base + t->offset : stagebuf) : NULL;
             char dpath[96];
             snprintf(dpath, sizeof dpath, "/%s/%s", sections[s], g->path);
-            rc = read_dataset(f, dpath, g, dst, dxpl, cx);
-            if (rc == PL_OK && t) {
+            int r2 = read_dataset(f, dpath, g, dst, xfer, dxpl, rc == PL_OK ? cx : &later);
+            if (r2 == PL_OK && dst) {
                 if (!st->be->host_memory) st->be->from_host(base + t->offset, stagebuf, t->numel * sizeof(float));
                 mybytes += (double)t->numel * sizeof(float);
             }
-            if ((rc = agree(comm, rc, err, errlen)) != PL_OK) break;
+            if (rc == PL_OK) rc = r2;
         }
+    rc = agree(comm, rc, err, errlen);
     cx->obj[0] = 0;
     if (rc == PL_OK && meta) *meta = m;
 close:
     if (dxpl >= 0) H5Pclose(dxpl);
     {
-        char scratch[512];
         h5ctx cc = {path, "", scratch, sizeof scratch, rank};
         int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
         if (rc == PL_OK) rc = agree(comm, crc, err, errlen);

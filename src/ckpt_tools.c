@@ -6,8 +6,9 @@
  * library's own readers and writers, so a converted file is exactly what a run would save:
  * llm.c (fp32 v3 or bf16 v5) -> checkpoint with zero AdamW moments at step 0, and
  * checkpoint -> llm.c fp32 v3 (fp32 -> checkpoint -> fp32 is byte-identical).
- * inspect prints the metadata and reads every dataset back, so HDF5 verifies each
- * Fletcher32 checksum; it exits 0 only if every dataset has one and it holds.
+ * inspect prints the metadata and reads every dataset back, verifying its checksum: the
+ * CRC-32C of the bytes read against its crc32c attribute (or, for a dataset without one,
+ * HDF5's Fletcher32 filter as it reads); it exits 0 only if every dataset has one and it holds.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -21,6 +22,7 @@
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/crc32c.h"
 #include "pipelm/llmc.h"
 #include "pipelm/model.h"
 
@@ -300,12 +302,14 @@ static void human(double b, char *buf, size_t len) {
     else snprintf(buf, len, "%.2f GiB", b / 1073741824.0);
 }
 
-/* One row of the dataset table: read it back (HDF5 verifies the checksum). Returns 0 if the
- * dataset has a Fletcher32 checksum and it holds. */
+/* One row of the dataset table: read it back and verify its checksum (the CRC-32C of the
+ * file's bytes against its crc32c attribute, or HDF5's Fletcher32 filter as it reads).
+ * Returns 0 if the dataset has a checksum and it holds. */
 static int inspect_dataset(hid_t f, const char *name, int width, double *bytes, h5ctx *cx) {
     FILE *out = pl_out ? pl_out : stdout;
-    int rc = PL_OK, has_sum = 0;
-    hid_t ds = -1, sp = -1, dcpl = -1, ft = -1, mt = -1;
+    int rc = PL_OK, has_crc = 0, fletcher = 0;
+    uint32_t stored = 0;
+    hid_t ds = -1, sp = -1, ft = -1;
     void *buf = NULL;
     char shape[96] = "?", size[32] = "?";
     snprintf(cx->obj, sizeof cx->obj, "dataset %s", name);
@@ -323,39 +327,36 @@ static int inspect_dataset(hid_t f, const char *name, int width, double *bytes, 
     hssize_t n;
     CKPT_H5(n = H5Sget_simple_extent_npoints(sp));
     CKPT_H5(ft = H5Dget_type(ds));
-    CKPT_H5(mt = H5Tget_native_type(ft, H5T_DIR_ASCEND));
-    size_t esz = H5Tget_size(mt), fsz = H5Tget_size(ft); /* 0 on failure */
-    if (esz == 0 || fsz == 0) {
-        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(mt)");
+    size_t fsz = H5Tget_size(ft); /* 0 on failure */
+    if (fsz == 0) {
+        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(ft)");
         goto done;
     }
     *bytes = (double)n * (double)fsz;
     human(*bytes, size, sizeof size);
-    CKPT_H5(dcpl = H5Dget_create_plist(ds));
-    int nf;
-    CKPT_H5(nf = H5Pget_nfilters(dcpl));
-    for (int i = 0; i < nf; i++) {
-        unsigned flags, cd[8];
-        size_t ncd = 8;
-        char fname[64];
-        H5Z_filter_t id;
-        CKPT_H5(id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof fname, fname, NULL));
-        if (id == H5Z_FILTER_FLETCHER32) has_sum = 1;
-    }
-    buf = malloc((size_t)(n > 0 ? n : 1) * esz);
+    if ((rc = ckpt_dataset_checksum(ds, name, &has_crc, &stored, &fletcher, cx)) != PL_OK) goto done;
+    buf = malloc((size_t)(n > 0 ? n : 1) * fsz);
     if (!buf) {
         snprintf(cx->err, cx->errlen, "out of memory reading %s", name);
         rc = PL_ENOMEM;
         goto done;
     }
-    CKPT_H5(H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf));
+    /* in the file's own type: the bytes as stored (little-endian fp32), which the CRC covers */
+    CKPT_H5(H5Dread(ds, ft, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf));
+    if (has_crc) {
+        uint32_t computed = crc32c(buf, (size_t)n * fsz);
+        if (computed != stored) {
+            snprintf(cx->err, cx->errlen, "checkpoint %s: rank %d: dataset %s: CRC-32C mismatch (stored 0x%08x, "
+                     "computed 0x%08x)", cx->file, cx->rank, name, (unsigned)stored, (unsigned)computed);
+            rc = PL_EIO;
+        }
+    }
 done:
     free(buf);
-    if (mt >= 0) H5Tclose(mt);
     if (ft >= 0) H5Tclose(ft);
-    if (dcpl >= 0) H5Pclose(dcpl);
     if (sp >= 0) H5Sclose(sp);
     if (ds >= 0) H5Dclose(ds);
+    int has_sum = has_crc || fletcher;
     const char *verdict = rc != PL_OK ? "FAILED" : has_sum ? "OK" : "NONE";
     fprintf(out, "  %-*s  %-14s %11s  %s\n", width, name, shape, size, verdict);
     if (rc != PL_OK) fprintf(out, "      %s\n", cx->err);
@@ -372,7 +373,8 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
     if (argc - first == 1 && (strcmp(argv[first], "--help") == 0 || strcmp(argv[first], "-h") == 0)) {
         fprintf(out, "usage: pipelm inspect FILE\n"
                      "  prints a checkpoint's metadata and every dataset (shape, size), reading each back so\n"
-                     "  that its checksum is verified; exits 0 if every checksum holds, 1 otherwise\n");
+                     "  that its checksum (CRC-32C, or Fletcher32) is verified; exits 0 if every dataset has\n"
+                     "  a checksum and it holds, 1 otherwise\n");
         return 0;
     }
     if (argc - first != 1) {

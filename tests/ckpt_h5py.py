@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """ckpt_h5py.py LLMC_FILE CKPT_FILE — read a pipelm checkpoint with h5py (Debian's
 python3-h5py, an HDF5 reader independent of pipelm) and check it against the llm.c fp32 model
-file it was converted from: the root attributes, /config, every dataset's name, shape, dtype
-and Fletcher32 filter (shared/notes/formats.md section 2), the parameter values slice by slice,
-and zero AdamW moments. Exit 0 if all hold, 1 otherwise, 77 (skip) without h5py or numpy.
+file it was converted from: the root attributes, /config, every dataset's name, shape, dtype,
+contiguous layout and uint32 crc32c attribute (shared/notes/formats.md section 2), that
+attribute recomputed here with a pure-Python CRC-32C on a few small datasets, the parameter
+values slice by slice, and zero AdamW moments. Exit 0 if all hold, 1 otherwise, 77 (skip) without h5py or numpy.
 """
 import re
 import sys
@@ -32,6 +33,28 @@ def shapes(V, Vp, maxT, L, C):
     order += [(k, per[k], True) for k in BLOCK]
     order += [("lnf_w", (C,), False), ("lnf_b", (C,), False)]
     return out, order
+
+
+def _crc32c_table():
+    """The byte table of the reflected CRC-32C polynomial 0x82F63B78."""
+    table = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+CRC_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli: init and final xor 0xFFFFFFFF), one byte at a time (slow; small data)."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = (c >> 8) ^ CRC_TABLE[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFF
 
 
 def text(v):
@@ -76,7 +99,8 @@ def main():
         for k in ("step", "tokens_seen", "data_pos", "seed", "data_seed", "lr_schedule", "split", "nstages"):
             check(k in f["train"].attrs, f"/train attr {k}")
 
-        # every dataset: present, fp32, the schema's shape, chunked, Fletcher32
+        # every dataset: present, fp32, the schema's shape, contiguous, unfiltered, a uint32 crc32c
+        check(crc32c(b"123456789") == 0xE3069283, "the Python CRC-32C's check value")
         count = 0
         for sec in ("model", "optim/m", "optim/v"):
             for name, shape in names.items():
@@ -88,7 +112,11 @@ def main():
                 count += 1
                 check(d.shape == shape, f"{path} shape {d.shape} != {shape}")
                 check(d.dtype == np.float32, f"{path} dtype {d.dtype}")
-                check(d.chunks is not None and d.fletcher32, f"{path} not chunked with Fletcher32")
+                check(d.chunks is None and not d.fletcher32 and d.compression is None,
+                      f"{path} is not contiguous and unfiltered")
+                crc = d.attrs.get("crc32c")
+                check(crc is not None and np.asarray(crc).dtype == np.uint32 and np.asarray(crc).shape == (),
+                      f"{path} has no scalar uint32 crc32c attribute")
                 if sec != "model":
                     check(not np.any(d[...]), f"{path} moments not zero")
 
@@ -104,11 +132,22 @@ def main():
                     check(np.array_equal(f[path][...], ref), f"{path} values differ from the llm.c file")
         check(off == data.size, "llm.c file size")
 
+        # the crc32c attribute of a few small datasets, recomputed from their little-endian bytes
+        ncrc = 0
+        for path in ("/model/lnf_w", "/model/h.0/qkv_b", "/model/wpe", f"/model/h.{L - 1}/ln2_b", "/optim/v/lnf_b"):
+            if path in f and "crc32c" in f[path].attrs:
+                raw = np.ascontiguousarray(f[path][...], dtype="<f4").tobytes()
+                want = int(f[path].attrs["crc32c"])
+                got = crc32c(raw)
+                check(got == want, f"{path}: crc32c attribute 0x{want:08x} but the bytes give 0x{got:08x}")
+                ncrc += 1
+        check(ncrc == 5, "crc32c recomputed on 5 datasets")
+
     if fails:
         print(f"ckpt_h5py: {len(fails)} problem(s): " + "; ".join(fails[:10]))
         return 1
-    print(f"ckpt_h5py: h5py {h5py.version.version} read {count} datasets; names, shapes, attributes "
-          f"and values match {llmc}")
+    print(f"ckpt_h5py: h5py {h5py.version.version} read {count} contiguous datasets; names, shapes, "
+          f"attributes and values match {llmc}; crc32c recomputed on {ncrc}")
     return 0
 
 

@@ -3,8 +3,10 @@
 # splits the other way) with bit-identical parameters and moments; injected failures (write,
 # rename, a rank SIGKILLed mid-write) and a full file system leave `latest` on the previous
 # checkpoint, loadable; keep=K prunes only after a good save; llm.c -> checkpoint -> llm.c is
-# byte-identical; inspect verifies every checksum and names a corrupted dataset; h5py reads
-# the file as the schema says; and, once `pipelm train` saves checkpoints, a run killed after
+# byte-identical; collective data transfers (PIPELM_CKPT_XFER=collective) write a file that
+# loads the same, and an injected failure there ends the save without a hang; inspect
+# verifies every CRC-32C and names a corrupted dataset, as a load does; h5py reads the file
+# as the schema says and recomputes a few crc32c attributes; and, once `pipelm train` saves checkpoints, a run killed after
 # its step-2 checkpoint resumes to the same final weights as an uninterrupted run.
 # Multi-rank saves use tests/test_ckpt's driver mode (see its usage()). Every mpiexec runs
 # under a timeout.
@@ -34,6 +36,20 @@ done
 if drv 120 2 save s2 6 0,3 0 8 > s2.out 2>&1 && drv 180 3 load s2/ckpt_00000006.h5 2,0,1 8 6 > l.out 2>&1; then
     ok "2-stage checkpoint (first stage embeddings only) loads on 3 ranks (split 2,0,1)"
 else bad "save 0,3 / load 2,0,1" "$(tail -n 2 s2.out l.out)"; fi
+
+# --- collective data transfers (the alternative to the default independent ones) ----------------
+if PIPELM_CKPT_XFER=collective drv 180 3 save sc 5 1,1,1 0 7 > sc.out 2>&1 && drv 180 2 load sc 2,1 7 5 > l.out 2>&1 &&
+    PIPELM_CKPT_XFER=collective drv 180 2 load sc 1,2 7 5 > l2.out 2>&1; then
+    ok "PIPELM_CKPT_XFER=collective: 3-rank save loads on 2 ranks (independent and collective reads), identical"
+else bad "collective transfers" "$(tail -n 2 sc.out l.out l2.out)"; fi
+d=f_coll
+drv 120 2 save $d 1 1,2 1 7 > /dev/null 2>&1
+PIPELM_CKPT_XFER=collective PIPELM_CKPT_FAIL=write:0 drv 120 2 save $d 2 1,2 1 8 > $d.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: injected failure" $d.out && [ "$(cat $d/latest)" = ckpt_00000001.h5 ] &&
+    [ -z "$(ls -A $d | grep tmp)" ]; then
+    ok "PIPELM_CKPT_XFER=collective: rank 0 failing half way ends the save (exit $rc, no hang), step 1 still latest"
+else bad "collective transfers, injected failure" "exit $rc: $(tail -n 2 $d.out)"; fi
 
 # --- failures leave the previous checkpoint in place ------------------------------------------
 # fails DIR: latest still names step 1, step 1 loads, no step-2 file or temporary file
@@ -115,14 +131,20 @@ cp m.h5 bad.h5
 drv 60 1 corrupt bad.h5 /model/h.1/qkv_w
 "${TOOL[@]}" inspect bad.h5 > i2.out 2>&1
 rc=$?
-if [ $rc -eq 1 ] && grep -q "/model/h.1/qkv_w .*FAILED" i2.out && grep -q "CHECKSUM FAILED" i2.out; then
+if [ $rc -eq 1 ] && grep -q "/model/h.1/qkv_w .*FAILED" i2.out && grep -q "CHECKSUM FAILED" i2.out &&
+    grep -q "/model/h.1/qkv_w: CRC-32C mismatch" i2.out; then
     ok "inspect: a flipped byte fails /model/h.1/qkv_w, exit 1"
 else bad "inspect of a corrupt file" "exit $rc: $(grep FAIL i2.out | head -n 2)"; fi
 drv 120 2 load bad.h5 1,2 11 0 > l.out 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "/model/h.1/qkv_w.*Fletcher32" l.out; then
-    ok "a 2-rank load of the corrupt file fails naming the dataset"
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "dataset /model/h.1/qkv_w: CRC-32C mismatch (stored 0x" l.out; then
+    ok "a 2-rank load of the corrupt file fails naming the dataset ($(grep -o 'rank [0-9]*: dataset [^ ]*: CRC-32C mismatch' l.out | head -n 1))"
 else bad "load of a corrupt file" "exit $rc: $(tail -n 2 l.out)"; fi
+PIPELM_CKPT_XFER=collective drv 120 2 load bad.h5 1,2 11 0 > l.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "dataset /model/h.1/qkv_w: CRC-32C mismatch (stored 0x" l.out; then
+    ok "the same with collective reads (PIPELM_CKPT_XFER=collective)"
+else bad "collective load of a corrupt file" "exit $rc: $(tail -n 2 l.out)"; fi
 
 # --- pipelm train: resume is bit-identical (runs once train saves checkpoints) -------------------
 COMMON="--preset tiny --steps 4 --batch 8 --seq-len 32 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"

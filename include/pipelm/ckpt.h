@@ -3,15 +3,17 @@
  *
  * Tensors are named by layer (/model/h.<i>/qkv_w ...), never by stage, so a checkpoint saved
  * on N stages loads on any M (schema: shared/notes/formats.md §2, format_version 1). Every
- * dataset carries a Fletcher32 checksum, verified on load. A save is atomic: written under
- * a temporary name, closed, confirmed complete by every rank, renamed, and only then does
- * DIR/latest move and do checkpoints beyond `keep` get removed; a failure at any point
- * leaves the previous checkpoint intact and loadable.
+ * dataset is contiguous fp32 with a uint32 attribute `crc32c` (the CRC-32C of its bytes,
+ * crc32c.h), verified on load. A save is atomic: written under a temporary name, closed,
+ * confirmed complete by every rank, renamed, and only then does DIR/latest move and do
+ * checkpoints beyond `keep` get removed; a failure at any point leaves the previous
+ * checkpoint intact and loadable.
  */
 #ifndef PIPELM_CKPT_H
 #define PIPELM_CKPT_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <mpi.h>
 #include "pipelm/model.h"
 
@@ -109,6 +111,13 @@ int ckpt_read_meta(hid_t file, gpt2_config *cfg, ckpt_meta *meta, h5ctx *cx);
  * name `label` (the final name of a temporary file), or path if label is NULL. */
 int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta, MPI_Comm comm,
                     double *bytes_out, char *err, size_t errlen);
+/* The checksum of an open dataset (metadata reads; under MPI-IO every rank calls it in the
+ * same order): *has_crc = 1 and *stored from its uint32 attribute crc32c, else *fletcher = 1
+ * if HDF5's Fletcher32 filter is on it (HDF5 then verifies it as it reads). dpath names the
+ * dataset in messages. */
+int ckpt_dataset_checksum(hid_t ds, const char *dpath, int *has_crc, uint32_t *stored, int *fletcher, h5ctx *cx);
+/* CRC-32C of n floats as little-endian fp32 bytes (what a dataset's crc32c covers). */
+uint32_t ckpt_crc_floats(const float *p, size_t n);
 /* "ckpt_00000042.h5" -> 42; -1 for any other name. */
 long long ckpt_name_step(const char *name);
 #endif
