@@ -40,5 +40,10 @@ if [ "${1:-}" = "--test" ]; then
         grep -E "^[0-9]+%: Checks|passed, [0-9]+ failed|^(FAIL|ERROR|SKIP)|PASS:|FAIL:" "$log" || tail -n 5 "$log"
     done
     [ $status -eq 0 ] || { echo "setup: make check failed"; cat tests/test-suite.log || true; }
+    # one closing line over all test programs, from automake's own summary
+    pass=$(grep -c '^:test-result: PASS' tests/*.trs 2>/dev/null | awk -F: '{s += $2} END {print s + 0}')
+    fail=$(grep -c '^:test-result: \(FAIL\|ERROR\|XPASS\)' tests/*.trs 2>/dev/null | awk -F: '{s += $2} END {print s + 0}')
+    skip=$(grep -c '^:test-result: SKIP' tests/*.trs 2>/dev/null | awk -F: '{s += $2} END {print s + 0}')
+    echo "tests: $pass passed, $fail failed, $skip skipped"
     exit $status
 fi
