@@ -311,7 +311,7 @@ static void cpu_crossentropy_bwd(float *probs, const int *targets, float dloss, 
 static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
                       float b2, float eps, float wd, int t) {
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i];
         float mi = b1 * m[i] + (1.0f - b1) * gi;
