@@ -1,5 +1,5 @@
 /*
- * ckpt.c — checkpoints as one parallel-HDF5 file per save (shared/notes/formats.md §2).
+ * ckpt.c — checkpoints as one parallel-HDF5 file per save (docs/formats.md §2).
  *
  * Every rank opens the file through MPI-IO with collective metadata, and creates every group,
  * attribute and dataset (HDF5 metadata is collective). Tensors are named by layer, so any
@@ -60,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -76,6 +77,7 @@
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/crc32c.h"
+#include "pipelm/files.h"
 
 #define CKPT_FORMAT "pipelm-checkpoint"
 #define CRC_ATTR "crc32c" /* the per-dataset checksum attribute */
@@ -264,54 +266,74 @@ done:
     return rc;
 }
 
-/* Read a scalar or 1-D attribute converted to mtype (at most n values). */
-static int attr_read(hid_t loc, const char *name, hid_t mtype, int n, void *val, h5ctx *cx) {
+/* "/train/nstages" (or "/step" at the root) for messages. */
+static void attr_label(const char *grp, const char *name, char *buf, size_t len) {
+    snprintf(buf, len, "%s%s%s", grp, strcmp(grp, "/") == 0 ? "" : "/", name);
+}
+
+/* Read an attribute of exactly n values converted to mtype, refusing one that is missing,
+ * of another type class than mtype's (an integer where a float is expected, or the reverse:
+ * HDF5 would convert either silently) or of another size. grp names it in messages. */
+static int attr_read(hid_t loc, const char *grp, const char *name, hid_t mtype, int n, void *val, h5ctx *cx) {
     int rc = PL_OK;
-    hid_t a = -1, sp = -1;
-    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    hid_t a = -1, sp = -1, ft = -1;
+    char lab[96];
+    attr_label(grp, name, lab, sizeof lab);
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", lab);
     htri_t there;
     CKPT_H5(there = H5Aexists(loc, name));
     if (!there) {
-        rc = fail_msg(cx, PL_EIO, "attribute '%s' is missing (not a pipelm checkpoint, or damaged)", name);
+        rc = fail_msg(cx, PL_EIO, "attribute %s is missing (not a pipelm checkpoint, or damaged)", lab);
         goto done;
     }
     CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
+    CKPT_H5(ft = H5Aget_type(a));
+    H5T_class_t cls, want = H5Tget_class(mtype);
+    CKPT_H5(cls = H5Tget_class(ft));
+    if (cls != want) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s has the wrong type (HDF5 class %d; expected %s)", lab, (int)cls,
+                      want == H5T_INTEGER ? "an integer" : "a floating-point number");
+        goto done;
+    }
     CKPT_H5(sp = H5Aget_space(a));
     hssize_t np;
     CKPT_H5(np = H5Sget_simple_extent_npoints(sp));
-    if (np > n) {
-        rc = fail_msg(cx, PL_EIO, "attribute '%s' holds %lld values, at most %d expected", name, (long long)np, n);
+    if (np != n) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s holds %lld values, %d expected", lab, (long long)np, n);
         goto done;
     }
     CKPT_H5(H5Aread(a, mtype, val));
 done:
+    if (ft >= 0) H5Tclose(ft);
     if (sp >= 0) H5Sclose(sp);
     if (a >= 0) H5Aclose(a);
     if (rc == PL_OK) cx->obj[0] = 0;
     return rc;
 }
 
-/* Scalar attributes read as long long, int or double (HDF5 converts from the file's type). */
-static int attr_get_i64(hid_t loc, const char *name, long long *v, h5ctx *cx) {
-    return attr_read(loc, name, H5T_NATIVE_LLONG, 1, v, cx);
+/* Scalar attributes read as long long or double (never narrowed: ranges are checked by the
+ * caller on the 64-bit value). */
+static int attr_get_i64(hid_t loc, const char *grp, const char *name, long long *v, h5ctx *cx) {
+    return attr_read(loc, grp, name, H5T_NATIVE_LLONG, 1, v, cx);
 }
-static int attr_get_int(hid_t loc, const char *name, int *v, h5ctx *cx) {
-    return attr_read(loc, name, H5T_NATIVE_INT, 1, v, cx);
-}
-static int attr_get_f64(hid_t loc, const char *name, double *v, h5ctx *cx) {
-    return attr_read(loc, name, H5T_NATIVE_DOUBLE, 1, v, cx);
+static int attr_get_f64(hid_t loc, const char *grp, const char *name, double *v, h5ctx *cx) {
+    return attr_read(loc, grp, name, H5T_NATIVE_DOUBLE, 1, v, cx);
 }
 
-/* Read a string attribute into buf (truncated to len - 1 characters). */
-static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ctx *cx) {
+/* Read a string attribute into buf: refused if it is not a string, is len or more bytes
+ * long, or holds a control character or a byte after its terminating NUL. */
+static int attr_get_str(hid_t loc, const char *grp, const char *name, char *buf, size_t len, h5ctx *cx) {
     int rc = PL_OK;
-    hid_t a = -1, ft = -1, mt = -1;
-    char *tmp = NULL;
-    snprintf(cx->obj, sizeof cx->obj, "attribute %s", name);
+    hid_t a = -1, ft = -1, mt = -1, sp = -1;
+    char *tmp = NULL, lab[96];
+    size_t sz = 0;
+    attr_label(grp, name, lab, sizeof lab);
+    snprintf(cx->obj, sizeof cx->obj, "attribute %s", lab);
+    buf[0] = 0;
     htri_t there;
     CKPT_H5(there = H5Aexists(loc, name));
     if (!there) {
-        rc = fail_msg(cx, PL_EIO, "attribute '%s' is missing (not a pipelm checkpoint, or damaged)", name);
+        rc = fail_msg(cx, PL_EIO, "attribute %s is missing (not a pipelm checkpoint, or damaged)", lab);
         goto done;
     }
     CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
@@ -319,7 +341,14 @@ static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ct
     H5T_class_t cls;
     CKPT_H5(cls = H5Tget_class(ft));
     if (cls != H5T_STRING) {
-        rc = fail_msg(cx, PL_EIO, "attribute '%s' is not a string", name);
+        rc = fail_msg(cx, PL_EIO, "attribute %s is not a string", lab);
+        goto done;
+    }
+    CKPT_H5(sp = H5Aget_space(a));
+    hssize_t np;
+    CKPT_H5(np = H5Sget_simple_extent_npoints(sp));
+    if (np != 1) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s holds %lld strings, one expected", lab, (long long)np);
         goto done;
     }
     htri_t vl;
@@ -329,23 +358,48 @@ static int attr_get_str(hid_t loc, const char *name, char *buf, size_t len, h5ct
         CKPT_H5(mt = H5Tcopy(H5T_C_S1));
         CKPT_H5(H5Tset_size(mt, H5T_VARIABLE));
         CKPT_H5(H5Aread(a, mt, &s));
-        snprintf(buf, len, "%s", s ? s : "");
-        free(s); /* allocated by HDF5 with the system allocator */
+        sz = s ? strlen(s) : 0;
+        tmp = calloc(sz + 1, 1);
+        if (tmp && s) memcpy(tmp, s, sz);
+        H5free_memory(s);
+        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
     } else {
-        size_t sz = H5Tget_size(ft); /* 0 on failure */
+        sz = H5Tget_size(ft); /* 0 on failure */
         if (sz == 0) {
             rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(ft)");
             goto done;
         }
+        if (sz > 1u << 20) {
+            rc = fail_msg(cx, PL_EIO, "attribute %s is a string of %zu bytes, at most %zu expected", lab, sz, len - 1);
+            goto done;
+        }
         tmp = calloc(sz + 1, 1);
-        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute '%s'", name); goto done; }
+        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
         CKPT_H5(mt = H5Tcopy(H5T_C_S1));
-        CKPT_H5(H5Tset_size(mt, sz));
+        CKPT_H5(H5Tset_size(mt, sz + 1)); /* room for a NUL HDF5 adds to a full-width string */
+        CKPT_H5(H5Tset_strpad(mt, H5T_STR_NULLTERM));
         CKPT_H5(H5Aread(a, mt, tmp));
-        snprintf(buf, len, "%s", tmp);
     }
+    size_t n = strlen(tmp);
+    for (size_t i = n; i < sz; i++)
+        if (tmp[i]) {
+            rc = fail_msg(cx, PL_EIO, "attribute %s holds bytes after its terminating NUL", lab);
+            goto done;
+        }
+    if (n >= len) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s is a string of %zu characters, at most %zu expected", lab, n, len - 1);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)tmp[i] < 0x20 || tmp[i] == 0x7f) {
+            rc = fail_msg(cx, PL_EIO, "attribute %s holds a control character (\\x%02x at %zu)", lab,
+                          (unsigned char)tmp[i], i);
+            goto done;
+        }
+    memcpy(buf, tmp, n + 1);
 done:
     free(tmp);
+    if (sp >= 0) H5Sclose(sp);
     if (mt >= 0) H5Tclose(mt);
     if (ft >= 0) H5Tclose(ft);
     if (a >= 0) H5Aclose(a);
@@ -533,15 +587,83 @@ done:
     return rc;
 }
 
-/* The root, /config, /optim and /train attributes (identical on every rank). */
+/* Every attribute of a checkpoint's metadata, as written or as read back. */
+typedef struct {
+    char format[64], version[64], created[64], optim_name[32];
+    long long format_version, root_step, optim_step;
+    double optim_lr;
+    long long cfg[6]; /* vocab_size, padded_vocab_size, max_seq_len, n_layer, n_head, n_embd */
+    ckpt_meta m;      /* /train (m.step is /train step) and /optim beta1.. */
+    int has_branch;   /* /train markov_branch present */
+} meta_all;
+
+/* The canonical text of the metadata that meta_crc32c covers (docs/formats.md): one
+ * "path=value\n" line per attribute in a fixed order; integers in decimal, floats as
+ * printf("%.17g"), strings as stored, split as comma-separated decimals. Returns its length
+ * (or 0 if buf is too small). */
+static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
+    static const char *const cn[6] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
+    const ckpt_meta *m = &a->m;
+    size_t o = 0;
+#define CANON(...) do { if (o < len) o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__); } while (0)
+    CANON("format=%s\nformat_version=%lld\npipelm_version=%s\nstep=%lld\ncreated=%s\n", a->format,
+          a->format_version, a->version, a->root_step, a->created);
+    for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", cn[i], a->cfg[i]);
+    CANON("/optim/name=%s\n/optim/beta1=%.17g\n/optim/beta2=%.17g\n/optim/eps=%.17g\n/optim/weight_decay=%.17g\n"
+          "/optim/lr=%.17g\n/optim/step=%lld\n", a->optim_name, m->beta1, m->beta2, m->eps, m->weight_decay,
+          a->optim_lr, a->optim_step);
+    CANON("/train/step=%lld\n/train/tokens_seen=%lld\n/train/data_pos=%lld\n/train/seed=%lld\n/train/data_seed=%lld\n"
+          "/train/data=%s\n/train/lr=%.17g\n/train/min_lr=%.17g\n/train/warmup_steps=%d\n/train/total_steps=%d\n"
+          "/train/lr_schedule=%s\n/train/grad_clip=%.17g\n/train/batch=%d\n/train/seq_len=%d\n"
+          "/train/microbatches=%d\n/train/schedule=%s\n/train/nstages=%d\n/train/split=",
+          m->step, m->tokens_seen, m->data_pos, m->seed, m->data_seed, m->data, m->lr, m->min_lr, m->warmup_steps,
+          m->total_steps, m->lr_schedule, m->grad_clip, m->batch, m->seq_len, m->microbatches, m->schedule,
+          m->nstages);
+    for (int i = 0; i < m->nstages && i < CKPT_MAX_STAGES; i++) CANON("%s%d", i ? "," : "", m->split[i]);
+    CANON("\n");
+    if (a->has_branch) CANON("/train/markov_branch=%d\n", m->markov_branch);
+#undef CANON
+    return o < len ? o : 0;
+}
+
+/* CRC-32C of the canonical metadata text (0 if it does not fit, which cannot happen for
+ * values that passed the range checks). */
+static uint32_t meta_crc(const meta_all *a) {
+    size_t cap = 16384 + 8 * CKPT_MAX_STAGES;
+    char *buf = malloc(cap);
+    if (!buf) return 0;
+    size_t n = meta_canon(a, buf, cap);
+    uint32_t c = crc32c(buf, n);
+    free(buf);
+    return c;
+}
+
+/* The root, /config, /optim and /train attributes (identical on every rank), and the root
+ * meta_crc32c over all of them. */
 static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const char *created, h5ctx *cx) {
     int rc = PL_OK;
     hid_t g = -1;
+    meta_all all;
+    memset(&all, 0, sizeof all);
+    snprintf(all.format, sizeof all.format, "%s", CKPT_FORMAT);
+    snprintf(all.version, sizeof all.version, "%s", PACKAGE_VERSION);
+    snprintf(all.created, sizeof all.created, "%s", created);
+    snprintf(all.optim_name, sizeof all.optim_name, "adamw");
+    all.format_version = CKPT_FORMAT_VERSION;
+    all.root_step = all.optim_step = m->step;
+    all.optim_lr = m->lr;
+    long long cv[6] = {c->V, c->Vp, c->maxT, c->L, c->NH, c->C};
+    memcpy(all.cfg, cv, sizeof cv);
+    all.m = *m;
+    all.m.nstages = m->nstages > 0 && m->nstages <= CKPT_MAX_STAGES ? m->nstages : 0;
+    all.has_branch = m->markov_branch > 0; /* written only when the run says (<= 0: not known) */
     PL_TRY(attr_str(f, "format", CKPT_FORMAT, cx));
     PL_TRY(attr_i64(f, "format_version", CKPT_FORMAT_VERSION, cx));
     PL_TRY(attr_str(f, "pipelm_version", PACKAGE_VERSION, cx));
     PL_TRY(attr_i64(f, "step", m->step, cx));
     PL_TRY(attr_str(f, "created", created, cx));
+    uint32_t mcrc = meta_crc(&all);
+    PL_TRY(attr_write(f, "meta_crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, 0, &mcrc, cx));
 
     PL_TRY(group_create(f, "config", &g, cx));
     if ((rc = attr_i64(g, "vocab_size", c->V, cx)) || (rc = attr_i64(g, "padded_vocab_size", c->Vp, cx)) ||
@@ -557,7 +679,7 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
         goto done;
     if ((rc = obj_close(&g, cx))) goto done;
     PL_TRY(group_create(f, "train", &g, cx));
-    int ns = m->nstages > 0 && m->nstages <= CKPT_MAX_STAGES ? m->nstages : 0;
+    int ns = all.m.nstages;
     if ((rc = attr_i64(g, "step", m->step, cx)) || (rc = attr_i64(g, "tokens_seen", m->tokens_seen, cx)) ||
         (rc = attr_i64(g, "data_pos", m->data_pos, cx)) || (rc = attr_i64(g, "seed", m->seed, cx)) ||
         (rc = attr_i64(g, "data_seed", m->data_seed, cx)) || (rc = attr_str(g, "data", m->data, cx)) ||
@@ -567,7 +689,8 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
         (rc = attr_str(g, "lr_schedule", m->lr_schedule, cx)) || (rc = attr_f64(g, "grad_clip", m->grad_clip, cx)) ||
         (rc = attr_i64(g, "batch", m->batch, cx)) || (rc = attr_i64(g, "seq_len", m->seq_len, cx)) ||
         (rc = attr_i64(g, "microbatches", m->microbatches, cx)) ||
-        (rc = attr_str(g, "schedule", m->schedule, cx)) || (rc = attr_i64(g, "nstages", m->nstages, cx)))
+        (rc = attr_str(g, "schedule", m->schedule, cx)) || (rc = attr_i64(g, "nstages", ns, cx)) ||
+        (all.has_branch && (rc = attr_i64(g, "markov_branch", m->markov_branch, cx))))
         goto done;
     if (ns > 0 && (rc = attr_write(g, "split", H5T_STD_I32LE, H5T_NATIVE_INT, ns, m->split, cx))) goto done;
     rc = obj_close(&g, cx);
@@ -1038,7 +1161,24 @@ int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm 
 
 /* ---- resolving --resume ----------------------------------------------------------------- */
 
-/* What --resume names: a file, DIR/latest, or the newest ckpt_*.h5 in DIR (one process). */
+/* The newest ckpt_<step>.h5 in dir (step -1 if none); PL_EIO if dir cannot be read. */
+static int newest_in_dir(const char *dir, long long *best, char *err, size_t errlen) {
+    DIR *d = opendir(dir);
+    *best = -1;
+    if (!d) {
+        snprintf(err, errlen, "checkpoint directory %s: %s", dir, strerror(errno));
+        return PL_EIO;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long s = ckpt_name_step(e->d_name);
+        if (s > *best) *best = s;
+    }
+    closedir(d);
+    return PL_OK;
+}
+
+/* What --resume names: a file, or the checkpoint DIR/latest names (see ckpt.h; one process). */
 int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen) {
     struct stat sb;
     if (stat(path_or_dir, &sb) != 0) {
@@ -1046,107 +1186,261 @@ int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err,
         return PL_EIO;
     }
     if (!S_ISDIR(sb.st_mode)) {
+        PL_TRY(pl_check_input_file(path_or_dir, "checkpoint", err, errlen));
         snprintf(path, pathlen, "%s", path_or_dir);
         return PL_OK;
     }
-    /* DIR/latest names the newest complete checkpoint, if it still exists */
-    char lf[4400], name[512] = "", cand[4400 + 512];
+    char lf[4400], cand[4400 + 512], why[5200] = "";
     snprintf(lf, sizeof lf, "%s/latest", path_or_dir);
-    FILE *fp = fopen(lf, "r");
-    if (fp) {
-        if (fgets(name, sizeof name, fp)) name[strcspn(name, "\r\n")] = 0;
-        fclose(fp);
-        if (name[0]) {
-            if (name[0] == '/') snprintf(cand, sizeof cand, "%s", name);
-            else snprintf(cand, sizeof cand, "%s/%s", path_or_dir, name);
-            if (stat(cand, &sb) == 0 && S_ISREG(sb.st_mode)) {
-                snprintf(path, pathlen, "%s", cand);
-                return PL_OK;
-            }
+    if (lstat(lf, &sb) == 0) {
+        /* DIR/latest holds one line: the file name of the newest complete checkpoint in DIR */
+        FILE *fp = NULL;
+        char name[512] = "", e2[4600];
+        if (pl_open_input(lf, "checkpoint pointer", 4096, &fp, e2, sizeof e2) != PL_OK) {
+            snprintf(err, errlen, "%s (it should hold the name of the newest checkpoint; remove it to use the "
+                     "newest ckpt_*.h5)", e2);
+            return PL_EIO;
         }
+        size_t got = fread(name, 1, sizeof name - 1, fp);
+        fclose(fp);
+        name[got] = 0;
+        size_t n = strcspn(name, "\n");
+        int garbage = strlen(name) != got || (name[n] == '\n' && name[n + 1] != 0); /* a NUL, or a second line */
+        name[n] = 0;
+        if (!garbage && name[0] && (strchr(name, '/') || strstr(name, "..") || ckpt_name_step(name) < 0)) garbage = 1;
+        if (!name[0] || garbage) {
+            char shown[160];
+            size_t o = 0;
+            for (size_t i = 0; i < n && i < 60 && o + 6 < sizeof shown; i++) {
+                unsigned char c = (unsigned char)name[i];
+                if (c >= 0x20 && c < 0x7f) shown[o++] = (char)c;
+                else o += (size_t)snprintf(shown + o, sizeof shown - o, "\\x%02x", c);
+            }
+            shown[o] = 0;
+            snprintf(err, errlen, "checkpoint pointer %s is %s: it must hold one file name ckpt_<step>.h5 of a "
+                     "checkpoint in %s (remove it to resume from the newest ckpt_*.h5, or give --resume FILE)", lf,
+                     !name[0] && !garbage ? "empty" : strchr(name, '/') || strstr(name, "..")
+                     ? "refused (it names a path outside the checkpoint directory)" : "not a checkpoint name",
+                     path_or_dir);
+            if (name[0]) snprintf(err + strlen(err), errlen - strlen(err), "; it holds '%s'", shown);
+            return PL_EIO;
+        }
+        snprintf(cand, sizeof cand, "%s/%s", path_or_dir, name);
+        if (stat(cand, &sb) == 0) {
+            PL_TRY(pl_check_input_file(cand, "checkpoint", err, errlen));
+            snprintf(path, pathlen, "%s", cand);
+            return PL_OK;
+        }
+        snprintf(why, sizeof why, "%s names %s, which is gone (%s)", lf, name, strerror(errno));
+    } else {
+        snprintf(why, sizeof why, "%s is missing", lf);
     }
-    /* else the highest-numbered ckpt_*.h5 (temporary files do not match the pattern) */
-    DIR *d = opendir(path_or_dir);
-    if (!d) {
-        snprintf(err, errlen, "checkpoint directory %s: %s", path_or_dir, strerror(errno));
-        return PL_EIO;
-    }
-    long long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long s = ckpt_name_step(e->d_name);
-        if (s > best) best = s;
-    }
-    closedir(d);
+    /* no usable latest: the highest-numbered ckpt_*.h5 (temporary files do not match), loudly */
+    long long best;
+    PL_TRY(newest_in_dir(path_or_dir, &best, err, errlen));
     if (best < 0) {
-        snprintf(err, errlen, "no checkpoint in %s", path_or_dir);
+        snprintf(err, errlen, "no checkpoint in %s (%s and there is no ckpt_*.h5)", path_or_dir, why);
         return PL_EIO;
     }
     snprintf(path, pathlen, "%s/ckpt_%08lld.h5", path_or_dir, best);
+    PL_TRY(pl_check_input_file(path, "checkpoint", err, errlen));
+    if (pl_rank <= 0)
+        fprintf(stderr, "pipelm: rank 0: warning: %s: resuming from the newest checkpoint file instead, %s\n", why, path);
     return PL_OK;
 }
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
-/* Check the root attributes (format, version) and read /config and the metadata. */
-int ckpt_read_meta(hid_t f, gpt2_config *cfg, ckpt_meta *m, h5ctx *cx) {
+/* Range checks of the metadata read back, each naming the attribute and its value. */
+#define CKPT_MAX_STEP 2147483646LL /* steps are int in a run, and the next step must be too */
+#define META_INT_IN(lab, v, lo, hi)                                                               \
+    do {                                                                                          \
+        if ((v) < (lo) || (v) > (hi))                                                             \
+            return fail_msg(cx, PL_EIO, "attribute %s = %lld is out of range (%lld..%lld)", lab,  \
+                            (long long)(v), (long long)(lo), (long long)(hi));                    \
+    } while (0)
+#define META_DBL_OK(lab, v, cond, want)                                                           \
+    do {                                                                                          \
+        if (!isfinite(v) || !(cond))                                                              \
+            return fail_msg(cx, PL_EIO, "attribute %s = %g is out of range (%s)", lab, (v), want); \
+    } while (0)
+
+/* Check every value of the metadata for range and consistency (see ckpt.h). */
+static int validate_meta(const meta_all *a, const long long *tr, h5ctx *cx) {
+    const ckpt_meta *m = &a->m;
+    META_INT_IN("/step", a->root_step, 0, CKPT_MAX_STEP);
+    if (tr[0] != a->root_step || a->optim_step != a->root_step)
+        return fail_msg(cx, PL_EIO, "attributes /step = %lld, /train/step = %lld and /optim/step = %lld disagree",
+                        a->root_step, tr[0], a->optim_step);
+    META_INT_IN("/train/tokens_seen", m->tokens_seen, 0, LLONG_MAX);
+    META_INT_IN("/train/data_pos", m->data_pos, 0, LLONG_MAX);
+    META_INT_IN("/train/warmup_steps", tr[1], 0, INT_MAX);
+    META_INT_IN("/train/total_steps", tr[2], 0, INT_MAX);
+    /* batch, seq_len, microbatches and schedule are all 0 / empty in a file that no run saved
+     * (pipelm convert); otherwise they are a valid run's */
+    int norun = tr[3] == 0 && tr[4] == 0 && tr[5] == 0 && !m->schedule[0];
+    META_INT_IN("/train/batch", tr[3], norun ? 0 : 1, INT_MAX);
+    META_INT_IN("/train/seq_len", tr[4], norun ? 0 : 1, a->cfg[2]);
+    META_INT_IN("/train/microbatches", tr[5], norun ? 0 : 1, tr[3]);
+    if (!norun && tr[3] % tr[5] != 0)
+        return fail_msg(cx, PL_EIO, "attribute /train/batch = %lld is not divisible by /train/microbatches = %lld",
+                        tr[3], tr[5]);
+    long long maxst = a->cfg[3] + 2 < CKPT_MAX_STAGES ? a->cfg[3] + 2 : CKPT_MAX_STAGES;
+    META_INT_IN("/train/nstages", tr[6], 1, maxst);
+    if (a->has_branch) META_INT_IN("/train/markov_branch", tr[7], 1, a->cfg[0]);
+    META_DBL_OK("/train/lr", m->lr, m->lr >= 0, ">= 0 and finite");
+    META_DBL_OK("/optim/lr", a->optim_lr, a->optim_lr >= 0, ">= 0 and finite");
+    META_DBL_OK("/train/min_lr", m->min_lr, m->min_lr >= 0, ">= 0 and finite");
+    META_DBL_OK("/train/grad_clip", m->grad_clip, m->grad_clip >= 0, ">= 0 and finite");
+    META_DBL_OK("/optim/beta1", m->beta1, m->beta1 >= 0 && m->beta1 < 1, "in [0, 1)");
+    META_DBL_OK("/optim/beta2", m->beta2, m->beta2 >= 0 && m->beta2 < 1, "in [0, 1)");
+    META_DBL_OK("/optim/eps", m->eps, m->eps > 0, "> 0 and finite");
+    META_DBL_OK("/optim/weight_decay", m->weight_decay, m->weight_decay >= 0, ">= 0 and finite");
+    if (strcmp(a->optim_name, "adamw") != 0)
+        return fail_msg(cx, PL_EIO, "attribute /optim/name is '%s', not 'adamw'", a->optim_name);
+    if (strcmp(m->lr_schedule, "cosine") != 0 && strcmp(m->lr_schedule, "constant") != 0)
+        return fail_msg(cx, PL_EIO, "attribute /train/lr_schedule is '%s', not cosine or constant", m->lr_schedule);
+    if (!norun && !m->schedule[0]) return fail_msg(cx, PL_EIO, "attribute /train/schedule is empty");
+    long long sum = 0;
+    for (int s = 0; s < m->nstages; s++) {
+        if (m->split[s] < 0 || (m->split[s] == 0 && s > 0 && s < m->nstages - 1))
+            return fail_msg(cx, PL_EIO, "attribute /train/split: stage %d holds %d blocks (at least %d)", s,
+                            m->split[s], s > 0 && s < m->nstages - 1 ? 1 : 0);
+        sum += m->split[s];
+    }
+    if (sum != a->cfg[3])
+        return fail_msg(cx, PL_EIO, "attribute /train/split adds up to %lld blocks but /config/n_layer is %lld", sum,
+                        a->cfg[3]);
+    return PL_OK;
+}
+
+/* Check the root attributes (format, version), read /config and the metadata, check every
+ * value's type and range, and verify meta_crc32c where the file has one. */
+int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
+    static const char *const cn[6] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
     int rc = PL_OK;
     hid_t g = -1;
-    char fmt[64] = "";
-    long long ver = 0;
-    PL_TRY(attr_get_str(f, "format", fmt, sizeof fmt, cx));
-    if (strcmp(fmt, CKPT_FORMAT) != 0)
-        return fail_msg(cx, PL_EIO, "format is '%s', not '%s'", fmt, CKPT_FORMAT);
-    PL_TRY(attr_get_i64(f, "format_version", &ver, cx));
-    if (ver != CKPT_FORMAT_VERSION)
-        return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", ver, CKPT_FORMAT_VERSION);
-    if (cfg) {
-        int V, Vp, maxT, L, NH, C;
-        if ((rc = group_open(f, "config", &g, cx))) goto done;
-        if ((rc = attr_get_int(g, "vocab_size", &V, cx)) || (rc = attr_get_int(g, "padded_vocab_size", &Vp, cx)) ||
-            (rc = attr_get_int(g, "max_seq_len", &maxT, cx)) || (rc = attr_get_int(g, "n_layer", &L, cx)) ||
-            (rc = attr_get_int(g, "n_head", &NH, cx)) || (rc = attr_get_int(g, "n_embd", &C, cx)))
-            goto done;
-        char e2[256];
-        if (gpt2_config_make(cfg, V, maxT, L, NH, C, e2, sizeof e2) != PL_OK) {
-            rc = fail_msg(cx, PL_EIO, "bad /config: %s", e2);
+    meta_all a;
+    memset(&a, 0, sizeof a);
+    ckpt_meta *m = &a.m;
+    long long tr[8] = {0}; /* /train step, warmup_steps, total_steps, batch, seq_len, microbatches, nstages, markov_branch */
+    gpt2_config cfg;
+    PL_TRY(attr_get_str(f, "/", "format", a.format, sizeof a.format, cx));
+    if (strcmp(a.format, CKPT_FORMAT) != 0)
+        return fail_msg(cx, PL_EIO, "format is '%s', not '%s'", a.format, CKPT_FORMAT);
+    PL_TRY(attr_get_i64(f, "/", "format_version", &a.format_version, cx));
+    if (a.format_version != CKPT_FORMAT_VERSION)
+        return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", a.format_version,
+                        CKPT_FORMAT_VERSION);
+    PL_TRY(attr_get_str(f, "/", "pipelm_version", a.version, sizeof a.version, cx));
+    PL_TRY(attr_get_i64(f, "/", "step", &a.root_step, cx));
+    PL_TRY(attr_get_str(f, "/", "created", a.created, sizeof a.created, cx));
+    /* /config: 64-bit, range-checked by gpt2_config_make before anything narrows them */
+    if ((rc = group_open(f, "config", &g, cx))) goto done;
+    for (int i = 0; i < 6; i++)
+        if ((rc = attr_get_i64(g, "/config", cn[i], &a.cfg[i], cx))) goto done;
+    for (int i = 0; i < 6; i++)
+        if (a.cfg[i] < 1 || a.cfg[i] > INT_MAX) {
+            rc = fail_msg(cx, PL_EIO, "attribute /config/%s = %lld is out of range (1..%d)", cn[i], a.cfg[i], INT_MAX);
             goto done;
         }
-        if (cfg->Vp != Vp) {
-            rc = fail_msg(cx, PL_EIO, "padded_vocab_size %d is not vocab_size %d rounded up to 128", Vp, V);
-            goto done;
-        }
-        if ((rc = obj_close(&g, cx))) goto done;
+    char e2[256];
+    if (gpt2_config_make(&cfg, (int)a.cfg[0], (int)a.cfg[2], (int)a.cfg[3], (int)a.cfg[4], (int)a.cfg[5], e2,
+                         sizeof e2) != PL_OK) {
+        rc = fail_msg(cx, PL_EIO, "bad /config: %s", e2);
+        goto done;
     }
-    if (m) {
-        memset(m, 0, sizeof *m);
-        PL_TRY(attr_get_i64(f, "step", &m->step, cx));
-        if ((rc = group_open(f, "optim", &g, cx))) goto done;
-        if ((rc = attr_get_f64(g, "beta1", &m->beta1, cx)) || (rc = attr_get_f64(g, "beta2", &m->beta2, cx)) ||
-            (rc = attr_get_f64(g, "eps", &m->eps, cx)) || (rc = attr_get_f64(g, "weight_decay", &m->weight_decay, cx)))
-            goto done;
-        if ((rc = obj_close(&g, cx)) || (rc = group_open(f, "train", &g, cx))) goto done;
-        if ((rc = attr_get_i64(g, "tokens_seen", &m->tokens_seen, cx)) ||
-            (rc = attr_get_i64(g, "data_pos", &m->data_pos, cx)) || (rc = attr_get_i64(g, "seed", &m->seed, cx)) ||
-            (rc = attr_get_i64(g, "data_seed", &m->data_seed, cx)) ||
-            (rc = attr_get_str(g, "data", m->data, sizeof m->data, cx)) || (rc = attr_get_f64(g, "lr", &m->lr, cx)) ||
-            (rc = attr_get_f64(g, "min_lr", &m->min_lr, cx)) ||
-            (rc = attr_get_int(g, "warmup_steps", &m->warmup_steps, cx)) ||
-            (rc = attr_get_int(g, "total_steps", &m->total_steps, cx)) ||
-            (rc = attr_get_str(g, "lr_schedule", m->lr_schedule, sizeof m->lr_schedule, cx)) ||
-            (rc = attr_get_f64(g, "grad_clip", &m->grad_clip, cx)) || (rc = attr_get_int(g, "batch", &m->batch, cx)) ||
-            (rc = attr_get_int(g, "seq_len", &m->seq_len, cx)) ||
-            (rc = attr_get_int(g, "microbatches", &m->microbatches, cx)) ||
-            (rc = attr_get_str(g, "schedule", m->schedule, sizeof m->schedule, cx)) ||
-            (rc = attr_get_int(g, "nstages", &m->nstages, cx)))
-            goto done;
-        if (m->nstages < 0 || m->nstages > CKPT_MAX_STAGES) {
-            rc = fail_msg(cx, PL_EIO, "/train nstages %d is out of range", m->nstages);
+    if (cfg.Vp != a.cfg[1]) {
+        rc = fail_msg(cx, PL_EIO, "padded_vocab_size %lld is not vocab_size %lld rounded up to 128", a.cfg[1], a.cfg[0]);
+        goto done;
+    }
+    if ((rc = obj_close(&g, cx))) goto done;
+    /* /optim */
+    if ((rc = group_open(f, "optim", &g, cx))) goto done;
+    if ((rc = attr_get_str(g, "/optim", "name", a.optim_name, sizeof a.optim_name, cx)) ||
+        (rc = attr_get_f64(g, "/optim", "beta1", &m->beta1, cx)) ||
+        (rc = attr_get_f64(g, "/optim", "beta2", &m->beta2, cx)) || (rc = attr_get_f64(g, "/optim", "eps", &m->eps, cx)) ||
+        (rc = attr_get_f64(g, "/optim", "weight_decay", &m->weight_decay, cx)) ||
+        (rc = attr_get_f64(g, "/optim", "lr", &a.optim_lr, cx)) ||
+        (rc = attr_get_i64(g, "/optim", "step", &a.optim_step, cx)))
+        goto done;
+    if ((rc = obj_close(&g, cx)) || (rc = group_open(f, "train", &g, cx))) goto done;
+    /* /train */
+    if ((rc = attr_get_i64(g, "/train", "step", &tr[0], cx)) ||
+        (rc = attr_get_i64(g, "/train", "tokens_seen", &m->tokens_seen, cx)) ||
+        (rc = attr_get_i64(g, "/train", "data_pos", &m->data_pos, cx)) ||
+        (rc = attr_get_i64(g, "/train", "seed", &m->seed, cx)) ||
+        (rc = attr_get_i64(g, "/train", "data_seed", &m->data_seed, cx)) ||
+        (rc = attr_get_str(g, "/train", "data", m->data, sizeof m->data, cx)) ||
+        (rc = attr_get_f64(g, "/train", "lr", &m->lr, cx)) || (rc = attr_get_f64(g, "/train", "min_lr", &m->min_lr, cx)) ||
+        (rc = attr_get_i64(g, "/train", "warmup_steps", &tr[1], cx)) ||
+        (rc = attr_get_i64(g, "/train", "total_steps", &tr[2], cx)) ||
+        (rc = attr_get_str(g, "/train", "lr_schedule", m->lr_schedule, sizeof m->lr_schedule, cx)) ||
+        (rc = attr_get_f64(g, "/train", "grad_clip", &m->grad_clip, cx)) ||
+        (rc = attr_get_i64(g, "/train", "batch", &tr[3], cx)) || (rc = attr_get_i64(g, "/train", "seq_len", &tr[4], cx)) ||
+        (rc = attr_get_i64(g, "/train", "microbatches", &tr[5], cx)) ||
+        (rc = attr_get_str(g, "/train", "schedule", m->schedule, sizeof m->schedule, cx)) ||
+        (rc = attr_get_i64(g, "/train", "nstages", &tr[6], cx)))
+        goto done;
+    htri_t hb;
+    snprintf(cx->obj, sizeof cx->obj, "attribute /train/markov_branch");
+    CKPT_H5(hb = H5Aexists(g, "markov_branch"));
+    a.has_branch = hb > 0;
+    if (a.has_branch && (rc = attr_get_i64(g, "/train", "markov_branch", &tr[7], cx))) goto done;
+    cx->obj[0] = 0;
+    /* everything that is narrowed to int is range-checked first */
+    long long maxst = a.cfg[3] + 2 < CKPT_MAX_STAGES ? a.cfg[3] + 2 : CKPT_MAX_STAGES; /* middle stages hold a block */
+    if (tr[6] < 1 || tr[6] > maxst) {
+        rc = fail_msg(cx, PL_EIO, "attribute /train/nstages = %lld is out of range (1..%lld for n_layer %lld)", tr[6],
+                      maxst, a.cfg[3]);
+        goto done;
+    }
+    m->nstages = (int)tr[6];
+    {
+        long long sp[CKPT_MAX_STAGES];
+        if ((rc = attr_read(g, "/train", "split", H5T_NATIVE_LLONG, m->nstages, sp, cx))) goto done;
+        for (int s = 0; s < m->nstages; s++) {
+            if (sp[s] < 0 || sp[s] > a.cfg[3]) {
+                rc = fail_msg(cx, PL_EIO, "attribute /train/split: stage %d holds %lld blocks (0..%lld)", s, sp[s],
+                              a.cfg[3]);
+                goto done;
+            }
+            m->split[s] = (int)sp[s];
+        }
+    }
+    if ((rc = obj_close(&g, cx))) goto done;
+    if ((rc = validate_meta(&a, tr, cx))) goto done;
+    m->step = a.root_step;
+    m->warmup_steps = (int)tr[1];
+    m->total_steps = (int)tr[2];
+    m->batch = (int)tr[3];
+    m->seq_len = (int)tr[4];
+    m->microbatches = (int)tr[5];
+    m->markov_branch = a.has_branch ? (int)tr[7] : -1;
+    /* the checksum over all of it */
+    htri_t hc;
+    snprintf(cx->obj, sizeof cx->obj, "attribute /meta_crc32c");
+    CKPT_H5(hc = H5Aexists(f, "meta_crc32c"));
+    cx->obj[0] = 0;
+    if (hc > 0) {
+        long long stored;
+        if ((rc = attr_get_i64(f, "/", "meta_crc32c", &stored, cx))) goto done;
+        uint32_t computed = meta_crc(&a);
+        if (stored < 0 || stored > 0xffffffffLL || (uint32_t)stored != computed) {
+            rc = fail_msg(cx, PL_EIO, "metadata checksum mismatch: meta_crc32c is 0x%08llx but the attributes give "
+                          "0x%08x (an attribute was changed after the save, or the file is damaged)",
+                          (unsigned long long)stored & 0xffffffffULL, (unsigned)computed);
             goto done;
         }
-        if (m->nstages > 0 && (rc = attr_read(g, "split", H5T_NATIVE_INT, m->nstages, m->split, cx))) goto done;
-        if ((rc = obj_close(&g, cx))) goto done;
+        m->meta_verified = 1;
+    } else {
+        m->meta_verified = 0;
+        if (cx->rank == 0)
+            fprintf(stderr, "pipelm: rank 0: note: checkpoint %s has no meta_crc32c attribute (saved by an older "
+                    "pipelm): its metadata is range-checked but cannot be verified\n", cx->file);
     }
+    if (cfg_out) *cfg_out = cfg;
+    if (m_out) *m_out = *m;
 done:
     if (g >= 0) H5Gclose(g);
     if (rc == PL_OK) cx->obj[0] = 0;
@@ -1210,7 +1504,7 @@ done:
  * ranks without buf take part in the H5Dread selecting nothing; with independent ones they
  * do not call it. A failure names the dataset. */
 static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float *buf, int xfer, hid_t dxpl,
-                        h5ctx *cx) {
+                        int nonneg, h5ctx *cx) {
     static float dummy;
     int rc = PL_OK;
     hid_t ds = -1, sp = -1;
@@ -1259,6 +1553,18 @@ static int read_dataset(hid_t f, const char *dpath, const ckpt_gtensor *g, float
             goto done;
         }
     }
+    if (buf) { /* a checksum says the bytes are what was saved, not that they are usable */
+        for (size_t i = 0; i < g->numel; i++)
+            if (!isfinite(buf[i]) || (nonneg && buf[i] < 0.0f)) {
+                char tname[64];
+                if (g->layer >= 0) snprintf(tname, sizeof tname, "h.%d.%s", g->layer, param_kind_name[g->kind]);
+                else snprintf(tname, sizeof tname, "%s", param_kind_name[g->kind]);
+                rc = fail_msg(cx, PL_EIO, "dataset %s (tensor %s) holds %s value %g at element %zu: refusing to "
+                              "load it", dpath, tname, isfinite(buf[i]) ? "a negative second-moment" : "a non-finite",
+                              (double)buf[i], i);
+                goto done;
+            }
+    }
     CKPT_H5(H5Sclose(sp));
     sp = -1;
     CKPT_H5(H5Dclose(ds));
@@ -1285,11 +1591,11 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     float *stagebuf = NULL;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     double mybytes = 0.0;
-    struct stat sb;
+    char e3[4400];
     int xfer = xfer_mode(cx);
     if (xfer < 0) rc = PL_EINVAL;
     else if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
-    else if (stat(path, &sb) != 0) rc = fail_msg(cx, PL_EIO, "%s", strerror(errno));
+    else if (pl_check_input_file(path, "checkpoint", e3, sizeof e3) != PL_OK) rc = fail_msg(cx, PL_EIO, "%s", e3);
     if (!st->be->host_memory && rc == PL_OK) {
         size_t maxn = 0;
         for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
@@ -1320,7 +1626,7 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
             float *dst = t && rc == PL_OK ? (st->be->host_memory ? base + t->offset : stagebuf) : NULL;
             char dpath[96];
             snprintf(dpath, sizeof dpath, "/%s/%s", sections[s], g->path);
-            int r2 = read_dataset(f, dpath, g, dst, xfer, dxpl, rc == PL_OK ? cx : &later);
+            int r2 = read_dataset(f, dpath, g, dst, xfer, dxpl, s == 2, rc == PL_OK ? cx : &later);
             if (r2 == PL_OK && dst) {
                 if (!st->be->host_memory) st->be->from_host(base + t->offset, stagebuf, t->numel * sizeof(float));
                 mybytes += (double)t->numel * sizeof(float);
@@ -1354,8 +1660,7 @@ int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *er
     h5ctx cxs = {path, "", err, errlen, pl_rank < 0 ? 0 : pl_rank};
     err[0] = 0;
     hid_t f = -1;
-    struct stat sb;
-    if (stat(path, &sb) != 0) return fail_msg(&cxs, PL_EIO, "%s", strerror(errno));
+    if (pl_check_input_file(path, "checkpoint", err, errlen) != PL_OK) return PL_EIO;
     int rc = ckpt_h5_open(path, 0, MPI_COMM_NULL, &f, &cxs);
     if (rc == PL_OK) rc = ckpt_read_meta(f, cfg, meta, &cxs);
     int crc = ckpt_h5_close_file(&f, &cxs);

@@ -23,6 +23,7 @@
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/crc32c.h"
+#include "pipelm/files.h"
 #include "pipelm/llmc.h"
 #include "pipelm/model.h"
 
@@ -32,11 +33,8 @@ enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5 };
 /* Sniff a file: llm.c model magic (int32 20240326) or the HDF5 signature. */
 static int file_kind(const char *path, char *err, size_t errlen) {
     unsigned char b[8] = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open it", path);
-        return -1;
-    }
+    FILE *f = NULL;
+    if (pl_open_input(path, "input file", 0, &f, err, errlen) != PL_OK) return -1;
     size_t got = fread(b, 1, sizeof b, f);
     fclose(f);
     static const unsigned char h5sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
@@ -386,8 +384,8 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
     char err[2048] = "";
     h5ctx cxs = {path, "", err, sizeof err, 0}, *cx = &cxs;
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        pl_error("inspect: %s: cannot open it", path);
+    if (pl_check_input_file(path, "checkpoint", err, sizeof err) != PL_OK || stat(path, &sb) != 0) {
+        pl_error("inspect: %s", err[0] ? err : "cannot open it");
         return 1;
     }
     hid_t f = -1;
@@ -409,9 +407,16 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
     CKPT_H5(H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &L));
     /* a pipelm checkpoint lists in schema order and every schema dataset must be there */
     gpt2_config cfg;
+    ckpt_meta meta;
     char e2[1024];
     h5ctx cq = {path, "", e2, sizeof e2, 0};
-    if (ckpt_read_meta(f, &cfg, NULL, &cq) == PL_OK) {
+    int meta_ok = ckpt_read_meta(f, &cfg, &meta, &cq) == PL_OK;
+    if (meta_ok)
+        fprintf(out, "metadata: every attribute in range; %s\n", meta.meta_verified ? "meta_crc32c OK"
+                : "no meta_crc32c (an older checkpoint): not verified");
+    else
+        fprintf(out, "metadata: FAILED: %s\n", e2);
+    if (meta_ok) {
         int n = 4 + 12 * cfg.L;
         ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
         expect = calloc(3 * (size_t)n, sizeof *expect);
@@ -465,9 +470,13 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
         bad++;
     } else if (bad == 0) {
         fprintf(out, "all %zu checksums OK (%s of tensor data)\n", L.n, tot);
-    } else {
+    } else if (bad > 0) {
         fprintf(out, "CHECKSUM FAILED or missing for %d of %zu datasets (first: %s)\n", bad,
                 L.n + (size_t)missing, first_bad ? first_bad : "?");
+    }
+    if (!meta_ok) {
+        fprintf(out, "METADATA FAILED: %s\n", e2);
+        bad++;
     }
 done:
     if (rc != PL_OK) {

@@ -5,6 +5,7 @@
 #include <config.h>
 #endif
 #include <errno.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -14,6 +15,10 @@
 #include <ini.h>
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/files.h"
+
+/* A config file larger than this is refused (a settings file is a few hundred bytes). */
+#define CONFIG_MAX_BYTES (1u << 20)
 
 typedef enum { OPT_INT, OPT_LL, OPT_DBL, OPT_STR } opt_type;
 
@@ -86,6 +91,9 @@ static const opt_desc options[] = {
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
+    O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan"),
+    O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
+                                "collective (seconds, default 600, 0 disables)"),
 };
 #define NOPT ((int)(sizeof options / sizeof options[0]))
 
@@ -112,6 +120,8 @@ void config_defaults(pl_options *o) {
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
+    snprintf(o->fail_at, sizeof o->fail_at, "during");
+    o->watchdog = 600.0;
 }
 
 /* Presets: model dimensions plus the training settings they were tuned with. */
@@ -151,6 +161,41 @@ static const opt_desc *find_option(const char *name) {
     return NULL;
 }
 
+/* Copy s into out (len bytes) for a message: printable ASCII as is, anything else as \xHH,
+ * cut with "..." beyond about 80 characters, so binary input never reaches the terminal. */
+static void escape_str(const char *s, char *out, size_t len) {
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 8 < len; p++) {
+        if (o >= 80) {
+            o += (size_t)snprintf(out + o, len - o, "...");
+            break;
+        }
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') out[o++] = (char)*p;
+        else o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
+    }
+    out[o < len ? o : len - 1] = 0;
+}
+
+/* A decimal integer: optional sign, then digits only (no spaces, no 0x, no suffix). */
+static int is_decimal_int(const char *v) {
+    if (*v == '+' || *v == '-') v++;
+    if (!*v) return 0;
+    for (; *v; v++)
+        if (*v < '0' || *v > '9') return 0;
+    return 1;
+}
+
+/* A decimal number: digits, '.', an exponent, signs; at least one digit; no hex, inf or nan
+ * (strtod takes all three, and '0x10' would become 16). */
+static int is_decimal_number(const char *v) {
+    int digits = 0;
+    for (; *v; v++) {
+        if (*v >= '0' && *v <= '9') digits = 1;
+        else if (!strchr("+-.eE", *v)) return 0;
+    }
+    return digits;
+}
+
 /* Convert and store one value; `where` says where it came from for the message. */
 static int set_option(pl_options *o, const opt_desc *d, const char *val, const char *where,
                       char *err, size_t errlen) {
@@ -159,20 +204,23 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
     errno = 0;
     switch (d->type) {
     case OPT_INT: {
-        long v = strtol(val, &end, 10);
-        if (!*val || *end || errno || v < INT_MIN || v > INT_MAX) goto bad;
+        if (!is_decimal_int(val)) goto bad;
+        long long v = strtoll(val, &end, 10);
+        if (*end || errno || v < INT_MIN || v > INT_MAX) goto bad;
         *(int *)dst = (int)v;
         break;
     }
     case OPT_LL: {
+        if (!is_decimal_int(val)) goto bad;
         long long v = strtoll(val, &end, 10);
-        if (!*val || *end || errno) goto bad;
+        if (*end || errno) goto bad;
         *(long long *)dst = v;
         break;
     }
     case OPT_DBL: {
+        if (!is_decimal_number(val)) goto bad;
         double v = strtod(val, &end);
-        if (!*val || *end || errno || !isfinite(v)) goto bad;
+        if (*end || errno || !isfinite(v)) goto bad;
         *(double *)dst = v;
         break;
     }
@@ -190,17 +238,36 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
         d->offset == offsetof(pl_options, n_head) || d->offset == offsetof(pl_options, n_embd))
         o->set_dims = 1;
     return PL_OK;
-bad:
-    snprintf(err, errlen, "%s: bad value '%s' for --%s (expected %s)", where, val, d->name,
-             d->type == OPT_DBL ? "a number" : "an integer");
+bad: {
+    char shown[128];
+    escape_str(val, shown, sizeof shown);
+    const char *range = "";
+    if (d->type == OPT_INT && is_decimal_int(val)) range = " in -2147483648..2147483647";
+    else if (d->type == OPT_LL && is_decimal_int(val)) range = " that fits in 64 bits";
+    else if (d->type == OPT_DBL && is_decimal_number(val)) range = " that is finite";
+    snprintf(err, errlen, "%s: bad value '%s' for --%s (expected %s%s)", where, shown, d->name,
+             d->type == OPT_DBL ? "a decimal number" : "a decimal integer", range);
     return PL_EINVAL;
 }
+}
 
-/* A name/value pair gathered before applying (presets go first). */
-typedef struct { const opt_desc *d; char *val; char where[PL_PATH + 32]; } pending;
-typedef struct { pending *v; int n, cap; int failed; char *err; size_t errlen; const char *file; } pending_list;
+/* A name/value pair gathered before applying (presets go first); line: its line in the
+ * config file (0 on the command line). */
+typedef struct { const opt_desc *d; char *val; char where[PL_PATH + 48]; int line; } pending;
+typedef struct {
+    pending *v;
+    int n, cap;
+    int failed;
+    char *err;
+    size_t errlen;
+    const char *file;
+    /* the config file being parsed: its text, where the reader is, the current line number */
+    const char *text;
+    size_t pos, size;
+    int lineno;
+} pending_list;
 
-static int pending_add(pending_list *l, const opt_desc *d, const char *val, const char *where) {
+static int pending_add(pending_list *l, const opt_desc *d, const char *val, const char *where, int line) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 32;
         pending *nv = realloc(l->v, sizeof(pending) * cap);
@@ -211,21 +278,87 @@ static int pending_add(pending_list *l, const opt_desc *d, const char *val, cons
     pending *p = &l->v[l->n++];
     p->d = d;
     p->val = strdup(val);
+    p->line = line;
     snprintf(p->where, sizeof p->where, "%s", where);
     return p->val ? PL_OK : PL_ENOMEM;
 }
 
-/* inih callback: record one `name = value` of the config file. */
+/* Record the first error of a config file (later ones are not reported). */
+static void file_fail(pending_list *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void file_fail(pending_list *l, const char *fmt, ...) {
+    if (l->failed) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(l->err, l->errlen, "config file %s, line %d: %s", l->file, l->lineno, msg);
+    l->failed = 1;
+}
+
+/* inih reader over the file's text: hands out one line at a time (leading blanks removed,
+ * so an indented line is never taken as a continuation of the previous value), counts
+ * lines, and refuses what inih would take silently or mangle: [sections], control
+ * characters and lines too long for inih's buffer. Returns NULL at the end or on an error. */
+static char *config_reader(char *str, int num, void *stream) {
+    pending_list *l = stream;
+    if (l->failed || l->pos >= l->size) return NULL;
+    const char *p = l->text + l->pos, *nl = memchr(p, '\n', l->size - l->pos);
+    size_t n = nl ? (size_t)(nl - p) + 1 : l->size - l->pos;
+    l->pos += n;
+    l->lineno++;
+    size_t b = 0;
+    while (b < n && (p[b] == ' ' || p[b] == '\t')) b++;
+    for (size_t i = b; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '\n' || c == '\t' || (c == '\r' && (i + 1 == n || p[i + 1] == '\n'))) continue;
+        if (c < 0x20 || c == 0x7f) {
+            file_fail(l, "control character \\x%02x in column %zu (not a text file?)", c, i + 1);
+            return NULL;
+        }
+    }
+    if (n - b + 1 > (size_t)num) {
+        file_fail(l, "line of %zu characters is longer than the %d allowed", n - b, num - 2);
+        return NULL;
+    }
+    if (b < n && p[b] == '[') {
+        char shown[128], raw[128];
+        size_t k = n - b < sizeof raw - 1 ? n - b : sizeof raw - 1;
+        memcpy(raw, p + b, k);
+        raw[k] = 0;
+        raw[strcspn(raw, "\r\n")] = 0;
+        escape_str(raw, shown, sizeof shown);
+        file_fail(l, "'%s': sections are not supported (write plain `name = value` lines)", shown);
+        return NULL;
+    }
+    memcpy(str, p + b, n - b);
+    str[n - b] = 0;
+    return str;
+}
+
+/* inih callback: record one `name = value` of the config file; refuse unknown names and a
+ * setting given twice. */
 static int config_ini_line(void *user, const char *section, const char *name, const char *value) {
-    (void)section;
+    (void)section; /* always "": the reader refuses section headers */
     pending_list *l = user;
+    char shown[128];
     const opt_desc *d = find_option(name);
-    if (!d || d->offset == offsetof(pl_options, config)) {
-        snprintf(l->err, l->errlen, "config file %s: unknown setting '%s'", l->file, name);
-        l->failed = 1;
+    if (!d || d->offset == offsetof(pl_options, config) || d->scope == 1) {
+        escape_str(name, shown, sizeof shown);
+        file_fail(l, "unknown setting '%s'", shown);
         return 0;
     }
-    if (pending_add(l, d, value, l->file) != PL_OK) { l->failed = 1; return 0; }
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i].d == d) {
+            file_fail(l, "'%s' is set twice (first on line %d)", d->name, l->v[i].line);
+            return 0;
+        }
+    char where[PL_PATH + 48];
+    snprintf(where, sizeof where, "config file %.*s, line %d", PL_PATH, l->file, l->lineno);
+    if (pending_add(l, d, value, where, l->lineno) != PL_OK) {
+        file_fail(l, "out of memory");
+        return 0;
+    }
     return 1;
 }
 
@@ -242,7 +375,9 @@ int config_parse(pl_options *o, int argc, char **argv, int first, int bench, cha
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0) {
-            snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", a);
+            char shown[128];
+            escape_str(a, shown, sizeof shown);
+            snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", shown);
             rc = PL_EINVAL;
             goto out;
         }
@@ -254,7 +389,9 @@ int config_parse(pl_options *o, int argc, char **argv, int first, int bench, cha
         name[n] = 0;
         const opt_desc *d = find_option(name);
         if (!d || (d->scope == 1 && !bench)) {
-            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", name, d ? " for train (it is a bench option)" : "");
+            char shown[128];
+            escape_str(name, shown, sizeof shown);
+            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown, d ? " for train (it is a bench option)" : "");
             rc = PL_EINVAL;
             goto out;
         }
@@ -268,7 +405,7 @@ int config_parse(pl_options *o, int argc, char **argv, int first, int bench, cha
             goto out;
         }
         if (d->offset == offsetof(pl_options, preset)) preset = val;
-        if ((rc = pending_add(&cli, d, val, "command line")) != PL_OK) goto out;
+        if ((rc = pending_add(&cli, d, val, "command line", 0)) != PL_OK) goto out;
     }
     /* 2. the config file, if any, gathered */
     for (int i = 0; i < cli.n; i++)
@@ -279,18 +416,52 @@ int config_parse(pl_options *o, int argc, char **argv, int first, int bench, cha
         file.err = err;
         file.errlen = errlen;
         file.file = o->config;
-        int r = ini_parse(o->config, config_ini_line, &file);
-        if (r < 0) {
-            snprintf(err, errlen, "config file %s: cannot open it", o->config);
+        FILE *cf = NULL;
+        char *text = NULL;
+        if (pl_open_input(o->config, "config file", CONFIG_MAX_BYTES, &cf, err, errlen) != PL_OK) {
             rc = PL_EINVAL;
             goto out;
         }
+        text = malloc(CONFIG_MAX_BYTES + 1);
+        size_t got = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, cf) : 0;
+        int rerr = text ? ferror(cf) : 1;
+        fclose(cf);
+        if (rerr || got > CONFIG_MAX_BYTES) {
+            snprintf(err, errlen, "config file %s: %s", o->config,
+                     rerr ? "cannot read it" : "larger than the 1 MiB a config file may be");
+            free(text);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        text[got] = 0;
+        file.text = text;
+        file.size = got;
+        int r = ini_parse_stream(config_reader, &file, config_ini_line, &file);
+        if (!file.failed && r > 0) {
+            /* inih's own complaint: a line that is not `name = value` (r is its number) */
+            char raw[128] = "", shown[160];
+            const char *p = text;
+            for (int k = 1; k < r && p; k++) {
+                p = memchr(p, '\n', got - (size_t)(p - text));
+                if (p) p++;
+            }
+            if (p) {
+                size_t n = strcspn(p, "\r\n");
+                if (n > (size_t)(got - (size_t)(p - text))) n = got - (size_t)(p - text);
+                if (n > sizeof raw - 1) n = sizeof raw - 1;
+                memcpy(raw, p, n);
+                raw[n] = 0;
+            }
+            escape_str(raw, shown, sizeof shown);
+            snprintf(err, errlen, "config file %s, line %d: '%s' is not a `name = value` line", o->config, r, shown);
+            file.failed = 1;
+        } else if (!file.failed && r < 0) {
+            snprintf(err, errlen, "config file %s: out of memory while parsing it", o->config);
+            file.failed = 1;
+        }
+        free(text);
+        file.text = NULL;
         if (file.failed) { rc = PL_EINVAL; goto out; }
-        if (r > 0) {
-            snprintf(err, errlen, "config file %s: syntax error on line %d", o->config, r);
-            rc = PL_EINVAL;
-            goto out;
-        }
         if (!preset)
             for (int i = 0; i < file.n; i++)
                 if (file.v[i].d->offset == offsetof(pl_options, preset)) preset = file.v[i].val;
@@ -309,7 +480,7 @@ out:
 
 int config_validate(const pl_options *o, char *err, size_t errlen) {
 #define REQUIRE(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return PL_EINVAL; } } while (0)
-    REQUIRE(o->steps >= 0, "--steps must be >= 0 (got %d)", o->steps);
+    REQUIRE(o->steps >= 1, "--steps must be >= 1 (got %d): it counts the optimizer steps of the run", o->steps);
     REQUIRE(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
     REQUIRE(o->seq_len >= 1, "--seq-len must be >= 1 (got %d)", o->seq_len);
     REQUIRE(o->microbatches >= 1, "--microbatches must be >= 1 (got %d)", o->microbatches);
@@ -336,6 +507,11 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(strcmp(o->resume, "latest") != 0 || o->ckpt_dir[0], "a bare --resume needs --ckpt-dir (or give --resume FILE)");
     REQUIRE(o->warmup >= 0, "--warmup must be >= 0 (got %d)", o->warmup);
     REQUIRE(o->peak_gflops >= 0, "--peak-gflops must be >= 0 (got %g)", o->peak_gflops);
+    REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
+    REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
+                strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
+                strcmp(o->fail_at, "nan") == 0,
+            "--fail-at must be before, during, after, save or nan (got '%s')", o->fail_at);
     REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0,
             "--schedule must be 1f1b or gpipe (got '%s')", o->schedule);
 #undef REQUIRE

@@ -10,11 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "pipelm/common.h"
 #include "pipelm/data.h"
+#include "pipelm/files.h"
 #include "pipelm/rng.h"
 
 #define TOKENS_MAGIC 20240520
@@ -105,44 +105,55 @@ static int sample_cdf(const float *cdf, int n, float u) {
     return n - 1;
 }
 
-/* Map a file read-only and validate its size. */
-static int map_file(data_source *d, const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        snprintf(err, errlen, "data file %s: %s", path, strerror(errno));
+/* Open a data file (regular files only: a FIFO or device would block or never end) and
+ * remember its size; batches check it has not changed. */
+static int open_file(data_source *d, const char *path, char *err, size_t errlen) {
+    if (strlen(path) >= sizeof d->path) {
+        snprintf(err, errlen, "data file name of %zu characters is too long", strlen(path));
         return PL_EIO;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        snprintf(err, errlen, "data file %s: not a regular file", path);
-        close(fd);
-        return PL_EIO;
-    }
-    d->map_bytes = (size_t)sb.st_size;
-    if (d->map_bytes == 0) {
+    snprintf(d->path, sizeof d->path, "%s", path);
+    PL_TRY(pl_open_input_fd(path, "data file", 0, &d->fd, &d->file_bytes, err, errlen));
+    if (d->file_bytes == 0) {
         snprintf(err, errlen, "data file %s: empty", path);
-        close(fd);
-        return PL_EIO;
-    }
-    d->map = mmap(NULL, d->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (d->map == MAP_FAILED) {
-        d->map = NULL;
-        snprintf(err, errlen, "data file %s: mmap: %s", path, strerror(errno));
         return PL_EIO;
     }
     return PL_OK;
 }
 
-/* Validate an llm.c token file: magic, version, size = 1024 + 2 ntok, every token < V. */
+/* pread exactly n bytes at off; PL_EIO naming the file if the file is shorter now. */
+static int read_exact(const data_source *d, void *buf, size_t n, size_t off, char *err, size_t errlen) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(d->fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            snprintf(err, errlen, "data file %s: read failed: %s", d->path, strerror(errno));
+            return PL_EIO;
+        }
+        if (r == 0) {
+            struct stat sb;
+            long long now = fstat(d->fd, &sb) == 0 ? (long long)sb.st_size : -1;
+            snprintf(err, errlen, "data file %s: shrank while training: %lld bytes now, %zu when it was opened "
+                     "(truncated or rewritten?); data files must not change during a run", d->path, now,
+                     d->file_bytes);
+            return PL_EIO;
+        }
+        got += (size_t)r;
+    }
+    return PL_OK;
+}
+
+/* Validate an llm.c token file: magic, version, size = 1024 + 2 ntok, every token < V
+ * (read in chunks; nothing is kept in memory). */
 static int tokens_open(data_source *d, const char *path, char *err, size_t errlen) {
-    PL_TRY(map_file(d, path, err, errlen));
-    if (d->map_bytes < TOKENS_HEADER_BYTES) {
-        snprintf(err, errlen, "token file %s: %zu bytes, shorter than the 1024-byte header", path, d->map_bytes);
+    PL_TRY(open_file(d, path, err, errlen));
+    if (d->file_bytes < TOKENS_HEADER_BYTES) {
+        snprintf(err, errlen, "token file %s: %zu bytes, shorter than the 1024-byte header", path, d->file_bytes);
         return PL_EIO;
     }
     int32_t h[3];
-    memcpy(h, d->map, sizeof h);
+    PL_TRY(read_exact(d, h, sizeof h, 0, err, errlen));
     if (h[0] != TOKENS_MAGIC) {
         snprintf(err, errlen, "token file %s: bad magic %d (expected %d, an llm.c token file%s)",
                  path, h[0], TOKENS_MAGIC, h[0] == 20240801 ? "; the llama-3 uint32 variant is not supported" : "");
@@ -152,20 +163,31 @@ static int tokens_open(data_source *d, const char *path, char *err, size_t errle
         snprintf(err, errlen, "token file %s: unsupported version %d (expected 1)", path, h[1]);
         return PL_EIO;
     }
-    if (h[2] < 0 || d->map_bytes != TOKENS_HEADER_BYTES + 2 * (size_t)h[2]) {
+    if (h[2] < 0 || d->file_bytes != TOKENS_HEADER_BYTES + 2 * (size_t)h[2]) {
         snprintf(err, errlen, "token file %s: header says %d tokens (%zu bytes) but the file has %zu bytes",
-                 path, h[2], TOKENS_HEADER_BYTES + 2 * (size_t)h[2], d->map_bytes);
+                 path, h[2], TOKENS_HEADER_BYTES + 2 * (size_t)(h[2] < 0 ? 0 : h[2]), d->file_bytes);
         return PL_EIO;
     }
     d->ntok = (size_t)h[2];
-    d->tok16 = (const uint16_t *)((const char *)d->map + TOKENS_HEADER_BYTES);
-    for (size_t i = 0; i < d->ntok; i++)
-        if (d->tok16[i] >= d->V) {
-            snprintf(err, errlen, "token file %s: token %u at position %zu is >= the vocabulary size %d",
-                     path, d->tok16[i], i, d->V);
-            return PL_EIO;
-        }
-    return PL_OK;
+    enum { CHUNK = 1 << 19 };
+    uint16_t *buf = malloc(CHUNK * sizeof *buf);
+    if (!buf) {
+        snprintf(err, errlen, "token file %s: out of memory", path);
+        return PL_ENOMEM;
+    }
+    int rc = PL_OK;
+    for (size_t i0 = 0; i0 < d->ntok && rc == PL_OK; i0 += CHUNK) {
+        size_t n = d->ntok - i0 < CHUNK ? d->ntok - i0 : CHUNK;
+        rc = read_exact(d, buf, n * 2, TOKENS_HEADER_BYTES + 2 * i0, err, errlen);
+        for (size_t i = 0; i < n && rc == PL_OK; i++)
+            if (buf[i] >= d->V) {
+                snprintf(err, errlen, "token file %s: token %u at position %zu is >= the vocabulary size %d",
+                         path, buf[i], i0 + i, d->V);
+                rc = PL_EIO;
+            }
+    }
+    free(buf);
+    return rc;
 }
 
 int data_spec_vocab(const char *spec) { return strncmp(spec, "text:", 5) == 0 ? 256 : 0; }
@@ -173,6 +195,7 @@ int data_spec_vocab(const char *spec) { return strncmp(spec, "text:", 5) == 0 ? 
 int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed,
               uint64_t stream0, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
+    d->fd = -1;
     d->V = V;
     d->entropy = NAN;
     if (strcmp(spec, "markov") == 0) {
@@ -197,14 +220,16 @@ int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed
             return PL_EINVAL;
         }
         snprintf(d->desc, sizeof d->desc, "%s", spec);
-        PL_TRY(map_file(d, spec + 5, err, errlen));
-        d->bytes = d->map;
-        d->ntok = d->map_bytes;
-        return PL_OK;
+        int rc = open_file(d, spec + 5, err, errlen);
+        if (rc != PL_OK) data_close(d);
+        d->ntok = d->file_bytes;
+        return rc;
     }
     d->kind = DATA_TOKENS;
     snprintf(d->desc, sizeof d->desc, "%s", spec);
-    return tokens_open(d, spec, err, errlen);
+    int rc = tokens_open(d, spec, err, errlen);
+    if (rc != PL_OK) data_close(d); /* closes the file */
+    return rc;
 }
 
 int data_check_batch(const data_source *d, int B, int T, char *err, size_t errlen) {
@@ -218,12 +243,8 @@ int data_check_batch(const data_source *d, int B, int T, char *err, size_t errle
     return PL_OK;
 }
 
-/* Token i of a file source. */
-static inline int file_tok(const data_source *d, size_t i) {
-    return d->kind == DATA_TEXT ? d->bytes[i] : d->tok16[i];
-}
-
-void data_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets) {
+int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
+                    size_t errlen) {
     if (d->kind == DATA_MARKOV) {
         int K = d->branch;
         for (int b = 0; b < B; b++) {
@@ -231,19 +252,57 @@ void data_batch(const data_source *d, long long k, int B, int T, int *inputs, in
             rng_seed(&r, d->seed, d->stream0 + (uint64_t)k * B + b);
             int cur = sample_cdf(d->stat_cdf, d->V, rng_uniform(&r));
             for (int t = 0; t < T; t++) {
-                inputs[b * T + t] = cur;
+                inputs[(size_t)b * T + t] = cur;
                 cur = d->succ[(size_t)cur * K + sample_cdf(d->cdf + (size_t)cur * K, K, rng_uniform(&r))];
-                targets[b * T + t] = cur;
+                targets[(size_t)b * T + t] = cur;
             }
         }
-        return;
+        return PL_OK;
     }
     size_t bt = (size_t)B * T, nbatch = (d->ntok - 1) / bt;
-    size_t start = (size_t)(k % (long long)nbatch) * bt;
-    for (size_t i = 0; i < bt; i++) {
-        inputs[i] = file_tok(d, start + i);
-        targets[i] = file_tok(d, start + i + 1);
+    if (k < 0 || nbatch == 0) {
+        snprintf(err, errlen, "data %s: batch %lld of %d x %d does not exist", d->desc, k, B, T);
+        return PL_EINVAL;
     }
+    size_t start = (size_t)((unsigned long long)k % nbatch) * bt;
+    struct stat sb;
+    if (fstat(d->fd, &sb) != 0) {
+        snprintf(err, errlen, "data file %s: fstat: %s", d->path, strerror(errno));
+        return PL_EIO;
+    }
+    if ((size_t)sb.st_size != d->file_bytes) {
+        snprintf(err, errlen, "data file %s: %s while training: %lld bytes now, %zu when it was opened "
+                 "(truncated or rewritten?); data files must not change during a run", d->path,
+                 (size_t)sb.st_size < d->file_bytes ? "shrank" : "changed size", (long long)sb.st_size,
+                 d->file_bytes);
+        return PL_EIO;
+    }
+    size_t esz = d->kind == DATA_TEXT ? 1 : 2, off = d->kind == DATA_TEXT ? 0 : TOKENS_HEADER_BYTES;
+    unsigned char *raw = malloc((bt + 1) * esz);
+    if (!raw) {
+        snprintf(err, errlen, "data file %s: out of memory for a batch", d->path);
+        return PL_ENOMEM;
+    }
+    int rc = read_exact(d, raw, (bt + 1) * esz, off + start * esz, err, errlen);
+    for (size_t i = 0; i <= bt && rc == PL_OK; i++) {
+        int t;
+        if (esz == 1) t = raw[i];
+        else {
+            uint16_t u;
+            memcpy(&u, raw + 2 * i, 2);
+            t = u;
+        }
+        if (t >= d->V) {
+            snprintf(err, errlen, "data file %s: token %d at position %zu is >= the vocabulary size %d (the file "
+                     "changed while training?)", d->path, t, start + i, d->V);
+            rc = PL_EIO;
+            break;
+        }
+        if (i < bt) inputs[i] = t;
+        if (i > 0) targets[i - 1] = t;
+    }
+    free(raw);
+    return rc;
 }
 
 void data_close(data_source *d) {
@@ -251,8 +310,9 @@ void data_close(data_source *d) {
     free(d->cdf);
     free(d->stationary);
     free(d->stat_cdf);
-    if (d->map) munmap((void *)d->map, d->map_bytes);
+    if (d->fd >= 0 && d->kind != DATA_MARKOV) close(d->fd);
     memset(d, 0, sizeof *d);
+    d->fd = -1;
 }
 
 int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok) {

@@ -6,6 +6,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "pipelm/common.h"
+#include "pipelm/files.h"
 #include "pipelm/llmc.h"
 
 #define HEADER_BYTES 1024
@@ -43,16 +45,14 @@ size_t llmc_tensor_offset(const gpt2_config *c, int kind, int layer, size_t *num
 }
 
 int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "model file %s: %s", path, strerror(errno));
-        return PL_EIO;
-    }
+    int fd;
+    size_t fsize = 0;
+    PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, &fsize, err, errlen));
     int32_t h[256];
-    size_t got = fread(h, sizeof(int32_t), 256, f);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fclose(f);
+    ssize_t r = pread(fd, h, sizeof h, 0);
+    close(fd);
+    size_t got = r > 0 ? (size_t)r / sizeof(int32_t) : 0;
+    long long size = (long long)fsize;
     if (got != 256) {
         snprintf(err, errlen, "model file %s: shorter than the 1024-byte header", path);
         return PL_EIO;
@@ -66,7 +66,11 @@ int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err
         snprintf(err, errlen, "model file %s: unsupported version %d (3 = fp32, 5 = bf16)", path, h[1]);
         return PL_EIO;
     }
-    if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], err, errlen) != PL_OK) return PL_EIO;
+    char e2[512];
+    if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
+        return PL_EIO;
+    }
     if (h[7] != cfg->Vp) {
         snprintf(err, errlen, "model file %s: padded vocab %d is not V=%d rounded up to 128 (%d)",
                  path, h[7], cfg->V, cfg->Vp);
@@ -75,7 +79,7 @@ int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err
     size_t elems = llmc_tensor_offset(cfg, P_NKINDS - 1, -1, NULL) + kind_numel(cfg, P_LNFB);
     size_t expect = HEADER_BYTES + elems * (h[1] == 3 ? 4 : 2);
     if ((size_t)size != expect) {
-        snprintf(err, errlen, "model file %s: %ld bytes, but its header (V=%d L=%d C=%d, version %d) "
+        snprintf(err, errlen, "model file %s: %lld bytes, but its header (V=%d L=%d C=%d, version %d) "
                  "needs %zu", path, size, cfg->V, cfg->L, cfg->C, h[1], expect);
         return PL_EIO;
     }
@@ -104,11 +108,8 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
                      path, names[i], a[i], b[i]);
             return PL_EINVAL;
         }
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        snprintf(err, errlen, "model file %s: %s", path, strerror(errno));
-        return PL_EIO;
-    }
+    int fd;
+    PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, NULL, err, errlen));
     size_t esz = version == 3 ? 4 : 2;
     int rc = PL_OK;
     for (int i = 0; i < st->ntensors && rc == PL_OK; i++) {
@@ -128,7 +129,13 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
             } else {
                 if (version == 5)
                     for (size_t k = 0; k < numel; k++) host[k] = bf16_to_float(((uint16_t *)raw)[k]);
-                st->be->from_host(st->params + t->offset, host, numel * sizeof(float));
+                for (size_t k = 0; k < numel && rc == PL_OK; k++)
+                    if (!isfinite(host[k])) {
+                        snprintf(err, errlen, "model file %s: tensor %s holds a non-finite value (%g) at element %zu: "
+                                 "refusing to start from it", path, t->name, (double)host[k], k);
+                        rc = PL_EIO;
+                    }
+                if (rc == PL_OK) st->be->from_host(st->params + t->offset, host, numel * sizeof(float));
             }
         }
         if (host != raw) free(host);

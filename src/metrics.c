@@ -9,9 +9,12 @@
 #include <stdarg.h>
 #include <string.h>
 #include "pipelm/common.h"
+#include "pipelm/files.h"
 #include "pipelm/metrics.h"
 
 int metrics_open(metrics *m, const char *path, char *err, size_t errlen) {
+    m->f = NULL;
+    PL_TRY(pl_check_output_file(path, "metrics file", err, errlen)); /* no FIFO: fopen would block */
     m->f = fopen(path, "w");
     if (!m->f) {
         snprintf(err, errlen, "metrics file %s: %s", path, strerror(errno));

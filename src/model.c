@@ -26,18 +26,52 @@ const char *const param_kind_name[P_NKINDS] = {
     "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b", "lnf_w", "lnf_b",
 };
 
+/* Limits on model dimensions: generous for any real GPT-2-style model, small enough that
+ * every size below is computed without overflow and the split search stays fast. */
+#define GPT2_MAX_VOCAB (1 << 24)
+#define GPT2_MAX_SEQ (1 << 20)
+#define GPT2_MAX_LAYER 10000
+#define GPT2_MAX_EMBD 65536
+#define GPT2_MAX_TENSOR 2147483647LL       /* floats in one tensor (MPI counts are int) */
+#define GPT2_MAX_PARAMS (1LL << 40)        /* floats in the whole model (16 TiB with AdamW) */
+
 int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen) {
     if (V < 2 || maxT < 1 || L < 1 || NH < 1 || C < 1) {
         snprintf(err, errlen, "model dimensions must be positive (vocab-size=%d max-seq-len=%d "
-                 "n-layer=%d n-head=%d n-embd=%d)", V, maxT, L, NH, C);
+                 "n-layer=%d n-head=%d n-embd=%d; vocab-size at least 2)", V, maxT, L, NH, C);
         return PL_EINVAL;
     }
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-embd", "n-head"};
+    long long vals[] = {V, maxT, L, C, NH}, lims[] = {GPT2_MAX_VOCAB, GPT2_MAX_SEQ, GPT2_MAX_LAYER, GPT2_MAX_EMBD, C};
+    for (int i = 0; i < 5; i++)
+        if (vals[i] > lims[i]) {
+            snprintf(err, errlen, "%s=%lld is too large (at most %lld%s)", names[i], vals[i], lims[i],
+                     i == 4 ? ", the n-embd" : "");
+            return PL_EINVAL;
+        }
     if (C % NH != 0) {
         snprintf(err, errlen, "n-embd (%d) must be a multiple of n-head (%d)", C, NH);
         return PL_EINVAL;
     }
+    long long Vp = ((long long)V + 127) / 128 * 128, c = C;
+    /* the largest tensors: wte (Vp, C), wpe (maxT, C), fc_w (4C, C) */
+    const char *tn[] = {"wte (padded vocab x n-embd)", "wpe (max-seq-len x n-embd)", "fc_w (4 n-embd x n-embd)"};
+    long long tv[] = {Vp * c, (long long)maxT * c, 4 * c * c};
+    for (int i = 0; i < 3; i++)
+        if (tv[i] > GPT2_MAX_TENSOR) {
+            snprintf(err, errlen, "model too large: tensor %s would hold %lld floats, more than %lld "
+                     "(vocab-size=%d max-seq-len=%d n-embd=%d)", tn[i], tv[i], GPT2_MAX_TENSOR, V, maxT, C);
+            return PL_EINVAL;
+        }
+    /* N = Vp C + maxT C + L (12 C^2 + 13 C) + 2 C, each term < 2^40 here, so no overflow */
+    long long n = tv[0] + tv[1] + (long long)L * (12 * c * c + 13 * c) + 2 * c;
+    if (n > GPT2_MAX_PARAMS) {
+        snprintf(err, errlen, "model too large: %lld parameters (n-layer=%d n-embd=%d vocab-size=%d), more than "
+                 "the %lld this build accepts", n, L, C, V, GPT2_MAX_PARAMS);
+        return PL_EINVAL;
+    }
     cfg->V = V;
-    cfg->Vp = (V + 127) / 128 * 128;
+    cfg->Vp = (int)Vp;
     cfg->maxT = maxT;
     cfg->L = L;
     cfg->NH = NH;
@@ -226,6 +260,23 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
     st->has_head = has_head;
     st->Bm = Bm;
     st->T = T;
+    /* every buffer below must have a size that fits (and each fewer than 2^31 elements) */
+    {
+        long long N = (long long)Bm * T, C = cfg->C;
+        const char *what = NULL;
+        long long big = 0;
+        if (N > GPT2_MAX_TENSOR / 4 / (C > 0 ? C : 1)) { what = "the (tokens, 4 n-embd) activations"; big = N; }
+        else if (has_head && N > GPT2_MAX_TENSOR / cfg->Vp) { what = "the (tokens, padded vocab) logits"; big = N; }
+        else if ((long long)Bm * cfg->NH > GPT2_MAX_TENSOR / ((long long)T * T)) {
+            what = "the (micro-batch, heads, T, T) attention";
+            big = N;
+        }
+        if (what) {
+            snprintf(err, errlen, "micro-batch too large: %s of %d x %d = %lld tokens would exceed %lld floats "
+                     "(lower --batch/--microbatches ratio or --seq-len)", what, Bm, T, big, GPT2_MAX_TENSOR);
+            return PL_EINVAL;
+        }
+    }
     st->N = Bm * T;
     st->be = be;
     st->tensors = calloc(16 + 12 * (size_t)st->nb, sizeof(param_tensor));

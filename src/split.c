@@ -42,65 +42,133 @@ static int alloc_split(split *sp, int P) {
     return sp->blocks && sp->first ? PL_OK : PL_ENOMEM;
 }
 
-/* Cost of stage `stage` holding blocks [k, l): compute (forward FLOPs per token) and memory
+long long split_exact_limit = 4000000;
+
+/* What a stage's cost depends on: the model, the pipeline, and a scratch split whose
+ * blocks[stage] is set to the count being costed (split_stage_* read only that entry). */
+typedef struct {
+    const gpt2_config *cfg;
+    int M, Bm, T;
+    split one;
+} cost_ctx;
+
+/* Cost of stage `stage` holding n blocks: compute (forward FLOPs per token) and memory
  * (bytes: parameters with their gradients and two AdamW moments, plus the activations of the
  * micro-batches it holds at once under 1F1B, min(P - stage, M)). */
-static void stage_cost(const gpt2_config *cfg, int P, int M, int Bm, int T, int stage, int k, int l,
-                       double *flops, double *bytes) {
-    split one = {.P = P};
-    int blocks[1024] = {0};
-    one.blocks = blocks;
-    blocks[stage] = l - k;
-    *flops = split_stage_flops(&one, cfg, stage, T);
-    int inflight = P - stage < M ? P - stage : M;
-    *bytes = 16.0 * split_stage_params(&one, cfg, stage) +
-             (double)inflight * split_stage_act_bytes(&one, cfg, stage, Bm, T);
+static void stage_cost(cost_ctx *x, int stage, int n, double *flops, double *bytes) {
+    int P = x->one.P;
+    x->one.blocks[stage] = n;
+    *flops = split_stage_flops(&x->one, x->cfg, stage, x->T);
+    int inflight = P - stage < x->M ? P - stage : x->M;
+    *bytes = 16.0 * split_stage_params(&x->one, x->cfg, stage) +
+             (double)inflight * split_stage_act_bytes(&x->one, x->cfg, stage, x->Bm, x->T);
+}
+
+/* The cost the programme minimises for stage holding n blocks: FLOPs, or memory when use_mem
+ * (DBL_MAX where the FLOPs exceed flop_cap). */
+static double cost_of(cost_ctx *x, int stage, int n, int use_mem, double flop_cap) {
+    double f, b;
+    stage_cost(x, stage, n, &f, &b);
+    if (use_mem && f > flop_cap) return DBL_MAX;
+    return use_mem ? b : f;
 }
 
 /* One dynamic programme over (stages, blocks): minimise the largest stage cost, where a
  * stage's cost is its FLOPs (use_mem = 0) or its memory (use_mem = 1, subject to every
- * stage's FLOPs staying within flop_cap). Middle stages hold at least one block. */
-static double split_dp(split *sp, const gpt2_config *cfg, int M, int Bm, int T, int use_mem, double flop_cap) {
-    int P = sp->P, L = cfg->L;
-    double *best = malloc(sizeof(double) * (P + 1) * (L + 1));
-    int *arg = malloc(sizeof(int) * (P + 1) * (L + 1));
-    for (int i = 0; i < (P + 1) * (L + 1); i++) best[i] = DBL_MAX, arg[i] = -1;
-    best[0] = 0.0;
+ * stage's FLOPs staying within flop_cap). Middle stages hold at least one block. For each
+ * (stage s, blocks l) the choice is the smallest k (blocks before stage s) that reaches the
+ * minimum. Small problems (P L^2 <= split_exact_limit) try every k; larger ones use that
+ * best[s-1][k] is non-decreasing in k and a stage's cost strictly increasing in its blocks,
+ * so max(best[s-1][k], cost(l - k)) falls then rises in k: a binary search finds the turn,
+ * O(P L log L) with the same answer. Returns DBL_MAX (and leaves sp alone) if no split is
+ * feasible, -1 on out of memory. */
+static double split_dp(split *sp, cost_ctx *x, int use_mem, double flop_cap) {
+    int P = sp->P, L = x->cfg->L;
+    int exact = (double)P * (L + 1) * (L + 1) <= (double)split_exact_limit;
+    double *prev = malloc(sizeof(double) * ((size_t)L + 1)), *cur = malloc(sizeof(double) * ((size_t)L + 1));
+    int *arg = malloc(sizeof(int) * ((size_t)P + 1) * ((size_t)L + 1));
+    if (!prev || !cur || !arg) {
+        free(prev);
+        free(cur);
+        free(arg);
+        return -1.0;
+    }
+    for (int l = 0; l <= L; l++) prev[l] = DBL_MAX;
+    prev[0] = 0.0;
     for (int s = 1; s <= P; s++) {
         int stage = s - 1, middle = stage > 0 && stage < P - 1;
+        int *a = arg + (size_t)s * (L + 1);
+        int kfirst = 0; /* the smallest k with a feasible prefix */
+        while (kfirst <= L && prev[kfirst] == DBL_MAX) kfirst++;
         for (int l = 0; l <= L; l++) {
+            cur[l] = DBL_MAX;
+            a[l] = -1;
             if (s == P && l != L) continue;
-            for (int k = 0; k <= l; k++) { /* stage takes blocks [k, l) */
-                double prev = best[(s - 1) * (L + 1) + k];
-                if (prev == DBL_MAX || (middle && l - k < 1)) continue;
-                double f, b;
-                stage_cost(cfg, P, M, Bm, T, stage, k, l, &f, &b);
-                if (use_mem && f > flop_cap) continue;
-                double c = use_mem ? b : f, m = c > prev ? c : prev;
-                if (m < best[s * (L + 1) + l]) {
-                    best[s * (L + 1) + l] = m;
-                    arg[s * (L + 1) + l] = k;
+            if (exact) {
+                for (int k = 0; k <= l; k++) { /* stage takes blocks [k, l) */
+                    double pv = prev[k];
+                    if (pv == DBL_MAX || (middle && l - k < 1)) continue;
+                    double c = cost_of(x, stage, l - k, use_mem, flop_cap);
+                    if (c == DBL_MAX) continue;
+                    double m = c > pv ? c : pv;
+                    if (m < cur[l]) {
+                        cur[l] = m;
+                        a[l] = k;
+                    }
+                }
+                continue;
+            }
+            int klo = kfirst, khi = middle ? l - 1 : l;
+            if (klo > khi) continue;
+            /* smallest k in [klo, khi] with prev[k] >= cost(l - k) (khi + 1 if none) */
+            int lo = klo, hi = khi + 1;
+            while (lo < hi) {
+                int mid = lo + (hi - lo) / 2;
+                if (prev[mid] >= cost_of(x, stage, l - mid, use_mem, flop_cap)) hi = mid;
+                else lo = mid + 1;
+            }
+            for (int k = lo - 1; k <= lo; k++) {
+                if (k < klo || k > khi || prev[k] == DBL_MAX) continue;
+                double c = cost_of(x, stage, l - k, use_mem, flop_cap);
+                if (c == DBL_MAX) continue;
+                double m = c > prev[k] ? c : prev[k];
+                if (m < cur[l]) {
+                    cur[l] = m;
+                    a[l] = k;
                 }
             }
         }
+        double *t = prev;
+        prev = cur;
+        cur = t;
     }
-    double result = best[P * (L + 1) + L];
+    double result = prev[L];
     int l = L;
     for (int s = P; s >= 1 && result != DBL_MAX; s--) {
-        int k = arg[s * (L + 1) + l];
+        int k = arg[(size_t)s * (L + 1) + l];
         sp->blocks[s - 1] = l - k;
         l = k;
     }
-    free(best);
+    free(prev);
+    free(cur);
     free(arg);
     return result;
 }
 
 /* Balance compute first; among the splits whose largest stage is that cheap, take the one
  * with the smallest largest memory footprint (the first stage holds the most micro-batches). */
-static void split_auto(split *sp, const gpt2_config *cfg, int M, int Bm, int T) {
-    double fmax = split_dp(sp, cfg, M, Bm, T, 0, 0.0);
-    split_dp(sp, cfg, M, Bm, T, 1, fmax * (1.0 + 1e-9));
+static int split_auto(split *sp, const gpt2_config *cfg, int M, int Bm, int T) {
+    cost_ctx x = {cfg, M, Bm, T, {sp->P, NULL, NULL}};
+    x.one.blocks = calloc((size_t)sp->P, sizeof(int));
+    if (!x.one.blocks) return PL_ENOMEM;
+    double fmax = split_dp(sp, &x, 0, 0.0);
+    int rc = fmax < 0 ? PL_ENOMEM : fmax == DBL_MAX ? PL_EINVAL : PL_OK;
+    if (rc == PL_OK) {
+        double r = split_dp(sp, &x, 1, fmax * (1.0 + 1e-9));
+        rc = r < 0 ? PL_ENOMEM : PL_OK; /* the FLOP-balanced split itself is feasible */
+    }
+    free(x.one.blocks);
+    return rc;
 }
 
 int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
@@ -121,25 +189,40 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
         return PL_ENOMEM;
     }
     if (strcmp(spec, "auto") == 0) {
-        split_auto(sp, cfg, M, Bm, T);
+        int rc = split_auto(sp, cfg, M, Bm, T);
+        if (rc != PL_OK) {
+            snprintf(err, errlen, "--split auto: %s for n-layer=%d over %d stages",
+                     rc == PL_ENOMEM ? "out of memory for the split search" : "no feasible split", L, P);
+            split_free(sp);
+            return rc;
+        }
     } else {
-        int n = 0, sum = 0;
+        int n = 0;
+        long long sum = 0;
         const char *p = spec;
-        while (*p) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p || (*end && *end != ',')) {
-                snprintf(err, errlen, "--split '%s': expected 'auto' or comma-separated block counts like 4,3,5", spec);
+        for (;;) {
+            /* one entry: decimal digits only (no sign, no spaces, nothing empty) */
+            const char *q = p;
+            while (*q >= '0' && *q <= '9') q++;
+            if (q == p || (*q && *q != ',')) {
+                snprintf(err, errlen, "--split '%.200s': expected 'auto' or comma-separated block counts like "
+                         "4,3,5 (%s at character %d)", spec,
+                         q == p && *p == '-' ? "a negative count"
+                         : q == p && (*p == ',' || !*p) ? "an empty entry" : "not a number",
+                         (int)(q - spec) + 1);
                 goto fail;
             }
-            if (v < 0) {
-                snprintf(err, errlen, "--split '%s': block count %ld is negative", spec, v);
+            if (q - p > 9) {
+                snprintf(err, errlen, "--split '%.200s': block count %.*s is larger than the model's n-layer=%d",
+                         spec, (int)(q - p), p, L);
                 goto fail;
             }
+            long v = strtol(p, NULL, 10);
             if (n < P) sp->blocks[n] = (int)v;
             n++;
-            sum += (int)v;
-            p = *end ? end + 1 : end;
+            sum += v;
+            if (!*q) break;
+            p = q + 1;
         }
         if (n != P) {
             snprintf(err, errlen, "--split '%s' gives %d stages but there are %d ranks; run with "
@@ -147,7 +230,7 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
             goto fail;
         }
         if (sum != L) {
-            snprintf(err, errlen, "--split '%s' adds up to %d blocks but the model has n-layer=%d", spec, sum, L);
+            snprintf(err, errlen, "--split '%.200s' adds up to %lld blocks but the model has n-layer=%d", spec, sum, L);
             goto fail;
         }
         for (int s = 1; s < P - 1; s++)

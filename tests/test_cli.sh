@@ -61,9 +61,10 @@ run schedule --stages 2 --microbatches 2 --schedule gpipe --csv g.csv > /dev/nul
 expect "schedule bad stages" 2 "positive" run schedule --stages 0 --microbatches 2
 
 # llm.c model file round trip through --init / --save-final keeps the weights
-run train --steps 0 --save-final w0.bin --progress 0 > /dev/null 2>&1
-run train --steps 0 --init w0.bin --save-final w1.bin --progress 0 > /dev/null 2>&1
-cmp -s w0.bin w1.bin && ok "--init / --save-final round trip byte-identical" || bad "init round trip" "files differ"
+run train --steps 1 --save-final w0.bin --progress 0 > /dev/null 2>&1
+run train --steps 1 --lr 0 --weight-decay 0 --init w0.bin --save-final w1.bin --progress 0 > /dev/null 2>&1
+cmp -s w0.bin w1.bin && ok "--init / --save-final round trip byte-identical (a step at lr 0)" || bad "init round trip" "files differ"
+expect "--steps 0 refused" 2 "steps must be >= 1" run train --steps 0
 expect "init dims conflict" 1 "conflicts with" run train --init w0.bin --n-embd 32 --steps 1
 
 finish

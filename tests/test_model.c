@@ -13,10 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <mpi.h>
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
+#include "pipelm/files.h"
 #include "pipelm/llmc.h"
 #include "pipelm/model.h"
 #include "pipelm/pipelm.h"
@@ -159,9 +162,9 @@ START_TEST(test_token_loader) {
     char err[256];
     ck_assert_int_eq(data_open(&d, tpath("good.bin"), 50, 4, 1, 0, err, sizeof err), 0);
     int in[64], tg[64];
-    data_batch(&d, 1, 4, 16, in, tg);
+    ck_assert(data_read_batch(&d, 1, 4, 16, in, tg, err, sizeof err) == PL_OK);
     for (int i = 0; i < 64; i++) { ck_assert_int_eq(in[i], tok[64 + i]); ck_assert_int_eq(tg[i], tok[65 + i]); }
-    data_batch(&d, 15, 4, 16, in, tg); /* 999/64 = 15 whole batches: step 15 wraps to batch 0 */
+    ck_assert(data_read_batch(&d, 15, 4, 16, in, tg, err, sizeof err) == PL_OK); /* 999/64 = 15 whole batches: step 15 wraps to batch 0 */
     ck_assert_int_eq(in[0], tok[0]);
     data_close(&d);
     /* token out of range: the same file, vocabulary 40 */
@@ -204,7 +207,7 @@ START_TEST(test_markov_entropy) {
     double nll = 0;
     long count = 0;
     for (int k = 0; k < 20; k++) {
-        data_batch(&d, k, B, T, in, tg);
+        ck_assert(data_read_batch(&d, k, B, T, in, tg, err, sizeof err) == PL_OK);
         for (int i = 0; i < B * T; i++) {
             int c = in[i], hit = -1;
             for (int j = 0; j < d.branch; j++) if (d.succ[c * d.branch + j] == tg[i]) hit = j;
@@ -218,8 +221,8 @@ START_TEST(test_markov_entropy) {
     ck_assert_msg(fabs(nll - d.entropy) < 0.03, "empirical %.4f vs entropy %.4f", nll, d.entropy);
     /* batches are a pure function of k */
     int in2[64 * 64], tg2[64 * 64];
-    data_batch(&d, 3, B, T, in, tg);
-    data_batch(&d, 3, B, T, in2, tg2);
+    ck_assert(data_read_batch(&d, 3, B, T, in, tg, err, sizeof err) == PL_OK);
+    ck_assert(data_read_batch(&d, 3, B, T, in2, tg2, err, sizeof err) == PL_OK);
     ck_assert_int_eq(memcmp(in, in2, sizeof in), 0);
     data_close(&d);
 }
@@ -274,7 +277,7 @@ END_TEST
 START_TEST(test_config) {
     const char *ini = tpath("c.ini");
     FILE *f = fopen(ini, "w");
-    fprintf(f, "# comment\n[train]\npreset = tutorial\nlr = 0.002\nbatch = 4\nseq_len = 32\n");
+    fprintf(f, "# comment\r\n  preset = tutorial\nlr = 0.002 ; inline comment\nbatch = 4\r\nseq_len = 32\n");
     fclose(f);
     pl_options o;
     char err[1024];
@@ -407,6 +410,270 @@ START_TEST(test_learning) {
 }
 END_TEST
 
+
+/* Parse a config file holding `text` (plus argv extras); return the status, err filled. */
+static int parse_ini_text(const char *text, char *err, size_t errlen) {
+    const char *ini = tpath("bad.ini");
+    FILE *f = fopen(ini, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite(text, 1, strlen(text), f);
+    fclose(f);
+    pl_options o;
+    config_defaults(&o);
+    char *argv[] = {"pipelm", "train", "--config", (char *)ini};
+    return config_parse(&o, 4, argv, 2, 0, err, errlen);
+}
+
+/* Expect a refusal whose message holds every needle. */
+#define EXPECT_REFUSED(rc, err, ...)                                                            \
+    do {                                                                                        \
+        const char *needles_[] = {__VA_ARGS__};                                                 \
+        ck_assert_msg((rc) != 0, "accepted; expected an error with '%s'", needles_[0]);         \
+        for (size_t i_ = 0; i_ < sizeof needles_ / sizeof needles_[0]; i_++)                    \
+            ck_assert_msg(strstr(err, needles_[i_]) != NULL, "error '%s' lacks '%s'", err, needles_[i_]); \
+    } while (0)
+
+/* Values that strtod/strtol would accept but mean something else, and config files with
+ * sections, duplicates, bad lines and binary: refused, naming the line. */
+START_TEST(test_config_refusals) {
+    pl_options o;
+    char err[1024];
+    const char *bad_cli[][2] = {{"--lr", "0x10"}, {"--lr", "inf"}, {"--lr", "nan"}, {"--lr", "1e999"},
+                                {"--steps", "0x10"}, {"--steps", " 5"}, {"--steps", "5 "}, {"--seed", "1e3"},
+                                {"--beta1", "0x1p-1"}, {"--steps", "99999999999"}};
+    for (size_t i = 0; i < sizeof bad_cli / sizeof bad_cli[0]; i++) {
+        config_defaults(&o);
+        char *argv[] = {"pipelm", "train", (char *)bad_cli[i][0], (char *)bad_cli[i][1]};
+        int rc = config_parse(&o, 4, argv, 2, 0, err, sizeof err);
+        EXPECT_REFUSED(rc, err, "bad value", bad_cli[i][0]);
+    }
+    config_defaults(&o);
+    char *good[] = {"pipelm", "train", "--lr", "-1.5e-3", "--steps", "+12", "--min-lr", ".5"};
+    ck_assert_int_eq(config_parse(&o, 8, good, 2, 0, err, sizeof err), 0);
+    ck_assert(o.lr == -1.5e-3 && o.steps == 12 && o.min_lr == 0.5);
+    int rc = parse_ini_text("steps = 3\n[train]\nbatch = 4\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 2", "[train]", "sections");
+    rc = parse_ini_text("steps = 3\n# c\nbatch = 4\nsteps = 5\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 4", "'steps' is set twice (first on line 1)");
+    rc = parse_ini_text("steps = 3\nseq-len = 8\nseq_len = 9\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 3", "set twice");
+    rc = parse_ini_text("\n\nlr = 0x10\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 3", "'0x10'", "--lr");
+    rc = parse_ini_text("steps = 3\n\n\nthis is not a setting\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 4", "not a `name = value` line");
+    rc = parse_ini_text("steps = 3\nbatch\x01\xff = 2\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 2", "\\x01");
+    for (const char *c = err; *c; c++) ck_assert_msg((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f, "raw byte in '%s'", err);
+    rc = parse_ini_text("colour\xfe = 1\n", err, sizeof err);
+    EXPECT_REFUSED(rc, err, "line 1", "unknown setting 'colour\\xfe'");
+    /* special files: a directory, /dev/zero, a FIFO are refused at once, naming the type */
+    const char *specials[][2] = {{"/dev/zero", "character device"}, {"/tmp", "directory"}};
+    for (int i = 0; i < 2; i++) {
+        config_defaults(&o);
+        char *argv[] = {"pipelm", "train", "--config", (char *)specials[i][0]};
+        rc = config_parse(&o, 4, argv, 2, 0, err, sizeof err);
+        EXPECT_REFUSED(rc, err, "config file", specials[i][0], specials[i][1]);
+    }
+    const char *fifo = tpath("cfg.fifo");
+    unlink(fifo);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    config_defaults(&o);
+    char *fa[] = {"pipelm", "train", "--config", (char *)fifo};
+    rc = config_parse(&o, 4, fa, 2, 0, err, sizeof err);
+    EXPECT_REFUSED(rc, err, "config file", "FIFO");
+    /* larger than 1 MiB */
+    FILE *f = fopen(tpath("big.ini"), "w");
+    for (int i = 0; i < 70000; i++) fprintf(f, "# padding line %d\n", i);
+    fclose(f);
+    config_defaults(&o);
+    char *ba[] = {"pipelm", "train", "--config", (char *)tpath("big.ini")};
+    rc = config_parse(&o, 4, ba, 2, 0, err, sizeof err);
+    EXPECT_REFUSED(rc, err, "big.ini", "bytes");
+}
+END_TEST
+
+/* The file checks of files.h on every kind of special file. */
+START_TEST(test_file_checks) {
+    char err[1024];
+    FILE *f = NULL;
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s", tpath("in.fifo"));
+    unlink(fifo);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    EXPECT_REFUSED(pl_open_input(fifo, "data file", 0, &f, err, sizeof err), err, "data file", "in.fifo", "FIFO");
+    EXPECT_REFUSED(pl_check_input_file("/dev/zero", "model file", err, sizeof err), err, "model file /dev/zero", "device");
+    EXPECT_REFUSED(pl_check_input_file(tmpdir, "checkpoint", err, sizeof err), err, "directory");
+    EXPECT_REFUSED(pl_check_input_file(tpath("nothere"), "x", err, sizeof err), err, "No such file");
+    write_bytes(tpath("ten.txt"), "0123456789", 10);
+    EXPECT_REFUSED(pl_open_input(tpath("ten.txt"), "config file", 9, &f, err, sizeof err), err, "10 bytes");
+    ck_assert_int_eq(pl_open_input(tpath("ten.txt"), "config file", 10, &f, err, sizeof err), 0);
+    char b[16] = "";
+    ck_assert_int_eq(fread(b, 1, sizeof b, f), 10);
+    fclose(f);
+    /* outputs: an existing file is left as it is; a new one is not left behind */
+    ck_assert_int_eq(pl_check_output_file(tpath("ten.txt"), "metrics file", err, sizeof err), 0);
+    struct stat sb;
+    ck_assert_int_eq(stat(tpath("ten.txt"), &sb), 0);
+    ck_assert_int_eq(sb.st_size, 10);
+    ck_assert_int_eq(pl_check_output_file(tpath("new.out"), "trace file", err, sizeof err), 0);
+    ck_assert_int_ne(stat(tpath("new.out"), &sb), 0);
+    ck_assert_int_eq(pl_check_output_file("/dev/null", "trace file", err, sizeof err), 0);
+    EXPECT_REFUSED(pl_check_output_file(fifo, "metrics file", err, sizeof err), err, "metrics file", "FIFO");
+    EXPECT_REFUSED(pl_check_output_file(tmpdir, "save-final file", err, sizeof err), err, "directory");
+    EXPECT_REFUSED(pl_check_output_file(tpath("no/such/dir/w.bin"), "save-final file", err, sizeof err), err,
+                   "no/such/dir", "No such file");
+    EXPECT_REFUSED(pl_check_output_file(tpath("ten.txt/x"), "trace file", err, sizeof err), err, "ten.txt/x", "Not a directory");
+    EXPECT_REFUSED(pl_check_output_file("/dev/zero", "trace file", err, sizeof err), err, "character device");
+    /* directories */
+    ck_assert_int_eq(pl_check_output_dir(tmpdir, "--ckpt-dir", err, sizeof err), 0);
+    ck_assert_int_eq(pl_check_output_dir(tpath("a/b/c"), "--ckpt-dir", err, sizeof err), 0);
+    ck_assert_int_ne(stat(tpath("a"), &sb), 0); /* nothing created */
+    EXPECT_REFUSED(pl_check_output_dir(tpath("ten.txt"), "--ckpt-dir", err, sizeof err), err, "not a directory");
+    EXPECT_REFUSED(pl_check_output_dir(tpath("ten.txt/sub"), "--ckpt-dir", err, sizeof err), err, "cannot be created");
+    /* data sources through them */
+    data_source d;
+    EXPECT_REFUSED(data_open(&d, fifo, 256, 4, 1, 0, err, sizeof err), err, "data file", "FIFO");
+    char spec[600];
+    snprintf(spec, sizeof spec, "text:%s", fifo);
+    EXPECT_REFUSED(data_open(&d, spec, 256, 4, 1, 0, err, sizeof err), err, "FIFO");
+    EXPECT_REFUSED(data_open(&d, "text:/dev/zero", 256, 4, 1, 0, err, sizeof err), err, "/dev/zero", "device");
+    int v;
+    gpt2_config c;
+    EXPECT_REFUSED(llmc_read_config(fifo, &c, &v, err, sizeof err), err, "model file", "FIFO");
+}
+END_TEST
+
+/* A token file that shrinks or changes under an open source: the next batch is refused,
+ * naming the file, instead of a SIGBUS through a mapping. */
+START_TEST(test_data_shrinks) {
+    uint16_t tok[4000];
+    for (int i = 0; i < 4000; i++) tok[i] = (uint16_t)(i % 50);
+    ck_assert_int_eq(data_write_tokens(tpath("shrink.bin"), tok, 4000), 0);
+    data_source d;
+    char err[4400];
+    ck_assert_int_eq(data_open(&d, tpath("shrink.bin"), 50, 4, 1, 0, err, sizeof err), 0);
+    int in[64], tg[64];
+    ck_assert_int_eq(data_read_batch(&d, 40, 4, 16, in, tg, err, sizeof err), 0);
+    ck_assert_int_eq(in[0], tok[(40 % ((4000 - 1) / 64)) * 64]);
+    ck_assert_int_eq(truncate(tpath("shrink.bin"), 2048), 0);
+    EXPECT_REFUSED(data_read_batch(&d, 41, 4, 16, in, tg, err, sizeof err), err, "shrink.bin", "shrank");
+    data_close(&d);
+    /* the same size but a token beyond the vocabulary written into it */
+    ck_assert_int_eq(data_write_tokens(tpath("poke.bin"), tok, 4000), 0);
+    ck_assert_int_eq(data_open(&d, tpath("poke.bin"), 50, 4, 1, 0, err, sizeof err), 0);
+    FILE *f = fopen(tpath("poke.bin"), "r+b");
+    uint16_t big = 60000;
+    fseek(f, 1024 + 2 * 10, SEEK_SET);
+    fwrite(&big, 2, 1, f);
+    fclose(f);
+    EXPECT_REFUSED(data_read_batch(&d, 0, 4, 16, in, tg, err, sizeof err), err, "poke.bin", "60000", ">= the vocabulary");
+    data_close(&d);
+}
+END_TEST
+
+/* Absurd dimensions are refused by name, sizes never overflow, --split parses strictly, and
+ * the split search is fast for deep models and agrees with the exhaustive one. */
+START_TEST(test_dims_and_split) {
+    gpt2_config c;
+    char err[1024];
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 1000000000, 4, 64, err, sizeof err), err, "n-layer=1000000000", "at most");
+    EXPECT_REFUSED(gpt2_config_make(&c, 2147483647, 64, 4, 4, 64, err, sizeof err), err, "vocab-size=2147483647");
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 2147483647, 4, 4, 64, err, sizeof err), err, "max-seq-len");
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 4, 4, 1 << 30, err, sizeof err), err, "n-embd");
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 4, 128, 64, err, sizeof err), err, "n-head=128");
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 4, 1, 65536, err, sizeof err), err, "fc_w", "17179869184");
+    EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 10000, 1, 4096, err, sizeof err), err, "2013799718912 parameters");
+    ck_assert_int_eq(gpt2_config_make(&c, 16777216, 1048576, 1, 1, 8, err, sizeof err), 0);
+    ck_assert_int_eq(c.Vp, 16777216);
+    ck_assert_int_eq(gpt2_config_make(&c, 16777215, 8, 1, 1, 8, err, sizeof err), 0);
+    ck_assert_int_eq(c.Vp, 16777216);
+    /* a micro-batch whose buffers would exceed 2^31 floats */
+    stage st;
+    ck_assert_int_eq(gpt2_config_make(&c, 256, 1048576, 1, 64, 64, err, sizeof err), 0);
+    EXPECT_REFUSED(stage_init(&st, &c, 0, 1, 1, 1, 1, 1048576, 1, &backend_cpu, err, sizeof err), err,
+                   "micro-batch too large");
+    /* --split entries */
+    ck_assert_int_eq(gpt2_config_make(&c, 256, 64, 4, 4, 64, err, sizeof err), 0);
+    split sp;
+    const char *bad[][2] = {{"1,3,", "empty entry"}, {",1,3", "empty entry"}, {"1,,3", "empty entry"},
+                            {"1, 3", "not a number"}, {"1,3x", "not a number"}, {"99999999999,0", "99999999999"},
+                            {"4294967297,0", "larger than"}, {"+1,3", "not a number"}, {"1,-3", "negative"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        EXPECT_REFUSED(split_make(&sp, bad[i][0], &c, 2, 4, 1, 64, err, sizeof err), err, "--split", bad[i][1]);
+    ck_assert_int_eq(split_make(&sp, "1,3", &c, 2, 4, 1, 64, err, sizeof err), 0);
+    split_free(&sp);
+    /* the fast search gives the exhaustive search's split */
+    long long saved = split_exact_limit;
+    int Ls[] = {1, 3, 12, 37, 64}, Cs[] = {8, 64, 768};
+    for (int li = 0; li < 5; li++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int P = 1; P <= 8 && P <= Ls[li] + 2; P++)
+                for (int M = 1; M <= 8; M *= 8) {
+                    gpt2_config g;
+                    ck_assert_int_eq(gpt2_config_make(&g, 50257, 1024, Ls[li], 1, Cs[ci], err, sizeof err), 0);
+                    split a, b;
+                    split_exact_limit = 1LL << 62;
+                    ck_assert_int_eq(split_make(&a, "auto", &g, P, M, 1, 256, err, sizeof err), 0);
+                    split_exact_limit = 0;
+                    ck_assert_int_eq(split_make(&b, "auto", &g, P, M, 1, 256, err, sizeof err), 0);
+                    for (int s = 0; s < P; s++)
+                        ck_assert_msg(a.blocks[s] == b.blocks[s], "L=%d C=%d P=%d M=%d stage %d: exact %d, fast %d",
+                                      Ls[li], Cs[ci], P, M, s, a.blocks[s], b.blocks[s]);
+                    split_free(&a);
+                    split_free(&b);
+                }
+    split_exact_limit = saved;
+    /* deep and narrow: n-layer 10000 over 64 stages in well under a second or two */
+    gpt2_config deep;
+    ck_assert_int_eq(gpt2_config_make(&deep, 256, 64, 10000, 1, 8, err, sizeof err), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(split_make(&sp, "auto", &deep, 64, 8, 1, 64, err, sizeof err), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    long long sum = 0;
+    for (int s = 0; s < 64; s++) sum += sp.blocks[s];
+    ck_assert_int_eq(sum, 10000);
+    split_free(&sp);
+    fprintf(stderr, "split search: n-layer 10000 over 64 stages in %.3f s\n", secs);
+    ck_assert_msg(secs < 5.0, "split search took %.1f s", secs);
+}
+END_TEST
+
+/* A model file whose weights hold a NaN or an Inf is refused at load, naming the tensor. */
+START_TEST(test_model_file_nonfinite) {
+    gpt2_config cfg;
+    char err[1024];
+    ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
+    stage a;
+    ck_assert_int_eq(stage_init(&a, &cfg, 0, 2, 1, 1, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    randomize_params(&a, 0.1f, 5);
+    ck_assert_int_eq(llmc_save(tpath("nan.bin"), &a, 0, MPI_COMM_SELF), 0);
+    size_t numel, off = llmc_tensor_offset(&cfg, P_QKVW, 1, &numel);
+    FILE *f = fopen(tpath("nan.bin"), "r+b");
+    float bad = NAN;
+    fseek(f, (long)(1024 + 4 * (off + 5)), SEEK_SET);
+    fwrite(&bad, 4, 1, f);
+    fclose(f);
+    EXPECT_REFUSED(llmc_load_stage(tpath("nan.bin"), &a, err, sizeof err), err, "nan.bin", "h.1.qkv_w", "non-finite",
+                   "element 5");
+    /* a stage that does not hold block 1 does not read it */
+    stage b;
+    ck_assert_int_eq(stage_init(&b, &cfg, 0, 1, 1, 0, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(llmc_load_stage(tpath("nan.bin"), &b, err, sizeof err), 0);
+    stage_free(&b);
+    off = llmc_tensor_offset(&cfg, P_LNFB, -1, &numel);
+    ck_assert_int_eq(llmc_save(tpath("inf.bin"), &a, 0, MPI_COMM_SELF), 0);
+    f = fopen(tpath("inf.bin"), "r+b");
+    bad = -INFINITY;
+    fseek(f, (long)(1024 + 4 * off), SEEK_SET);
+    fwrite(&bad, 4, 1, f);
+    fclose(f);
+    EXPECT_REFUSED(llmc_load_stage(tpath("inf.bin"), &a, err, sizeof err), err, "lnf_b", "-inf");
+    stage_free(&a);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
@@ -418,6 +685,11 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_model_file);
     tcase_add_test(tc, test_config);
     tcase_add_test(tc, test_split);
+    tcase_add_test(tc, test_config_refusals);
+    tcase_add_test(tc, test_file_checks);
+    tcase_add_test(tc, test_data_shrinks);
+    tcase_add_test(tc, test_dims_and_split);
+    tcase_add_test(tc, test_model_file_nonfinite);
     tcase_add_test(tc, test_determinism);
     tcase_add_test(tc, test_learning);
     suite_add_tcase(s, tc);

@@ -2,7 +2,7 @@
  * ckpt.h — checkpoints: one parallel-HDF5 file per save, written collectively by all ranks.
  *
  * Tensors are named by layer (/model/h.<i>/qkv_w ...), never by stage, so a checkpoint saved
- * on N stages loads on any M (schema: shared/notes/formats.md §2, format_version 1). Every
+ * on N stages loads on any M (schema: docs/formats.md §2, format_version 1). Every
  * dataset is contiguous fp32 with a uint32 attribute `crc32c` (the CRC-32C of its bytes,
  * crc32c.h), verified on load. A save is atomic: written under a temporary name, closed,
  * confirmed complete by every rank, renamed, and only then does DIR/latest move and do
@@ -34,6 +34,9 @@ typedef struct {
     char schedule[32];
     int nstages;
     int split[CKPT_MAX_STAGES]; /* blocks per stage at save time */
+    /* Added after format_version 1 first shipped (optional on load: an older file lacks them) */
+    int markov_branch;         /* --markov-branch of the run; -1 when the file does not say */
+    int meta_verified;         /* on load: 1 if the file's meta_crc32c held, 0 if it has none */
 } ckpt_meta;
 
 /* Collective over comm: write every stage's parameters and AdamW moments (st->params, m, v)
@@ -45,12 +48,20 @@ typedef struct {
  * naming that rank, the file and the cause): print it from one rank. Same for ckpt_load. */
 int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm,
               char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen);
-/* Resolve what --resume names: a file, or a directory (its newest complete checkpoint).
- * Returns PL_EIO with a message if there is none. */
+/* Resolve what --resume names: a file, or a directory: the checkpoint DIR/latest names. A
+ * latest that is empty, unreadable, not a plain `ckpt_<step>.h5` name in DIR (a '/' or
+ * '..'), or not a regular file is refused. A missing latest, or one naming a file that is
+ * gone, falls back to the newest ckpt_*.h5 in DIR with a warning on stderr (rank 0) naming
+ * the file taken. Returns PL_EIO with a message if there is none. */
 int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen);
 /* Collective over comm: read the tensors this stage owns (params and moments) from a
  * checkpoint file, verifying checksums and shapes, and the metadata; the model config must
- * equal st->cfg (err names the setting and both values). Returns the agreed status. */
+ * equal st->cfg (err names the setting and both values). Every attribute is checked for its
+ * type and range (named on failure: "/train nstages = 999 is out of range ..."), the root
+ * meta_crc32c (the CRC-32C of the canonical metadata text, docs/formats.md) is verified if
+ * present (an older file without it loads with a note on stderr), and every tensor read must
+ * be finite (and /optim/v non-negative): a non-finite one is refused naming the tensor.
+ * Returns the agreed status. */
 int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
               char *err, size_t errlen);
 /* `pipelm convert IN OUT` and `pipelm inspect FILE` (single process). */

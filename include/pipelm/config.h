@@ -3,7 +3,10 @@
  *
  * One table describes each option once (name, type, default, help); the command line
  * (`--name value` or `--name=value`) and INI config files (`--config FILE`, `name = value`,
- * sections ignored, underscores and dashes equivalent, parsed by inih) both go through it.
+ * underscores and dashes equivalent, parsed by inih) both go through it. A config file must
+ * be a regular file of at most 1 MiB; `[section]` lines, a name given twice, control
+ * characters and lines that are not `name = value` are refused naming the line. Numbers
+ * must be decimal (no 0x, inf or nan). Messages escape non-printable bytes as \xHH.
  * Precedence: built-in defaults < preset (`--preset`) < config file < command line.
  * Unknown names and malformed values are refused with a message naming them.
  */
@@ -47,6 +50,8 @@ typedef struct {
     double peak_gflops;
     /* test-only fault injection: rank fail_rank stops at step fail_step */
     int fail_rank, fail_step;
+    char fail_at[16];    /* before | during | after (the step) | save (in a checkpoint) | nan */
+    double watchdog;     /* seconds one wait may take before the job is aborted; 0 = never */
     /* which model dimensions were given explicitly (so --init can check or adopt them) */
     int set_vocab, set_dims;
 } pl_options;

@@ -8,6 +8,9 @@
  *       stationary distribution and reported as the entropy floor.
  *   "FILE": an llm.c token file (magic 20240520, version 1, uint16 tokens).
  *   "text:FILE": any file, one token per byte (vocabulary 256).
+ * Files are not memory-mapped (a file truncated under a mapping kills the process with
+ * SIGBUS): each batch is read with pread, and a file that changed size or holds a token
+ * >= V since it was opened is refused with a message naming it.
  * Batch k (B sequences of T tokens) is a pure function of k, so any rank can produce the
  * batch of any step and a resumed run continues exactly. Files: batch k reads tokens
  * [j*B*T, (j+1)*B*T] with j = k mod (number of whole batches), as llm.c reads in order and
@@ -34,11 +37,10 @@ typedef struct {
     double *stationary;    /* (V) */
     float *stat_cdf;       /* (V) */
     double entropy;        /* nats/token, NaN if unknown */
-    /* files */
-    const void *map;
-    size_t map_bytes;
-    const uint8_t *bytes;  /* text */
-    const uint16_t *tok16; /* token file */
+    /* files (read with pread, never mapped) */
+    int fd;                /* -1 when closed */
+    char path[4096];
+    size_t file_bytes;     /* size at open: a batch refuses a file whose size changed */
     size_t ntok;
 } data_source;
 
@@ -48,8 +50,10 @@ int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed
               uint64_t stream0, char *err, size_t errlen);
 /* Check that one batch of B x T fits in the source (files need B*T+1 tokens). */
 int data_check_batch(const data_source *d, int B, int T, char *err, size_t errlen);
-/* Fill inputs and targets (B*T ints each) with batch k. */
-void data_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets);
+/* Fill inputs and targets (B*T ints each) with batch k. PL_EIO with a message naming the
+ * file if it cannot be read (shrank, changed size, a token >= V since it was opened). */
+int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
+                    size_t errlen);
 void data_close(data_source *d);
 /* Vocabulary the spec implies (256 for text:, 0 if it does not say). */
 int data_spec_vocab(const char *spec);

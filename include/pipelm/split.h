@@ -21,6 +21,9 @@ typedef struct {
     int *blocks, *first;   /* P each */
 } split;
 
+/* "auto" tries every choice exactly when P L^2 is at most this (default 4e6), else uses the
+ * O(P L log L) search that gives the same split; tests set it to compare the two. */
+extern long long split_exact_limit;
 /* Parse or compute a split of cfg's L blocks over P stages, for M micro-batches of Bm x T. */
 int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
                size_t errlen);
