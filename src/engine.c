@@ -4,9 +4,10 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
-#include <sched.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/engine.h"
 #include "pipelm/trace.h"
@@ -23,6 +24,7 @@ int engine_init(engine *e, stage *st, const sched *sc, MPI_Comm comm, char *err,
     e->st = st;
     e->sc = sc;
     e->fail_rank = -1;
+    e->first_bad_fwd = -1;
     if (!st->be->host_memory) {
         snprintf(err, errlen, "backend %s: the engine needs host-accessible buffers for MPI", st->be->name);
         return PL_EINVAL;
@@ -37,8 +39,9 @@ int engine_init(engine *e, stage *st, const sched *sc, MPI_Comm comm, char *err,
     e->sq_f = malloc(sizeof(MPI_Request) * M);
     e->sq_b = malloc(sizeof(MPI_Request) * M);
     e->mb_loss = calloc(M, sizeof(double));
+    e->b_done = calloc(M, 1);
     if ((!first && (!e->recv_f || !e->send_b)) || (!last && !e->recv_b) || !e->rq_f || !e->rq_b ||
-        !e->sq_f || !e->sq_b || !e->mb_loss) {
+        !e->sq_f || !e->sq_b || !e->mb_loss || !e->b_done) {
         snprintf(err, errlen, "out of memory for %zu micro-batch communication buffers", M);
         engine_free(e);
         return PL_ENOMEM;
@@ -57,39 +60,102 @@ void engine_free(engine *e) {
     free(e->sq_f);
     free(e->sq_b);
     free(e->mb_loss);
+    free(e->b_done);
     memset(e, 0, sizeof *e);
 }
 
-/* Wait for a request, charging the time to t_wait (and the trace). When ranks outnumber
- * cores (e.polite), poll with MPI_Test and yield the core between polls, so a waiting rank
- * does not steal cycles from the rank it is waiting for; otherwise MPI_Wait spins. */
-static int timed_wait(engine *e, MPI_Request *rq, const char *what, int mb) {
+/* Wait for a request under the watchdog (comm.c), charging the time to t_wait and the
+ * trace. `act` is the action the wait belongs to, named in the watchdog's message. */
+static int timed_wait(engine *e, MPI_Request *rq, const char *what, sched_op op, int mb, int peer, long step) {
     double t0 = pl_now();
-    if (e->polite) {
-        int done = 0;
-        for (;;) {
-            PL_MPI_CHECK(MPI_Test(rq, &done, MPI_STATUS_IGNORE));
-            if (done) break;
-            sched_yield();
-        }
-    } else {
-        PL_MPI_CHECK(MPI_Wait(rq, MPI_STATUS_IGNORE));
-    }
+    char name[64];
+    sched_action a = {op, e->rank, mb};
+    if (sched_action_format(&a, name, sizeof name) != 0) snprintf(name, sizeof name, "%s", what);
+    snprintf(name + strlen(name), sizeof name - strlen(name), " (%s)", what);
+    comm_what w = {name, peer, mb, step};
+    PL_TRY(comm_wait(rq, &w));
     double t1 = pl_now();
     e->t_wait += t1 - t0;
     if (e->tr && t1 - t0 > 1e-6) trace_event(e->tr, what, "wait", mb, t0, t1);
     return PL_OK;
 }
 
+/* Run one F: wait for its input, forward it into the micro-batch's slot. */
+static int run_forward(engine *e, long step, int m, const int *inputs, const int *targets, float dloss) {
+    stage *st = e->st;
+    int r = e->rank, slot, rows = st->Bm * st->T;
+    size_t slice = (size_t)st->N * st->cfg.C;
+    /* the LM head's weight gradient is added inside the last stage's forward */
+    if (st->has_head && dloss > 0.0f && m != e->next_f) {
+        pl_error("step %ld: action %dF%d adds to the head's gradient out of micro-batch order "
+                 "(micro-batch %d is next); refusing to run it", step, r, m, e->next_f);
+        return PL_EINVAL;
+    }
+    if (r > 0) PL_TRY(timed_wait(e, &e->rq_f[m], "wait recv F", SCHED_RECV_F, m, r - 1, step));
+    double t0 = pl_now();
+    PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
+                         r > 0 ? e->recv_f + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
+                         dloss, &e->mb_loss[m], &slot));
+    double t1 = pl_now();
+    e->t_fwd += t1 - t0;
+    e->next_f++;
+    /* remember where a non-finite value first shows, for the NaN message */
+    if (e->first_bad_fwd < 0 &&
+        !(st->has_head ? isfinite(e->mb_loss[m]) : isfinite(st->be->sumsq(stage_output(st, slot), slice))))
+        e->first_bad_fwd = m;
+    if (e->tr) trace_event(e->tr, "F", "compute", m, t0, t1);
+    return PL_OK;
+}
+
+/* Run one B: wait for the output gradient and for the forward send that reads the slot,
+ * then backward; the input gradient moves at once into the micro-batch's own send buffer
+ * (the stage's dinput is scratch the next backward overwrites). */
+static int run_backward(engine *e, long step, int m) {
+    stage *st = e->st;
+    int r = e->rank, P = e->P;
+    size_t slice = (size_t)st->N * st->cfg.C;
+    int slot = stage_slot_of(st, m);
+    if (slot < 0) {
+        pl_error("step %ld: schedule runs %dB%d before its forward", step, r, m);
+        return PL_EINVAL;
+    }
+    if (m != e->next_b) {
+        pl_error("step %ld: action %dB%d adds to the weight gradients out of micro-batch order "
+                 "(micro-batch %d is next); refusing to run it", step, r, m, e->next_b);
+        return PL_EINVAL;
+    }
+    if (r < P - 1) PL_TRY(timed_wait(e, &e->rq_b[m], "wait recv B", SCHED_RECV_B, m, r + 1, step));
+    if (e->sq_f[m] != MPI_REQUEST_NULL) PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
+    double t0 = pl_now();
+    PL_TRY(stage_backward(st, slot, r < P - 1 ? e->recv_b + m * slice : NULL));
+    if (r > 0) st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float));
+    e->b_done[m] = 1;
+    e->next_b++;
+    double t1 = pl_now();
+    e->t_bwd += t1 - t0;
+    if (e->tr) trace_event(e->tr, "B", "compute", m, t0, t1);
+    return PL_OK;
+}
+
+/* Injected failure (--fail-rank/--fail-step/--fail-at during) in the middle of a step. */
+static int injected(const engine *e, long step, int i) {
+    if (i != 1 || e->rank != e->fail_rank || step != e->fail_step || !e->fail_during) return 0;
+    pl_error("injected failure (--fail-rank %d --fail-step %d) in the middle of step %ld", e->fail_rank,
+             e->fail_step, step);
+    return 1;
+}
+
 int engine_step(engine *e, long step, const int *inputs, const int *targets, float dloss, double *loss_sum) {
     stage *st = e->st;
-    int M = e->M, r = e->rank, P = e->P, N = st->N, C = st->cfg.C;
-    size_t slice = (size_t)N * C;
+    int M = e->M, r = e->rank;
+    size_t slice = (size_t)st->N * st->cfg.C;
     for (int m = 0; m < M; m++) {
         e->rq_f[m] = e->rq_b[m] = e->sq_f[m] = e->sq_b[m] = MPI_REQUEST_NULL;
         e->mb_loss[m] = 0.0;
+        e->b_done[m] = 0;
     }
-    /* post every receive of the step up front */
+    e->next_f = e->next_b = 0;
+    /* post every receive of the step up front, each into its micro-batch's buffer */
     const sched_action *acts = e->sc->acts[r];
     int n = e->sc->n[r];
     for (int i = 0; i < n; i++) {
@@ -101,58 +167,34 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
             PL_MPI_CHECK(MPI_Irecv(e->recv_b + m * slice, (int)slice, MPI_FLOAT, r + 1,
                                    msg_tag(1, step, m, M), e->comm, &e->rq_b[m]));
     }
-    int rows = st->Bm * st->T;
     for (int i = 0; i < n; i++) {
         int m = acts[i].mb, slot;
-        if (i == 1 && r == e->fail_rank && step == e->fail_step) {
-            pl_error("injected failure (--fail-rank %d --fail-step %d) in the middle of step %ld",
-                     e->fail_rank, e->fail_step, step);
-            return PL_EPEER;
-        }
+        if (injected(e, step, i)) return PL_EPEER;
         switch (acts[i].op) {
         case SCHED_RECV_F:
         case SCHED_RECV_B:
             break; /* already posted */
-        case SCHED_F: {
-            if (r > 0) PL_TRY(timed_wait(e, &e->rq_f[m], "wait recv F", m));
-            double t0 = pl_now();
-            PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
-                                 r > 0 ? e->recv_f + m * slice : NULL,
-                                 st->has_head ? targets + (size_t)m * rows : NULL, dloss,
-                                 &e->mb_loss[m], &slot));
-            double t1 = pl_now();
-            e->t_fwd += t1 - t0;
-            if (e->tr) trace_event(e->tr, "F", "compute", m, t0, t1);
+        case SCHED_F:
+            PL_TRY(run_forward(e, step, m, inputs, targets, dloss));
             break;
-        }
         case SCHED_SEND_F:
             slot = stage_slot_of(st, m);
             if (slot < 0) {
-                pl_error("schedule sends forward micro-batch %d before computing it", m);
+                pl_error("step %ld: schedule sends %dSEND_F%d before computing its forward", step, r, m);
                 return PL_EINVAL;
             }
             PL_MPI_CHECK(MPI_Isend(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1,
                                    msg_tag(0, step, m, M), e->comm, &e->sq_f[m]));
             if (e->tr) { double t = pl_now(); trace_event(e->tr, "send F", "comm", m, t, t); }
             break;
-        case SCHED_B: {
-            slot = stage_slot_of(st, m);
-            if (slot < 0) {
-                pl_error("schedule runs backward of micro-batch %d before its forward", m);
+        case SCHED_B:
+            PL_TRY(run_backward(e, step, m));
+            break;
+        case SCHED_SEND_B:
+            if (!e->b_done[m]) {
+                pl_error("step %ld: schedule sends %dSEND_B%d before its backward", step, r, m);
                 return PL_EINVAL;
             }
-            if (r < P - 1) PL_TRY(timed_wait(e, &e->rq_b[m], "wait recv B", m));
-            /* the slot's output buffer is reused after this backward: the send must be done */
-            if (e->sq_f[m] != MPI_REQUEST_NULL) PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", m));
-            double t0 = pl_now();
-            PL_TRY(stage_backward(st, slot, r < P - 1 ? e->recv_b + m * slice : NULL));
-            double t1 = pl_now();
-            e->t_bwd += t1 - t0;
-            if (e->tr) trace_event(e->tr, "B", "compute", m, t0, t1);
-            break;
-        }
-        case SCHED_SEND_B:
-            st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float));
             PL_MPI_CHECK(MPI_Isend(e->send_b + m * slice, (int)slice, MPI_FLOAT, r - 1,
                                    msg_tag(1, step, m, M), e->comm, &e->sq_b[m]));
             if (e->tr) { double t = pl_now(); trace_event(e->tr, "send B", "comm", m, t, t); }
@@ -161,8 +203,10 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
     }
     /* finish the sends of this step */
     for (int m = 0; m < M; m++) {
-        if (e->sq_f[m] != MPI_REQUEST_NULL) PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", m));
-        if (e->sq_b[m] != MPI_REQUEST_NULL) PL_TRY(timed_wait(e, &e->sq_b[m], "wait send B", m));
+        if (e->sq_f[m] != MPI_REQUEST_NULL)
+            PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
+        if (e->sq_b[m] != MPI_REQUEST_NULL)
+            PL_TRY(timed_wait(e, &e->sq_b[m], "wait send B", SCHED_SEND_B, m, r - 1, step));
         if (e->rq_f[m] != MPI_REQUEST_NULL || e->rq_b[m] != MPI_REQUEST_NULL) {
             pl_error("step %ld: a receive of micro-batch %d was never consumed by the schedule", step, m);
             return PL_EINVAL;
@@ -182,13 +226,21 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
     for (int m = 0; m < e->M; m++) {
         int slot;
         double l = 0.0;
-        if (r > 0)
-            PL_MPI_CHECK(MPI_Recv(e->recv_f, (int)slice, MPI_FLOAT, r - 1, 4 * e->M + m, e->comm, MPI_STATUS_IGNORE));
+        MPI_Request rq = MPI_REQUEST_NULL;
+        comm_what w = {"evaluation forward input", r - 1, m, -1};
+        if (r > 0) {
+            PL_MPI_CHECK(MPI_Irecv(e->recv_f, (int)slice, MPI_FLOAT, r - 1, 4 * e->M + m, e->comm, &rq));
+            PL_TRY(comm_wait(&rq, &w));
+        }
         PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                              r > 0 ? e->recv_f : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                              0.0f, &l, &slot));
-        if (r < P - 1)
-            PL_MPI_CHECK(MPI_Send(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1, 4 * e->M + m, e->comm));
+        if (r < P - 1) {
+            w.what = "evaluation forward output";
+            w.peer = r + 1;
+            PL_MPI_CHECK(MPI_Isend(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1, 4 * e->M + m, e->comm, &rq));
+            PL_TRY(comm_wait(&rq, &w));
+        }
         stage_release_all(st);
         sum += l;
     }

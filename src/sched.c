@@ -351,7 +351,16 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
         for (int r = 0; r < s->P; r++)
             for (int i = 0; i < s->n[r]; i++)
                 if (s->acts[r][i].mb > maxmb) maxmb = s->acts[r][i].mb;
+        size_t total = 0;
+        for (int r = 0; r < s->P; r++) total += (size_t)s->n[r];
         if (maxmb < 0) { set_err(err, errlen, "sched_read_csv: no actions in any row"); rc = -1; }
+        /* a schedule holds an F and a B of every micro-batch on every rank: refuse an M that
+           no row count can hold before anything sizes P x M tables by it (fuzz: big-mb) */
+        else if ((size_t)s->P * ((size_t)maxmb + 1) > total) {
+            set_err(err, errlen, "sched_read_csv: micro-batch %d on %d rank(s) needs at least %zu actions, "
+                    "the file has %zu", maxmb, s->P, (size_t)s->P * ((size_t)maxmb + 1), total);
+            rc = -1;
+        }
         else s->M = maxmb + 1;
     }
     if (rc != 0) sched_free(s);
@@ -581,13 +590,17 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
                 return -1;
             }
             // required comm actions and the compute they must precede/follow
-            struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[4] = {
+            // (the engine's storage contract, sched.h: every value lives in its micro-batch's
+            // own buffer from its producer to its last reader)
+            struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
                 { r > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
                 { r < P - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
+                { r < P - 1, SCHED_SEND_F, 1, &bw, "the forward output lives in the micro-batch's activation slot, "
+                                                   "which its backward frees: send it before the backward" },
                 { r < P - 1, SCHED_RECV_B, 1, &bw, "the output gradient must be received before the backward" },
                 { r > 0,     SCHED_SEND_B, 0, &bw, "the input gradient must be sent to the previous stage after the backward" },
             };
-            for (int q = 0; q < 4; q++) {
+            for (int q = 0; q < 5; q++) {
                 if (!req[q].need) continue;
                 sched_action c = { req[q].op, r, mb };
                 int pc = POS(r, req[q].op, mb);
@@ -610,10 +623,30 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
             }
         }
     }
+    // 4. the gradient accumulators: weight gradients are sums over micro-batches, and float
+    // sums depend on their order, so every rank adds them in ascending micro-batch order (B
+    // everywhere; F on the last stage, where the LM head's backward runs inside the forward).
+    for (int r = 0; r < P; r++) {
+        for (int k = 0; k < 2; k++) {
+            sched_op op = k ? SCHED_F : SCHED_B;
+            if (op == SCHED_F && r != P - 1) continue;
+            for (int mb = 1; mb < M; mb++) {
+                if (POS(r, op, mb) > POS(r, op, mb - 1)) continue;
+                sched_action a = { op, r, mb }, prev = { op, r, mb - 1 };
+                set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); %s add to the "
+                        "gradients in ascending micro-batch order, so that every schedule sums them as one "
+                        "process does (bit-identical results)", r, POS(r, op, mb), act_str(&a, b1, sizeof(b1)),
+                        act_str(&prev, b2, sizeof(b2)), POS(r, op, mb - 1),
+                        op == SCHED_B ? "backwards" : "the last stage's forwards (they run the LM head's backward)");
+                free(pos);
+                return -1;
+            }
+        }
+    }
 #undef POS
     free(pos);
 
-    // 4. deadlock freedom: blocking RECV, non-blocking SEND
+    // 5. deadlock freedom: blocking RECV, non-blocking SEND
     sched_sim sim;
     if (sched_simulate(s, &sim, err, errlen) != 0) return -1;
     sched_sim_free(&sim);

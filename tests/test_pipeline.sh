@@ -53,6 +53,19 @@ done
 "$PIPELM" schedule --stages 3 --microbatches $M --schedule 1f1b --csv s.csv > /dev/null 2>&1
 if mpirun_t 120 3 train $COMMON --schedule-csv s.csv --metrics csv.jsonl --save-final csv.bin > csv.out 2>&1 \
         && cmp -s ref.bin csv.bin; then ok "--schedule-csv run bit-identical"; else bad "--schedule-csv" "$(tail -n 2 csv.out)"; fi
+# issue 8's CSV: B0 and B1 run back to back before their SEND_Bs (the input gradient of each
+# must live in its own micro-batch's buffer); it must train exactly as one process
+printf '0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n1RECV_F0,1F0,1RECV_F1,1F1,1B0,1B1,1SEND_B0,1SEND_B1\n' > late.csv
+mpirun_t 120 1 train $COMMON --microbatches 2 --metrics ref2.jsonl --save-final ref2.bin > ref2.out 2>&1
+if mpirun_t 120 2 train $COMMON --microbatches 2 --schedule-csv late.csv --metrics late.jsonl --save-final late.bin > late.out 2>&1 \
+        && cmp -s ref2.bin late.bin && [ "$(losses ref2.jsonl)" = "$(losses late.jsonl)" ]; then
+    ok "a CSV with B0,B1 before SEND_B0,SEND_B1 is bit-identical"; else bad "late SEND_B CSV" "$(tail -n 2 late.out)"; fi
+# a CSV whose backwards are out of micro-batch order is refused, naming the action
+printf '0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B1,0RECV_B0,0B1,0B0\n1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n' > order.csv
+mpirun_t 60 2 train $COMMON --microbatches 2 --schedule-csv order.csv > order.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "action #6 (0B1): comes before 0B0" order.out; then
+    ok "out-of-order backwards refused: $(grep -m1 error order.out | cut -c1-120)"; else bad "out-of-order CSV" "rc=$rc"; fi
 # a CSV that deadlocks is refused before any work
 printf '0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' > dead.csv
 mpirun_t 60 2 train $COMMON --microbatches 1 --schedule-csv dead.csv > dead.out 2>&1
@@ -89,8 +102,8 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 2 failed during set-up" set
 # NaN: a huge learning rate makes the loss non-finite; every rank stops with the cause
 mpirun_t 60 2 train $COMMON --steps 20 --lr 1e12 --warmup-steps 0 --grad-clip 0 > nan.out 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "non-finite" nan.out; then
-    ok "NaN stops the run: $(grep -m1 non-finite nan.out | cut -c1-120)"; else bad "NaN" "rc=$rc"; fi
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -Eq "non-finite|diverged" nan.out; then
+    ok "NaN stops the run: $(grep -m1 -E 'non-finite|diverged' nan.out | cut -c1-120)"; else bad "NaN" "rc=$rc"; fi
 
 # --trace: Chrome trace-event JSON, one track per rank, every action of the schedule in it
 mpirun_t 120 2 train $COMMON --steps 2 --microbatches 2 --trace trace.json > trace.out 2>&1 || bad "--trace run" "exit $?"

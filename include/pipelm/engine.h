@@ -26,9 +26,11 @@ typedef struct {
     float *recv_f, *recv_b, *send_b;       /* M slices of N*C each */
     MPI_Request *rq_f, *rq_b, *sq_f, *sq_b;
     double *mb_loss;                       /* M: loss sums on the last stage */
+    unsigned char *b_done;                 /* M: B has run, send_b holds its input gradient */
+    int next_f, next_b;                    /* gradients are added in micro-batch order */
+    int first_bad_fwd;                     /* first mb whose forward gave a non-finite value, -1 */
     double t_fwd, t_bwd, t_wait;           /* seconds, accumulated; caller resets */
-    int fail_rank, fail_step;              /* test-only fault injection */
-    int polite;                            /* yield the core while waiting (oversubscribed) */
+    int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
 } engine;
 

@@ -67,6 +67,9 @@ int sched_action_parse(const char *str, sched_action *a);
    0 = ok, -1 = I/O error. */
 int sched_write_csv(const sched *s, FILE *f);
 
+/* The largest schedule CSV a reader takes (a 64-stage, 4096-micro-batch schedule is ~10 MB). */
+#define SCHED_CSV_MAX_BYTES (64u << 20)
+
 /* Read a schedule CSV (torch's format; '\r\n' line ends, blanks around
    cells and empty cells are tolerated). P = number of rows, M = max mb + 1.
    The result is not validated; call sched_validate. 0 = ok. */
@@ -74,7 +77,23 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
 
 /* Check that the schedule is complete, well ordered, has matched send/recv
    pairs and cannot deadlock when receives block and sends do not.
-   0 = valid; otherwise err names the rank, the action and the reason. */
+   0 = valid; otherwise err names the rank, the action and the reason.
+
+   It also checks the engine's storage contract, so that every schedule it
+   accepts computes exactly what one process computes. Every value that
+   crosses an action boundary lives in storage owned by its micro-batch from
+   its producer to its last reader:
+     received activation  RECV_F -> F       recv buffer of mb
+     forward output       F -> SEND_F       activation slot of mb (freed by B:
+                                            SEND_F must come before B)
+     head gradient        F -> B            slot of mb (last stage)
+     received gradient    RECV_B -> B       recv buffer of mb
+     input gradient       B -> SEND_B       send buffer of mb
+     loss                 F -> step end     loss of mb
+   The one value shared by micro-batches is the gradient accumulator, and a
+   float sum depends on its order: B (and, on the last stage, F, which runs
+   the LM head's backward) must come in ascending micro-batch order. The
+   engine checks the same order as it runs and refuses, naming the action. */
 int sched_validate(const sched *s, char *err, size_t errlen);
 
 /* Result of a unit-cost dry run. Per-action arrays are indexed by

@@ -1,0 +1,17 @@
+#!/bin/bash
+# The schedule property test: random deadlock-free schedules that respect only the true data
+# dependencies train the tiny model bit-identically to one process, for P = 1..4 and
+# M = 1..8 (see tests/sched_random.c). COUNT schedules per P (default 130: 520 in all).
+source "$(dirname "$0")/lib.sh"
+DRIVER=${SCHED_RANDOM:-$(dirname "$PIPELM")/tests/sched_random}
+COUNT=${COUNT:-130}
+start=$(date +%s)
+if timeout -k 5 120 "$MPIEXEC" -n 1 "$DRIVER" --dir "$WORK" --reference --count "$COUNT" > p1.out 2>&1; then
+    ok "$(tail -n 1 p1.out)"; else bad "P=1 and the references" "$(tail -n 5 p1.out)"; fi
+for P in 2 3 4; do
+    if timeout -k 5 400 "$MPIEXEC" -n $P "$DRIVER" --dir "$WORK" --count "$COUNT" --seed $P > p$P.out 2>&1; then
+        ok "$(tail -n 1 p$P.out)"; else bad "P=$P" "$(tail -n 8 p$P.out)"; fi
+done
+echo "property test: $((4 * COUNT)) schedules in $(($(date +%s) - start)) s"
+rm -f p?.out
+finish
