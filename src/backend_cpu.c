@@ -20,6 +20,9 @@
 #endif
 #include "pipelm/backend.h"
 
+/* Threads of this backend (OpenMP loops and OpenBLAS), set by backend_cpu_set_threads. */
+static int cpu_threads = 1;
+
 #define LN_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
@@ -31,7 +34,9 @@ static inline float exp_fast(float x) {
     x = x < -87.3f ? -87.3f : x;
     float t = x * 1.44269504088896341f;
     float fk = (t + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 trick */
-    int k = (int)fk;
+    /* a NaN x (a diverged run) keeps k = 0 so its result stays NaN without the undefined
+     * float-to-int conversion and the shift of a negative (UBSan, test_pipeline.sh NaN) */
+    int k = (int)(fk == fk ? fk : 0.0f);
     float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -184,67 +189,92 @@ static void cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout,
     }
 }
 
-/* Per (b, h): att = softmax_causal(q k^T / sqrt(hs)), out = att v. Two sgemms on strided
- * views of qkv (leading dimension 3C); the masked upper triangle is zeroed. */
-static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + h * hs;
-            float *a = att + ((size_t)b * NH + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3,
-                        q + C, C3, 0.0f, a, T);
-            #pragma omp parallel for schedule(static)
-            for (int t = 0; t < T; t++) {
-                float *r = a + (size_t)t * T;
-                float mx = r[0];
-                for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-                float sum = 0.0f;
-                for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
-                float inv = 1.0f / sum;
-                for (int j = 0; j <= t; j++) r[j] *= inv;
-                for (int j = t + 1; j < T; j++) r[j] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
-                        q + 2 * C, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
-        }
-    }
+/* While threads split the (b, h) pairs of attention, each product runs on one thread: the
+ * OpenMP flavour of OpenBLAS does so by itself inside a parallel region; the pthread flavour
+ * is told (its own pool would serve the concurrent calls one at a time). */
+static int blas_threads_outside(void) {
+    if (openblas_get_parallel() != 1 || cpu_threads <= 1) return 0;
+    openblas_set_num_threads(1);
+    return 1;
+}
+static void blas_threads_restore(int changed) {
+    if (changed) openblas_set_num_threads(cpu_threads);
 }
 
-/* datt = dout v^T; dv = att^T dout; dpre = att (datt - rowsum(att datt)); dq = s dpre k;
- * dk = s dpre^T q. dqkv is overwritten. */
+/* One (b, h) pair: a = softmax_causal(q k^T / sqrt(hs)) (T, T), o = a v (T, hs), on views
+ * of qkv with leading dimension 3C. The masked upper triangle is zeroed. */
+static void attention_fwd_head(float *o, float *a, const float *q, int T, int C, int hs) {
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3, 0.0f, a, T);
+    for (int t = 0; t < T; t++) {
+        float *r = a + (size_t)t * T;
+        float mx = r[0];
+        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++) r[j] *= inv;
+        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C, C3, 0.0f, o, C);
+}
+
+/* Per (b, h), in parallel over the B*NH pairs (each pair's result is the same whatever the
+ * thread count): att (B, NH, T, T), out (B, T, C) from qkv (B, T, 3C). */
+static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    int changed = blas_threads_outside();
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        attention_fwd_head(out + (size_t)b * T * C + h * hs, att + (size_t)bh * T * T,
+                           qkv + (size_t)b * T * C3 + h * hs, T, C, hs);
+    }
+    blas_threads_restore(changed);
+}
+
+/* One (b, h) pair backward: datt = dy v^T; dv = a^T dy; dpre = a (datt - rowsum(a datt));
+ * dq = s dpre k; dk = s dpre^T q. datt is (T, T) scratch. */
+static void attention_bwd_head(float *dq, float *datt, const float *dy, const float *q, const float *a,
+                               int T, int C, int hs) {
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, q + 2 * C, C3, 0.0f, datt, T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dq + 2 * C, C3);
+    for (int t = 0; t < T; t++) {
+        const float *ar = a + (size_t)t * T;
+        float *dr = datt + (size_t)t * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, q + C, C3, 0.0f, dq, C3);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3, 0.0f, dq + C, C3);
+}
+
+/* The backward of cpu_attention_fwd, in parallel over (b, h); dqkv is overwritten. */
 static void cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
                               int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *datt = malloc(sizeof(float) * (size_t)T * T);
-    if (!datt) abort(); /* T*T floats; failure here means the machine is out of memory */
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + h * hs;
-            const float *a = att + ((size_t)b * NH + h) * T * T;
-            const float *dy = dout + (size_t)b * T * C + h * hs;
-            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C,
-                        q + 2 * C, C3, 0.0f, datt, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C,
-                        0.0f, dq + 2 * C, C3);
-            #pragma omp parallel for schedule(static)
-            for (int t = 0; t < T; t++) {
-                const float *ar = a + (size_t)t * T;
-                float *dr = datt + (size_t)t * T;
-                float dot = 0.0f;
-                for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
-                for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
-                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T,
-                        q + C, C3, 0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T,
-                        q, C3, 0.0f, dq + C, C3);
-        }
+    int hs = C / NH, C3 = 3 * C, nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    float *datt = malloc(sizeof(float) * (size_t)T * T * nt);
+    if (!datt) abort(); /* nt*T*T floats; failure here means the machine is out of memory */
+    int changed = blas_threads_outside();
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH, me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        attention_bwd_head(dqkv + (size_t)b * T * C3 + h * hs, datt + (size_t)me * T * T,
+                           dout + (size_t)b * T * C + h * hs, qkv + (size_t)b * T * C3 + h * hs,
+                           att + (size_t)bh * T * T, T, C, hs);
     }
+    blas_threads_restore(changed);
     free(datt);
 }
 
@@ -348,7 +378,6 @@ static void cpu_scale(float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-static int cpu_threads = 1;
 
 /* Sets the OpenMP and OpenBLAS thread counts together. */
 void backend_cpu_set_threads(int n) {

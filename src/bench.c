@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include "pipelm/backend.h"
 #include "pipelm/bench.h"
+#include "pipelm/blas.h"
 #include "pipelm/common.h"
 
 double bench_sgemm_gflops(int n, int threads, double seconds) {
@@ -70,6 +71,7 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * med, 1e3 * mn, 1e3 * mx);
     pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", tflops, br->flops_per_token);
     pl_info("  MFU             %10.1f %% of %.1f GFLOP/s measured sgemm peak (all ranks)\n", 100 * mfu, peak);
+    pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
     pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
     pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB  sgemm GF/s\n");
     for (int r = 0; r < P; r++) {
@@ -86,9 +88,9 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
             fprintf(f, "{\"stages_count\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"batch\":%d,\"seq_len\":%d,"
                        "\"steps\":%d,\"tokens_per_s\":%.3f,\"step_ms\":{\"min\":%.3f,\"median\":%.3f,\"max\":%.3f},"
                        "\"tflops\":%.6f,\"mfu\":%.6f,\"peak_gflops\":%.3f,\"flops_per_token\":%.6g,"
-                       "\"bubble_measured\":%.6f,\"bubble_theoretical\":%.6f,\"stages\":[",
+                       "\"bubble_measured\":%.6f,\"bubble_theoretical\":%.6f,\"blas_kernel\":\"%s\",\"stages\":[",
                     P, br->schedule, br->M, br->B, br->T, br->nsteps, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx,
-                    tflops, mfu, peak, br->flops_per_token, bubble, br->bubble_theoretical);
+                    tflops, mfu, peak, br->flops_per_token, bubble, br->bubble_theoretical, blas_kernel());
             for (int r = 0; r < P; r++) {
                 const double *s = br->stage_stats + 8 * r;
                 double idle = s[3] - s[0] - s[1] - s[2];
@@ -130,11 +132,13 @@ int bench_peak_main(int argc, char **argv, int first, MPI_Comm comm) {
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double g1 = bench_sgemm_gflops(2048, 1, 1.0);
     double ga = bench_sgemm_gflops(2048, cores, 1.0);
-    pl_info("cblas_sgemm 2048^3: 1 thread %.1f GFLOP/s, %d threads %.1f GFLOP/s\n", g1, cores, ga);
+    pl_info("cblas_sgemm 2048^3: 1 thread %.1f GFLOP/s, %d threads %.1f GFLOP/s (OpenBLAS kernel %s: %s)\n", g1,
+            cores, ga, blas_kernel(), blas_kernel_origin());
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) { pl_error("cannot write %s", json); return 1; }
-        fprintf(f, "{\"peak_gflops_1\":%.3f,\"peak_gflops_all\":%.3f,\"threads\":%d,\"n\":2048}\n", g1, ga, cores);
+        fprintf(f, "{\"peak_gflops_1\":%.3f,\"peak_gflops_all\":%.3f,\"threads\":%d,\"n\":2048,\"blas_kernel\":\"%s\"}\n",
+                g1, ga, cores, blas_kernel());
         fclose(f);
     }
     return 0;

@@ -6,6 +6,7 @@
 #endif
 #include <stdarg.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include "pipelm/common.h"
 
 int pl_rank = -1;
@@ -21,15 +22,33 @@ void pl_info(const char *fmt, ...) {
     fflush(out);
 }
 
+/* One message line, formatted whole and written with one write(2): lines from several ranks
+ * reach the launcher unmixed, and a line is out before an abort can lose it. */
+static void emit(const char *kind, const char *fmt, va_list ap) {
+    char line[4096];
+    int off = pl_rank >= 0 ? snprintf(line, sizeof line, "pipelm: rank %d: %s: ", pl_rank, kind)
+                           : snprintf(line, sizeof line, "pipelm: %s: ", kind);
+    int n = vsnprintf(line + off, sizeof line - off - 1, fmt, ap);
+    off += n < 0 ? 0 : n;
+    if (off > (int)sizeof line - 2) off = (int)sizeof line - 2;
+    line[off++] = '\n';
+    fflush(stderr);
+    ssize_t w = write(2, line, (size_t)off);
+    (void)w;
+}
+
 void pl_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (pl_rank >= 0) fprintf(stderr, "pipelm: rank %d: error: ", pl_rank);
-    else fprintf(stderr, "pipelm: error: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    emit("error", fmt, ap);
     va_end(ap);
-    fflush(stderr);
+}
+
+void pl_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    emit("note", fmt, ap);
+    va_end(ap);
 }
 
 void *pl_malloc(size_t bytes, const char *what) {

@@ -10,6 +10,7 @@
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/files.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/sched.h"
 #include "pipelm/train.h"
@@ -29,11 +30,27 @@ static void usage(FILE *out) {
             PACKAGE_VERSION);
 }
 
+/* Exit statuses and stop signals, shared by train and bench help. */
+static void exit_help(FILE *out) {
+    fprintf(out, "\nstopping: the first SIGTERM, SIGINT or SIGUSR1 (to one rank or all) finishes the step,\n"
+                 "saves a checkpoint with --ckpt-dir and exits 75; a second SIGTERM/SIGINT ends at once.\n"
+                 "A rank that waits longer than --watchdog seconds for a peer names what it waits for\n"
+                 "and aborts the job.\n\n"
+                 "exit status:\n"
+                 "  0        done\n"
+                 "  1        a failure: every rank ends; the message names the rank and the cause\n"
+                 "           (a bad file, a failed or killed peer, the watchdog, a NaN or divergence)\n"
+                 "  2        bad command line or settings\n"
+                 "  75       stopped by a signal at a step boundary (checkpoint saved with --ckpt-dir)\n"
+                 "  128+N    a second signal N ended the rank at once (130: SIGINT, 143: SIGTERM)\n");
+}
+
 static void train_usage(FILE *out) {
     fprintf(out, "usage: mpiexec -n P pipelm train [options]\n\n"
                  "Trains GPT-2 (llm.c's definition) split into P pipeline stages, one per rank.\n"
                  "Settings come from the preset, then --config FILE, then the command line.\n\noptions:\n");
     config_print_help(out, 0);
+    exit_help(out);
 }
 
 static void bench_usage(FILE *out) {
@@ -44,6 +61,7 @@ static void bench_usage(FILE *out) {
                  "sgemm peak of every rank, measured and theoretical bubble, and per-stage compute,\n"
                  "MPI wait, idle time and peak memory. --peak measures cblas_sgemm alone.\n\noptions:\n");
     config_print_help(out, 1);
+    exit_help(out);
 }
 
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
@@ -80,8 +98,11 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     sched s;
     char err[1024];
     if (in) {
-        FILE *f = fopen(in, "r");
-        if (!f) { pl_error("schedule: cannot open %s", in); return 1; }
+        FILE *f = NULL;
+        if (pl_open_input(in, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, sizeof err) != PL_OK) {
+            pl_error("schedule: %s", err);
+            return 1;
+        }
         int rc = sched_read_csv(f, in, &s, err, sizeof err);
         fclose(f);
         if (rc) { pl_error("schedule %s: %s", in, err); return 1; }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/trace.h"
 
@@ -31,7 +32,10 @@ trace *trace_open(MPI_Comm comm) {
     t->comm = comm;
     MPI_Comm_rank(comm, &t->rank);
     MPI_Comm_size(comm, &t->size);
-    MPI_Barrier(comm);
+    if (comm_barrier(comm, "the barrier that starts the trace") != PL_OK) {
+        free(t);
+        return NULL;
+    }
     t->origin = MPI_Wtime();
     return t;
 }
@@ -63,13 +67,19 @@ int trace_write(trace *t, const char *path) {
         counts = calloc(t->size, sizeof(int));
         displs = calloc(t->size, sizeof(int));
     }
-    MPI_Gather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, t->comm);
+    if (t->rank == 0 && (!counts || !displs)) rc = PL_ENOMEM;
+    rc = comm_agree(t->comm, rc, NULL);
+    if (rc == PL_OK) rc = comm_gather(&count, 1, MPI_INT, counts, 0, t->comm, "the gather of trace sizes");
+    if (rc != PL_OK) goto out;
     if (t->rank == 0) {
         size_t total = 0;
         for (int i = 0; i < t->size; i++) { displs[i] = (int)total; total += counts[i]; }
         all = malloc(total ? total : 1);
     }
-    MPI_Gatherv(t->ev, count, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, t->comm);
+    MPI_Request rq;
+    comm_what w = {"the gather of trace events", 0, -1, -1};
+    PL_MPI_CHECK(MPI_Igatherv(t->ev, count, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, t->comm, &rq));
+    PL_TRY(comm_wait(&rq, &w));
     if (t->rank == 0) {
         FILE *f = fopen(path, "w");
         if (!f) {
@@ -99,11 +109,18 @@ int trace_write(trace *t, const char *path) {
             if (fclose(f) != 0) rc = PL_EIO;
         }
     }
-    MPI_Bcast(&rc, 1, MPI_INT, 0, t->comm);
+    rc = comm_agree(t->comm, rc, NULL);
+out:
     free(counts);
     free(displs);
     free(all);
     free(t->ev);
     free(t);
     return rc;
+}
+
+void trace_discard(trace *t) {
+    if (!t) return;
+    free(t->ev);
+    free(t);
 }

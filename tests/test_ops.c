@@ -829,6 +829,33 @@ START_TEST(test_determinism) {
 }
 END_TEST
 
+/* Attention runs its (b, h) pairs on parallel threads: out, att and dqkv must be the same
+ * bits with 1 and 2 threads (each pair's products run on one thread). */
+START_TEST(test_attention_threads) {
+    enum { B = 3, T = 33, C = 48, NH = 4 };
+    rng_seed(11);
+    float *qkv = falloc((size_t)B * T * 3 * C), *dout = falloc((size_t)B * T * C);
+    fill_rand(qkv, (size_t)B * T * 3 * C, -1, 1);
+    fill_rand(dout, (size_t)B * T * C, -1, 1);
+    float *out[2], *att[2], *dqkv[2];
+    for (int r = 0; r < 2; r++) {
+        backend_cpu_set_threads(r + 1);
+        out[r] = falloc((size_t)B * T * C);
+        att[r] = falloc((size_t)B * NH * T * T);
+        dqkv[r] = falloc((size_t)B * T * 3 * C);
+        be->attention_fwd(out[r], att[r], qkv, B, T, C, NH);
+        be->attention_bwd(dqkv[r], dout, qkv, att[r], B, T, C, NH);
+    }
+    backend_cpu_set_threads(default_threads);
+    ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * B * T * C) == 0, "attention out differs with 1 and 2 threads");
+    ck_assert_msg(memcmp(att[0], att[1], sizeof(float) * B * NH * T * T) == 0, "attention att differs with 1 and 2 threads");
+    ck_assert_msg(memcmp(dqkv[0], dqkv[1], sizeof(float) * B * T * 3 * C) == 0, "attention dqkv differs with 1 and 2 threads");
+    for (int r = 0; r < 2; r++) { be->free(out[r]); be->free(att[r]); be->free(dqkv[r]); }
+    be->free(qkv);
+    be->free(dout);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 
 /* one test case per op family */
@@ -845,6 +872,7 @@ static Suite *ops_suite(void) {
         {"crossentropy", test_crossentropy},
         {"adamw", test_adamw},
         {"determinism", test_determinism},
+        {"attention threads", test_attention_threads},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

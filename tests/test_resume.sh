@@ -65,7 +65,7 @@ for SIG in USR1 TERM; do
     wait $pid
     rc=$?
     saved=$(cat pre/latest 2>/dev/null)
-    if [ $rc -eq 75 ] && [ -n "$saved" ] && grep -q "received signal" pre.out; then
+    if [ $rc -eq 75 ] && [ -n "$saved" ] && grep -q "received SIG$SIG: stopping after step" pre.out; then
         ok "SIG$SIG: exit 75 with checkpoint $saved"
     else
         bad "SIG$SIG preemption" "rc=$rc latest='$saved' $(tail -n 3 pre.out | tr '\n' ' ')"

@@ -24,6 +24,8 @@ enum {
     PL_EPEER = 6,    /* another rank failed */
     PL_EHDF5 = 7,    /* an HDF5 call failed */
     PL_EPREEMPT = 8, /* stopped by a signal after saving a checkpoint */
+    PL_ETIMEOUT = 9, /* the watchdog: a wait on another rank took too long */
+    PL_ESTOPPED = 10, /* a stop signal arrived while the step could not finish */
 };
 
 /* The world rank, cached at start-up for messages (-1 before MPI_Init). */
@@ -35,6 +37,8 @@ extern FILE *pl_out;
 void pl_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "pipelm: rank R: error: ..." to stderr, from whichever rank calls it. */
 void pl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "pipelm: rank R: note: ..." to stderr: something the user should know, not a failure. */
+void pl_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Allocate or report (with the size and purpose); returns NULL on failure. */
 void *pl_malloc(size_t bytes, const char *what);
 void *pl_calloc(size_t n, size_t size, const char *what);

@@ -19,5 +19,7 @@ trace *trace_open(MPI_Comm comm);
 void trace_event(trace *t, const char *name, const char *cat, int mb, double t0, double t1);
 /* Collective: gather and write the file on rank 0; frees the trace. */
 int trace_write(trace *t, const char *path);
+/* Local: free the trace without writing it (the error path, where peers may be gone). */
+void trace_discard(trace *t);
 
 #endif

@@ -1,0 +1,51 @@
+/*
+ * comm.h — every wait of pipelm on another rank goes through here, so none can hang a job.
+ *
+ * A wait polls its request: it spins for a short while (a message that is about to arrive
+ * costs no sleep), then backs off (yield, then sleeps growing to 1 ms), so a rank that waits
+ * for minutes does not burn a core. While it waits it watches three things: the watchdog
+ * (a wait longer than comm_watchdog_s seconds prints what it waits for — action, peer,
+ * micro-batch, step, how long — and fails with PL_ETIMEOUT), a stop signal that the current
+ * step cannot honour (a wait that goes on for comm_stop_grace_s after SIGTERM/SIGINT fails
+ * with PL_ESTOPPED), and a note after comm_notice_s so a stalled peer is never silent.
+ * Collectives are the non-blocking MPI-3 forms waited on the same way. A failing wait
+ * returns an error code; the caller does not attempt another collective but reaches the
+ * job-wide abort (pipelm_main -> MPI_Abort).
+ */
+#ifndef PIPELM_COMM_H
+#define PIPELM_COMM_H
+
+#include <mpi.h>
+
+/* Seconds one wait may take before the job is aborted (0: never). Default 600. */
+extern double comm_watchdog_s;
+/* Seconds a wait may go on once a stop signal is pending before the rank gives up. */
+extern double comm_stop_grace_s;
+/* Seconds after which a wait prints one note naming what it waits for. */
+extern double comm_notice_s;
+/* Yield the core from the first poll (ranks outnumber cores). */
+extern int comm_polite;
+/* The training step in progress, named by waits that do not know it (-1: none). */
+extern long comm_step;
+
+/* What a wait is for, for the watchdog's message. peer/mb/step < 0: not applicable. */
+typedef struct {
+    const char *what;   /* "1RECV_B3", "allreduce of the gradient norm" */
+    int peer, mb;
+    long step;
+} comm_what;
+
+/* Wait for one request under the watchdog. PL_OK, PL_EMPI, PL_ETIMEOUT or PL_ESTOPPED. */
+int comm_wait(MPI_Request *rq, const comm_what *w);
+/* Wait for every request in rq[0..n) (MPI_REQUEST_NULL entries are skipped). */
+int comm_waitall(int n, MPI_Request *rq, const comm_what *w);
+
+/* Collectives under the watchdog; `what` names the collective in messages. */
+int comm_allreduce(const void *in, void *out, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, const char *what);
+int comm_bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm c, const char *what);
+int comm_gather(const void *in, int n, MPI_Datatype t, void *out, int root, MPI_Comm c, const char *what);
+int comm_barrier(MPI_Comm c, const char *what);
+/* Every rank agrees on a status: the worst code wins, *who is the lowest failing rank (or -1). */
+int comm_agree(MPI_Comm c, int rc, int *who);
+
+#endif
