@@ -1,14 +1,21 @@
 #!/bin/bash
 # jobs/setup.sh — install what is missing (Debian 12, as root), bootstrap, configure and build
 # pipelm in ./build. With --test, also run the whole test suite (make check) and print the
-# per-test summaries. Safe to run again: installed packages and a configured build are reused.
+# per-test summaries, then the sanitizer stage (the same make check in ./build-asan, configured
+# --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
+# FUZZ_SECONDS, default 60, in ./build-fuzz). PIPELM_CI_STAGES picks stages (default
+# "tests sanitizers fuzz"). Exits non-zero if any stage fails; prints each stage's time.
+# PIPELM_BUILD names the build directory instead of build (then BUILD-asan and BUILD-fuzz).
+# Safe to run again: installed packages and a configured build are reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS="build-essential autoconf automake libtool autoconf-archive pkg-config mpich libmpich-dev
       libopenblas-dev libhdf5-mpich-dev hdf5-tools libinih-dev check gnuplot-nox"
-# tests only: the independent PyTorch reference, h5py to read checkpoints, a local Slurm cluster
-TEST_PKGS="python3-torch python3-numpy python3-h5py slurm-wlm slurmctld slurmd slurm-client munge"
+# tests only: the independent PyTorch reference, h5py to read checkpoints, a local Slurm cluster,
+# clang's libFuzzer (with its OpenMP runtime) for the fuzz stage
+TEST_PKGS="python3-torch python3-numpy python3-h5py slurm-wlm slurmctld slurmd slurm-client munge
+           clang libclang-rt-14-dev libomp-dev"
 
 want=$PKGS
 [ "${1:-}" = "--test" ] && want="$PKGS $TEST_PKGS"
@@ -25,25 +32,70 @@ if [ -n "$missing" ]; then
 fi
 
 [ -x configure ] && [ configure -nt configure.ac ] && [ configure -nt Makefile.am ] || autoreconf -fi
-mkdir -p build
-cd build
+build=${PIPELM_BUILD:-build}
+mkdir -p "$build"
+cd "$build"
 [ -f Makefile ] || ../configure
 make -j"$(nproc)"
 
+# logs DIR: the summary lines of each test's log; counts DIR: "N passed, N failed, N skipped"
+# over automake's .trs files
+logs() {
+    local dir=$1 log
+    for log in $(find "$dir" -name '*.log' ! -name test-suite.log ! -name config.log | sort); do
+        [ -f "${log%.log}.trs" ] || continue
+        echo "== $log"
+        # Check writes its summary line into each test's log: show them
+        grep -E "^[0-9]+%: Checks|passed, [0-9]+ failed|^(FAIL|ERROR|SKIP)|PASS:|FAIL:|inputs$" "$log" || tail -n 5 "$log"
+    done
+}
+counts() {
+    local dir=$1 pass fail skip
+    # awk, not grep -c: grep exits 1 on a file with no match under pipefail
+    pass=$(find "$dir" -name '*.trs' -exec cat {} + | awk '/^:test-result: PASS/ {n++} END {print n + 0}')
+    fail=$(find "$dir" -name '*.trs' -exec cat {} + | awk '/^:test-result: (FAIL|ERROR|XPASS)/ {n++} END {print n + 0}')
+    skip=$(find "$dir" -name '*.trs' -exec cat {} + | awk '/^:test-result: SKIP/ {n++} END {print n + 0}')
+    echo "$pass passed, $fail failed, $skip skipped"
+}
+
 if [ "${1:-}" = "--test" ]; then
     status=0
-    make -j1 check || status=$?
-    # Check writes its summary line into each test's log: show them
-    for log in tests/*.log; do
-        [ "$(basename "$log")" = test-suite.log ] && continue
-        echo "== $log"
-        grep -E "^[0-9]+%: Checks|passed, [0-9]+ failed|^(FAIL|ERROR|SKIP)|PASS:|FAIL:" "$log" || tail -n 5 "$log"
+    stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz}
+    times=""
+    top=$(dirname "$(pwd)") # we are in $build/
+    asan=$top/$build-asan
+    for stage in $stages; do
+        t0=$(date +%s)
+        rc=0
+        case $stage in
+        tests)
+            make -j1 check || rc=$?
+            [ $rc -eq 0 ] || { echo "setup: make check failed"; cat test-suite.log || true; }
+            logs tests
+            echo "tests: $(counts tests)"
+            ;;
+        sanitizers)
+            # the whole suite again, built with ASan + UBSan; every report fails it
+            (mkdir -p "$asan" && cd "$asan" &&
+                { [ -f Makefile ] || ../configure --enable-sanitizers; } && make -j"$(nproc)") || rc=$?
+            if [ $rc -eq 0 ]; then
+                (cd "$asan" && make -j1 check) || rc=$?
+                [ $rc -eq 0 ] || { echo "setup: sanitizer make check failed"; cat "$asan/test-suite.log" || true; }
+                for r in $(find "$asan/tests" -name '*.san.*' -type f | sort); do
+                    echo "== sanitizer report $r"; cat "$r"; rc=1
+                done
+            fi
+            logs "$asan/tests"
+            echo "sanitizer tests: $(counts "$asan/tests")"
+            ;;
+        fuzz)
+            FUZZ_BUILD="$top/$build-fuzz" "$top/tests/fuzz/run.sh" || rc=$?
+            ;;
+        *) echo "setup: unknown stage '$stage' in PIPELM_CI_STAGES"; rc=1 ;;
+        esac
+        [ $rc -eq 0 ] || status=1
+        times="$times$(printf 'stage %-10s %5d s  %s' "$stage" $(($(date +%s) - t0)) "$([ $rc -eq 0 ] && echo ok || echo FAILED)")"$'\n'
     done
-    [ $status -eq 0 ] || { echo "setup: make check failed"; cat tests/test-suite.log || true; }
-    # one closing line over all test programs, from automake's own summary
-    pass=$(awk '/^:test-result: PASS/ {n++} END {print n + 0}' tests/*.trs)
-    fail=$(awk '/^:test-result: (FAIL|ERROR|XPASS)/ {n++} END {print n + 0}' tests/*.trs)
-    skip=$(awk '/^:test-result: SKIP/ {n++} END {print n + 0}' tests/*.trs)
-    echo "tests: $pass passed, $fail failed, $skip skipped"
+    printf '%s' "$times"
     exit $status
 fi
