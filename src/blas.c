@@ -35,19 +35,31 @@ const char *blas_better_kernel(const char *detected) {
 
 void blas_choose_kernel(char **argv) {
     const char *off = getenv("PIPELM_BLAS_AUTO");
-    if (getenv("OPENBLAS_CORETYPE") || getenv("PIPELM_BLAS_CHOSEN") || (off && strcmp(off, "0") == 0)) return;
-    const char *better = blas_better_kernel(openblas_get_corename());
-    if (!better) return;
-    setenv("OPENBLAS_CORETYPE", better, 1);
-    setenv("PIPELM_BLAS_CHOSEN", better, 1); /* for the banner, and so this happens once */
+    if (getenv("PIPELM_REEXECUTED") || (off && strcmp(off, "0") == 0)) return;
+    int again = 0;
+    const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : blas_better_kernel(openblas_get_corename());
+    if (better) {
+        setenv("OPENBLAS_CORETYPE", better, 1);
+        setenv("PIPELM_BLAS_CHOSEN", better, 1); /* for the banner */
+        again = 1;
+    }
+    /* the pthread flavour keeps its own pool beside pipelm's OpenMP threads: OpenMP threads
+     * that spin after each loop would steal its cores, so they sleep instead */
+    if (openblas_get_parallel() == 1 && !getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        setenv("PIPELM_WAIT_CHOSEN", "1", 1);
+        again = 1;
+    }
+    if (!again) return;
+    setenv("PIPELM_REEXECUTED", "1", 1); /* once */
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) { /* the real path, so the process keeps its name ("pipelm") for ps and pkill */
         self[n] = 0;
         execv(self, argv);
     }
-    /* exec failed: carry on with the fallback kernel (the banner says which) */
-    unsetenv("OPENBLAS_CORETYPE");
+    /* exec failed: carry on as we are (the banner says which kernel runs) */
+    if (better) unsetenv("OPENBLAS_CORETYPE");
 }
 
 const char *blas_kernel(void) { return openblas_get_corename(); }

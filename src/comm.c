@@ -16,7 +16,12 @@ double comm_notice_s = 30.0;
 int comm_polite = 0;
 long comm_step = -1;
 
-#define SPIN_S 2e-3     /* busy-poll this long before backing off */
+/* Busy-poll SPIN_S, then poll and yield the core until YIELD_S, then sleep between polls
+ * (growing to SLEEP_MAX_S). Every poll also drives MPI's progress (a large non-blocking
+ * all-reduce advances only in MPI_Test), so the sleeping phase starts late: only a wait that
+ * is already long (a stopped or slow peer) pays its latency. */
+#define SPIN_S 20e-3
+#define YIELD_S 200e-3
 #define SLEEP_MAX_S 1e-3
 
 /* Describe a wait: "1RECV_B3 (peer rank 2, micro-batch 3, step 5)". */
@@ -67,7 +72,7 @@ int comm_wait(MPI_Request *rq, const comm_what *w) {
                      comm_watchdog_s);
             noticed = 1;
         }
-        if (waited < 10 * SPIN_S) {
+        if (waited < YIELD_S) {
             sched_yield();
         } else {
             nap(sleep_s);

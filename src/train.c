@@ -190,7 +190,8 @@ static void print_stage_table(run *R) {
     char lay[512];
     layout_describe(&R->lay, lay, sizeof lay);
     pl_info("layout: %s\n", lay);
-    pl_info("BLAS: OpenBLAS %s, kernel %s (%s)\n", blas_flavour(), blas_kernel(), blas_kernel_origin());
+    pl_info("BLAS: OpenBLAS %s, kernel %s (%s)%s\n", blas_flavour(), blas_kernel(), blas_kernel_origin(),
+            getenv("PIPELM_WAIT_CHOSEN") ? "; OMP_WAIT_POLICY=PASSIVE set by pipelm (two thread pools)" : "");
     pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
             R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
     pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight\n");

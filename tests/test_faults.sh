@@ -64,50 +64,47 @@ else bad "NaN source" "rc=$rc $(grep error f.out | head -3)"; fi
 # 3. signals
 # a long run, bounded: a check that fails to stop it cannot hold up the suite
 long() { timeout -k 5 150 "$MPIEXEC" -n 3 "$PIPELM" train $COMMON --steps 100000 --metrics "$WORK/long.jsonl" "$@"; }
-for sig in INT TERM; do
+# start_long OUT ARGS...: a long run in the background ($job), once it has done 3 steps
+start_long() {
+    local out=$1
+    shift
     rm -f long.jsonl
-    long --ckpt-dir "$WORK/ck_sig$sig" > s.out 2>&1 &
+    long "$@" > "$out" 2>&1 &
     job=$!
     wait_for long.jsonl '"step":3,' 90
+}
+# end_long SECONDS: wait (at most SECONDS) for the background run; its status in $rc
+end_long() {
+    timeout "$1" tail --pid=$job -f /dev/null
+    wait $job
+    rc=$?
+}
+for sig in INT TERM; do
+    start_long s.out --ckpt-dir "$WORK/ck_sig$sig"
     p=$(pid_of 1)
     kill -$sig "$p"
     t0=$(date +%s)
-    timeout 60 tail --pid=$job -f /dev/null
-    wait $job
-    rc=$?
+    end_long 60
     if [ $rc -eq 75 ] && grep -q "rank 1 received SIG$sig: stopping after step" s.out && ls ck_sig$sig/*.h5 >/dev/null 2>&1; then
         ok "SIG$sig to rank 1: clean stop with a checkpoint, exit 75 in $(since $t0) s"
     else bad "SIG$sig to rank 1" "rc=$rc $(grep -E 'error|received|Segm' s.out | head -3)"; fi
 done
 # Ctrl-C at the terminal: SIGINT to mpiexec, which forwards it to every rank
-rm -f long.jsonl
-long > s.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long s.out
 kill -INT "$(pgrep -f "^$MPIEXEC -n 3 .*$WORK" | head -n 1)"
-timeout 60 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 60
 if [ $rc -eq 75 ] && grep -q "received SIGINT: stopping after step" s.out && ! grep -qi "segmentation" s.out; then
     ok "SIGINT to mpiexec (Ctrl-C): every rank stops cleanly, exit 75"
 else bad "SIGINT to mpiexec" "rc=$rc $(grep -E 'error|received|Segm' s.out | head -3)"; fi
 # SIGUSR1 to one rank: the message names that rank and signal (not "signal 0")
-rm -f long.jsonl
-long > s.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long s.out
 kill -USR1 "$(pid_of 2)"
-timeout 60 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 60
 if [ $rc -eq 75 ] && grep -q "rank 2 received SIGUSR1" s.out; then ok "SIGUSR1 to rank 2 named in the stop message"
 else bad "SIGUSR1 to rank 2" "rc=$rc $(grep -E 'received|error' s.out | head -3)"; fi
 # a second SIGTERM ends at once, with a message, non-zero (rank 2 is stopped, so the step
 # in progress cannot end and the first SIGTERM alone would wait)
-rm -f long.jsonl
-long > s.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long s.out
 p=$(pid_of 1)
 p2=$(pid_of 2)
 kill -STOP "$p2"
@@ -115,42 +112,30 @@ kill -TERM "$p"
 sleep 0.3
 kill -TERM "$p"
 t0=$(date +%s)
-timeout 30 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 30
 kill -CONT "$p2" 2>/dev/null
 if [ $rc -ne 0 ] && [ $rc -ne 75 ] && grep -q "second stop signal (SIGTERM)" s.out && [ "$(since $t0)" -le 10 ]; then
     ok "a second SIGTERM ends the job at once: rc $rc in $(since $t0) s"
 else bad "second SIGTERM" "rc=$rc after $(since $t0) s: $(grep -E 'error' s.out | head -3)"; fi
 # a stop that the step cannot honour (a peer is stopped) aborts after the grace period
-rm -f long.jsonl
-PIPELM_STOP_GRACE=3 long > s.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+PIPELM_STOP_GRACE=3 start_long s.out
 p2=$(pid_of 2)
 kill -STOP "$p2"
 sleep 0.5
 kill -TERM "$(pid_of 0)"
 t0=$(date +%s)
-timeout 40 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 40
 kill -CONT "$p2" 2>/dev/null
 if [ $rc -ne 0 ] && [ $rc -ne 75 ] && grep -q "asked for a stop, but this step cannot finish" s.out && [ "$(since $t0)" -le 20 ]; then
     ok "SIGTERM while a peer is stopped: abort after the grace, rc $rc in $(since $t0) s"
 else bad "SIGTERM with a stopped peer" "rc=$rc after $(since $t0) s: $(grep -E 'error' s.out | head -3)"; fi
 
 # 4. the watchdog: a rank stopped with SIGSTOP; the peers name what they wait for and abort
-rm -f long.jsonl
-long --watchdog 6 > w.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long w.out --watchdog 6
 p2=$(pid_of 2)
 kill -STOP "$p2"
 t0=$(date +%s)
-timeout 60 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 60
 kill -CONT "$p2" 2>/dev/null
 if [ $rc -ne 0 ] && grep -q "watchdog: waited .* s for .*step [0-9]" w.out && [ "$(since $t0)" -le 25 ]; then
     ok "watchdog: rc $rc in $(since $t0) s: $(grep -m1 'watchdog: waited' w.out | cut -c1-170)"
@@ -158,10 +143,7 @@ else bad "watchdog" "rc=$rc after $(since $t0) s: $(grep -E 'error|note' w.out |
 
 # 5. back-off: while rank 2 is stopped for 7 s the others use little CPU, say what they wait
 # for (a note at a quarter of the watchdog), then the run goes on
-rm -f long.jsonl
-long --watchdog 20 > b.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long b.out --watchdog 20
 p0=$(pid_of 0); p1=$(pid_of 1); p2=$(pid_of 2)
 kill -STOP "$p2"
 sleep 1
@@ -175,24 +157,17 @@ n0=$(grep -c '"event":"step"' long.jsonl)
 sleep 2
 n1=$(grep -c '"event":"step"' long.jsonl)
 kill -TERM "$p0"
-timeout 60 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 60
 ticks=$((c1 - c0)) # clock ticks (100/s) used by ranks 0 and 1 in 5 s
 if [ $rc -eq 75 ] && [ $ticks -le 100 ] && [ $n1 -gt $n0 ] && grep -q "still waiting after" b.out; then
     ok "back-off: ranks 0+1 used $ticks ticks (of 1000) in 5 s while rank 2 was stopped; a note was printed; steps went on after SIGCONT ($n0 -> $n1)"
 else bad "back-off" "rc=$rc ticks=$ticks steps $n0 -> $n1 $(grep -E 'error|note' b.out | head -3)"; fi
 
 # 6. a rank killed with -9 mid-step: the others end non-zero within seconds
-rm -f long.jsonl
-long > k.out 2>&1 &
-job=$!
-wait_for long.jsonl '"step":3,' 90
+start_long k.out
 kill -9 "$(pid_of 1)"
 t0=$(date +%s)
-timeout 30 tail --pid=$job -f /dev/null
-wait $job
-rc=$?
+end_long 30
 if [ $rc -ne 0 ] && [ "$(since $t0)" -le 10 ] && [ -z "$(pgrep -f "pipelm train.*$WORK")" ]; then
     ok "kill -9 of rank 1: job gone in $(since $t0) s, rc $rc"
 else bad "kill -9" "rc=$rc after $(since $t0) s"; pkill -9 -f "pipelm train.*$WORK"; fi

@@ -1,9 +1,10 @@
 /*
  * comm.h — every wait of pipelm on another rank goes through here, so none can hang a job.
  *
- * A wait polls its request: it spins for a short while (a message that is about to arrive
- * costs no sleep), then backs off (yield, then sleeps growing to 1 ms), so a rank that waits
- * for minutes does not burn a core. While it waits it watches three things: the watchdog
+ * A wait polls its request: it spins for 20 ms (a message that is about to arrive costs no
+ * sleep, and every poll drives MPI's progress of a large non-blocking collective), then
+ * yields the core between polls until 200 ms, then sleeps between polls, growing to 1 ms, so
+ * a rank that waits for minutes does not burn a core. While it waits it watches three things: the watchdog
  * (a wait longer than comm_watchdog_s seconds prints what it waits for — action, peer,
  * micro-batch, step, how long — and fails with PL_ETIMEOUT), a stop signal that the current
  * step cannot honour (a wait that goes on for comm_stop_grace_s after SIGTERM/SIGINT fails
