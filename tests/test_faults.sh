@@ -93,8 +93,11 @@ done
 start_long s.out
 kill -INT "$(pgrep -f "^$MPIEXEC -n 3 .*$WORK" | head -n 1)"
 end_long 60
-if [ $rc -eq 75 ] && grep -q "received SIGINT: stopping after step" s.out && ! grep -qi "segmentation" s.out; then
-    ok "SIGINT to mpiexec (Ctrl-C): every rank stops cleanly, exit 75"
+# (every rank exits 75; hydra's own status after it forwarded a SIGINT was 75 in most runs and
+# 0 in one: the ranks' clean stop is what is checked, through the end line of the metrics)
+if { [ $rc -eq 75 ] || [ $rc -eq 0 ]; } && grep -q "received SIGINT: stopping after step" s.out &&
+    grep -q '"event":"end".*"preempted":true' long.jsonl && ! grep -qi "segmentation" s.out; then
+    ok "SIGINT to mpiexec (Ctrl-C): every rank stops cleanly at a step boundary (mpiexec status $rc)"
 else bad "SIGINT to mpiexec" "rc=$rc $(grep -E 'error|received|Segm' s.out | head -3)"; fi
 # SIGUSR1 to one rank: the message names that rank and signal (not "signal 0")
 start_long s.out
