@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: torch.autocast('cpu', dtype=torch.bfloat16) around the forward")
     a = ap.parse_args()
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup")
@@ -126,7 +128,11 @@ def main():
         idx, tgt = data[s, :, :-1], data[s, :, 1:]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = forward(P, idx, tgt, a.V, a.NH)
+        if a.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = forward(P, idx, tgt, a.V, a.NH)
+        else:
+            loss = forward(P, idx, tgt, a.V, a.NH)
         loss.backward()
         opt.step()
         dt = (time.perf_counter() - t0) * 1e3
@@ -141,6 +147,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"median_ms": med, "step_ms": times, "loss": losses,
+                       "autocast": a.autocast,
                        "warmup": a.warmup, "threads": torch.get_num_threads(),
                        "torch_version": torch.__version__, "params": nparams,
                        "config": {"V": a.V, "Vp": Vp, "C": a.C, "L": a.L,

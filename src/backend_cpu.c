@@ -18,9 +18,14 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
 #include "pipelm/backend.h"
+#include "pipelm/blas.h"
+#include "pipelm/common.h"
 
-/* Threads of this backend (OpenMP loops and OpenBLAS), set by backend_cpu_set_threads. */
+/* Threads of this backend (OpenMP loops and OpenBLAS), set through its set_threads. */
 static int cpu_threads = 1;
 
 #define LN_EPS 1e-5f
@@ -54,31 +59,77 @@ static inline float exp_fast(float x) {
 /* tanh(u) = 1 - 2 / (1 + exp(2u)), through exp_fast (absolute error ~1e-7). */
 static inline float tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + exp_fast(2.0f * u)); }
 
-/* Nothing to set up on the CPU. */
-static int cpu_init(char *err, size_t errlen) { (void)err; (void)errlen; return 0; }
+/* The message of the last failed call, for be->error(). */
+static char cpu_errbuf[256];
+static const char *cpu_error(void) { return cpu_errbuf; }
+
+/* Record a failure and return its code. */
+static int cpu_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cpu_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cpu_errbuf, sizeof cpu_errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int cpu_set_threads(int n);
+
+/* fp32 only: the reference precision. */
+static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
+    if (opt && opt->precision != PL_PREC_FP32) {
+        snprintf(err, errlen, "backend cpu computes in fp32 only (--precision %s needs --backend onednn%s)",
+                 backend_precision_name(opt->precision), strstr(backend_list(), "onednn") ? "" : ", not built here");
+        return PL_EINVAL;
+    }
+    if (opt && opt->threads > 0) cpu_set_threads(opt->threads);
+    return 0;
+}
 static void cpu_finalize(void) {}
 
+static void cpu_describe(char *buf, size_t len) {
+    snprintf(buf, len, "cpu: OpenBLAS %s, kernel %s, fp32", blas_flavour(), blas_kernel());
+}
+
 /* 64-byte aligned, zero-filled. */
-static void *cpu_alloc(size_t bytes) {
+static int cpu_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (backend_alloc_should_fail())
+        return cpu_fail(PL_ENOMEM, "allocation of %zu bytes failed (injected by PIPELM_FAIL_ALLOC)", bytes);
     if (bytes == 0) bytes = 64;
+    if (bytes > SIZE_MAX - 64) return cpu_fail(PL_ENOMEM, "allocation of %zu bytes: too large", bytes);
     size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded);
-    if (p) memset(p, 0, rounded);
-    return p;
+    *p = aligned_alloc(64, rounded);
+    if (!*p) return cpu_fail(PL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
+    memset(*p, 0, rounded);
+    return 0;
 }
 static void cpu_free(void *p) { free(p); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memmove(dst, src, bytes); }
-static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
-
-/* Row-major sgemm straight through to OpenBLAS. */
-static void cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+static int cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+    return 0;
+}
+static int cpu_zero(void *p, size_t bytes) {
+    if (bytes) memset(p, 0, bytes);
+    return 0;
+}
+/* Host memory: the view is the buffer itself. */
+static int cpu_map(void **host, void *p, size_t bytes, int mode) {
+    (void)bytes;
+    (void)mode;
+    *host = p;
+    return 0;
+}
+static int cpu_unmap(void *host, void *p, size_t bytes, int mode) {
+    (void)host;
+    (void)p;
+    (void)bytes;
+    (void)mode;
+    return 0;
 }
 
 /* out[i] = wte[tok[i]] + wpe[i % T]. */
-static void cpu_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe,
+static int cpu_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe,
                             int N, int T, int C) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
@@ -86,20 +137,22 @@ static void cpu_encoder_fwd(float *out, const int *tok, const float *wte, const 
         float *o = out + (size_t)i * C;
         for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
     }
+    return 0;
 }
 
 /* Serial over rows: two rows may hit the same token, and the order must be fixed. */
-static void cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok,
+static int cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok,
                             int N, int T, int C) {
     for (int i = 0; i < N; i++) {
         const float *d = dout + (size_t)i * C;
         float *dw = dwte + (size_t)tok[i] * C, *dp = dwpe + (size_t)(i % T) * C;
         for (int c = 0; c < C; c++) { dw[c] += d[c]; dp[c] += d[c]; }
     }
+    return 0;
 }
 
 /* y = (x - mean)/sqrt(var + eps) * w + b, biased variance, per row. */
-static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+static int cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
@@ -116,14 +169,12 @@ static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float 
         mean[i] = m;
         rstd[i] = s;
     }
+    return 0;
 }
 
-/* dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = w dy; dw += dy xhat; db += dy.
- * Pass 1 (rows in parallel) writes dinp; pass 2 (channels in parallel) sums dw, db over rows
- * in order. */
-static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                              const float *inp, const float *w, const float *mean,
-                              const float *rstd, int N, int C) {
+/* dx += rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = w dy; rows in parallel. */
+static int cpu_layernorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                   const float *mean, const float *rstd, int N, int C) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
@@ -142,6 +193,12 @@ static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *do
             dx[c] += (dn - a - xh * bsum) * s;
         }
     }
+    return 0;
+}
+
+/* dw += sum_i dy xhat; db += sum_i dy: channels in parallel, rows in order. */
+static int cpu_layernorm_bwd_weight(float *dw, float *db, const float *dout, const float *inp,
+                                    const float *mean, const float *rstd, int N, int C) {
     int nchunk = (C + 63) / 64;
     #pragma omp parallel for schedule(static)
     for (int k = 0; k < nchunk; k++) {
@@ -155,29 +212,32 @@ static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *do
             }
         }
     }
+    return 0;
 }
 
 /* out = inp W^T + b: one sgemm, then the bias row added in parallel. */
-static void cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
+static int cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
                            int N, int C, int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
-    if (!b) return;
+    if (!b) return 0;
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         float *o = out + (size_t)i * OC;
         for (int j = 0; j < OC; j++) o[j] += b[j];
     }
+    return 0;
 }
 
-/* dinp = dout W; dW += dout^T inp; db += column sums of dout (rows in order per chunk). */
-static void cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout,
-                           const float *inp, const float *w, int N, int C, int OC) {
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
-                    0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
-                1.0f, dw, C);
-    if (!db) return;
+/* dinp(N,C) = dout(N,OC) W(OC,C). */
+static int cpu_matmul_bwd_input(float *dinp, const float *dout, const float *w, int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
+    return 0;
+}
+
+/* dW(OC,C) += dout^T inp; db += column sums of dout (rows in order per chunk). */
+static int cpu_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (!db) return 0;
     int nchunk = (OC + 255) / 256;
     #pragma omp parallel for schedule(static)
     for (int k = 0; k < nchunk; k++) {
@@ -187,6 +247,7 @@ static void cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout,
             for (int j = j0; j < j1; j++) db[j] += d[j];
         }
     }
+    return 0;
 }
 
 /* While threads split the (b, h) pairs of attention, each product runs on one thread: the
@@ -222,7 +283,7 @@ static void attention_fwd_head(float *o, float *a, const float *q, int T, int C,
 
 /* Per (b, h), in parallel over the B*NH pairs (each pair's result is the same whatever the
  * thread count): att (B, NH, T, T), out (B, T, C) from qkv (B, T, 3C). */
-static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+static int cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C;
     int changed = blas_threads_outside();
     #pragma omp parallel for schedule(static)
@@ -232,6 +293,7 @@ static void cpu_attention_fwd(float *out, float *att, const float *qkv, int B, i
                            qkv + (size_t)b * T * C3 + h * hs, T, C, hs);
     }
     blas_threads_restore(changed);
+    return 0;
 }
 
 /* One (b, h) pair backward: datt = dy v^T; dv = a^T dy; dpre = a (datt - rowsum(a datt));
@@ -255,14 +317,14 @@ static void attention_bwd_head(float *dq, float *datt, const float *dy, const fl
 }
 
 /* The backward of cpu_attention_fwd, in parallel over (b, h); dqkv is overwritten. */
-static void cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
+static int cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
                               int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C, nt = 1;
 #ifdef _OPENMP
     nt = omp_get_max_threads();
 #endif
     float *datt = malloc(sizeof(float) * (size_t)T * T * nt);
-    if (!datt) abort(); /* nt*T*T floats; failure here means the machine is out of memory */
+    if (!datt) return cpu_fail(PL_ENOMEM, "attention backward: out of memory for %d x %d scratch", nt, T);
     int changed = blas_threads_outside();
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
@@ -276,20 +338,22 @@ static void cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, 
     }
     blas_threads_restore(changed);
     free(datt);
+    return 0;
 }
 
 /* gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-static void cpu_gelu_fwd(float *out, const float *inp, size_t n) {
+static int cpu_gelu_fwd(float *out, const float *inp, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
         out[i] = 0.5f * x * (1.0f + tanh_fast(u));
     }
+    return 0;
 }
 
 /* d gelu/dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) sqrt(2/pi) (1 + 3 0.044715 x^2). */
-static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+static int cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -299,20 +363,23 @@ static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_
         float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = g * dout[i];
     }
+    return 0;
 }
 
-static void cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+static int cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    return 0;
 }
 
-static void cpu_add_inplace(float *dst, const float *src, size_t n) {
+static int cpu_add_inplace(float *dst, const float *src, size_t n) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    return 0;
 }
 
 /* Softmax over the V real columns of each row (padded columns excluded), loss = -log p[y]. */
-static void cpu_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
+static int cpu_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         float *r = logits + (size_t)i * Vp;
@@ -325,20 +392,22 @@ static void cpu_crossentropy_fwd(float *losses, float *logits, const int *target
         for (int j = V; j < Vp; j++) r[j] = 0.0f;
         losses[i] = -logf(r[targets[i]]);
     }
+    return 0;
 }
 
 /* dlogits = (p - onehot(y)) dloss, in place; padded columns stay 0. */
-static void cpu_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
+static int cpu_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         float *r = probs + (size_t)i * Vp;
         for (int j = 0; j < V; j++) r[j] *= dloss;
         r[targets[i]] -= dloss;
     }
+    return 0;
 }
 
 /* AdamW with bias correction and decoupled weight decay (as llm.c). */
-static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+static int cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
                       float b2, float eps, float wd, int t) {
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
     #pragma omp parallel for simd schedule(static)
@@ -351,15 +420,16 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
         float mh = mi / c1, vh = vi / c2;
         p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
     }
+    return 0;
 }
 
 /* Chunks of 16384 values summed in double, then the chunk sums added in order. */
 #define SUMSQ_CHUNK 16384
-static double cpu_sumsq(const float *x, size_t n) {
+static int cpu_sumsq(const float *x, size_t n, double *out) {
     size_t nchunk = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double stackbuf[64];
     double *part = nchunk <= 64 ? stackbuf : malloc(sizeof(double) * nchunk);
-    if (!part) abort();
+    if (!part) return cpu_fail(PL_ENOMEM, "sum of squares: out of memory for %zu partial sums", nchunk);
     #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < nchunk; k++) {
         size_t i0 = k * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
@@ -370,45 +440,55 @@ static double cpu_sumsq(const float *x, size_t n) {
     double total = 0.0;
     for (size_t k = 0; k < nchunk; k++) total += part[k];
     if (part != stackbuf) free(part);
-    return total;
+    *out = total;
+    return 0;
 }
 
-static void cpu_scale(float *x, float s, size_t n) {
+static int cpu_scale(float *x, float s, size_t n) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= s;
+    return 0;
 }
 
 
 /* Sets the OpenMP and OpenBLAS thread counts together. */
-void backend_cpu_set_threads(int n) {
+static int cpu_set_threads(int n) {
     if (n < 1) n = 1;
     cpu_threads = n;
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
     openblas_set_num_threads(n);
+    return 0;
 }
 
-int backend_cpu_get_threads(void) { return cpu_threads; }
+static int cpu_get_threads(void) { return cpu_threads; }
 
 const backend backend_cpu = {
     .name = "cpu",
     .host_memory = 1,
     .init = cpu_init,
     .finalize = cpu_finalize,
+    .error = cpu_error,
+    .describe = cpu_describe,
+    .set_threads = cpu_set_threads,
+    .get_threads = cpu_get_threads,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_copy,
     .from_host = cpu_copy,
     .copy = cpu_copy,
     .zero = cpu_zero,
-    .sgemm = cpu_sgemm,
+    .map = cpu_map,
+    .unmap = cpu_unmap,
     .encoder_fwd = cpu_encoder_fwd,
     .encoder_bwd = cpu_encoder_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,
-    .layernorm_bwd = cpu_layernorm_bwd,
+    .layernorm_bwd_input = cpu_layernorm_bwd_input,
+    .layernorm_bwd_weight = cpu_layernorm_bwd_weight,
     .matmul_fwd = cpu_matmul_fwd,
-    .matmul_bwd = cpu_matmul_bwd,
+    .matmul_bwd_input = cpu_matmul_bwd_input,
+    .matmul_bwd_weight = cpu_matmul_bwd_weight,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .gelu_fwd = cpu_gelu_fwd,
@@ -421,15 +501,3 @@ const backend backend_cpu = {
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
 };
-
-/* NULL-terminated table of the backends built into this binary. */
-static const backend *const backends[] = {
-    &backend_cpu,
-    NULL,
-};
-
-const backend *backend_find(const char *name) {
-    for (int i = 0; backends[i]; i++)
-        if (strcmp(backends[i]->name, name) == 0) return backends[i];
-    return NULL;
-}

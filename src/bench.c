@@ -19,7 +19,7 @@ double bench_sgemm_gflops(int n, int threads, double seconds) {
     float *a = malloc(sizeof(float) * nn), *b = malloc(sizeof(float) * nn), *c = malloc(sizeof(float) * nn);
     if (!a || !b || !c) { free(a); free(b); free(c); return 0.0; }
     for (size_t i = 0; i < nn; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; c[i] = 0; }
-    backend_cpu_set_threads(threads);
+    backend_cpu.set_threads(threads);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
     int reps = 0;
     double t0 = pl_now(), t;

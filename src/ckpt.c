@@ -8,8 +8,12 @@
  * attribute `crc32c`, the CRC-32C of its little-endian bytes in row-major order (crc32c.h).
  *
  * Writing: the owner of a tensor (the stage holding it; the first stage for the tied wte)
- * computes its CRC (on a second thread that runs alongside the writes, for tensors in host
- * memory) and writes the whole dataset. The data transfer is INDEPENDENT by default (only the
+ * computes its CRC and writes the whole dataset, both from a host view of the backend buffer
+ * (backend map/unmap: the buffer itself on a host-memory backend, a staged copy on a device
+ * one). The tensors come from the optimizer (optim_buffer: parameters, m, v). Where mapping
+ * is free every view is mapped before the data phase and the CRCs run on a second thread
+ * alongside the writes, the views unmapped only after it joins; a staging backend maps one
+ * tensor at a time around its write. The data transfer is INDEPENDENT by default (only the
  * owner calls H5Dwrite: no collective at all per dataset) or, with PIPELM_CKPT_XFER=collective,
  * one collective H5Dwrite per dataset in which the others select nothing. The CRCs reach every
  * rank in the one MPI_Allreduce that also agrees on the status of the whole data phase; every
@@ -28,9 +32,12 @@
  * Reading: every rank opens every dataset (collective metadata) and checks its shape and
  * checksum kind; the ranks whose stage holds the tensor read all of it, independently (or,
  * with PIPELM_CKPT_XFER=collective, in a collective H5Dread where the others select nothing),
- * and check the CRC-32C of what they read against the attribute. A dataset without a crc32c
- * attribute is accepted only if it carries HDF5's Fletcher32 filter (which HDF5 verifies as
- * it reads); one with neither is refused. The same discipline as writing: one agreement.
+ * into a host view of the tensor (map for writing, unmap copies it into the backend), and
+ * check the CRC-32C of what they read against the attribute. Without an optimizer only the
+ * parameters are read (the moments datasets are still checked as those of other stages).
+ * A dataset without a crc32c attribute is accepted only if it carries HDF5's Fletcher32
+ * filter (which HDF5 verifies as it reads); one with neither is refused. The same
+ * discipline as writing: one agreement.
  *
  * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
  * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
@@ -699,22 +706,75 @@ done:
     return rc;
 }
 
-/* The tensors of one section (params, m or v) this stage writes: NULL where it writes none.
- * The tied wte is written from the first stage only. */
-static const float *owned_data(const stage *st, const ckpt_gtensor *g, int which, float *stagebuf) {
-    const param_tensor *t = stage_find_tensor(st, g->kind, g->layer);
-    if (!t || (g->kind == P_WTE && !st->has_embed)) return NULL;
-    const float *base = which == 0 ? st->params : which == 1 ? st->m : st->v;
-    if (st->be->host_memory) return base + t->offset;
-    st->be->to_host(stagebuf, base + t->offset, t->numel * sizeof(float));
-    return stagebuf;
+/* ---- host views of backend memory ------------------------------------------------------ */
+
+/* Section s of the schema (0 /model, 1 /optim/m, 2 /optim/v) as a backend buffer: the
+ * optimizer's (laid out as st->params) or, with no optimizer, the parameters only. */
+static float *section_base(const stage *st, const optim *opt, int s) {
+    static const int which[3] = {OPTIM_PARAMS, OPTIM_M, OPTIM_V};
+    if (opt) return optim_buffer(opt, which[s]);
+    return s == 0 ? st->params : NULL;
 }
 
-/* The CRC-32C of every tensor this rank owns, computed on a second thread while the main
- * thread writes (host memory only: the data is read, never changed, by both). vals[1 + k]
- * for dataset k = s n + i gets CRC | 1 << 32. The thread makes no MPI or HDF5 call. */
+/* The tensor of this stage that dataset g's data is written from: NULL where this rank
+ * writes none (the tied wte is written from the first stage only). */
+static const param_tensor *written_tensor(const stage *st, const ckpt_gtensor *g) {
+    const param_tensor *t = stage_find_tensor(st, g->kind, g->layer);
+    return t && (g->kind != P_WTE || st->has_embed) ? t : NULL;
+}
+
+/* A host view of one tensor of a section, for one dataset: map (mode PL_MAP_READ to write
+ * the file from it, PL_MAP_WRITE to read the file into it) and unmap, with the same p,
+ * bytes and mode. A failure names the backend, the dataset and be->error(). */
 typedef struct {
-    const stage *st;
+    float *host; /* NULL: not mapped */
+    float *p;    /* the backend memory */
+    size_t bytes;
+} host_view;
+
+static int view_map(const backend *be, float *base, const param_tensor *t, int mode, const char *dpath,
+                    host_view *v, h5ctx *cx) {
+    void *host = NULL;
+    v->host = NULL;
+    v->p = base + t->offset;
+    v->bytes = t->numel * sizeof(float);
+    int r = be->map(&host, v->p, v->bytes, mode);
+    if (r != PL_OK || !host) {
+        const char *why = be->error ? be->error() : "";
+        return fail_msg(cx, PL_EBACKEND, "backend %s: mapping %zu bytes of dataset %s for %s failed: %s", be->name,
+                        v->bytes, dpath, mode == PL_MAP_READ ? "writing the file" : "reading the file",
+                        r == PL_OK ? "it returned no host view" : why && why[0] ? why : "no message from the backend");
+    }
+    v->host = host;
+    return PL_OK;
+}
+
+/* Unmap a view (no-op if not mapped); dpath names the dataset in the message. */
+static int view_unmap(const backend *be, int mode, const char *dpath, host_view *v, h5ctx *cx) {
+    if (!v->host) return PL_OK;
+    int r = be->unmap(v->host, v->p, v->bytes, mode);
+    v->host = NULL;
+    if (r != PL_OK) {
+        const char *why = be->error ? be->error() : "";
+        return fail_msg(cx, PL_EBACKEND, "backend %s: unmapping %zu bytes of dataset %s after %s failed: %s",
+                        be->name, v->bytes, dpath, mode == PL_MAP_READ ? "writing the file" : "reading the file",
+                        why && why[0] ? why : "no message from the backend");
+    }
+    return PL_OK;
+}
+
+/* "/model/h.3/qkv_w": the dataset of section s for tensor g. */
+static const char *const sections[3] = {"model", "optim/m", "optim/v"};
+static void dataset_path(int s, const ckpt_gtensor *g, char *buf, size_t len) {
+    snprintf(buf, len, "/%s/%s", sections[s], g->path);
+}
+
+/* The CRC-32C of every dataset this rank writes, computed on a second thread while the main
+ * thread writes, from host views mapped before the thread starts and unmapped after it
+ * joins (both only read them). vals[1 + k] for dataset k = s n + i gets CRC | 1 << 32. The
+ * thread makes no MPI, HDF5 or backend call. */
+typedef struct {
+    const host_view *views; /* [3 n] */
     const ckpt_gtensor *gt;
     int n;
     unsigned long long *vals;
@@ -722,11 +782,8 @@ typedef struct {
 
 static void *crc_worker(void *arg) {
     crc_job *j = arg;
-    for (int s = 0; s < 3; s++)
-        for (int i = 0; i < j->n; i++) {
-            const float *d = owned_data(j->st, &j->gt[i], s, NULL);
-            if (d) j->vals[1 + s * j->n + i] = 1ULL << 32 | ckpt_crc_floats(d, j->gt[i].numel);
-        }
+    for (int k = 0; k < 3 * j->n; k++)
+        if (j->views[k].host) j->vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(j->views[k].host, j->gt[k % j->n].numel);
     return NULL;
 }
 
@@ -818,8 +875,8 @@ static void release_space(const char *path) {
 }
 
 /* Collective: write the whole checkpoint file at path (see the file comment for how). */
-int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta_in, MPI_Comm comm,
-                    double *bytes_out, char *err, size_t errlen) {
+int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, const ckpt_meta *meta_in,
+                    MPI_Comm comm, double *bytes_out, char *err, size_t errlen) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -831,9 +888,15 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     err[0] = 0;
     int rc = PL_OK, n = 4 + 12 * st->cfg.L, r2;
     hid_t f = -1, sec = -1, sub = -1, lay = -1, dxpl = -1;
-    float *stagebuf = NULL;
+    const backend *be = st->be;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     hid_t *dsets = malloc(3 * (size_t)n * sizeof *dsets); /* every dataset, open until its attribute is written */
+    host_view *views = calloc(3 * (size_t)n, sizeof *views); /* [k]: the host view dataset k is written from */
+    /* Where mapping is free (a host-memory backend: the view is the buffer itself) every view
+     * is mapped before the data phase, so that a second thread can compute the CRCs alongside
+     * the writes, and unmapped after it joins. A staging backend maps one tensor at a time,
+     * around its write, so that no more than one tensor is staged on the host at once. */
+    const int eager = be->host_memory;
     /* [0]: agree_max's status slot; [1 + k]: dataset k's CRC-32C | 1 << 32 on its owner, else 0 */
     unsigned long long *vals = calloc(1 + 3 * (size_t)n, sizeof *vals);
     double mybytes = 0.0;
@@ -850,18 +913,25 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     if (MPI_Bcast(&meta, (int)sizeof meta, MPI_BYTE, 0, comm) != MPI_SUCCESS ||
         MPI_Bcast(created, (int)sizeof created, MPI_CHAR, 0, comm) != MPI_SUCCESS)
         rc = fail_msg(cx, PL_EMPI, "MPI_Bcast of the metadata failed");
-    if (!gt || !dsets || !vals) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    if (!gt || !dsets || !vals || !views) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    else if (!opt)
+        rc = fail_msg(cx, PL_EINVAL, "no optimizer given: a checkpoint holds the AdamW moments beside the parameters, "
+                      "so saving one needs the stage's optimizer");
+    else if (opt->st != st)
+        rc = fail_msg(cx, PL_EINVAL, "the optimizer given belongs to another stage (its moments are laid out by "
+                      "that stage's tensors)");
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     n = ckpt_global_tensors(&st->cfg, gt);
     rc = check_ownership(st, gt, n, comm, cx);
     int who, mode = fail_mode(size, &who, cx), xfer = xfer_mode(cx);
     if (mode < 0 || xfer < 0) rc = PL_EINVAL;
-    if (!st->be->host_memory) {
-        size_t maxn = 0;
-        for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
-        stagebuf = malloc((maxn ? maxn : 1) * sizeof(float));
-        if (!stagebuf) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float staging buffer", maxn);
-    }
+    for (int s = 0; eager && rc == PL_OK && s < 3; s++)
+        for (int i = 0; i < n && rc == PL_OK; i++) {
+            const param_tensor *t = written_tensor(st, &gt[i]);
+            char dpath[96];
+            dataset_path(s, &gt[i], dpath, sizeof dpath);
+            if (t) rc = view_map(be, section_base(st, opt, s), t, PL_MAP_READ, dpath, &views[s * n + i], cx);
+        }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
 
     if (rank == 0) rc = check_space(path, &st->cfg, n, cx);
@@ -876,14 +946,13 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
 
     /* The data phase: /model, /optim/m, /optim/v. Every rank walks the same datasets in the
      * same order and makes every collective call, failed or not; no agreement until the end. */
-    static const char *const sections[3] = {"model", "optim/m", "optim/v"};
     int total = 3 * n, k = 0;
     h5ctx *use;
-    /* the CRCs overlap the writes on a second thread where the tensors are in host memory
-     * (else, or if the thread cannot start, each is computed just before its write) */
-    crc_job job = {st, gt, n, vals};
+    /* the CRCs overlap the writes on a second thread where every view is mapped up front (else,
+     * or if the thread cannot start, each is computed just before its write) */
+    crc_job job = {views, gt, n, vals};
     pthread_t crc_thread;
-    int threaded = st->be->host_memory && pthread_create(&crc_thread, NULL, crc_worker, &job) == 0;
+    int threaded = eager && pthread_create(&crc_thread, NULL, crc_worker, &job) == 0;
 #define FIRST_ERROR(call) (use = rc == PL_OK ? cx : &later, r2 = (call), rc = rc == PL_OK ? r2 : rc)
     for (int s = 0; s < 3; s++) {
         if (s == 0) FIRST_ERROR(group_create(f, "model", &sec, use));
@@ -904,13 +973,18 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
                     FIRST_ERROR(group_create(sec, name, &lay, use));
                 }
             }
+            char dpath[96];
+            dataset_path(s, g, dpath, sizeof dpath);
             /* a rank that has failed writes no more data */
-            const float *data = rc == PL_OK ? owned_data(st, g, s, stagebuf) : NULL;
+            const param_tensor *t = rc == PL_OK ? written_tensor(st, g) : NULL;
+            if (t && !eager) FIRST_ERROR(view_map(be, section_base(st, opt, s), t, PL_MAP_READ, dpath, &views[k], use));
+            const float *data = rc == PL_OK ? views[k].host : NULL;
             if (data && !threaded) vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(data, g->numel);
             use = rc == PL_OK ? cx : &later;
-            snprintf(use->obj, sizeof use->obj, "dataset /%s/%s", sections[s], g->path);
+            snprintf(use->obj, sizeof use->obj, "dataset %s", dpath);
             FIRST_ERROR(write_dataset(cur >= 0 ? lay : sec, g, data, xfer, dxpl, &dsets[k], use));
             if (r2 == PL_OK && data) mybytes += (double)g->numel * sizeof(float);
+            if (!eager) FIRST_ERROR(view_unmap(be, PL_MAP_READ, dpath, &views[k], use));
             if (rc == PL_OK && rank == who && k + 1 == total / 2) {
                 if (mode == FAIL_KILL) raise(SIGKILL);
                 if (mode == FAIL_WRITE)
@@ -924,6 +998,13 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     }
     cx->obj[0] = 0;
     if (threaded) pthread_join(crc_thread, NULL);
+    /* the views outlive the CRC thread's reads; a staging backend's are unmapped already */
+    for (k = 0; k < total; k++)
+        if (views[k].host) {
+            char dpath[96];
+            dataset_path(k / n, &gt[k % n], dpath, sizeof dpath);
+            FIRST_ERROR(view_unmap(be, PL_MAP_READ, dpath, &views[k], use));
+        }
     /* the one agreement of the data phase; the same MPI_Allreduce brings every CRC to every rank */
     rc = agree_max(comm, rc, err, errlen, vals, total);
     for (k = 0; k < total && rc == PL_OK; k++)
@@ -933,7 +1014,7 @@ int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_m
     if (rc == PL_OK) {
         for (k = 0; k < total; k++) {
             char dpath[96];
-            snprintf(dpath, sizeof dpath, "/%s/%s", sections[k / n], gt[k % n].path);
+            dataset_path(k / n, &gt[k % n], dpath, sizeof dpath);
             FIRST_ERROR(write_crc_attr(dsets[k], dpath, (uint32_t)vals[1 + k], use));
             snprintf(use->obj, sizeof use->obj, "dataset %s", dpath);
             FIRST_ERROR(obj_close(&dsets[k], use));
@@ -972,10 +1053,18 @@ close:
         *bytes_out = all;
     }
 out:
+    /* after a failure before the data phase's end: views still mapped (their errors go to the
+     * scratch buffer, the first cause is the one reported) */
+    for (k = 0; views && k < 3 * n; k++)
+        if (views[k].host) {
+            char dpath[96];
+            dataset_path(k / n, &gt[k % n], dpath, sizeof dpath);
+            view_unmap(be, PL_MAP_READ, dpath, &views[k], &later);
+        }
     free(gt);
     free(dsets);
     free(vals);
-    free(stagebuf);
+    free(views);
     return rc;
 }
 
@@ -1102,8 +1191,8 @@ static int publish(const char *dir, const char *tmp, const char *final, const ch
 }
 
 /* Collective: the atomic save into DIR (see the file comment); returns the agreed status. */
-int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm, char *path_out,
-              size_t pathlen, double *bytes_out, char *err, size_t errlen) {
+int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep, MPI_Comm comm,
+              char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -1115,7 +1204,10 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
     err[0] = 0;
     if (path_out && pathlen) snprintf(path_out, pathlen, "%s", final);
     int rc = PL_OK;
-    if (meta->step < 0) rc = fail_msg(cx, PL_EINVAL, "negative step %lld", meta->step);
+    if (!opt) /* before anything is created (ckpt_write_file checks it too) */
+        rc = fail_msg(cx, PL_EINVAL, "no optimizer given: a checkpoint holds the AdamW moments beside the "
+                      "parameters, so saving one needs the stage's optimizer");
+    else if (meta->step < 0) rc = fail_msg(cx, PL_EINVAL, "negative step %lld", meta->step);
     else if (strlen(dir) > 4000) rc = fail_msg(cx, PL_EINVAL, "directory name too long");
     else if (rank == 0) {
         if (make_dirs(dir) != 0) rc = fail_msg(cx, PL_EIO, "cannot create directory %s: %s", dir, strerror(errno));
@@ -1123,7 +1215,7 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
     }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) return rc;
 
-    rc = ckpt_write_file(tmp, final, st, meta, comm, bytes_out, err, errlen);
+    rc = ckpt_write_file(tmp, final, st, opt, meta, comm, bytes_out, err, errlen);
     if (rc == PL_OK && rank == 0) {
         int who, mode = fail_mode(size, &who, cx);
         if (mode == FAIL_RENAME)
@@ -1141,14 +1233,14 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
 }
 
 /* Collective: one checkpoint at an explicit path, through path.tmp and a rename. */
-int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
-                   size_t errlen) {
+int ckpt_save_file(const char *path, stage *st, optim *opt, const ckpt_meta *meta, MPI_Comm comm,
+                   double *bytes_out, char *err, size_t errlen) {
     int rank;
     MPI_Comm_rank(comm, &rank);
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     h5ctx cxs = {path, "", err, errlen, rank};
-    int rc = ckpt_write_file(tmp, path, st, meta, comm, bytes_out, err, errlen);
+    int rc = ckpt_write_file(tmp, path, st, opt, meta, comm, bytes_out, err, errlen);
     if (rc == PL_OK && rank == 0) {
         if (fsync_path(tmp) != 0) rc = fail_msg(&cxs, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
         else if (rename(tmp, path) != 0)
@@ -1575,10 +1667,10 @@ done:
     return rc;
 }
 
-/* Collective: read this stage's tensors and the metadata, verifying checksums, shapes and
- * the model config; returns the agreed status. */
-int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, double *bytes_out, char *err,
-              size_t errlen) {
+/* Collective: read this stage's tensors (and, with an optimizer, its moments) and the
+ * metadata, verifying checksums, shapes and the model config; returns the agreed status. */
+int ckpt_load(const char *path, stage *st, optim *opt, ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
+              char *err, size_t errlen) {
     int rank;
     MPI_Comm_rank(comm, &rank);
     ckpt_h5_quiet();
@@ -1588,20 +1680,17 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     err[0] = 0;
     int rc = PL_OK, n = 4 + 12 * st->cfg.L;
     hid_t f = -1, dxpl = -1;
-    float *stagebuf = NULL;
+    const backend *be = st->be;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     double mybytes = 0.0;
     char e3[4400];
     int xfer = xfer_mode(cx);
     if (xfer < 0) rc = PL_EINVAL;
     else if (!gt) rc = fail_msg(cx, PL_ENOMEM, "out of memory");
+    else if (opt && opt->st != st)
+        rc = fail_msg(cx, PL_EINVAL, "the optimizer given belongs to another stage (its moments are laid out by "
+                      "that stage's tensors)");
     else if (pl_check_input_file(path, "checkpoint", e3, sizeof e3) != PL_OK) rc = fail_msg(cx, PL_EIO, "%s", e3);
-    if (!st->be->host_memory && rc == PL_OK) {
-        size_t maxn = 0;
-        for (int i = 0; i < st->ntensors; i++) maxn = st->tensors[i].numel > maxn ? st->tensors[i].numel : maxn;
-        stagebuf = malloc((maxn ? maxn : 1) * sizeof(float));
-        if (!stagebuf) rc = fail_msg(cx, PL_ENOMEM, "out of memory for a %zu-float staging buffer", maxn);
-    }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     n = ckpt_global_tensors(&st->cfg, gt);
 
@@ -1614,23 +1703,26 @@ int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, doubl
     if (rc == PL_OK) rc = dxpl_make(&dxpl, xfer == XFER_COLLECTIVE, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto close;
 
-    /* Every rank walks every dataset (collective metadata) and reads those its stage holds.
-     * As in a save, a rank that fails keeps its first message, reads no more data and still
-     * makes every collective call; all agree once, at the end. */
-    static const char *const sections[3] = {"model", "optim/m", "optim/v"};
+    /* Every rank walks every dataset (collective metadata) and reads those its stage holds
+     * (the moments only with an optimizer), each into a host view of its tensor, mapped for
+     * writing just around its read. As in a save, a rank that fails keeps its first message,
+     * reads no more data and still makes every collective call; all agree once, at the end. */
     for (int s = 0; s < 3; s++)
         for (int i = 0; i < n; i++) {
             const ckpt_gtensor *g = &gt[i];
-            const param_tensor *t = stage_find_tensor(st, g->kind, g->layer); /* wte: first and last */
-            float *base = s == 0 ? st->params : s == 1 ? st->m : st->v;
-            float *dst = t && rc == PL_OK ? (st->be->host_memory ? base + t->offset : stagebuf) : NULL;
+            /* wte: first and last stage */
+            const param_tensor *t = rc == PL_OK ? stage_find_tensor(st, g->kind, g->layer) : NULL;
+            float *base = section_base(st, opt, s); /* NULL: moments without an optimizer */
             char dpath[96];
-            snprintf(dpath, sizeof dpath, "/%s/%s", sections[s], g->path);
-            int r2 = read_dataset(f, dpath, g, dst, xfer, dxpl, s == 2, rc == PL_OK ? cx : &later);
-            if (r2 == PL_OK && dst) {
-                if (!st->be->host_memory) st->be->from_host(base + t->offset, stagebuf, t->numel * sizeof(float));
-                mybytes += (double)t->numel * sizeof(float);
-            }
+            dataset_path(s, g, dpath, sizeof dpath);
+            host_view v = {NULL, NULL, 0};
+            h5ctx *use = rc == PL_OK ? cx : &later;
+            int r2 = t && base ? view_map(be, base, t, PL_MAP_WRITE, dpath, &v, use) : PL_OK;
+            int r3 = read_dataset(f, dpath, g, v.host, xfer, dxpl, s == 2, r2 == PL_OK ? use : &later);
+            if (r3 == PL_OK && v.host) mybytes += (double)t->numel * sizeof(float);
+            if (r2 == PL_OK) r2 = r3;
+            r3 = view_unmap(be, PL_MAP_WRITE, dpath, &v, r2 == PL_OK ? use : &later);
+            if (r2 == PL_OK) r2 = r3;
             if (rc == PL_OK) rc = r2;
         }
     rc = agree(comm, rc, err, errlen);
@@ -1650,7 +1742,6 @@ close:
     }
 out:
     free(gt);
-    free(stagebuf);
     return rc;
 }
 

@@ -25,7 +25,8 @@
 #include "pipelm/crc32c.h"
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
-#include "pipelm/model.h"
+#include "pipelm/optim.h"
+#include "pipelm/stage.h"
 
 /* What a file is, from its first bytes. */
 enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5 };
@@ -44,14 +45,45 @@ static int file_kind(const char *path, char *err, size_t errlen) {
     return KIND_UNKNOWN;
 }
 
+/* The default AdamW settings (pipelm's defaults), for the optimizer of a converted model. */
+static optim_hparams default_hparams(const pl_options *o) {
+    optim_hparams h;
+    memset(&h, 0, sizeof h);
+    h.lr = o->lr;
+    h.min_lr = o->min_lr;
+    h.warmup_steps = o->warmup_steps;
+    h.total_steps = o->steps;
+    h.cosine = strcmp(o->lr_schedule, "cosine") == 0;
+    h.beta1 = o->beta1;
+    h.beta2 = o->beta2;
+    h.eps = o->eps;
+    h.weight_decay = o->weight_decay;
+    h.grad_clip = o->grad_clip;
+    return h;
+}
+
+/* The whole model on one CPU stage, with its optimizer (zero moments): what convert reads
+ * into and writes from. On failure nothing is left allocated. */
+static int tool_stage(const gpt2_config *cfg, stage *st, optim *opt, char *err, size_t errlen) {
+    pl_options o;
+    config_defaults(&o);
+    optim_hparams h = default_hparams(&o);
+    memset(opt, 0, sizeof *opt);
+    PL_TRY(stage_init(st, cfg, 0, cfg->L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
+    int rc = optim_init(opt, st, &h, err, errlen); /* the moments start at zero */
+    if (rc != PL_OK) stage_free(st);
+    return rc;
+}
+
 /* llm.c model file -> checkpoint at step 0 with zero moments and the default AdamW settings. */
 static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errlen) {
     gpt2_config cfg;
     int version;
     PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
     stage st;
-    PL_TRY(stage_init(&st, &cfg, 0, cfg.L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
-    int rc = llmc_load_stage(in, &st, err, errlen); /* moments stay zero (zero-filled) */
+    optim opt;
+    PL_TRY(tool_stage(&cfg, &st, &opt, err, errlen));
+    int rc = llmc_load_stage(in, &st, err, errlen); /* the moments stay zero */
     if (rc == PL_OK) {
         pl_options o;
         config_defaults(&o);
@@ -72,23 +104,26 @@ static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errle
         m.nstages = 1;
         m.split[0] = cfg.L;
         double bytes;
-        rc = ckpt_save_file(out, &st, &m, MPI_COMM_SELF, &bytes, err, errlen);
+        rc = ckpt_save_file(out, &st, &opt, &m, MPI_COMM_SELF, &bytes, err, errlen);
         if (rc == PL_OK)
             printf("converted %s (llm.c %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
                    version == 3 ? "fp32" : "bf16", gpt2_num_params(&cfg), out);
     }
+    optim_free(&opt);
     stage_free(&st);
     return rc;
 }
 
-/* Checkpoint -> llm.c fp32 (version 3) model file; every checksum is verified on the way. */
+/* Checkpoint -> llm.c fp32 (version 3) model file; every checksum is verified on the way (the
+ * moments too: they are read into an optimizer, then dropped). */
 static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errlen) {
     gpt2_config cfg;
     PL_TRY(ckpt_read_info(in, &cfg, NULL, err, errlen));
     stage st;
-    PL_TRY(stage_init(&st, &cfg, 0, cfg.L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
+    optim opt;
+    PL_TRY(tool_stage(&cfg, &st, &opt, err, errlen));
     ckpt_meta m;
-    int rc = ckpt_load(in, &st, &m, MPI_COMM_SELF, NULL, err, errlen);
+    int rc = ckpt_load(in, &st, &opt, &m, MPI_COMM_SELF, NULL, err, errlen);
     if (rc == PL_OK) {
         rc = llmc_save(out, &st, 0, MPI_COMM_SELF); /* reports its own errors */
         if (rc != PL_OK) snprintf(err, errlen, "writing %s failed (message above)", out);
@@ -96,6 +131,7 @@ static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errle
             printf("converted checkpoint %s (step %lld, %zu parameters) -> llm.c fp32 model file %s\n", in, m.step,
                    gpt2_num_params(&cfg), out);
     }
+    optim_free(&opt);
     stage_free(&st);
     return rc;
 }

@@ -1,10 +1,22 @@
 /*
  * config.c — the option table, presets, command line and INI parsing.
+ *
+ * The command line goes through glibc's getopt_long, with a `struct option` array built from
+ * the table, held to the parser's own rules: optstring "+:" and opterr = 0 (no permutation, no
+ * messages of its own: every error is worded here), optind = 0 before each parse (a full
+ * re-initialisation, so config_parse may run more than once in a process), a copy of argv
+ * with a program name in front (the caller's array is never reordered, and argv[first] may be
+ * any argument). Around it: a word that does not start with "--" (or is "--" alone, getopt's
+ * end of options) is refused before getopt sees it; '_' in a name is turned into '-' first (a
+ * copy of that word); a bare optional value (--resume) takes the next word unless it starts
+ * with "--"; and a name getopt matched by a unique prefix is refused (abbreviations would let
+ * a script's --val mean something else once an option is added).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <limits.h>
 #include <math.h>
@@ -13,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ini.h>
+#include "pipelm/backend.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/files.h"
@@ -23,7 +36,8 @@
 typedef enum { OPT_INT, OPT_LL, OPT_DBL, OPT_STR } opt_type;
 
 /* scope: 0 train and bench, 1 bench only; optional: the value may be left out (then
- * `optional_default` is stored), as in a bare --resume. */
+ * `optional_default` is stored), as in a bare --resume; choices: NULL, or the values a string
+ * option may take, '|'-separated, checked as it is parsed. */
 typedef struct {
     const char *name;
     opt_type type;
@@ -31,13 +45,15 @@ typedef struct {
     const char *help;
     int scope;
     const char *optional_default;
+    const char *choices;
 } opt_desc;
 
-#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, 0, NULL}
-#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h, 0, NULL}
-#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, 0, NULL}
-#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL}
-#define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 1, NULL}
+#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, 0, NULL, NULL}
+#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h, 0, NULL, NULL}
+#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, 0, NULL, NULL}
+#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL, NULL}
+#define O_CHOICE(n, f, c, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL, c}
+#define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 1, NULL, NULL}
 
 static const opt_desc options[] = {
     O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium (default tiny)"),
@@ -74,7 +90,9 @@ static const opt_desc options[] = {
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
     O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
-    O_STR("backend", backend, "compute backend: cpu"),
+    O_STR("backend", backend, NULL), /* help built at run time: help_text() */
+    O_CHOICE("precision", precision, "fp32|bf16",
+             "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; needs --backend onednn)"),
     O_INT("threads", threads, "CPU threads per rank (0: cores / ranks on the node)"),
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
@@ -83,7 +101,7 @@ static const opt_desc options[] = {
     O_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
     O_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
     {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
-     "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest"},
+     "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest", NULL},
     O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
     O_BENCH("warmup", OPT_INT, warmup, "(bench) untimed warm-up steps"),
     O_BENCH("json", OPT_STR, json, "(bench) write the results as JSON to FILE"),
@@ -117,6 +135,7 @@ void config_defaults(pl_options *o) {
     strcpy(o->split, "auto");
     strcpy(o->schedule, "1f1b");
     strcpy(o->backend, "cpu");
+    strcpy(o->precision, "fp32");
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
@@ -196,6 +215,29 @@ static int is_decimal_number(const char *v) {
     return digits;
 }
 
+/* 1 if val is one of the '|'-separated choices. */
+static int is_choice(const char *choices, const char *val) {
+    size_t n = strlen(val);
+    for (const char *c = choices; *c;) {
+        size_t k = strcspn(c, "|");
+        if (k == n && strncmp(c, val, n) == 0) return 1;
+        c += k + (c[k] == '|');
+    }
+    return 0;
+}
+
+/* "a|b|c" as "a, b or c". */
+static void choices_text(const char *choices, char *out, size_t len) {
+    size_t o = 0;
+    out[0] = 0;
+    for (const char *c = choices; *c && o + 1 < len;) {
+        size_t k = strcspn(c, "|");
+        const char *sep = c == choices ? "" : c[k] ? ", " : " or ";
+        o += (size_t)snprintf(out + o, len - o, "%s%.*s", sep, (int)k, c);
+        c += k + (c[k] == '|');
+    }
+}
+
 /* Convert and store one value; `where` says where it came from for the message. */
 static int set_option(pl_options *o, const opt_desc *d, const char *val, const char *where,
                       char *err, size_t errlen) {
@@ -225,6 +267,13 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
         break;
     }
     case OPT_STR:
+        if (d->choices && !is_choice(d->choices, val)) {
+            char shown[128], list[128];
+            escape_str(val, shown, sizeof shown);
+            choices_text(d->choices, list, sizeof list);
+            snprintf(err, errlen, "%s: bad value '%s' for --%s (expected %s)", where, shown, d->name, list);
+            return PL_EINVAL;
+        }
         if (strlen(val) >= d->size) {
             snprintf(err, errlen, "%s: value of --%s is too long (%zu characters, at most %zu)",
                      where, d->name, strlen(val), d->size - 1);
@@ -367,46 +416,110 @@ static void pending_free(pending_list *l) {
     free(l->v);
 }
 
+/* The option name of a command-line word "--name[=value]" as typed, cut to 63 characters. */
+static void word_name(const char *word, char name[64]) {
+    const char *eq = strchr(word + 2, '=');
+    size_t n = eq ? (size_t)(eq - word - 2) : strlen(word + 2);
+    if (n >= 64) n = 63;
+    memcpy(name, word + 2, n);
+    name[n] = 0;
+}
+
+/* Gather the command line argv[first..argc) into cli through getopt_long (see the top of the
+ * file); *preset: the value of --preset, if given. */
+static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int bench,
+                              const char **preset, char *err, size_t errlen) {
+    struct option lo[NOPT + 1];
+    for (int i = 0; i < NOPT; i++)
+        lo[i] = (struct option){options[i].name, options[i].optional_default ? optional_argument : required_argument,
+                                NULL, 256 + i};
+    lo[NOPT] = (struct option){NULL, 0, NULL, 0};
+    int nargs = (argc > first ? argc - first : 0) + 1;
+    /* args: a program name, then the words; owned[k]: args[k] if it is our normalised copy */
+    char **args = malloc(sizeof *args * (size_t)(nargs + 1)), **owned = calloc((size_t)nargs, sizeof *owned);
+    int rc = PL_OK;
+    if (!args || !owned) {
+        snprintf(err, errlen, "out of memory parsing the command line");
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    args[0] = (char *)"pipelm";
+    for (int k = 1; k < nargs; k++) args[k] = argv[first + k - 1];
+    args[nargs] = NULL;
+    optind = 0; /* glibc: re-initialise completely */
+    opterr = 0;
+    for (;;) {
+        int cur = optind ? optind : 1; /* the word getopt_long reads next */
+        if (cur >= nargs) break;
+        const char *word = argv[first + cur - 1];
+        char name[64], shown[128];
+        if (strncmp(word, "--", 2) != 0) {
+            escape_str(word, shown, sizeof shown);
+            snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", shown);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        word_name(word, name);
+        const opt_desc *d = find_option(name); /* the option spelled in full, or NULL */
+        int r = 0, m = -1; /* getopt_long's answer; the option it matched (with r == ':', the
+                            * one whose value is missing), or -1 */
+        if (word[2]) {     /* "--" alone never reaches getopt_long: it would end the options */
+            size_t nlen = strcspn(word, "=");
+            if (memchr(word, '_', nlen)) { /* '_' and '-' are one: getopt gets the name with '-' */
+                if (!(owned[cur] = strdup(word))) {
+                    snprintf(err, errlen, "out of memory parsing the command line");
+                    rc = PL_ENOMEM;
+                    goto out;
+                }
+                for (size_t k = 2; k < nlen; k++)
+                    if (owned[cur][k] == '_') owned[cur][k] = '-';
+                args[cur] = owned[cur];
+            }
+            r = getopt_long(nargs, args, "+:", lo, NULL);
+            if (r == -1) break;
+            m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
+        }
+        if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
+            escape_str(name, shown, sizeof shown);
+            snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
+                     "not accepted)", shown, options[m].name);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
+            escape_str(name, shown, sizeof shown);
+            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
+                     d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
+            rc = PL_EINVAL;
+            goto out;
+        }
+        const char *val = optarg;
+        if (r == ':') {
+            snprintf(err, errlen, "option --%s needs a value", name);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        if (!val) { /* an optional value left out of --name=value: the next word, or the default */
+            if (optind < nargs && strncmp(args[optind], "--", 2) != 0) val = args[optind++];
+            else val = d->optional_default;
+        }
+        if ((rc = pending_add(cli, d, val, "command line", 0)) != PL_OK) goto out;
+        if (d->offset == offsetof(pl_options, preset)) *preset = cli->v[cli->n - 1].val;
+    }
+out:
+    if (owned)
+        for (int k = 0; k < nargs; k++) free(owned[k]);
+    free(owned);
+    free(args);
+    return rc;
+}
+
 int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen) {
     pending_list cli = {0}, file = {0};
     int rc = PL_OK;
     const char *preset = NULL;
     /* 1. the command line, gathered */
-    for (int i = first; i < argc; i++) {
-        const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0) {
-            char shown[128];
-            escape_str(a, shown, sizeof shown);
-            snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", shown);
-            rc = PL_EINVAL;
-            goto out;
-        }
-        char name[64];
-        const char *eq = strchr(a + 2, '='), *val;
-        size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        if (n >= sizeof name) n = sizeof name - 1;
-        memcpy(name, a + 2, n);
-        name[n] = 0;
-        const opt_desc *d = find_option(name);
-        if (!d || (d->scope == 1 && !bench)) {
-            char shown[128];
-            escape_str(name, shown, sizeof shown);
-            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown, d ? " for train (it is a bench option)" : "");
-            rc = PL_EINVAL;
-            goto out;
-        }
-        if (eq) val = eq + 1;
-        else if (d->optional_default && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0))
-            val = d->optional_default;
-        else if (i + 1 < argc) val = argv[++i];
-        else {
-            snprintf(err, errlen, "option --%s needs a value", name);
-            rc = PL_EINVAL;
-            goto out;
-        }
-        if (d->offset == offsetof(pl_options, preset)) preset = val;
-        if ((rc = pending_add(&cli, d, val, "command line", 0)) != PL_OK) goto out;
-    }
+    if ((rc = parse_command_line(&cli, argc, argv, first, bench, &preset, err, errlen)) != PL_OK) goto out;
     /* 2. the config file, if any, gathered */
     for (int i = 0; i < cli.n; i++)
         if (cli.v[i].d->offset == offsetof(pl_options, config)) {
@@ -518,14 +631,30 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* An option's help line; --backend's names the backends this binary was built with. */
+static const char *help_text(const opt_desc *d, char *buf, size_t len) {
+    if (d->offset != offsetof(pl_options, backend)) return d->help;
+    char names[128]; /* backend_list()'s "cpu,onednn" as "cpu | onednn" */
+    size_t o = 0;
+    for (const char *b = backend_list(); *b && o + 4 < sizeof names; b++) {
+        if (*b == ',') {
+            memcpy(names + o, " | ", 3);
+            o += 3;
+        } else names[o++] = *b;
+    }
+    names[o] = 0;
+    snprintf(buf, len, "compute backend: %s (the ones built into this binary; default cpu)", names);
+    return buf;
+}
+
 void config_print_help(FILE *out, int bench) {
     for (int i = 0; i < NOPT; i++) {
         if (options[i].scope == 1 && !bench) continue;
         const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
-        char flag[64];
+        char flag[64], help[256];
         snprintf(flag, sizeof flag, "--%s %s%s%s", options[i].name, options[i].optional_default ? "[" : "", arg,
                  options[i].optional_default ? "]" : "");
-        fprintf(out, "  %-24s %s\n", flag, options[i].help);
+        fprintf(out, "  %-24s %s\n", flag, help_text(&options[i], help, sizeof help));
     }
 }
 

@@ -1,5 +1,14 @@
 /*
- * crc32c.c — CRC-32C, in software (slicing-by-8 tables) and with the SSE4.2 crc32 instruction.
+ * crc32c.c — CRC-32C: through ISA-L's crc32_iscsi() when configure found libisal (HAVE_ISAL),
+ * else built in, in software (slicing-by-8 tables) and with the SSE4.2 crc32 instruction.
+ *
+ * ISA-L's convention: crc32_iscsi(buf, len, init) feeds buf into the register `init` and
+ * returns the register, with neither the initial nor the final inversion, so
+ *     crc32c_extend(crc, p, n) == ~crc32_iscsi(p, n, ~crc)
+ * (crc32c("123456789") = ~crc32_iscsi(.., 9, 0xFFFFFFFF) = 0xE3069283): the same values as
+ * the built-in code, which tests/test_crc.c checks. Its length is an int, so longer buffers go
+ * in pieces of ISAL_CHUNK bytes; below ISAL_MIN bytes the built-in SSE4.2 loop is faster
+ * (ISA-L's folding set-up costs more than it saves), so crc32c() keeps those.
  *
  * Notation: the "register" is the CRC state without the initial and final inversions, in the
  * reflected bit order of the polynomial: bit 31 stands for x^0 and bit 0 for x^31. Feeding
@@ -9,10 +18,20 @@
  * (the instruction has a latency of 3 cycles but issues one per cycle) and join them with a
  * multiplication by the fixed constant x^(8 BLK) mod P, done with four 256-entry tables.
  */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include "pipelm/crc32c.h"
+#ifdef HAVE_ISAL
+#include <isa-l/crc.h>
+#ifndef ISAL_CHUNK /* (a test build may make it small, to exercise the pieces) */
+#define ISAL_CHUNK ((size_t)1 << 30) /* bytes per crc32_iscsi call (its length is an int) */
+#endif
+#define ISAL_MIN 256                 /* shorter buffers: the built-in SSE4.2 loop (measured) */
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <nmmintrin.h>
@@ -57,6 +76,11 @@ static void init_tables(void) {
     uint32_t m = x_pow_8n(BLK);
     for (int k = 0; k < 4; k++)
         for (uint32_t b = 0; b < 256; b++) shift[k][b] = gf_mul(b << (8 * k), m);
+#ifdef HAVE_ISAL
+    /* ISA-L picks its implementation on the first call: make that happen here, once */
+    unsigned char none = 0;
+    (void)crc32_iscsi(&none, 0, 0);
+#endif
 }
 
 /* Register r times x^(8 BLK) mod P (r followed by BLK zero bytes). */
@@ -136,6 +160,36 @@ int crc32c_hw_available(void) { return 0; }
 uint32_t crc32c_extend_hw(uint32_t crc, const void *p, size_t n) { return crc32c_extend_sw(crc, p, n); }
 #endif
 
+#ifdef HAVE_ISAL
+int crc32c_isal_available(void) { return 1; }
+
+uint32_t crc32c_extend_isal(uint32_t crc, const void *p, size_t n) {
+    pthread_once(&once, init_tables);
+    /* crc32_iscsi takes a non-const pointer but only reads through it */
+    unsigned char *b = (unsigned char *)(uintptr_t)p;
+    uint32_t r = ~crc;
+    while (n) {
+        size_t k = n < ISAL_CHUNK ? n : ISAL_CHUNK;
+        r = crc32_iscsi(b, (int)k, r);
+        b += k;
+        n -= k;
+    }
+    return ~r;
+}
+
+uint32_t crc32c_extend(uint32_t crc, const void *p, size_t n) {
+    return n < ISAL_MIN ? crc32c_extend_hw(crc, p, n) : crc32c_extend_isal(crc, p, n);
+}
+
+const char *crc32c_implementation(void) { return "ISA-L crc32_iscsi"; }
+#else
+int crc32c_isal_available(void) { return 0; }
+uint32_t crc32c_extend_isal(uint32_t crc, const void *p, size_t n) { return crc32c_extend_hw(crc, p, n); }
 uint32_t crc32c_extend(uint32_t crc, const void *p, size_t n) { return crc32c_extend_hw(crc, p, n); }
 
-uint32_t crc32c(const void *p, size_t n) { return crc32c_extend_hw(0, p, n); }
+const char *crc32c_implementation(void) {
+    return crc32c_hw_available() ? "built-in SSE4.2" : "built-in slicing-by-8 table";
+}
+#endif
+
+uint32_t crc32c(const void *p, size_t n) { return crc32c_extend(0, p, n); }

@@ -1,5 +1,9 @@
 /*
  * engine.c — the per-rank action interpreter of a pipeline schedule.
+ *
+ * MPI never touches backend memory directly: every buffer a message reads or fills is a host
+ * view from the backend's map (the buffer itself on a host backend, a staged copy on a
+ * device backend), held from the post until the request completes, then unmapped.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -25,22 +29,26 @@ int engine_init(engine *e, stage *st, const sched *sc, MPI_Comm comm, char *err,
     e->sc = sc;
     e->fail_rank = -1;
     e->first_bad_fwd = -1;
-    if (!st->be->host_memory) {
-        snprintf(err, errlen, "backend %s: the engine needs host-accessible buffers for MPI", st->be->name);
-        return PL_EINVAL;
-    }
     size_t slice = (size_t)st->N * st->cfg.C * sizeof(float), M = e->M;
-    int first = e->rank == 0, last = e->rank == e->P - 1;
-    e->recv_f = first ? NULL : st->be->alloc(M * slice);
-    e->recv_b = last ? NULL : st->be->alloc(M * slice);
-    e->send_b = first ? NULL : st->be->alloc(M * slice);
+    int first = e->rank == 0, last = e->rank == e->P - 1, rc = PL_OK;
+    void *p = NULL;
+    if (!first && (rc = st->be->alloc(&p, M * slice)) == PL_OK) e->recv_f = p;
+    if (!last && rc == PL_OK && (rc = st->be->alloc(&p, M * slice)) == PL_OK) e->recv_b = p;
+    if (!first && rc == PL_OK && (rc = st->be->alloc(&p, M * slice)) == PL_OK) e->send_b = p;
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "backend %s: %s, for %zu micro-batch communication buffers", st->be->name,
+                 stage_error(st), M);
+        engine_free(e);
+        return rc;
+    }
+    e->hv = calloc(4 * M, sizeof(void *));
     e->rq_f = malloc(sizeof(MPI_Request) * M);
     e->rq_b = malloc(sizeof(MPI_Request) * M);
     e->sq_f = malloc(sizeof(MPI_Request) * M);
     e->sq_b = malloc(sizeof(MPI_Request) * M);
     e->mb_loss = calloc(M, sizeof(double));
     e->b_done = calloc(M, 1);
-    if ((!first && (!e->recv_f || !e->send_b)) || (!last && !e->recv_b) || !e->rq_f || !e->rq_b ||
+    if (!e->hv || !e->rq_f || !e->rq_b ||
         !e->sq_f || !e->sq_b || !e->mb_loss || !e->b_done) {
         snprintf(err, errlen, "out of memory for %zu micro-batch communication buffers", M);
         engine_free(e);
@@ -55,6 +63,7 @@ void engine_free(engine *e) {
         e->st->be->free(e->recv_b);
         e->st->be->free(e->send_b);
     }
+    free(e->hv);
     free(e->rq_f);
     free(e->rq_b);
     free(e->sq_f);
@@ -80,6 +89,33 @@ static int timed_wait(engine *e, MPI_Request *rq, const char *what, sched_op op,
     return PL_OK;
 }
 
+/* Host views: [0, M) receive F, [M, 2M) receive B, [2M, 3M) send F, [3M, 4M) send B. */
+enum { HV_RF, HV_RB, HV_SF, HV_SB };
+
+/* A host view of n floats at p for a message (kind HV_*, micro-batch m). */
+static int view(engine *e, int kind, int m, float *p, size_t n, void **host) {
+    int mode = kind == HV_RF || kind == HV_RB ? PL_MAP_WRITE : PL_MAP_READ;
+    int rc = e->st->be->map(host, p, n * sizeof(float), mode);
+    if (rc != PL_OK) {
+        pl_error("backend %s: mapping micro-batch %d's message buffer: %s", e->st->be->name, m, stage_error(e->st));
+        return rc;
+    }
+    e->hv[(size_t)kind * e->M + m] = *host;
+    return PL_OK;
+}
+
+/* After the request completed: a received message is copied into backend memory. */
+static int unview(engine *e, int kind, int m, float *p, size_t n) {
+    void **h = &e->hv[(size_t)kind * e->M + m];
+    if (!*h) return PL_OK;
+    int mode = kind == HV_RF || kind == HV_RB ? PL_MAP_WRITE : PL_MAP_READ;
+    int rc = e->st->be->unmap(*h, p, n * sizeof(float), mode);
+    *h = NULL;
+    if (rc != PL_OK) pl_error("backend %s: unmapping micro-batch %d's message buffer: %s", e->st->be->name, m,
+                              stage_error(e->st));
+    return rc;
+}
+
 /* Run one F: wait for its input, forward it into the micro-batch's slot. */
 static int run_forward(engine *e, long step, int m, const int *inputs, const int *targets, float dloss) {
     stage *st = e->st;
@@ -91,7 +127,10 @@ static int run_forward(engine *e, long step, int m, const int *inputs, const int
                  "(micro-batch %d is next); refusing to run it", step, r, m, e->next_f);
         return PL_EINVAL;
     }
-    if (r > 0) PL_TRY(timed_wait(e, &e->rq_f[m], "wait recv F", SCHED_RECV_F, m, r - 1, step));
+    if (r > 0) {
+        PL_TRY(timed_wait(e, &e->rq_f[m], "wait recv F", SCHED_RECV_F, m, r - 1, step));
+        PL_TRY(unview(e, HV_RF, m, e->recv_f + m * slice, slice));
+    }
     double t0 = pl_now();
     PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                          r > 0 ? e->recv_f + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
@@ -100,8 +139,9 @@ static int run_forward(engine *e, long step, int m, const int *inputs, const int
     e->t_fwd += t1 - t0;
     e->next_f++;
     /* remember where a non-finite value first shows, for the NaN message */
-    if (e->first_bad_fwd < 0 &&
-        !(st->has_head ? isfinite(e->mb_loss[m]) : isfinite(st->be->sumsq(stage_output(st, slot), slice))))
+    double out_sq = 0.0;
+    if (!st->has_head) PL_TRY(st->be->sumsq(stage_output(st, slot), slice, &out_sq));
+    if (e->first_bad_fwd < 0 && !(st->has_head ? isfinite(e->mb_loss[m]) : isfinite(out_sq)))
         e->first_bad_fwd = m;
     if (e->tr) trace_event(e->tr, "F", "compute", m, t0, t1);
     return PL_OK;
@@ -124,11 +164,17 @@ static int run_backward(engine *e, long step, int m) {
                  "(micro-batch %d is next); refusing to run it", step, r, m, e->next_b);
         return PL_EINVAL;
     }
-    if (r < P - 1) PL_TRY(timed_wait(e, &e->rq_b[m], "wait recv B", SCHED_RECV_B, m, r + 1, step));
-    if (e->sq_f[m] != MPI_REQUEST_NULL) PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
+    if (r < P - 1) {
+        PL_TRY(timed_wait(e, &e->rq_b[m], "wait recv B", SCHED_RECV_B, m, r + 1, step));
+        PL_TRY(unview(e, HV_RB, m, e->recv_b + m * slice, slice));
+    }
+    if (e->sq_f[m] != MPI_REQUEST_NULL) {
+        PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
+        PL_TRY(unview(e, HV_SF, m, stage_output(st, slot), slice));
+    }
     double t0 = pl_now();
     PL_TRY(stage_backward(st, slot, r < P - 1 ? e->recv_b + m * slice : NULL));
-    if (r > 0) st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float));
+    if (r > 0) PL_TRY(st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float)));
     e->b_done[m] = 1;
     e->next_b++;
     double t1 = pl_now();
@@ -145,6 +191,52 @@ static int injected(const engine *e, long step, int i) {
     return 1;
 }
 
+/* Post every receive of the step up front, each into its micro-batch's buffer. */
+static int post_receives(engine *e, long step) {
+    int M = e->M, r = e->rank;
+    size_t slice = (size_t)e->st->N * e->st->cfg.C;
+    const sched_action *acts = e->sc->acts[r];
+    int n = e->sc->n[r];
+    for (int i = 0; i < n; i++) {
+        int m = acts[i].mb;
+        void *h;
+        if (acts[i].op == SCHED_RECV_F) {
+            PL_TRY(view(e, HV_RF, m, e->recv_f + m * slice, slice, &h));
+            PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, r - 1, msg_tag(0, step, m, M), e->comm, &e->rq_f[m]));
+        } else if (acts[i].op == SCHED_RECV_B) {
+            PL_TRY(view(e, HV_RB, m, e->recv_b + m * slice, slice, &h));
+            PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, r + 1, msg_tag(1, step, m, M), e->comm, &e->rq_b[m]));
+        }
+    }
+    return PL_OK;
+}
+
+/* Finish the sends of this step and release their views; every receive must be used. */
+static int finish_sends(engine *e, long step) {
+    stage *st = e->st;
+    int M = e->M, r = e->rank;
+    size_t slice = (size_t)st->N * st->cfg.C;
+    for (int m = 0; m < M; m++) {
+        if (e->sq_f[m] != MPI_REQUEST_NULL)
+            PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
+        if (e->sq_b[m] != MPI_REQUEST_NULL)
+            PL_TRY(timed_wait(e, &e->sq_b[m], "wait send B", SCHED_SEND_B, m, r - 1, step));
+        /* a send F's slot may be gone (its B ran): its view is only released here */
+        if (e->hv[(size_t)HV_SF * M + m]) {
+            int slot = stage_slot_of(st, m);
+            PL_TRY(st->be->unmap(e->hv[(size_t)HV_SF * M + m], slot >= 0 ? stage_output(st, slot) : NULL,
+                                 slice * sizeof(float), PL_MAP_READ));
+            e->hv[(size_t)HV_SF * M + m] = NULL;
+        }
+        PL_TRY(unview(e, HV_SB, m, e->send_b + m * slice, slice));
+        if (e->rq_f[m] != MPI_REQUEST_NULL || e->rq_b[m] != MPI_REQUEST_NULL) {
+            pl_error("step %ld: a receive of micro-batch %d was never consumed by the schedule", step, m);
+            return PL_EINVAL;
+        }
+    }
+    return PL_OK;
+}
+
 int engine_step(engine *e, long step, const int *inputs, const int *targets, float dloss, double *loss_sum) {
     stage *st = e->st;
     int M = e->M, r = e->rank;
@@ -155,20 +247,12 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
         e->b_done[m] = 0;
     }
     e->next_f = e->next_b = 0;
-    /* post every receive of the step up front, each into its micro-batch's buffer */
+    PL_TRY(post_receives(e, step));
     const sched_action *acts = e->sc->acts[r];
     int n = e->sc->n[r];
     for (int i = 0; i < n; i++) {
-        int m = acts[i].mb;
-        if (acts[i].op == SCHED_RECV_F)
-            PL_MPI_CHECK(MPI_Irecv(e->recv_f + m * slice, (int)slice, MPI_FLOAT, r - 1,
-                                   msg_tag(0, step, m, M), e->comm, &e->rq_f[m]));
-        else if (acts[i].op == SCHED_RECV_B)
-            PL_MPI_CHECK(MPI_Irecv(e->recv_b + m * slice, (int)slice, MPI_FLOAT, r + 1,
-                                   msg_tag(1, step, m, M), e->comm, &e->rq_b[m]));
-    }
-    for (int i = 0; i < n; i++) {
         int m = acts[i].mb, slot;
+        void *h;
         if (injected(e, step, i)) return PL_EPEER;
         switch (acts[i].op) {
         case SCHED_RECV_F:
@@ -183,8 +267,8 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
                 pl_error("step %ld: schedule sends %dSEND_F%d before computing its forward", step, r, m);
                 return PL_EINVAL;
             }
-            PL_MPI_CHECK(MPI_Isend(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1,
-                                   msg_tag(0, step, m, M), e->comm, &e->sq_f[m]));
+            PL_TRY(view(e, HV_SF, m, stage_output(st, slot), slice, &h));
+            PL_MPI_CHECK(MPI_Isend(h, (int)slice, MPI_FLOAT, r + 1, msg_tag(0, step, m, M), e->comm, &e->sq_f[m]));
             if (e->tr) { double t = pl_now(); trace_event(e->tr, "send F", "comm", m, t, t); }
             break;
         case SCHED_B:
@@ -195,23 +279,13 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
                 pl_error("step %ld: schedule sends %dSEND_B%d before its backward", step, r, m);
                 return PL_EINVAL;
             }
-            PL_MPI_CHECK(MPI_Isend(e->send_b + m * slice, (int)slice, MPI_FLOAT, r - 1,
-                                   msg_tag(1, step, m, M), e->comm, &e->sq_b[m]));
+            PL_TRY(view(e, HV_SB, m, e->send_b + m * slice, slice, &h));
+            PL_MPI_CHECK(MPI_Isend(h, (int)slice, MPI_FLOAT, r - 1, msg_tag(1, step, m, M), e->comm, &e->sq_b[m]));
             if (e->tr) { double t = pl_now(); trace_event(e->tr, "send B", "comm", m, t, t); }
             break;
         }
     }
-    /* finish the sends of this step */
-    for (int m = 0; m < M; m++) {
-        if (e->sq_f[m] != MPI_REQUEST_NULL)
-            PL_TRY(timed_wait(e, &e->sq_f[m], "wait send F", SCHED_SEND_F, m, r + 1, step));
-        if (e->sq_b[m] != MPI_REQUEST_NULL)
-            PL_TRY(timed_wait(e, &e->sq_b[m], "wait send B", SCHED_SEND_B, m, r - 1, step));
-        if (e->rq_f[m] != MPI_REQUEST_NULL || e->rq_b[m] != MPI_REQUEST_NULL) {
-            pl_error("step %ld: a receive of micro-batch %d was never consumed by the schedule", step, m);
-            return PL_EINVAL;
-        }
-    }
+    PL_TRY(finish_sends(e, step));
     double sum = 0.0;
     for (int m = 0; m < M; m++) sum += e->mb_loss[m];
     *loss_sum = sum;
@@ -228,9 +302,12 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
         double l = 0.0;
         MPI_Request rq = MPI_REQUEST_NULL;
         comm_what w = {"evaluation forward input", r - 1, m, -1};
+        void *h;
         if (r > 0) {
-            PL_MPI_CHECK(MPI_Irecv(e->recv_f, (int)slice, MPI_FLOAT, r - 1, 4 * e->M + m, e->comm, &rq));
+            PL_TRY(view(e, HV_RF, 0, e->recv_f, slice, &h));
+            PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, r - 1, 4 * e->M + m, e->comm, &rq));
             PL_TRY(comm_wait(&rq, &w));
+            PL_TRY(unview(e, HV_RF, 0, e->recv_f, slice));
         }
         PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                              r > 0 ? e->recv_f : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
@@ -238,8 +315,10 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
         if (r < P - 1) {
             w.what = "evaluation forward output";
             w.peer = r + 1;
-            PL_MPI_CHECK(MPI_Isend(stage_output(st, slot), (int)slice, MPI_FLOAT, r + 1, 4 * e->M + m, e->comm, &rq));
+            PL_TRY(view(e, HV_SF, 0, stage_output(st, slot), slice, &h));
+            PL_MPI_CHECK(MPI_Isend(h, (int)slice, MPI_FLOAT, r + 1, 4 * e->M + m, e->comm, &rq));
             PL_TRY(comm_wait(&rq, &w));
+            PL_TRY(unview(e, HV_SF, 0, stage_output(st, slot), slice));
         }
         stage_release_all(st);
         sum += l;

@@ -95,11 +95,55 @@ static float bf16_to_float(uint16_t b) {
     return f;
 }
 
+/* The backend's message after a failed call. */
+static const char *backend_msg(const backend *be) {
+    const char *m = be->error ? be->error() : "";
+    return m && m[0] ? m : "no message from the backend";
+}
+
+/* Read one tensor (numel values of version `version` at element offset off) into a host
+ * view of its slice of the stage's parameters, and check it is finite. */
+static int load_tensor(int fd, const char *path, const param_tensor *t, int version, size_t off, size_t numel,
+                       float *host, char *err, size_t errlen) {
+    size_t esz = version == 3 ? 4 : 2;
+    uint16_t *raw = NULL;
+    void *dst = host;
+    if (version != 3) {
+        raw = malloc(numel ? numel * esz : 1);
+        if (!raw) {
+            snprintf(err, errlen, "out of memory reading %s", t->name);
+            return PL_ENOMEM;
+        }
+        dst = raw;
+    }
+    int rc = PL_OK;
+    ssize_t got = pread(fd, dst, numel * esz, (off_t)(HEADER_BYTES + off * esz));
+    if (got != (ssize_t)(numel * esz)) {
+        snprintf(err, errlen, "model file %s: short read of %s", path, t->name);
+        rc = PL_EIO;
+    } else {
+        if (raw)
+            for (size_t k = 0; k < numel; k++) host[k] = bf16_to_float(raw[k]);
+        for (size_t k = 0; k < numel; k++)
+            if (!isfinite(host[k])) {
+                snprintf(err, errlen, "model file %s: tensor %s holds a non-finite value (%g) at element %zu: "
+                         "refusing to start from it", path, t->name, (double)host[k], k);
+                rc = PL_EIO;
+                break;
+            }
+    }
+    free(raw);
+    return rc;
+}
+
+/* Each tensor is read straight into a host view of the stage's parameters (map for writing:
+ * the buffer itself on a host-memory backend; unmap copies a staged view into the backend). */
 int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
     gpt2_config fc;
     int version;
     PL_TRY(llmc_read_config(path, &fc, &version, err, errlen));
     const gpt2_config *c = &st->cfg;
+    const backend *be = st->be;
     const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd"};
     int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C}, b[] = {c->V, c->maxT, c->L, c->NH, c->C};
     for (int i = 0; i < 5; i++)
@@ -110,61 +154,60 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
         }
     int fd;
     PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, NULL, err, errlen));
-    size_t esz = version == 3 ? 4 : 2;
     int rc = PL_OK;
     for (int i = 0; i < st->ntensors && rc == PL_OK; i++) {
         const param_tensor *t = &st->tensors[i];
         size_t numel;
         size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
-        void *raw = malloc(numel * esz);
-        float *host = version == 3 ? raw : malloc(numel * sizeof(float));
-        if (!raw || !host) {
-            snprintf(err, errlen, "out of memory reading %s", t->name);
-            rc = PL_ENOMEM;
-        } else {
-            ssize_t got = pread(fd, raw, numel * esz, (off_t)(HEADER_BYTES + off * esz));
-            if (got != (ssize_t)(numel * esz)) {
-                snprintf(err, errlen, "model file %s: short read of %s", path, t->name);
-                rc = PL_EIO;
-            } else {
-                if (version == 5)
-                    for (size_t k = 0; k < numel; k++) host[k] = bf16_to_float(((uint16_t *)raw)[k]);
-                for (size_t k = 0; k < numel && rc == PL_OK; k++)
-                    if (!isfinite(host[k])) {
-                        snprintf(err, errlen, "model file %s: tensor %s holds a non-finite value (%g) at element %zu: "
-                                 "refusing to start from it", path, t->name, (double)host[k], k);
-                        rc = PL_EIO;
-                    }
-                if (rc == PL_OK) st->be->from_host(st->params + t->offset, host, numel * sizeof(float));
-            }
+        float *p = st->params + t->offset;
+        void *host = NULL;
+        if (be->map(&host, p, numel * sizeof(float), PL_MAP_WRITE) != PL_OK || !host) {
+            snprintf(err, errlen, "model file %s: backend %s: mapping tensor %s (%zu bytes) for reading failed: %s",
+                     path, be->name, t->name, numel * sizeof(float), backend_msg(be));
+            rc = PL_EBACKEND;
+            break;
         }
-        if (host != raw) free(host);
-        free(raw);
+        rc = load_tensor(fd, path, t, version, off, numel, host, err, errlen);
+        /* unmapped even after a failed read (the stage's values are then unspecified) */
+        if (be->unmap(host, p, numel * sizeof(float), PL_MAP_WRITE) != PL_OK && rc == PL_OK) {
+            snprintf(err, errlen, "model file %s: backend %s: copying tensor %s (%zu bytes) into the backend "
+                     "failed: %s", path, be->name, t->name, numel * sizeof(float), backend_msg(be));
+            rc = PL_EBACKEND;
+        }
     }
     close(fd);
     return rc;
 }
 
-/* Write every tensor this stage is responsible for into an open file. The last stage skips
- * wte unless it is also the first (the first stage's copy is the one written). */
+/* Write every tensor this stage is responsible for into an open file, each from a host view
+ * of the backend buffer (map for reading). The last stage skips wte unless it is also the
+ * first (the first stage's copy is the one written). */
 static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
     const gpt2_config *c = &st->cfg;
+    const backend *be = st->be;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         if (t->kind == P_WTE && !st->has_embed) continue;
         size_t numel;
         size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
-        float *host = malloc(numel * sizeof(float));
-        if (!host) {
-            snprintf(err, errlen, "out of memory writing %s", t->name);
-            return PL_ENOMEM;
+        float *p = (grads ? st->grads : st->params) + t->offset;
+        void *host = NULL;
+        if (be->map(&host, p, numel * sizeof(float), PL_MAP_READ) != PL_OK || !host) {
+            snprintf(err, errlen, "backend %s: mapping %s %s (%zu bytes) for writing failed: %s", be->name,
+                     grads ? "the gradient of" : "tensor", t->name, numel * sizeof(float), backend_msg(be));
+            return PL_EBACKEND;
         }
-        st->be->to_host(host, (grads ? st->grads : st->params) + t->offset, numel * sizeof(float));
         ssize_t put = pwrite(fd, host, numel * 4, (off_t)(HEADER_BYTES + off * 4));
-        free(host);
+        int perr = errno;
+        int urc = be->unmap(host, p, numel * sizeof(float), PL_MAP_READ);
         if (put != (ssize_t)(numel * 4)) {
-            snprintf(err, errlen, "writing %s: %s", t->name, put < 0 ? strerror(errno) : "short write");
+            snprintf(err, errlen, "writing %s: %s", t->name, put < 0 ? strerror(perr) : "short write");
             return PL_EIO;
+        }
+        if (urc != PL_OK) {
+            snprintf(err, errlen, "backend %s: unmapping %s %s after writing it failed: %s", be->name,
+                     grads ? "the gradient of" : "tensor", t->name, backend_msg(be));
+            return PL_EBACKEND;
         }
     }
     return PL_OK;

@@ -507,52 +507,36 @@ void sched_sim_free(sched_sim *sim) {
 /* check every rule in the header, in an order that gives the most specific
    message first: per-action sanity, duplicates, send/recv pairing across
    ranks, per-rank completeness and ordering, and finally deadlock freedom */
-int sched_validate(const sched *s, char *err, size_t errlen) {
-    if (s == NULL || s->n == NULL || s->acts == NULL) {
-        set_err(err, errlen, "invalid schedule: empty");
-        return -1;
-    }
-    if (s->P < 1 || s->M < 1) {
-        set_err(err, errlen, "invalid schedule: P=%d M=%d (both must be >= 1)", s->P, s->M);
-        return -1;
-    }
-    int P = s->P, M = s->M;
-    char b1[64], b2[64];
+/* Position of each (rank, op, mb) in its rank's list, -1 if absent. */
+#define POS(r, op, mb) pos[((size_t)(r) * SCHED_NOPS + (size_t)(op)) * (size_t)s->M + (size_t)(mb)]
 
-    // 1. ranges and partner existence, then ownership: rank r runs stage r only
-    if (check_actions(s, err, errlen) != 0) return -1;
-    for (int r = 0; r < P; r++) {
-        for (int i = 0; i < s->n[r]; i++) {
-            const sched_action *a = &s->acts[r][i];
-            if (a->stage != r) {
+/* 1. Rank r runs stage r only; then the position table, which catches duplicates. */
+static int validate_positions(const sched *s, int *pos, char *err, size_t errlen) {
+    char b1[64];
+    for (int r = 0; r < s->P; r++)
+        for (int i = 0; i < s->n[r]; i++)
+            if (s->acts[r][i].stage != r) {
                 set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, rank %d runs only stage %d",
-                        r, i, act_str(a, b1, sizeof(b1)), r, r);
+                        r, i, act_str(&s->acts[r][i], b1, sizeof(b1)), r, r);
                 return -1;
             }
-        }
-    }
-
-    // position of each (rank, op, mb), -1 if absent; catches duplicates
-    size_t npos = (size_t)P * SCHED_NOPS * (size_t)M;
-    int *pos = malloc(npos * sizeof(int));
-    if (pos == NULL) { set_err(err, errlen, "sched_validate: out of memory"); return -1; }
-    for (size_t k = 0; k < npos; k++) pos[k] = -1;
-#define POS(r, op, mb) pos[((size_t)(r) * SCHED_NOPS + (size_t)(op)) * (size_t)M + (size_t)(mb)]
-    for (int r = 0; r < P; r++) {
+    for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
             if (POS(r, a->op, a->mb) >= 0) {
                 set_err(err, errlen, "rank %d, action #%d (%s): duplicate of action #%d",
                         r, i, act_str(a, b1, sizeof(b1)), POS(r, a->op, a->mb));
-                free(pos);
                 return -1;
             }
             POS(r, a->op, a->mb) = i;
         }
-    }
+    return 0;
+}
 
-    // 2. every SEND meets its RECV on the peer and vice versa
-    for (int r = 0; r < P; r++) {
+/* 2. Every SEND meets its RECV on the peer and vice versa. */
+static int validate_pairs(const sched *s, const int *pos, char *err, size_t errlen) {
+    char b1[64], b2[64];
+    for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
             if (a->op == SCHED_F || a->op == SCHED_B) continue;
@@ -562,75 +546,68 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
                 set_err(err, errlen, "rank %d, action #%d (%s): no matching %s on the peer (%s is missing from rank %d)",
                         r, i, act_str(a, b1, sizeof(b1)), is_send ? "RECV" : "SEND",
                         act_str(&want, b2, sizeof(b2)), want.stage);
-                free(pos);
                 return -1;
             }
         }
-    }
+    return 0;
+}
 
-    // 3. per rank: one F and one B per mb, F before B, comm around them
-    for (int r = 0; r < P; r++) {
-        for (int mb = 0; mb < M; mb++) {
-            sched_action f = { SCHED_F, r, mb }, bw = { SCHED_B, r, mb };
-            int pf = POS(r, SCHED_F, mb), pb = POS(r, SCHED_B, mb);
-            const char *why = NULL;
-            sched_action miss = f, early = f, late = f;
-            int pe = -1, pl = -1;
-            if (pf < 0) { miss = f; why = "every micro-batch needs one forward on every stage"; }
-            else if (pb < 0) { miss = bw; why = "every micro-batch needs one backward on every stage"; }
-            if (why) {
-                set_err(err, errlen, "rank %d: missing %s (%s)", r, act_str(&miss, b1, sizeof(b1)), why);
-                free(pos);
-                return -1;
-            }
-            if (pb < pf) {
-                set_err(err, errlen, "rank %d, action #%d (%s): backward before forward (%s is action #%d)",
-                        r, pb, act_str(&bw, b1, sizeof(b1)), act_str(&f, b2, sizeof(b2)), pf);
-                free(pos);
-                return -1;
-            }
-            // required comm actions and the compute they must precede/follow
-            // (the engine's storage contract, sched.h: every value lives in its micro-batch's
-            // own buffer from its producer to its last reader)
-            struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
-                { r > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
-                { r < P - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
-                { r < P - 1, SCHED_SEND_F, 1, &bw, "the forward output lives in the micro-batch's activation slot, "
-                                                   "which its backward frees: send it before the backward" },
-                { r < P - 1, SCHED_RECV_B, 1, &bw, "the output gradient must be received before the backward" },
-                { r > 0,     SCHED_SEND_B, 0, &bw, "the input gradient must be sent to the previous stage after the backward" },
-            };
-            for (int q = 0; q < 5; q++) {
-                if (!req[q].need) continue;
-                sched_action c = { req[q].op, r, mb };
-                int pc = POS(r, req[q].op, mb);
-                int pcomp = POS(r, req[q].c->op, mb);
-                if (pc < 0) {
-                    set_err(err, errlen, "rank %d: missing %s (%s)", r, act_str(&c, b1, sizeof(b1)), req[q].what);
-                    free(pos);
-                    return -1;
-                }
-                if (req[q].before ? pc > pcomp : pc < pcomp) {
-                    early = req[q].before ? *req[q].c : c;
-                    late = req[q].before ? c : *req[q].c;
-                    pe = req[q].before ? pcomp : pc;
-                    pl = req[q].before ? pc : pcomp;
-                    set_err(err, errlen, "rank %d, action #%d (%s): wrong order, comes before %s (action #%d); %s",
-                            r, pe, act_str(&early, b1, sizeof(b1)), act_str(&late, b2, sizeof(b2)), pl, req[q].what);
-                    free(pos);
-                    return -1;
-                }
-            }
+/* 3. On rank r, micro-batch mb: one F and one B, F before B, the messages around them (the
+ * engine's storage contract, sched.h: every value lives in its micro-batch's own buffer from
+ * its producer to its last reader). */
+static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err, size_t errlen) {
+    int P = s->P;
+    char b1[64], b2[64];
+    sched_action f = { SCHED_F, r, mb }, bw = { SCHED_B, r, mb };
+    int pf = POS(r, SCHED_F, mb), pb = POS(r, SCHED_B, mb);
+    if (pf < 0 || pb < 0) {
+        set_err(err, errlen, "rank %d: missing %s (every micro-batch needs one %s on every stage)", r,
+                act_str(pf < 0 ? &f : &bw, b1, sizeof(b1)), pf < 0 ? "forward" : "backward");
+        return -1;
+    }
+    if (pb < pf) {
+        set_err(err, errlen, "rank %d, action #%d (%s): backward before forward (%s is action #%d)",
+                r, pb, act_str(&bw, b1, sizeof(b1)), act_str(&f, b2, sizeof(b2)), pf);
+        return -1;
+    }
+    /* required comm actions and the compute they must precede/follow */
+    struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
+        { r > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
+        { r < P - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
+        { r < P - 1, SCHED_SEND_F, 1, &bw, "the forward output lives in the micro-batch's activation slot, "
+                                           "which its backward frees: send it before the backward" },
+        { r < P - 1, SCHED_RECV_B, 1, &bw, "the output gradient must be received before the backward" },
+        { r > 0,     SCHED_SEND_B, 0, &bw, "the input gradient must be sent to the previous stage after the backward" },
+    };
+    for (int q = 0; q < 5; q++) {
+        if (!req[q].need) continue;
+        sched_action c = { req[q].op, r, mb };
+        int pc = POS(r, req[q].op, mb), pcomp = POS(r, req[q].c->op, mb);
+        if (pc < 0) {
+            set_err(err, errlen, "rank %d: missing %s (%s)", r, act_str(&c, b1, sizeof(b1)), req[q].what);
+            return -1;
+        }
+        if (req[q].before ? pc > pcomp : pc < pcomp) {
+            sched_action early = req[q].before ? *req[q].c : c, late = req[q].before ? c : *req[q].c;
+            int pe = req[q].before ? pcomp : pc, pl = req[q].before ? pc : pcomp;
+            set_err(err, errlen, "rank %d, action #%d (%s): wrong order, comes before %s (action #%d); %s",
+                    r, pe, act_str(&early, b1, sizeof(b1)), act_str(&late, b2, sizeof(b2)), pl, req[q].what);
+            return -1;
         }
     }
-    // 4. the gradient accumulators: weight gradients are sums over micro-batches, and float
-    // sums depend on their order, so every rank adds them in ascending micro-batch order (B
-    // everywhere; F on the last stage, where the LM head's backward runs inside the forward).
-    for (int r = 0; r < P; r++) {
+    return 0;
+}
+
+/* 4. The gradient accumulators: weight gradients are sums over micro-batches, and float sums
+ * depend on their order, so every rank adds them in ascending micro-batch order (B
+ * everywhere; F on the last stage, where the LM head's backward runs inside the forward). */
+static int validate_accum_order(const sched *s, const int *pos, char *err, size_t errlen) {
+    char b1[64], b2[64];
+    for (int r = 0; r < s->P; r++)
         for (int k = 0; k < 2; k++) {
             sched_op op = k ? SCHED_F : SCHED_B;
-            if (op == SCHED_F && r != P - 1) continue;
-            for (int mb = 1; mb < M; mb++) {
+            if (op == SCHED_F && r != s->P - 1) continue;
+            for (int mb = 1; mb < s->M; mb++) {
                 if (POS(r, op, mb) > POS(r, op, mb - 1)) continue;
                 sched_action a = { op, r, mb }, prev = { op, r, mb - 1 };
                 set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); %s add to the "
@@ -638,15 +615,41 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
                         "process does (bit-identical results)", r, POS(r, op, mb), act_str(&a, b1, sizeof(b1)),
                         act_str(&prev, b2, sizeof(b2)), POS(r, op, mb - 1),
                         op == SCHED_B ? "backwards" : "the last stage's forwards (they run the LM head's backward)");
-                free(pos);
                 return -1;
             }
         }
-    }
+    return 0;
+}
 #undef POS
-    free(pos);
 
-    // 5. deadlock freedom: blocking RECV, non-blocking SEND
+/* Sections 1-4 over the position table. */
+static int validate_table(const sched *s, int *pos, char *err, size_t errlen) {
+    if (validate_positions(s, pos, err, errlen) != 0 || validate_pairs(s, pos, err, errlen) != 0) return -1;
+    for (int r = 0; r < s->P; r++)
+        for (int mb = 0; mb < s->M; mb++)
+            if (validate_mb(s, pos, r, mb, err, errlen) != 0) return -1;
+    return validate_accum_order(s, pos, err, errlen);
+}
+
+int sched_validate(const sched *s, char *err, size_t errlen) {
+    if (s == NULL || s->n == NULL || s->acts == NULL) {
+        set_err(err, errlen, "invalid schedule: empty");
+        return -1;
+    }
+    if (s->P < 1 || s->M < 1) {
+        set_err(err, errlen, "invalid schedule: P=%d M=%d (both must be >= 1)", s->P, s->M);
+        return -1;
+    }
+    /* ranges and partner existence first, so the table below is indexed in range */
+    if (check_actions(s, err, errlen) != 0) return -1;
+    size_t npos = (size_t)s->P * SCHED_NOPS * (size_t)s->M;
+    int *pos = malloc(npos * sizeof(int));
+    if (pos == NULL) { set_err(err, errlen, "sched_validate: out of memory"); return -1; }
+    for (size_t k = 0; k < npos; k++) pos[k] = -1;
+    int rc = validate_table(s, pos, err, errlen);
+    free(pos);
+    if (rc != 0) return -1;
+    /* 5. deadlock freedom: blocking RECV, non-blocking SEND */
     sched_sim sim;
     if (sched_simulate(s, &sim, err, errlen) != 0) return -1;
     sched_sim_free(&sim);

@@ -8,7 +8,11 @@
  * old format) accepted; config, shape and missing-dataset errors named; injected failures (PIPELM_CKPT_FAIL=write, rename) and a full file system
  * (a tiny tmpfs, skipped where mount is not permitted) leave the previous checkpoint as
  * `latest` and loadable; keep=K prunes only after a successful save; --resume resolution;
- * llm.c -> checkpoint -> llm.c byte-identical (fp32) and bf16 input; inspect's verdict.
+ * llm.c -> checkpoint -> llm.c byte-identical (fp32) and bf16 input; inspect's verdict; a load
+ * without an optimizer reads the parameters only and a save without one is refused; through
+ * a staging backend (host views are copies) saves, loads and llm.c files are the same, and a
+ * failed map or unmap is reported with the backend's message. Stages get an optimizer (the
+ * moments' owner) beside them, and every value goes through the backend's map/unmap.
  *
  * With arguments it is instead a small multi-rank driver for tests/test_ckpt_ranks.sh and
  * bench/ckpt_bandwidth.sh (see usage() below), e.g. `mpiexec -n 3 test_ckpt save DIR 5 1,1,1 0 7`.
@@ -34,8 +38,9 @@
 #include "pipelm/common.h"
 #include "pipelm/crc32c.h"
 #include "pipelm/llmc.h"
-#include "pipelm/model.h"
+#include "pipelm/optim.h"
 #include "pipelm/rng.h"
+#include "pipelm/stage.h"
 
 static char tmpdir[256];
 
@@ -60,40 +65,83 @@ static gpt2_config small_cfg(void) {
     return c;
 }
 
-/* Fill params, m and v of every tensor from streams that depend only on (seed, buffer, kind,
- * layer), so every split holds the same values; v >= 0 as AdamW's is. */
-static void fill_state(stage *st, unsigned long long seed) {
+/* The backend the test stages are built on: the CPU backend, or the staging one below. */
+static const backend *test_be = &backend_cpu;
+
+/* The values fill_state gives tensor t of buffer b (0 params, 1 m, 2 v): streams that depend
+ * only on (seed, buffer, kind, layer), so every split holds the same values; v >= 0 as
+ * AdamW's is. out holds t->numel. */
+static void expected_tensor(const param_tensor *t, int b, unsigned long long seed, float *out) {
+    rng_state r;
+    rng_seed(&r, seed, 1000000ULL * (unsigned)b + 1000ULL * (unsigned)(t->kind + 1) + (unsigned)(t->layer + 1));
+    for (size_t k = 0; k < t->numel; k++) {
+        float x = 0.1f * rng_normal(&r);
+        out[k] = b == 2 ? fabsf(x) : x;
+    }
+}
+
+static const int optim_which[3] = {OPTIM_PARAMS, OPTIM_M, OPTIM_V};
+
+/* Fill params, m and v of every tensor (through the optimizer's buffers and host views). A
+ * backend failure aborts (the driver mode runs outside Check, where ck_assert cannot). */
+static void fill_state(stage *st, optim *opt, unsigned long long seed) {
+    const backend *be = st->be;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         for (int b = 0; b < 3; b++) {
-            float *p = (b == 0 ? st->params : b == 1 ? st->m : st->v) + t->offset;
-            rng_state r;
-            rng_seed(&r, seed, 1000000ULL * (unsigned)b + 1000ULL * (unsigned)(t->kind + 1) + (unsigned)(t->layer + 1));
-            for (size_t k = 0; k < t->numel; k++) {
-                float x = 0.1f * rng_normal(&r);
-                p[k] = b == 2 ? fabsf(x) : x;
+            float *p = optim_buffer(opt, optim_which[b]) + t->offset;
+            void *host = NULL;
+            if (be->map(&host, p, t->numel * sizeof(float), PL_MAP_WRITE) != 0) {
+                fprintf(stderr, "fill_state: map of %s: %s\n", t->name, be->error());
+                abort();
+            }
+            expected_tensor(t, b, seed, host);
+            if (be->unmap(host, p, t->numel * sizeof(float), PL_MAP_WRITE) != 0) {
+                fprintf(stderr, "fill_state: unmap of %s: %s\n", t->name, be->error());
+                abort();
             }
         }
     }
 }
 
-/* 1 if params, m and v equal fill_state(seed) bit for bit (on tensors this stage holds). */
-static int state_matches(const stage *st, unsigned long long seed) {
-    stage cp = *st;
-    size_t bytes = st->nparams * sizeof(float);
-    float *p = malloc(bytes), *m = malloc(bytes), *v = malloc(bytes);
-    if (!p || !m || !v) return 0;
-    cp.params = p; cp.m = m; cp.v = v;
-    fill_state(&cp, seed);
+/* 1 if buffer b (0 params, 1 m, 2 v) equals fill_state(seed) bit for bit on every tensor
+ * this stage holds. */
+static int buffer_matches(const stage *st, const optim *opt, int b, unsigned long long seed) {
+    const backend *be = st->be;
     int ok = 1;
     for (int i = 0; i < st->ntensors && ok; i++) {
         const param_tensor *t = &st->tensors[i];
         size_t nb = t->numel * sizeof(float);
-        ok = memcmp(p + t->offset, st->params + t->offset, nb) == 0 && memcmp(m + t->offset, st->m + t->offset, nb) == 0 &&
-             memcmp(v + t->offset, st->v + t->offset, nb) == 0;
-        if (!ok) fprintf(stderr, "state differs in %s\n", t->name);
+        float *want = malloc(nb ? nb : 1), *p = b == 0 ? st->params + t->offset : optim_buffer(opt, optim_which[b]) + t->offset;
+        void *host = NULL;
+        if (!want || be->map(&host, p, nb, PL_MAP_READ) != 0) {
+            free(want);
+            return 0;
+        }
+        expected_tensor(t, b, seed, want);
+        ok = memcmp(want, host, nb) == 0;
+        if (be->unmap(host, p, nb, PL_MAP_READ) != 0) ok = 0;
+        if (!ok) fprintf(stderr, "state differs in %s of %s\n", b == 0 ? "params" : b == 1 ? "m" : "v", t->name);
+        free(want);
     }
-    free(p); free(m); free(v);
+    return ok;
+}
+
+/* 1 if params, m and v equal fill_state(seed) bit for bit (on tensors this stage holds). */
+static int state_matches(const stage *st, const optim *opt, unsigned long long seed) {
+    return buffer_matches(st, opt, 0, seed) && buffer_matches(st, opt, 1, seed) && buffer_matches(st, opt, 2, seed);
+}
+
+/* 1 if every value of buffer b (1 m, 2 v) of the optimizer is zero. */
+static int moments_zero(const stage *st, const optim *opt, int b) {
+    const backend *be = st->be;
+    size_t n = st->nparams;
+    float *p = optim_buffer(opt, optim_which[b]);
+    void *host = NULL;
+    if (be->map(&host, p, n * sizeof(float), PL_MAP_READ) != 0) return 0;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) ok = ((const float *)host)[i] == 0.0f;
+    if (be->unmap(host, p, n * sizeof(float), PL_MAP_READ) != 0) ok = 0;
     return ok;
 }
 
@@ -119,18 +167,48 @@ static ckpt_meta sample_meta(long long step, int nstages, const int *split) {
     return m;
 }
 
-/* Stage s of a split (blocks per stage) over P stages. */
-static int build_stage(stage *st, const gpt2_config *c, const int *split, int P, int s, char *err, size_t errlen) {
-    int l0 = 0;
-    for (int i = 0; i < s; i++) l0 += split[i];
-    return stage_init(st, c, l0, l0 + split[s], s == 0, s == P - 1, 1, 1, 1, &backend_cpu, err, errlen);
+/* AdamW settings for the tests' optimizers (their values do not reach the file). */
+static optim_hparams test_hparams(void) {
+    optim_hparams h;
+    memset(&h, 0, sizeof h);
+    h.lr = 3e-3;
+    h.min_lr = 3e-4;
+    h.warmup_steps = 20;
+    h.total_steps = 400;
+    h.cosine = 1;
+    h.beta1 = 0.9;
+    h.beta2 = 0.95;
+    h.eps = 1e-8;
+    h.weight_decay = 0.1;
+    h.grad_clip = 1.0;
+    return h;
 }
 
-/* The whole model on one stage. */
-static void whole_stage(stage *st, const gpt2_config *c) {
+/* Stage s of a split (blocks per stage) over P stages, on test_be, with its optimizer. */
+static int build_stage(stage *st, optim *opt, const gpt2_config *c, const int *split, int P, int s, char *err,
+                       size_t errlen) {
+    int l0 = 0;
+    for (int i = 0; i < s; i++) l0 += split[i];
+    memset(opt, 0, sizeof *opt);
+    int rc = stage_init(st, c, l0, l0 + split[s], s == 0, s == P - 1, 1, 1, 1, test_be, err, errlen);
+    if (rc != 0) return rc;
+    optim_hparams h = test_hparams();
+    rc = optim_init(opt, st, &h, err, errlen);
+    if (rc != 0) stage_free(st);
+    return rc;
+}
+
+/* The whole model on one stage, with its optimizer. */
+static void whole_stage(stage *st, optim *opt, const gpt2_config *c) {
     char err[256];
     int split[1] = {c->L};
-    ck_assert_int_eq(build_stage(st, c, split, 1, 0, err, sizeof err), 0);
+    ck_assert_int_eq(build_stage(st, opt, c, split, 1, 0, err, sizeof err), 0);
+}
+
+/* Free a stage and its optimizer. */
+static void free_stage(stage *st, optim *opt) {
+    optim_free(opt);
+    stage_free(st);
 }
 
 /* Contents of a small text file ("" if missing). */
@@ -236,26 +314,28 @@ static int check_crc_attrs(const char *file, const gpt2_config *c) {
 static void save_whole(const char *dir, long long step, unsigned long long seed, int keep, char *path, size_t len) {
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, seed);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, seed);
     int split[1] = {c.L};
     ckpt_meta m = sample_meta(step, 1, split);
     char err[2048] = "";
     double bytes = 0;
-    int rc = ckpt_save(dir, &st, &m, keep, MPI_COMM_SELF, path, len, &bytes, err, sizeof err);
+    int rc = ckpt_save(dir, &st, &opt, &m, keep, MPI_COMM_SELF, path, len, &bytes, err, sizeof err);
     ck_assert_msg(rc == 0, "save failed: %s", err);
-    stage_free(&st);
+    free_stage(&st, &opt);
 }
 
 /* Load a checkpoint into a whole-model stage: status, and whether it holds fill_state(seed). */
 static int load_whole(const char *path, unsigned long long seed, int *matches, char *err, size_t errlen) {
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
+    optim opt;
+    whole_stage(&st, &opt, &c);
     ckpt_meta m;
-    int rc = ckpt_load(path, &st, &m, MPI_COMM_SELF, NULL, err, errlen);
-    *matches = rc == 0 && state_matches(&st, seed);
-    stage_free(&st);
+    int rc = ckpt_load(path, &st, &opt, &m, MPI_COMM_SELF, NULL, err, errlen);
+    *matches = rc == 0 && state_matches(&st, &opt, seed);
+    free_stage(&st, &opt);
     return rc;
 }
 
@@ -264,14 +344,15 @@ static int load_whole(const char *path, unsigned long long seed, int *matches, c
 START_TEST(test_roundtrip) {
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, 1);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 1);
     int split[3] = {1, 1, 1};
     ckpt_meta m = sample_meta(7, 3, split);
     char path[1024], err[2048] = "";
     double bytes = 0;
     const char *dir = tpath("rt/sub"); /* created, parents included */
-    int rc = ckpt_save(dir, &st, &m, 0, MPI_COMM_SELF, path, sizeof path, &bytes, err, sizeof err);
+    int rc = ckpt_save(dir, &st, &opt, &m, 0, MPI_COMM_SELF, path, sizeof path, &bytes, err, sizeof err);
     ck_assert_msg(rc == 0, "save: %s", err);
     ck_assert_str_eq(path, tpath("rt/sub/ckpt_00000007.h5"));
     ck_assert(exists(path));
@@ -281,15 +362,16 @@ START_TEST(test_roundtrip) {
     ck_assert_int_eq(check_crc_attrs(path, &c), 120);
 
     stage ld;
-    whole_stage(&ld, &c);
+    optim lopt;
+    whole_stage(&ld, &lopt, &c);
     ckpt_meta lm;
     double lbytes = 0;
     char resolved[1024];
     ck_assert_int_eq(ckpt_resolve(dir, resolved, sizeof resolved, err, sizeof err), 0);
     ck_assert_str_eq(resolved, path);
-    rc = ckpt_load(resolved, &ld, &lm, MPI_COMM_SELF, &lbytes, err, sizeof err);
+    rc = ckpt_load(resolved, &ld, &lopt, &lm, MPI_COMM_SELF, &lbytes, err, sizeof err);
     ck_assert_msg(rc == 0, "load: %s", err);
-    ck_assert(state_matches(&ld, 1));
+    ck_assert(state_matches(&ld, &lopt, 1));
     ck_assert(lbytes == bytes);
     ck_assert_int_eq(lm.step, 7);
     ck_assert_int_eq(lm.tokens_seen, 7 * 1024);
@@ -315,8 +397,8 @@ START_TEST(test_roundtrip) {
     ck_assert_int_eq(ckpt_read_info(path, &fc, &im, err, sizeof err), 0);
     ck_assert(fc.V == c.V && fc.Vp == c.Vp && fc.L == c.L && fc.C == c.C && fc.NH == c.NH && fc.maxT == c.maxT);
     ck_assert_int_eq(im.step, 7);
-    stage_free(&ld);
-    stage_free(&st);
+    free_stage(&ld, &lopt);
+    free_stage(&st, &opt);
 }
 END_TEST
 
@@ -382,17 +464,18 @@ START_TEST(test_xfer_modes) {
         ck_assert_msg(strstr(err, "dataset /optim/m/h.2/qkv_w: CRC-32C mismatch"), "%s: got: %s", modes[k], err);
     }
     stage st;
-    whole_stage(&st, &c);
+    optim opt;
+    whole_stage(&st, &opt, &c);
     int split[1] = {c.L};
     ckpt_meta m = sample_meta(3, 1, split);
     char path[1024], err[2048] = "";
     setenv("PIPELM_CKPT_XFER", "sometimes", 1);
-    int rc = ckpt_save(tpath("xfer_bad"), &st, &m, 0, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
+    int rc = ckpt_save(tpath("xfer_bad"), &st, &opt, &m, 0, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
     unsetenv("PIPELM_CKPT_XFER");
     ck_assert_int_ne(rc, 0);
     ck_assert_msg(strstr(err, "PIPELM_CKPT_XFER='sometimes'"), "got: %s", err);
     ck_assert(!exists(tpath("xfer_bad/latest")));
-    stage_free(&st);
+    free_stage(&st, &opt);
 }
 END_TEST
 
@@ -407,12 +490,13 @@ START_TEST(test_load_split) {
         for (int s = 0; s < P[k]; s++) {
             if (s > 0 && s < P[k] - 1 && splits[k][s] == 0) continue;
             stage st;
-            ck_assert_int_eq(build_stage(&st, &c, splits[k], P[k], s, err, sizeof err), 0);
-            int rc = ckpt_load(path, &st, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+            optim opt;
+            ck_assert_int_eq(build_stage(&st, &opt, &c, splits[k], P[k], s, err, sizeof err), 0);
+            int rc = ckpt_load(path, &st, &opt, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
             ck_assert_msg(rc == 0, "split %d stage %d: %s", k, s, err);
-            ck_assert_msg(state_matches(&st, 2), "split %d stage %d differs", k, s);
+            ck_assert_msg(state_matches(&st, &opt, 2), "split %d stage %d differs", k, s);
             if (st.has_head) ck_assert(st.wte != NULL);
-            stage_free(&st);
+            free_stage(&st, &opt);
         }
 }
 END_TEST
@@ -480,12 +564,13 @@ START_TEST(test_mismatch) {
         gpt2_config c;
         gpt2_config_make(&c, dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4], err, sizeof err);
         stage st;
+        optim opt;
         int split[1] = {c.L};
-        ck_assert_int_eq(build_stage(&st, &c, split, 1, 0, err, sizeof err), 0);
-        int rc = ckpt_load(path, &st, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+        ck_assert_int_eq(build_stage(&st, &opt, &c, split, 1, 0, err, sizeof err), 0);
+        int rc = ckpt_load(path, &st, &opt, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
         ck_assert_int_ne(rc, 0);
         ck_assert_msg(strstr(err, want[i]) && strstr(err, path), "got: %s", err);
-        stage_free(&st);
+        free_stage(&st, &opt);
     }
     /* a dataset with the wrong shape, and a missing one */
     int ok;
@@ -569,12 +654,13 @@ static void check_failed_save(const char *mode, const char *dirname, const char 
     save_whole(dir, 1, 5, 0, path, sizeof path);
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, 6);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 6);
     int split[1] = {c.L};
     ckpt_meta m = sample_meta(2, 1, split);
     setenv("PIPELM_CKPT_FAIL", mode, 1);
-    int rc = ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
+    int rc = ckpt_save(dir, &st, &opt, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
     unsetenv("PIPELM_CKPT_FAIL");
     ck_assert_int_ne(rc, 0);
     ck_assert_msg(strstr(err, want), "%s: got: %s", mode, err);
@@ -590,7 +676,7 @@ static void check_failed_save(const char *mode, const char *dirname, const char 
     int ok;
     ck_assert_int_eq(load_whole(res, 5, &ok, err, sizeof err), 0);
     ck_assert(ok);
-    stage_free(&st);
+    free_stage(&st, &opt);
 }
 
 /* PIPELM_CKPT_FAIL=write, =rename, and an unknown value. */
@@ -611,20 +697,21 @@ START_TEST(test_keep) {
     /* a failed save prunes nothing */
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, 15);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 15);
     int split[1] = {c.L};
     ckpt_meta m = sample_meta(5, 1, split);
     setenv("PIPELM_CKPT_FAIL", "write", 1);
-    ck_assert_int_ne(ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
+    ck_assert_int_ne(ckpt_save(dir, &st, &opt, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
     unsetenv("PIPELM_CKPT_FAIL");
     ck_assert_int_eq(count_named(dir, "ckpt_0"), 2);
     ck_assert_str_eq(slurp(tpath("keep/latest")), "ckpt_00000004.h5\n");
     /* a good one with keep=1 leaves only itself */
-    ck_assert_int_eq(ckpt_save(dir, &st, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(ckpt_save(dir, &st, &opt, &m, 1, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err), 0);
     ck_assert_int_eq(count_named(dir, "ckpt_0"), 1);
     ck_assert(exists(tpath("keep/ckpt_00000005.h5")));
-    stage_free(&st);
+    free_stage(&st, &opt);
 }
 END_TEST
 
@@ -672,10 +759,11 @@ END_TEST
 static void write_llmc(const char *path, unsigned long long seed) {
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, seed);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, seed);
     ck_assert_int_eq(llmc_save(path, &st, 0, MPI_COMM_SELF), 0);
-    stage_free(&st);
+    free_stage(&st, &opt);
 }
 
 /* Byte-compare two files. */
@@ -698,20 +786,17 @@ START_TEST(test_convert_fp32) {
     /* the checkpoint: step 0, zero moments, the parameters */
     gpt2_config c = small_cfg();
     stage st;
-    whole_stage(&st, &c);
-    fill_state(&st, 99);
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 99);
     ckpt_meta m;
     char err[2048];
-    ck_assert_int_eq(ckpt_load(h5, &st, &m, MPI_COMM_SELF, NULL, err, sizeof err), 0);
+    ck_assert_int_eq(ckpt_load(h5, &st, &opt, &m, MPI_COMM_SELF, NULL, err, sizeof err), 0);
     ck_assert_int_eq(m.step, 0);
-    for (size_t i = 0; i < st.nparams; i++) ck_assert(st.m[i] == 0.0f && st.v[i] == 0.0f);
+    ck_assert(moments_zero(&st, &opt, 1) && moments_zero(&st, &opt, 2));
     /* compare parameters with a freshly filled stage */
-    stage ref;
-    whole_stage(&ref, &c);
-    fill_state(&ref, 21);
-    ck_assert(memcmp(ref.params, st.params, st.nparams * sizeof(float)) == 0);
-    stage_free(&ref);
-    stage_free(&st);
+    ck_assert(buffer_matches(&st, &opt, 0, 21));
+    free_stage(&st, &opt);
     /* inspect: every checksum holds */
     FILE *o = fopen(tpath("inspect_ok.txt"), "w");
     pl_out = o;
@@ -773,12 +858,13 @@ END_TEST
 static int save_cfg(const gpt2_config *c, const char *dir, long long step, unsigned long long seed, int keep,
                     char *path, size_t len, char *err, size_t errlen) {
     stage st;
+    optim opt;
     int split[1] = {c->L};
-    ck_assert_int_eq(build_stage(&st, c, split, 1, 0, err, errlen), 0);
-    fill_state(&st, seed);
+    ck_assert_int_eq(build_stage(&st, &opt, c, split, 1, 0, err, errlen), 0);
+    fill_state(&st, &opt, seed);
     ckpt_meta m = sample_meta(step, 1, split);
-    int rc = ckpt_save(dir, &st, &m, keep, MPI_COMM_SELF, path, len, NULL, err, errlen);
-    stage_free(&st);
+    int rc = ckpt_save(dir, &st, &opt, &m, keep, MPI_COMM_SELF, path, len, NULL, err, errlen);
+    free_stage(&st, &opt);
     return rc;
 }
 
@@ -813,13 +899,14 @@ START_TEST(test_enospc) {
            _i % 2 ? "off" : "on", err);
     /* the first checkpoint, as latest resolves it */
     stage st;
+    optim opt;
     int split[1] = {c.L};
-    ck_assert_int_eq(build_stage(&st, &c, split, 1, 0, err2, sizeof err2), 0);
+    ck_assert_int_eq(build_stage(&st, &opt, &c, split, 1, 0, err2, sizeof err2), 0);
     char res[1024];
     int lrc = ckpt_resolve(dir, res, sizeof res, err2, sizeof err2);
-    if (lrc == 0) lrc = ckpt_load(res, &st, NULL, MPI_COMM_SELF, NULL, err2, sizeof err2);
-    int same = lrc == 0 && state_matches(&st, 31);
-    stage_free(&st);
+    if (lrc == 0) lrc = ckpt_load(res, &st, &opt, NULL, MPI_COMM_SELF, NULL, err2, sizeof err2);
+    int same = lrc == 0 && state_matches(&st, &opt, 31);
+    free_stage(&st, &opt);
     int tmps = count_named(dir, "tmp");
     int latest_ok = strcmp(slurp(tpath("tiny/ck/latest")), "ckpt_00000001.h5\n") == 0;
     umount2(mnt, 0);
@@ -830,6 +917,225 @@ START_TEST(test_enospc) {
     ck_assert(latest_ok);
     ck_assert_int_eq(tmps, 0);
     ck_assert_msg(same, "previous checkpoint not loadable or changed: %s", err2);
+}
+END_TEST
+
+/* ckpt_load with no optimizer reads the parameters only: the moments of the stage's own
+ * optimizer keep their values, *bytes_out counts the parameters, and the moments datasets
+ * are still checked (a missing one fails the load). ckpt_save and ckpt_save_file with no
+ * optimizer are refused (PL_EINVAL, a message saying why) before anything is written; an
+ * optimizer of another stage is refused by a save and a load. */
+START_TEST(test_no_optim) {
+    char path[1024], err[2048] = "";
+    gpt2_config c = small_cfg();
+    save_whole(tpath("noopt"), 4, 50, 0, path, sizeof path);
+    stage st;
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 51); /* params to be replaced; moments that must stay */
+    ckpt_meta m;
+    double bytes = 0;
+    int rc = ckpt_load(path, &st, NULL, &m, MPI_COMM_SELF, &bytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "load without an optimizer: %s", err);
+    ck_assert_int_eq(m.step, 4);
+    ck_assert(buffer_matches(&st, &opt, 0, 50));                                 /* params loaded */
+    ck_assert(buffer_matches(&st, &opt, 1, 51) && buffer_matches(&st, &opt, 2, 51)); /* moments untouched */
+    ck_assert(bytes == 4.0 * (double)gpt2_num_params(&c));                       /* params only */
+    /* the moments datasets are checked all the same */
+    save_whole(tpath("noopt2"), 4, 50, 0, path, sizeof path);
+    tamper(path, "/optim/v/h.1/fc_b", 0, 0);
+    rc = ckpt_load(path, &st, NULL, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(err, "dataset /optim/v/h.1/fc_b is missing"), "got: %s", err);
+    /* saving without an optimizer is refused, and nothing is created */
+    int split[1] = {c.L};
+    ckpt_meta sm = sample_meta(5, 1, split);
+    err[0] = 0;
+    rc = ckpt_save(tpath("noopt_save/sub"), &st, NULL, &sm, 0, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
+    ck_assert_int_eq(rc, PL_EINVAL);
+    ck_assert_msg(strstr(err, "no optimizer given") && strstr(err, "rank 0"), "got: %s", err);
+    printf("save without an optimizer: %s\n", err);
+    ck_assert(!exists(tpath("noopt_save")));
+    err[0] = 0;
+    rc = ckpt_save_file(tpath("noopt.h5"), &st, NULL, &sm, MPI_COMM_SELF, NULL, err, sizeof err);
+    ck_assert_int_eq(rc, PL_EINVAL);
+    ck_assert_msg(strstr(err, "no optimizer given"), "got: %s", err);
+    ck_assert(!exists(tpath("noopt.h5")) && !exists(tpath("noopt.h5.tmp")));
+    /* an optimizer made for another stage */
+    stage other;
+    optim oopt;
+    whole_stage(&other, &oopt, &c);
+    rc = ckpt_save(tpath("noopt_other"), &st, &oopt, &sm, 0, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
+    ck_assert_int_eq(rc, PL_EINVAL);
+    ck_assert_msg(strstr(err, "belongs to another stage"), "got: %s", err);
+    save_whole(tpath("noopt3"), 4, 50, 0, path, sizeof path);
+    rc = ckpt_load(path, &st, &oopt, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+    ck_assert_int_eq(rc, PL_EINVAL);
+    ck_assert_msg(strstr(err, "belongs to another stage"), "got: %s", err);
+    free_stage(&other, &oopt);
+    free_stage(&st, &opt);
+}
+END_TEST
+
+/* ---- a staging backend: the CPU backend whose host views are copies ---------------------
+ * host_memory 0, map hands out a separate malloc'd buffer (a READ view holds a copy, a
+ * WRITE-only one starts as NaN bytes), unmap checks that it matches its map (same host, p,
+ * bytes and mode), copies a WRITE view back and frees it: code that reads backend memory
+ * directly, or a view after its unmap, sees wrong values (or ASan does). The k-th map or
+ * unmap from now can be made to fail, with a message in error(). */
+#define SB_MAX 64
+static struct { void *host, *p; size_t bytes; int mode; } sb_live[SB_MAX];
+static int sb_nlive, sb_peak, sb_fail_map, sb_fail_unmap;
+static long sb_nmaps;
+static char sb_err[256];
+static backend staging_be;
+
+static int sb_map(void **host, void *p, size_t bytes, int mode) {
+    *host = NULL;
+    if (sb_fail_map > 0 && --sb_fail_map == 0) {
+        snprintf(sb_err, sizeof sb_err, "injected map failure (%zu bytes, staging backend)", bytes);
+        return PL_EBACKEND;
+    }
+    if (sb_nlive == SB_MAX) {
+        snprintf(sb_err, sizeof sb_err, "more than %d views mapped at once", SB_MAX);
+        return PL_ENOMEM;
+    }
+    void *h = malloc(bytes ? bytes : 1);
+    if (!h) {
+        snprintf(sb_err, sizeof sb_err, "out of host memory staging %zu bytes", bytes);
+        return PL_ENOMEM;
+    }
+    if (mode & PL_MAP_READ) memcpy(h, p, bytes);
+    else memset(h, 0xff, bytes);
+    sb_live[sb_nlive].host = h;
+    sb_live[sb_nlive].p = p;
+    sb_live[sb_nlive].bytes = bytes;
+    sb_live[sb_nlive].mode = mode;
+    sb_nlive++;
+    sb_peak = sb_nlive > sb_peak ? sb_nlive : sb_peak;
+    sb_nmaps++;
+    *host = h;
+    return 0;
+}
+
+static int sb_unmap(void *host, void *p, size_t bytes, int mode) {
+    int k = 0;
+    while (k < sb_nlive && sb_live[k].host != host) k++;
+    if (k == sb_nlive || sb_live[k].p != p || sb_live[k].bytes != bytes || sb_live[k].mode != mode) {
+        snprintf(sb_err, sizeof sb_err, "unmap of %p (%zu bytes, mode %d) matches no map", host, bytes, mode);
+        return PL_EBACKEND;
+    }
+    int fail = sb_fail_unmap > 0 && --sb_fail_unmap == 0;
+    if (fail) snprintf(sb_err, sizeof sb_err, "injected unmap failure (%zu bytes, staging backend)", bytes);
+    else if (mode & PL_MAP_WRITE) memcpy(p, host, bytes);
+    memset(host, 0xa5, bytes);
+    free(host);
+    sb_live[k] = sb_live[--sb_nlive];
+    return fail ? PL_EBACKEND : 0;
+}
+
+static const char *sb_error(void) { return sb_err[0] ? sb_err : backend_cpu.error(); }
+
+static void staging_setup(void) {
+    staging_be = backend_cpu;
+    staging_be.name = "cpu-staging";
+    staging_be.host_memory = 0;
+    staging_be.map = sb_map;
+    staging_be.unmap = sb_unmap;
+    staging_be.error = sb_error;
+    sb_nlive = sb_peak = sb_fail_map = sb_fail_unmap = 0;
+    sb_nmaps = 0;
+    sb_err[0] = 0;
+}
+
+/* Through a staging backend (host views are copies): a save and a load are bit-identical to
+ * the CPU backend's (the file loads on either), every view is unmapped, one tensor at a
+ * time is staged; an injected map or unmap failure fails the save or load with the
+ * backend's message and leaves the previous checkpoint latest; llm.c files written from it
+ * are byte-identical and load back, and a failed map there is reported too. */
+START_TEST(test_staging_backend) {
+    char path[1024], path2[1024], err[2048] = "";
+    gpt2_config c = small_cfg();
+    int split[1] = {c.L};
+    staging_setup();
+    test_be = &staging_be;
+    stage st;
+    optim opt;
+    whole_stage(&st, &opt, &c);
+    fill_state(&st, &opt, 60);
+    ck_assert(state_matches(&st, &opt, 60));
+    ckpt_meta m = sample_meta(1, 1, split);
+    double bytes = 0;
+    sb_peak = 0;
+    int rc = ckpt_save(tpath("stg"), &st, &opt, &m, 0, MPI_COMM_SELF, path, sizeof path, &bytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "save through the staging backend: %s", err);
+    ck_assert_int_eq(sb_nlive, 0);
+    ck_assert_int_eq(sb_peak, 1);
+    ck_assert(bytes == 3.0 * 4.0 * (double)gpt2_num_params(&c));
+    ck_assert_int_eq(check_crc_attrs(path, &c), 120);
+    /* it loads on the staging backend, and on the CPU backend */
+    stage ld;
+    optim lopt;
+    whole_stage(&ld, &lopt, &c);
+    double lbytes = 0;
+    rc = ckpt_load(path, &ld, &lopt, NULL, MPI_COMM_SELF, &lbytes, err, sizeof err);
+    ck_assert_msg(rc == 0, "load through the staging backend: %s", err);
+    ck_assert(state_matches(&ld, &lopt, 60));
+    ck_assert(lbytes == bytes);
+    ck_assert_int_eq(sb_nlive, 0);
+    test_be = &backend_cpu;
+    int ok;
+    ck_assert_int_eq(load_whole(path, 60, &ok, err, sizeof err), 0);
+    ck_assert(ok);
+    /* and what the CPU backend saves loads on the staging backend */
+    save_whole(tpath("stg_cpu"), 1, 61, 0, path2, sizeof path2);
+    test_be = &staging_be;
+    ck_assert_int_eq(ckpt_load(path2, &ld, &lopt, NULL, MPI_COMM_SELF, NULL, err, sizeof err), 0);
+    ck_assert(state_matches(&ld, &lopt, 61));
+    /* injected failures: save (map, unmap), then load (map, unmap) */
+    for (int f = 0; f < 4; f++) {
+        sb_err[0] = 0;
+        long before = sb_nmaps;
+        if (f % 2 == 0) sb_fail_map = 7;
+        else sb_fail_unmap = 7;
+        m.step = 2 + f;
+        rc = f < 2 ? ckpt_save(tpath("stg"), &st, &opt, &m, 0, MPI_COMM_SELF, path2, sizeof path2, NULL, err, sizeof err)
+                   : ckpt_load(path, &ld, &lopt, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+        ck_assert_int_eq(rc, PL_EBACKEND);
+        ck_assert_msg(strstr(err, f % 2 ? "injected unmap failure" : "injected map failure") &&
+                      strstr(err, "backend cpu-staging") && strstr(err, "rank 0") && strstr(err, "dataset /"),
+                      "failure %d: got: %s", f, err);
+        if (f == 0) printf("staging map failure: %s\n", err);
+        ck_assert_int_eq(sb_nlive, 0);
+        ck_assert(sb_nmaps - before >= 6);
+        sb_fail_map = sb_fail_unmap = 0;
+    }
+    ck_assert_str_eq(slurp(tpath("stg/latest")), "ckpt_00000001.h5\n");
+    ck_assert_int_eq(count_named(tpath("stg"), "tmp"), 0);
+    ck_assert_int_eq(count_named(tpath("stg"), "ckpt_0"), 1);
+    rc = ckpt_load(path, &ld, &lopt, NULL, MPI_COMM_SELF, NULL, err, sizeof err);
+    ck_assert_msg(rc == 0 && state_matches(&ld, &lopt, 60), "after the failures: %s", err);
+    /* llm.c files: written from the staging backend, byte-identical to the CPU backend's */
+    ck_assert_int_eq(llmc_save(tpath("stg.bin"), &st, 0, MPI_COMM_SELF), 0);
+    ck_assert_int_eq(sb_nlive, 0);
+    test_be = &backend_cpu;
+    write_llmc(tpath("stg_cpu.bin"), 60);
+    ck_assert(same_bytes(tpath("stg.bin"), tpath("stg_cpu.bin")));
+    test_be = &staging_be;
+    fill_state(&ld, &lopt, 62);
+    ck_assert_int_eq(llmc_load_stage(tpath("stg.bin"), &ld, err, sizeof err), 0);
+    ck_assert(buffer_matches(&ld, &lopt, 0, 60));
+    ck_assert_int_eq(sb_nlive, 0);
+    sb_fail_map = 3;
+    rc = llmc_load_stage(tpath("stg.bin"), &ld, err, sizeof err);
+    sb_fail_map = 0;
+    ck_assert_int_eq(rc, PL_EBACKEND);
+    ck_assert_msg(strstr(err, "injected map failure") && strstr(err, "backend cpu-staging") && strstr(err, "stg.bin"),
+                  "got: %s", err);
+    ck_assert_int_eq(sb_nlive, 0);
+    free_stage(&ld, &lopt);
+    free_stage(&st, &opt);
+    test_be = &backend_cpu;
 }
 END_TEST
 
@@ -852,6 +1158,8 @@ static Suite *ckpt_suite(void) {
     tcase_add_test(tc, test_resolve);
     tcase_add_test(tc, test_convert_fp32);
     tcase_add_test(tc, test_convert_bf16);
+    tcase_add_test(tc, test_no_optim);
+    tcase_add_test(tc, test_staging_backend);
     tcase_add_loop_test(tc, test_enospc, 0, 4);
     suite_add_tcase(s, tc);
     return s;
@@ -889,6 +1197,11 @@ static int drive(int argc, char **argv) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     const char *cmd = argv[1];
     char err[2048] = "", path[1024] = "";
+    const char *be_env = getenv("TEST_CKPT_BACKEND"); /* "staging": the staging backend of the tests */
+    if (be_env && strcmp(be_env, "staging") == 0) {
+        staging_setup();
+        test_be = &staging_be;
+    }
     int split[CKPT_MAX_STAGES];
     if (strcmp(cmd, "convert") == 0) return ckpt_convert_main(argc, argv, 2);
     if (strcmp(cmd, "inspect") == 0) return ckpt_inspect_main(argc, argv, 2);
@@ -903,11 +1216,12 @@ static int drive(int argc, char **argv) {
         if (rank != 0) return 0;
         gpt2_config c = small_cfg();
         stage st;
+        optim opt;
         int s1[1] = {c.L};
-        if (build_stage(&st, &c, s1, 1, 0, err, sizeof err)) return 1;
-        fill_state(&st, strtoull(argv[3], NULL, 10));
+        if (build_stage(&st, &opt, &c, s1, 1, 0, err, sizeof err)) return 1;
+        fill_state(&st, &opt, strtoull(argv[3], NULL, 10));
         int rc = llmc_save(argv[2], &st, 0, MPI_COMM_SELF);
-        stage_free(&st);
+        free_stage(&st, &opt);
         return rc ? 1 : 0;
     }
     if ((strcmp(cmd, "save") == 0 && argc == 7) || (strcmp(cmd, "load") == 0 && argc == 6)) {
@@ -919,22 +1233,24 @@ static int drive(int argc, char **argv) {
         }
         gpt2_config c = small_cfg();
         stage st;
-        if (build_stage(&st, &c, split, P, rank, err, sizeof err)) {
+        optim opt;
+        if (build_stage(&st, &opt, &c, split, P, rank, err, sizeof err)) {
             fprintf(stderr, "rank %d: %s\n", rank, err);
             return 1;
         }
         int rc;
         if (save) {
-            fill_state(&st, strtoull(argv[6], NULL, 10));
+            fill_state(&st, &opt, strtoull(argv[6], NULL, 10));
             ckpt_meta m = sample_meta(atoll(argv[3]), P, split);
             double bytes = 0, t0 = MPI_Wtime();
-            rc = ckpt_save(argv[2], &st, &m, atoi(argv[5]), MPI_COMM_WORLD, path, sizeof path, &bytes, err, sizeof err);
+            rc = ckpt_save(argv[2], &st, &opt, &m, atoi(argv[5]), MPI_COMM_WORLD, path, sizeof path, &bytes, err,
+                           sizeof err);
             if (rc == 0 && rank == 0) printf("saved %s (%.0f bytes in %.3f s)\n", path, bytes, MPI_Wtime() - t0);
         } else {
             ckpt_meta m;
             rc = ckpt_resolve(argv[2], path, sizeof path, err, sizeof err);
-            if (rc == 0) rc = ckpt_load(path, &st, &m, MPI_COMM_WORLD, NULL, err, sizeof err);
-            int good = rc == 0 && state_matches(&st, strtoull(argv[4], NULL, 10)) && m.step == atoll(argv[5]), all;
+            if (rc == 0) rc = ckpt_load(path, &st, &opt, &m, MPI_COMM_WORLD, NULL, err, sizeof err);
+            int good = rc == 0 && state_matches(&st, &opt, strtoull(argv[4], NULL, 10)) && m.step == atoll(argv[5]), all;
             MPI_Allreduce(&good, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
             if (rc == 0 && !all) {
                 if (rank == 0) fprintf(stderr, "load: %s loaded but its values or step differ\n", path);
@@ -944,7 +1260,7 @@ static int drive(int argc, char **argv) {
             }
         }
         if (rc != 0 && rank == 0) pl_error("%s", err);
-        stage_free(&st);
+        free_stage(&st, &opt);
         return rc ? 1 : 0;
     }
     if (strcmp(cmd, "bench") == 0 && argc == 5) {
@@ -956,11 +1272,26 @@ static int drive(int argc, char **argv) {
         if (rc) return 2;
         for (int s = 0; s < size; s++) split[s] = c.L / size + (s < c.L % size);
         stage st;
-        if (build_stage(&st, &c, split, size, rank, err, sizeof err)) {
+        optim opt;
+        if (build_stage(&st, &opt, &c, split, size, rank, err, sizeof err)) {
             fprintf(stderr, "rank %d: %s\n", rank, err);
             return 1;
         }
-        for (size_t i = 0; i < st.nparams; i++) st.params[i] = st.m[i] = st.v[i] = (float)(i % 1013) * 1e-3f;
+        for (int b = 0; b < 3; b++) { /* through host views, whatever test_be is */
+            float *buf = optim_buffer(&opt, optim_which[b]);
+            void *host = NULL;
+            if (test_be->map(&host, buf, st.nparams * sizeof(float), PL_MAP_WRITE) != 0) {
+                fprintf(stderr, "rank %d: map: %s\n", rank, test_be->error());
+                free_stage(&st, &opt);
+                return 1;
+            }
+            for (size_t i = 0; i < st.nparams; i++) ((float *)host)[i] = (float)(i % 1013) * 1e-3f;
+            if (test_be->unmap(host, buf, st.nparams * sizeof(float), PL_MAP_WRITE) != 0) {
+                fprintf(stderr, "rank %d: unmap: %s\n", rank, test_be->error());
+                free_stage(&st, &opt);
+                return 1;
+            }
+        }
         ckpt_meta m = sample_meta(1, size, split);
         /* keep = 0 and the previous file removed outside the timed part: a save here is the
          * write of one checkpoint, as the POSIX baseline is (pruning an old checkpoint, which
@@ -971,9 +1302,9 @@ static int drive(int argc, char **argv) {
             m.step = r + 1;
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
-            rc = ckpt_save(argv[2], &st, &m, 0, MPI_COMM_WORLD, path, sizeof path, &bytes, err, sizeof err);
+            rc = ckpt_save(argv[2], &st, &opt, &m, 0, MPI_COMM_WORLD, path, sizeof path, &bytes, err, sizeof err);
             double t1 = MPI_Wtime();
-            if (rc == 0) rc = ckpt_load(path, &st, NULL, MPI_COMM_WORLD, &lbytes, err, sizeof err);
+            if (rc == 0) rc = ckpt_load(path, &st, &opt, NULL, MPI_COMM_WORLD, &lbytes, err, sizeof err);
             double t2 = MPI_Wtime();
             ts[r] = t1 - t0;
             best_l = t2 - t1 < best_l ? t2 - t1 : best_l;
@@ -1007,7 +1338,7 @@ static int drive(int argc, char **argv) {
                 free(all);
             }
         }
-        stage_free(&st);
+        free_stage(&st, &opt);
         return rc ? 1 : 0;
     }
     if (rank == 0) usage();

@@ -34,6 +34,22 @@ expect "missing init file" 1 "nope.bin" run train --init nope.bin --steps 1
 expect "missing data file" 1 "No such file" run train --data nothere.bin --steps 1
 expect "bad lr-schedule" 2 "cosine or constant" run train --lr-schedule linear
 
+# getopt_long: names in full only, '_' as '-', --name=value; --precision checked as it is parsed
+expect "abbreviated option refused" 2 "option '--step' is not spelled in full (did you mean --steps?" run train --step 3
+expect "abbreviated --name=value refused" 2 "'--microbatch' is not spelled in full" run train --microbatch=2
+expect "ambiguous prefix is unknown" 2 "unknown option '--val'" run train --val 3
+expect "bench option in train" 2 "unknown option '--warmup' for train (it is a bench option)" run train --warmup 1
+expect "single-dash word refused" 2 "unexpected argument '-s'" run train -s 3
+expect "underscores as dashes" 0 "step     1/1" run train --steps=1 --batch 4 --seq_len 16 --progress 0
+expect "train --help lists --precision" 0 "--precision S .*bf16 inputs, fp32 accumulation; needs --backend onednn" run train --help
+expect "--backend help names the built ones" 0 "--backend S .*compute backend: cpu" run train --help
+expect "--precision fp32 runs" 0 "step     1/1" run train --precision fp32 --steps 1 --batch 4 --seq-len 16 --progress 0 --metrics p.jsonl
+grep -q '"backend":"cpu","precision":"fp32"' p.jsonl && ok "--precision in the metrics run line" \
+    || bad "--precision in metrics" "$(head -c 300 p.jsonl)"
+expect "--precision bf16 parses" 2 "steps must be >= 1" run train --precision=bf16 --steps 0
+expect "bad precision named" 2 "bad value 'fp16' for --precision (expected fp32 or bf16)" run train --precision fp16
+expect "missing precision" 2 "option --precision needs a value" run train --precision
+
 # config file: values apply, the command line wins, unknown keys are refused
 printf 'steps = 3\nbatch = 4\nseq_len = 16\nmetrics = cfg.jsonl\n' > run.ini
 expect "config file runs" 0 "step     2/2" run train --config run.ini --steps 2 --progress 0
@@ -42,6 +58,8 @@ grep -q '"steps":2' cfg.jsonl && grep -q '"batch":4' cfg.jsonl && ok "config + c
 printf 'stepz = 3\n' > bad.ini
 expect "unknown config key" 2 "unknown setting 'stepz'" run train --config bad.ini
 expect "missing config file" 2 "cannot open" run train --config none.ini
+printf 'precision = fp16\n' > prec.ini
+expect "bad precision in config" 2 "prec.ini, line 1: bad value 'fp16' for --precision" run train --config prec.ini
 
 # metrics schema: run line first, step lines, val, end last
 run train --steps 3 --batch 4 --seq-len 16 --eval-every 2 --metrics m.jsonl --progress 0 > /dev/null 2>&1

@@ -21,7 +21,7 @@
 #include "pipelm/data.h"
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
-#include "pipelm/model.h"
+#include "pipelm/stage.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/rng.h"
 #include "pipelm/split.h"
@@ -663,6 +663,7 @@ START_TEST(test_model_file_nonfinite) {
     ck_assert_int_eq(llmc_load_stage(tpath("nan.bin"), &b, err, sizeof err), 0);
     stage_free(&b);
     off = llmc_tensor_offset(&cfg, P_LNFB, -1, &numel);
+    randomize_params(&a, 0.1f, 5); /* a failed load leaves the stage's tensors unspecified (llmc.h) */
     ck_assert_int_eq(llmc_save(tpath("inf.bin"), &a, 0, MPI_COMM_SELF), 0);
     f = fopen(tpath("inf.bin"), "r+b");
     bad = -INFINITY;
@@ -671,6 +672,113 @@ START_TEST(test_model_file_nonfinite) {
     fclose(f);
     EXPECT_REFUSED(llmc_load_stage(tpath("inf.bin"), &a, err, sizeof err), err, "lnf_b", "-inf");
     stage_free(&a);
+}
+END_TEST
+
+/* Forward micro-batches 0 and 1 of a whole-model stage with the same weights. */
+static void forward_two(stage *st, const int *tok, const int *tgt, int N) {
+    double sum;
+    int slot;
+    for (int m = 0; m < 2; m++)
+        ck_assert_int_eq(stage_forward(st, m, tok + m * N, NULL, tgt + m * N, 1.0f / (2 * N), &sum, &slot), 0);
+}
+
+/* The split backward: input parts of micro-batches 0 and 1 first, their weight parts after
+ * (as a zero-bubble schedule defers them) give the same bits as two plain backwards, for the
+ * gradients and for dL/d(input); without deferred buffers the second input part is refused. */
+START_TEST(test_split_backward) {
+    gpt2_config cfg;
+    char err[256];
+    ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 3, 3, 12, err, sizeof err), 0);
+    int B = 2, T = 7, N = B * T, tok[28], tgt[28];
+    rng_state r;
+    rng_seed(&r, 4, 4);
+    for (int i = 0; i < 2 * N; i++) { tok[i] = (int)(rng_u64(&r) % 37); tgt[i] = (int)(rng_u64(&r) % 37); }
+    /* a: the whole model (embeddings, blocks, head); b: a middle stage of blocks 1-2 */
+    stage a, b, a2, b2;
+    ck_assert_int_eq(stage_init(&a, &cfg, 0, 3, 1, 1, B, T, 2, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init(&a2, &cfg, 0, 3, 1, 1, B, T, 2, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init(&b, &cfg, 1, 3, 0, 0, B, T, 2, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init(&b2, &cfg, 1, 3, 0, 0, B, T, 2, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init_deferred(&a2, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init_deferred(&b2, err, sizeof err), 0);
+    randomize_params(&a, 0.3f, 12);
+    randomize_params(&a2, 0.3f, 12);
+    randomize_params(&b, 0.3f, 12);
+    randomize_params(&b2, 0.3f, 12);
+    stage *plain[2] = {&a, &b}, *split[2] = {&a2, &b2};
+    for (int k = 0; k < 2; k++) {
+        stage *p = plain[k], *q = split[k];
+        ck_assert_int_eq(stage_zero_grads(p), 0);
+        ck_assert_int_eq(stage_zero_grads(q), 0);
+        float *dout = malloc(sizeof(float) * N * cfg.C), *din[2];
+        for (int i = 0; i < N * cfg.C; i++) dout[i] = 0.01f * rng_normal(&r);
+        const float *x_in = k ? stage_output(&a, 0) : NULL; /* any (N, C) input for the middle stage */
+        double sum;
+        int slot;
+        for (int m = 0; m < 2; m++) {
+            if (k == 0) {
+                forward_two(p, tok, tgt, N);
+                forward_two(q, tok, tgt, N);
+                break;
+            }
+            ck_assert_int_eq(stage_forward(p, m, NULL, x_in, tgt + m * N, 1.0f / (2 * N), &sum, &slot), 0);
+            ck_assert_int_eq(stage_forward(q, m, NULL, x_in, tgt + m * N, 1.0f / (2 * N), &sum, &slot), 0);
+        }
+        for (int m = 0; m < 2; m++) {
+            ck_assert_int_eq(stage_backward(p, stage_slot_of(p, m), p->has_head ? NULL : dout), 0);
+            din[m] = malloc(sizeof(float) * N * cfg.C);
+            memcpy(din[m], stage_dinput(p), sizeof(float) * N * cfg.C);
+        }
+        for (int m = 0; m < 2; m++) {
+            ck_assert_int_eq(stage_backward_input(q, stage_slot_of(q, m), q->has_head ? NULL : dout), 0);
+            ck_assert_msg(memcmp(din[m], stage_dinput(q), sizeof(float) * N * cfg.C) == 0,
+                          "stage %d: dL/dinput of micro-batch %d differs between B and I", k, m);
+        }
+        ck_assert_int_eq(q->slots_in_use, 2); /* the slots wait for their weight parts */
+        for (int m = 0; m < 2; m++) ck_assert_int_eq(stage_backward_weight(q, stage_slot_of(q, m)), 0);
+        ck_assert_int_eq(q->slots_in_use, 0);
+        ck_assert_int_eq(stage_tied_grads_local(p), 0);
+        ck_assert_int_eq(stage_tied_grads_local(q), 0);
+        for (int i = 0; i < p->ntensors; i++) {
+            const param_tensor *t = &p->tensors[i];
+            ck_assert_msg(memcmp(p->grads + t->offset, q->grads + t->offset, t->numel * sizeof(float)) == 0,
+                          "stage %d: gradient of %s differs between B and I+W", k, t->name);
+        }
+        free(dout);
+        free(din[0]);
+        free(din[1]);
+    }
+    /* without deferred buffers: I0 then I1 is refused, I0 W0 I1 W1 runs */
+    forward_two(&a, tok, tgt, N);
+    ck_assert_int_eq(stage_backward_input(&a, stage_slot_of(&a, 0), NULL), 0);
+    ck_assert_int_eq(stage_backward_input(&a, stage_slot_of(&a, 1), NULL), PL_EINVAL);
+    ck_assert_int_eq(stage_backward_weight(&a, stage_slot_of(&a, 0)), 0);
+    ck_assert_int_eq(stage_backward_weight(&a, stage_slot_of(&a, 1)), PL_EINVAL); /* no input part yet */
+    ck_assert_int_eq(stage_backward_input(&a, stage_slot_of(&a, 1), NULL), 0);
+    ck_assert_int_eq(stage_backward_weight(&a, stage_slot_of(&a, 1)), 0);
+    stage_free(&a);
+    stage_free(&b);
+    stage_free(&a2);
+    stage_free(&b2);
+}
+END_TEST
+
+/* A backend allocation that fails (injected) stops stage_init with the backend's message and
+ * nothing leaked (the sanitizer run checks the second half). */
+START_TEST(test_stage_alloc_failure) {
+    gpt2_config cfg;
+    char err[512];
+    ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
+    for (long k = 1; k <= 40; k += 13) {
+        stage st;
+        backend_fail_alloc_after(k);
+        int rc = stage_init(&st, &cfg, 0, 2, 1, 1, 2, 7, 2, &backend_cpu, err, sizeof err);
+        backend_fail_alloc_after(0);
+        ck_assert_int_eq(rc, PL_ENOMEM);
+        ck_assert_msg(strstr(err, "injected") && strstr(err, "backend cpu"), "allocation %ld: '%s'", k, err);
+        ck_assert_ptr_null(st.params);
+    }
 }
 END_TEST
 
@@ -692,6 +800,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_model_file_nonfinite);
     tcase_add_test(tc, test_determinism);
     tcase_add_test(tc, test_learning);
+    tcase_add_test(tc, test_split_backward);
+    tcase_add_test(tc, test_stage_alloc_failure);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -701,7 +811,7 @@ int main(int argc, char **argv) {
     pl_rank = 0;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/pipelm_test_model.XXXXXX");
     if (!mkdtemp(tmpdir)) return 99;
-    backend_cpu_set_threads(1);
+    backend_cpu.set_threads(1);
     SRunner *sr = srunner_create(model_suite());
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

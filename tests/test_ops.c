@@ -18,6 +18,7 @@
  * Buffers come from backend_cpu.alloc: on the CPU backend that is host memory, so the tests
  * read and write it directly.
  */
+#include <cblas.h>
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #endif
 
 #include "pipelm/backend.h"
+#include "pipelm/common.h"
 
 #define TOL_FWD 1e-5
 #define TOL_GRAD 1e-2
@@ -60,9 +62,32 @@ static void fill_const(float *x, size_t n, float v) {
 
 /* backend buffers (zero-filled host memory on the CPU backend) */
 static float *falloc(size_t n) {
-    float *p = be->alloc(n * sizeof(float));
+    void *p = NULL;
+    ck_assert_int_eq(be->alloc(&p, n * sizeof(float)), 0);
     ck_assert_ptr_nonnull(p);
     return p;
+}
+static int *ialloc(size_t n) {
+    void *p = NULL;
+    ck_assert_int_eq(be->alloc(&p, n * sizeof(int)), 0);
+    return p;
+}
+/* The sum of squares, checked. */
+static double sumsq(const float *x, size_t n) {
+    double out = -1.0;
+    ck_assert_int_eq(be->sumsq(x, n, &out), 0);
+    return out;
+}
+/* The backward as one call, the way the model composes it: input part, then weight part. */
+static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                          const float *mean, const float *rstd, int N, int C) {
+    ck_assert_int_eq(be->layernorm_bwd_input(dinp, dout, inp, w, mean, rstd, N, C), 0);
+    ck_assert_int_eq(be->layernorm_bwd_weight(dw, db, dout, inp, mean, rstd, N, C), 0);
+}
+static void matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                       int N, int C, int OC) {
+    if (dinp) ck_assert_int_eq(be->matmul_bwd_input(dinp, dout, w, N, C, OC), 0);
+    ck_assert_int_eq(be->matmul_bwd_weight(dw, db, dout, inp, N, C, OC), 0);
 }
 static double *dalloc(size_t n) {
     double *p = calloc(n ? n : 1, sizeof(double));
@@ -142,7 +167,7 @@ static void fd_grad(float *x, size_t n, objective f, void *ctx, double *num) {
 }
 
 // ----------------------------------------------------------------------------
-// 1. sgemm
+// 1. sgemm (OpenBLAS, which the CPU backend builds on: strides and transposes)
 
 /* op(A)(i,k) / op(B)(k,j) of row-major storage with leading dimensions */
 static double opA(const float *A, int ta, int lda, int i, int k) {
@@ -177,7 +202,8 @@ START_TEST(test_sgemm) {
                     for (int k = 0; k < K; k++) s += opA(A, ta, lda, i, k) * opB(B, tb, ldb, k, j);
                     ref[i * N + j] = alpha * s + beta * (double)C[i * ldc + j];
                 }
-            be->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                        lda, B, ldb, beta, C, ldc);
             float *got = falloc((size_t)M * N);
             for (int i = 0; i < M; i++) {
                 for (int j = 0; j < N; j++) got[i * N + j] = C[i * ldc + j];
@@ -216,7 +242,7 @@ START_TEST(test_encoder) {
     fill_rand(wpe, T * C, -1, 1);
     fill_rand(dout, N * C, -1, 1);
     fill_const(out, N * C, 12345.0f);
-    int *tokb = be->alloc(sizeof(tok));
+    int *tokb = ialloc(sizeof(tok) / sizeof(int));
     ck_assert_ptr_nonnull(tokb);
     memcpy(tokb, tok, sizeof(tok));
 
@@ -308,12 +334,12 @@ START_TEST(test_layernorm) {
     /* backward on zeroed buffers, then on pre-filled ones: the second must be the first + K */
     const float KX = 0.25f, KW = -0.5f, KB = 0.125f;
     float *dinp0 = falloc(N * C), *dw0 = falloc(C), *db0 = falloc(C);
-    be->layernorm_bwd(dinp0, dw0, db0, dout, inp, w, mean, rstd, N, C);
+    layernorm_bwd(dinp0, dw0, db0, dout, inp, w, mean, rstd, N, C);
     float *dinp = falloc(N * C), *dw = falloc(C), *db = falloc(C);
     fill_const(dinp, N * C, KX);
     fill_const(dw, C, KW);
     fill_const(db, C, KB);
-    be->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     for (int i = 0; i < N * C; i++)
         ck_assert_msg(fabsf(dinp[i] - (dinp0[i] + KX)) <= 1e-6f, "layernorm_bwd dinp does not accumulate");
     for (int c = 0; c < C; c++) {
@@ -383,7 +409,7 @@ START_TEST(test_matmul) {
     fill_const(dinp, N * C, 1000.0f);
     fill_const(dw, OC * C, KW);
     fill_const(db, OC, KB);
-    be->matmul_bwd(dinp, dw, db, dout, inp, w, N, C, OC);
+    matmul_bwd(dinp, dw, db, dout, inp, w, N, C, OC);
     double *rinp = dalloc(N * C), *rw = dalloc(OC * C), *rb = dalloc(OC);
     for (int i = 0; i < N; i++)
         for (int c = 0; c < C; c++) {
@@ -408,7 +434,7 @@ START_TEST(test_matmul) {
     /* NULL dinp and NULL db are skipped; dw still accumulates */
     float *dw2 = falloc(OC * C);
     fill_const(dw2, OC * C, KW);
-    be->matmul_bwd(NULL, dw2, NULL, dout, inp, w, N, C, OC);
+    matmul_bwd(NULL, dw2, NULL, dout, inp, w, N, C, OC);
     check_close("matmul_bwd dw (NULL dinp/db)", dw2, rw, OC * C, TOL_FWD);
 
     /* finite differences through the forward (with bias) */
@@ -589,10 +615,10 @@ START_TEST(test_elementwise) {
 
     double ref = 0.0;
     for (int i = 0; i < n; i++) ref += (double)a[i] * a[i];
-    double got = be->sumsq(a, n);
+    double got = sumsq(a, n);
     ck_assert_msg(fabs(got - ref) <= 1e-12 * ref, "sumsq(%d) = %.17g, want %.17g", n, got, ref);
-    ck_assert(be->sumsq(a, 0) == 0.0);
-    ck_assert(be->sumsq(a, 1) == (double)a[0] * a[0]);
+    ck_assert(sumsq(a, 0) == 0.0);
+    ck_assert(sumsq(a, 1) == (double)a[0] * a[0]);
 
     /* several 16384-value chunks plus a ragged tail; same bits with 1 and 2 threads */
     const size_t big = 100003;
@@ -600,11 +626,11 @@ START_TEST(test_elementwise) {
     fill_rand(x, big, -3, 3);
     double rbig = 0.0;
     for (size_t i = 0; i < big; i++) rbig += (double)x[i] * x[i];
-    backend_cpu_set_threads(1);
-    double s1 = be->sumsq(x, big);
-    backend_cpu_set_threads(2);
-    double s2 = be->sumsq(x, big);
-    backend_cpu_set_threads(default_threads);
+    be->set_threads(1);
+    double s1 = sumsq(x, big);
+    be->set_threads(2);
+    double s2 = sumsq(x, big);
+    be->set_threads(default_threads);
     if (verbose) printf("  sumsq big: 1 thr %.17g, 2 thr %.17g, ref %.17g\n", s1, s2, rbig);
     ck_assert_msg(fabs(s1 - rbig) <= 1e-10 * rbig, "sumsq(%zu) = %.17g, want %.17g", big, s1, rbig);
     ck_assert_msg(memcmp(&s1, &s2, sizeof(double)) == 0, "sumsq differs with 1 and 2 threads: %.17g vs %.17g",
@@ -638,7 +664,7 @@ START_TEST(test_crossentropy) {
         int Vp = Vps[k];
         size_t nl = (size_t)N * Vp;
         float *logits = falloc(nl), *work = falloc(nl), *losses = falloc(N);
-        int *targets = be->alloc(sizeof(int) * N);
+        int *targets = ialloc(N);
         ck_assert_ptr_nonnull(targets);
         for (int i = 0; i < N; i++) {
             for (int j = 0; j < Vp; j++)
@@ -784,20 +810,20 @@ START_TEST(test_determinism) {
 
     float *res[2][6];
     for (int r = 0; r < 2; r++) {
-        backend_cpu_set_threads(r + 1);
+        be->set_threads(r + 1);
         float *dinp = falloc(N * C), *dw = falloc(C), *db = falloc(C);
         fill_const(dinp, N * C, 0.5f);
         fill_const(dw, C, 0.5f);
         fill_const(db, C, 0.5f);
-        be->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+        layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
         float *mdinp = falloc(N * C), *mdw = falloc(OC * C), *mdb = falloc(OC);
         fill_const(mdw, OC * C, 0.5f);
         fill_const(mdb, OC, 0.5f);
-        be->matmul_bwd(mdinp, mdw, mdb, mdout, inp, mw, N, C, OC);
+        matmul_bwd(mdinp, mdw, mdb, mdout, inp, mw, N, C, OC);
         res[r][0] = dinp; res[r][1] = dw; res[r][2] = db;
         res[r][3] = mdinp; res[r][4] = mdw; res[r][5] = mdb;
     }
-    backend_cpu_set_threads(default_threads);
+    be->set_threads(default_threads);
     static const char *names[6] = {"layernorm_bwd dinp", "layernorm_bwd dw", "layernorm_bwd db",
                                    "matmul_bwd dinp", "matmul_bwd dw", "matmul_bwd db"};
     const size_t sizes[6] = {N * C, C, C, N * C, (size_t)OC * C, OC};
@@ -839,14 +865,14 @@ START_TEST(test_attention_threads) {
     fill_rand(dout, (size_t)B * T * C, -1, 1);
     float *out[2], *att[2], *dqkv[2];
     for (int r = 0; r < 2; r++) {
-        backend_cpu_set_threads(r + 1);
+        be->set_threads(r + 1);
         out[r] = falloc((size_t)B * T * C);
         att[r] = falloc((size_t)B * NH * T * T);
         dqkv[r] = falloc((size_t)B * T * 3 * C);
         be->attention_fwd(out[r], att[r], qkv, B, T, C, NH);
         be->attention_bwd(dqkv[r], dout, qkv, att[r], B, T, C, NH);
     }
-    backend_cpu_set_threads(default_threads);
+    be->set_threads(default_threads);
     ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * B * T * C) == 0, "attention out differs with 1 and 2 threads");
     ck_assert_msg(memcmp(att[0], att[1], sizeof(float) * B * NH * T * T) == 0, "attention att differs with 1 and 2 threads");
     ck_assert_msg(memcmp(dqkv[0], dqkv[1], sizeof(float) * B * T * 3 * C) == 0, "attention dqkv differs with 1 and 2 threads");
@@ -859,6 +885,35 @@ END_TEST
 // ----------------------------------------------------------------------------
 
 /* one test case per op family */
+// ----------------------------------------------------------------------------
+// Failure paths: an allocation that fails (injected, and one too large) comes back as a
+// status with the backend's message; fp32 is the only precision this backend offers.
+
+START_TEST(test_backend_failures) {
+    void *p = (void *)1;
+    backend_fail_alloc_after(2); /* the second allocation from now fails */
+    ck_assert_int_eq(be->alloc(&p, 64), 0);
+    be->free(p);
+    ck_assert_int_eq(be->alloc(&p, 64), PL_ENOMEM);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(be->error(), "injected") != NULL, "error() = '%s'", be->error());
+    ck_assert_int_eq(be->alloc(&p, 64), 0); /* fires once */
+    be->free(p);
+    ck_assert_int_eq(be->alloc(&p, SIZE_MAX - 8), PL_ENOMEM);
+    ck_assert_msg(strstr(be->error(), "too large") != NULL, "error() = '%s'", be->error());
+    backend_options bo = {PL_PREC_BF16, 0, -1};
+    char err[256] = "";
+    ck_assert_int_ne(be->init(&bo, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "fp32 only") != NULL, "init(bf16): '%s'", err);
+    ck_assert_int_eq(backend_parse_precision("bf16", &bo.precision), 0);
+    ck_assert_int_eq(bo.precision, PL_PREC_BF16);
+    ck_assert_int_ne(backend_parse_precision("fp16", &bo.precision), 0);
+    ck_assert_ptr_eq(backend_find("cpu"), be);
+    ck_assert_ptr_null(backend_find("nonesuch"));
+    ck_assert_msg(strncmp(backend_list(), "cpu", 3) == 0, "backend_list() = '%s'", backend_list());
+}
+END_TEST
+
 static Suite *ops_suite(void) {
     Suite *su = suite_create("ops");
     struct { const char *name; const TTest *test; } cases[] = {
@@ -873,6 +928,7 @@ static Suite *ops_suite(void) {
         {"adamw", test_adamw},
         {"determinism", test_determinism},
         {"attention threads", test_attention_threads},
+        {"backend failures", test_backend_failures},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
@@ -891,7 +947,8 @@ int main(void) {
     default_threads = omp_get_max_threads();
 #endif
     char err[256] = "";
-    if (be->init(err, sizeof(err)) != 0) {
+    backend_options bo = {PL_PREC_FP32, 0, -1};
+    if (be->init(&bo, err, sizeof(err)) != 0) {
         fprintf(stderr, "test_ops: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;
     }

@@ -15,7 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <mpi.h>
-#include "pipelm/model.h"
+#include "pipelm/optim.h"
+#include "pipelm/stage.h"
 
 #define CKPT_FORMAT_VERSION 1
 #define CKPT_MAX_STAGES 1024
@@ -39,14 +40,17 @@ typedef struct {
     int meta_verified;         /* on load: 1 if the file's meta_crc32c held, 0 if it has none */
 } ckpt_meta;
 
-/* Collective over comm: write every stage's parameters and AdamW moments (st->params, m, v)
- * and meta to DIR/ckpt_<step, 8 digits>.h5 atomically, point DIR/latest at it, then remove
- * the oldest checkpoints beyond `keep` (0 keeps all). The tied wte is written by the first
- * stage. path_out receives the file name. Prints nothing; returns the agreed status.
- * *bytes_out: tensor bytes in the file (parameters and moments, all ranks), the same on
- * every rank. On failure err holds the same message on every rank (the lowest failing rank's,
- * naming that rank, the file and the cause): print it from one rank. Same for ckpt_load. */
-int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_Comm comm,
+/* Collective over comm: write every stage's parameters and AdamW moments (the optimizer's
+ * buffers OPTIM_PARAMS, OPTIM_M, OPTIM_V, read through host views: backend map/unmap) and
+ * meta to DIR/ckpt_<step, 8 digits>.h5 atomically, point DIR/latest at it, then remove the
+ * oldest checkpoints beyond `keep` (0 keeps all). opt is st's optimizer (opt->st == st); a
+ * NULL opt is refused with PL_EINVAL (a checkpoint always holds the moments). The tied wte
+ * is written by the first stage. path_out receives the file name. Prints nothing; returns
+ * the agreed status. *bytes_out: tensor bytes in the file (parameters and moments, all
+ * ranks), the same on every rank. On failure err holds the same message on every rank (the
+ * lowest failing rank's, naming that rank, the file and the cause; a backend failure quotes
+ * be->error()): print it from one rank. Same for ckpt_load. */
+int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep, MPI_Comm comm,
               char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen);
 /* Resolve what --resume names: a file, or a directory: the checkpoint DIR/latest names. A
  * latest that is empty, unreadable, not a plain `ckpt_<step>.h5` name in DIR (a '/' or
@@ -54,24 +58,30 @@ int ckpt_save(const char *dir, stage *st, const ckpt_meta *meta, int keep, MPI_C
  * gone, falls back to the newest ckpt_*.h5 in DIR with a warning on stderr (rank 0) naming
  * the file taken. Returns PL_EIO with a message if there is none. */
 int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen);
-/* Collective over comm: read the tensors this stage owns (params and moments) from a
- * checkpoint file, verifying checksums and shapes, and the metadata; the model config must
+/* Collective over comm: read the tensors this stage owns (params into st, and the moments
+ * into opt, st's optimizer) from a checkpoint file, verifying checksums and shapes, and the
+ * metadata. opt may be NULL: then only the parameters are read, and the moments datasets
+ * are still opened and checked (present, shaped, carrying a checksum) but not read, as for
+ * tensors of other stages; *bytes_out then counts the parameters only. Tensors are read
+ * into host views (map PL_MAP_WRITE, then unmap); after a failed load the stage's and the
+ * optimizer's tensors are unspecified. The model config must
  * equal st->cfg (err names the setting and both values). Every attribute is checked for its
  * type and range (named on failure: "/train nstages = 999 is out of range ..."), the root
  * meta_crc32c (the CRC-32C of the canonical metadata text, docs/formats.md) is verified if
  * present (an older file without it loads with a note on stderr), and every tensor read must
  * be finite (and /optim/v non-negative): a non-finite one is refused naming the tensor.
  * Returns the agreed status. */
-int ckpt_load(const char *path, stage *st, ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
+int ckpt_load(const char *path, stage *st, optim *opt, ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
               char *err, size_t errlen);
 /* `pipelm convert IN OUT` and `pipelm inspect FILE` (single process). */
 int ckpt_convert_main(int argc, char **argv, int first);
 int ckpt_inspect_main(int argc, char **argv, int first);
 
 /* Collective over comm: write one checkpoint at exactly `path` (through path.tmp and a
- * rename), without DIR/latest or pruning. `pipelm convert` uses it on MPI_COMM_SELF. */
-int ckpt_save_file(const char *path, stage *st, const ckpt_meta *meta, MPI_Comm comm, double *bytes_out,
-                   char *err, size_t errlen);
+ * rename), without DIR/latest or pruning; opt as for ckpt_save (required). `pipelm convert`
+ * uses it on MPI_COMM_SELF. */
+int ckpt_save_file(const char *path, stage *st, optim *opt, const ckpt_meta *meta, MPI_Comm comm,
+                   double *bytes_out, char *err, size_t errlen);
 /* One process, no MPI: read a checkpoint's model config (/config) and metadata (/train,
  * /optim, root step) without its tensors. cfg or meta may be NULL. Lets a run resumed from
  * a checkpoint take the model dimensions and the saved split from the file. */
@@ -119,9 +129,10 @@ int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g);
 /* Read and check the root attributes; fill cfg (/config) and meta (/train, /optim) if not NULL. */
 int ckpt_read_meta(hid_t file, gpt2_config *cfg, ckpt_meta *meta, h5ctx *cx);
 /* Collective: write a checkpoint file at exactly `path` (no temp name, no rename); messages
- * name `label` (the final name of a temporary file), or path if label is NULL. */
-int ckpt_write_file(const char *path, const char *label, stage *st, const ckpt_meta *meta, MPI_Comm comm,
-                    double *bytes_out, char *err, size_t errlen);
+ * name `label` (the final name of a temporary file), or path if label is NULL. opt as for
+ * ckpt_save (required). */
+int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, const ckpt_meta *meta,
+                    MPI_Comm comm, double *bytes_out, char *err, size_t errlen);
 /* The checksum of an open dataset (metadata reads; under MPI-IO every rank calls it in the
  * same order): *has_crc = 1 and *stored from its uint32 attribute crc32c, else *fletcher = 1
  * if HDF5's Fletcher32 filter is on it (HDF5 then verifies it as it reads). dpath names the

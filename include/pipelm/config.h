@@ -2,8 +2,9 @@
  * config.h — every setting of a run, its defaults, the presets, and how they are read.
  *
  * One table describes each option once (name, type, default, help); the command line
- * (`--name value` or `--name=value`) and INI config files (`--config FILE`, `name = value`,
- * underscores and dashes equivalent, parsed by inih) both go through it. A config file must
+ * (`--name value` or `--name=value`, through getopt_long; names spelled in full, abbreviations
+ * refused) and INI config files (`--config FILE`, `name = value`, parsed by inih) both go
+ * through it, underscores and dashes equivalent in names. A config file must
  * be a regular file of at most 1 MiB; `[section]` lines, a name given twice, control
  * characters and lines that are not `name = value` are refused naming the line. Numbers
  * must be decimal (no 0x, inf or nan). Messages escape non-printable bytes as \xHH.
@@ -37,7 +38,8 @@ typedef struct {
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
     /* runtime */
-    char backend[16];
+    char backend[16];    /* checked when the run starts: backend_find() knows what is built */
+    char precision[8];   /* fp32 | bf16 (checked as it is parsed) */
     int threads, log_every, timers_every, progress;
     /* checkpoints */
     char ckpt_dir[PL_PATH], resume[PL_PATH];
@@ -62,7 +64,8 @@ void config_defaults(pl_options *o);
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
 /* Parse argv[first..argc): --config first, then the preset, then file values, then flags.
  * With bench != 0 the benchmark-only options (--warmup, --json, --csv, --peak-gflops) are
- * accepted too. */
+ * accepted too. argv is not modified. Uses getopt_long's global state (optind, optarg...),
+ * reset on each call: not thread-safe, and a caller's own getopt loop must not be mid-way. */
 int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen);
 /* Check ranges and combinations (batch divisible by microbatches, seq-len <= max...). */
 int config_validate(const pl_options *o, char *err, size_t errlen);

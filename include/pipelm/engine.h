@@ -13,7 +13,7 @@
 #define PIPELM_ENGINE_H
 
 #include <mpi.h>
-#include "pipelm/model.h"
+#include "pipelm/stage.h"
 #include "pipelm/sched.h"
 
 typedef struct trace trace;
@@ -23,7 +23,8 @@ typedef struct {
     int rank, P, M;
     stage *st;
     const sched *sc;
-    float *recv_f, *recv_b, *send_b;       /* M slices of N*C each */
+    float *recv_f, *recv_b, *send_b;       /* M slices of N*C each, backend memory */
+    void **hv;                             /* 4M host views of message buffers (engine.c) */
     MPI_Request *rq_f, *rq_b, *sq_f, *sq_b;
     double *mb_loss;                       /* M: loss sums on the last stage */
     unsigned char *b_done;                 /* M: B has run, send_b holds its input gradient */

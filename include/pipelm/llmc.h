@@ -13,17 +13,21 @@
 
 #include <stddef.h>
 #include <mpi.h>
-#include "pipelm/model.h"
+#include "pipelm/stage.h"
 
 #define LLMC_MODEL_MAGIC 20240326
 
 /* Read the header: config and version (3 fp32, 5 bf16). */
 int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen);
-/* Load the tensors this stage owns from the file (fp32 or bf16). The file's config must
- * equal the stage's (err names the first setting that differs, with both values). */
+/* Load the tensors this stage owns from the file (fp32 or bf16), each into a host view of
+ * the stage's parameters (backend map/unmap). The file's config must equal the stage's (err
+ * names the first setting that differs, with both values); a backend failure is reported
+ * with be->error(). After a failure the stage's parameters are unspecified. */
 int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen);
 /* Collective over comm: write the stages' parameters (or gradients when grads != 0, with
- * the tied wte gradient taken from the first stage) as one fp32 llm.c model file. */
+ * the tied wte gradient taken from the first stage) as one fp32 llm.c model file, from host
+ * views of the backend buffers (map/unmap). Failures are printed (pl_error, with
+ * be->error() for a backend failure) and the agreed status returned. */
 int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm);
 /* Byte offset, in a version-3 file, of the slice of tensor kind `kind` for layer `layer`
  * (-1 for non-block kinds), and its size in floats. */

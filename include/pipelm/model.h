@@ -1,16 +1,13 @@
 /*
- * model.h — GPT-2 (as llm.c defines it) split into pipeline stages.
+ * model.h — GPT-2 (as llm.c defines it): dimensions, the one table of parameter tensors
+ * (name, kind, layer, shape, decay) that the stage, the optimizer, checkpoints and llm.c
+ * files all read, and the math of one transformer block as calls to the backend.
  *
- * A stage owns a contiguous range of transformer blocks [l0, l1) and, optionally, the
- * embeddings (first stage) and the final LayerNorm + tied LM head + loss (last stage); with one
- * rank one stage owns everything. Its parameters live in one backend buffer, laid out block by
- * block and described by a table of named tensors (names are per layer, as in the checkpoint
- * schema, so nothing depends on the stage split). Activations live in "slots": one per
- * micro-batch in flight, acquired by a forward and released by the matching backward.
- * The last stage runs the head's backward inside its forward (the loss gradient is known
- * then), so it keeps only dL/d(lnf) per slot instead of the (N, Vp) logits. The token
- * embedding's gradient from the head is kept apart (dwte_head) and added to the embedding's
- * own gradient once per step, so the sum is the same on one rank and across two ranks.
+ * A block's backward comes in two parts, as zero-bubble schedules need them: the input part
+ * (dL/dx, through every op) and the weight part (dW += dY^T X and the bias and LayerNorm
+ * sums). The input part leaves, per block, the output gradients each weight op needs
+ * (block_douts); the weight part reads them. Shapes: B micro-batch sequences, T positions,
+ * C channels, NH heads, N = B*T rows.
  */
 #ifndef PIPELM_MODEL_H
 #define PIPELM_MODEL_H
@@ -49,42 +46,30 @@ typedef struct {
 
 /* Saved activations of one block for one micro-batch. */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
+    float *ln1, *ln1_mean, *ln1_rstd;   // (N, C), (N), (N)
+    float *qkv;                         // (N, 3C)
+    float *att;                         // (B, NH, T, T) softmax probabilities
+    float *atty;                        // (N, C) attention output before the projection
+    float *res2;                        // (N, C) x + attproj(...)
+    float *ln2, *ln2_mean, *ln2_rstd;   // (N, C), (N), (N)
+    float *fch, *fch_gelu;              // (N, 4C) each
+    float *res3;                        // (N, C) block output
 } block_acts;
 
-/* Everything one in-flight micro-batch needs for its backward. */
+/* Output gradients of one block's weight ops, left by the input part for the weight part. */
 typedef struct {
-    int in_use, mb;
-    float *x_in;        /* (N, C) stage input (embedding output on the first stage) */
-    int *tok;           /* (N) input tokens, first stage */
-    block_acts *blocks; /* nb */
-    float *lnf, *lnf_mean, *lnf_rstd, *dlnf; /* last stage */
-} act_slot;
+    float *fcproj;   // (N, C)  dL/d(res3) = dL/d(fcproj output)
+    float *fc;       // (N, 4C) dL/d(fch)
+    float *ln2;      // (N, C)  dL/d(ln2 output)
+    float *attproj;  // (N, C)  dL/d(res2)
+    float *qkv;      // (N, 3C) dL/d(qkv)
+    float *ln1;      // (N, C)  dL/d(ln1 output)
+} block_douts;
 
+/* The sizes one block's math works on. */
 typedef struct {
-    gpt2_config cfg;
-    int l0, l1, nb;              /* blocks [l0, l1), nb = l1 - l0 */
-    int has_embed, has_head;
-    int Bm, T, N;                /* micro-batch sequences, sequence length, N = Bm*T */
-    const backend *be;
-
-    size_t nparams;              /* floats in params (a tied wte held twice counts twice) */
-    float *params, *grads, *m, *v;
-    int ntensors;
-    param_tensor *tensors;
-    float *wte, *wpe, *lnfw, *lnfb;             /* into params, NULL if not owned */
-    float *dwte, *dwpe, *dlnfw, *dlnfb;         /* into grads */
-    float *dwte_head;                           /* head's share of dwte (last stage) */
-    block_params *bp, *bg;                      /* nb each: params and grads */
-
-    int nslots, slots_in_use, slots_peak;
-    act_slot *slots;
-    /* scratch shared by every slot's backward */
-    float *dres, *dbuf_c, *dbuf_4c, *dbuf_3c, *logits;
-    int *tgt;
-    float *losses;
-} stage;
+    int B, T, C, NH, N;
+} block_dims;
 
 /* Fill cfg from dimensions; computes Vp. Returns 0 or PL_EINVAL with a message in err. */
 int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen);
@@ -94,40 +79,25 @@ size_t gpt2_num_params(const gpt2_config *cfg);
 double gpt2_block_flops(const gpt2_config *cfg, int T);
 double gpt2_head_flops(const gpt2_config *cfg);
 
-/* Build a stage and allocate its parameters, gradients, optimizer state and nslots
- * activation slots for micro-batches of Bm sequences of length T. */
-int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
-               int Bm, int T, int nslots, const backend *be, char *err, size_t errlen);
-void stage_free(stage *st);
-/* Initialise parameters as GPT-2 does (N(0, 0.02), residual projections scaled by
- * 1/sqrt(2L), LayerNorm weight 1), each tensor from its own seeded stream so that the values
- * do not depend on the split. */
-void stage_init_params(stage *st, unsigned long long seed);
-/* Find a tensor by kind and layer; NULL if this stage does not hold it. */
-const param_tensor *stage_find_tensor(const stage *st, int kind, int layer);
+/* Lay out the tensors of blocks [l0, l1) plus the embeddings (has_embed) and the final norm
+ * and the tied head copy of wte (has_head) into out (capacity 16 + 12 (l1 - l0)); returns
+ * the count, and the total floats (each tensor 64-byte aligned) in *total. */
+int gpt2_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+                size_t *total);
+/* Initial values of one tensor (GPT-2's: N(0, 0.02), residual projections scaled by
+ * 1/sqrt(2L), LayerNorm weight 1, biases 0, padded vocabulary rows 0), from a stream seeded
+ * by (seed, kind, layer) so the values do not depend on the split. host holds t->numel. */
+void gpt2_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host);
 
-/* Forward one micro-batch into a free slot (returned in *slot_out). tok (host, N) on the
- * first stage, else x_in (backend, N*C). On the last stage targets (host, N) give the loss:
- * *loss_sum receives the sum of the N token losses and, if dloss > 0, the head's backward runs
- * with dL/dlogit scale dloss. Returns 0, or PL_EINVAL if no slot is free. */
-int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
-                  float dloss, double *loss_sum, int *slot_out);
-/* Output activation (backend, N*C) of the micro-batch in a slot (to send to the next stage). */
-float *stage_output(stage *st, int slot);
-/* Backward of the micro-batch in a slot: dout (backend, N*C) from the next stage unless this
- * is the last stage. Accumulates parameter gradients; leaves dL/d(input) in stage_dinput().
- * Releases the slot. */
-int stage_backward(stage *st, int slot, const float *dout);
-float *stage_dinput(stage *st);
-/* Slot holding micro-batch mb, or -1. */
-int stage_slot_of(const stage *st, int mb);
-/* Forget every slot (after an evaluation forward that has no backward). */
-void stage_release_all(stage *st);
-/* Fold the LM head's share of the tied wte gradient into dwte: added on a stage that holds
- * both ends, copied on a last stage (the two ranks then sum with MPI_Allreduce). Float
- * addition of two values is commutative, so both paths give the same bits. */
-void stage_tied_grads_local(stage *st);
-/* Zero all gradients (start of a step). */
-void stage_zero_grads(stage *st);
+/* One block forward: a from x (N, C). */
+int gpt2_block_forward(const backend *be, const block_dims *d, const block_params *p, block_acts *a,
+                       const float *x);
+/* Input part of one block's backward: on entry dres = dL/d(block output), on exit
+ * dL/d(block input) (updated in place); fills g's output gradients in dd. scratch (N, C). */
+int gpt2_block_backward_input(const backend *be, const block_dims *d, const block_params *p,
+                              const block_acts *a, const float *x, float *dres, const block_douts *dd);
+/* Weight part: accumulate g from the activations and the output gradients in dd. */
+int gpt2_block_backward_weight(const backend *be, const block_dims *d, block_params *g, const block_acts *a,
+                               const float *x, const block_douts *dd);
 
 #endif

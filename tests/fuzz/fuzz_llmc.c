@@ -6,7 +6,7 @@
 #include "fuzz.h"
 #include "pipelm/backend.h"
 #include "pipelm/llmc.h"
-#include "pipelm/model.h"
+#include "pipelm/stage.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_path("model.bin");

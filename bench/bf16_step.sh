@@ -1,0 +1,100 @@
+#!/bin/bash
+# Benchmark: one training step in fp32 and bf16, pipelm against PyTorch, one thread.
+#
+#   bench/bf16_step.sh [PIPELM]        (or PIPELM=... bench/bf16_step.sh)
+#
+# For the tutorial preset (B=8, T=128) and GPT-2 124M (B=4, T=256), in one run:
+#   pipelm --backend cpu (fp32, OpenBLAS), --backend onednn --precision fp32 and bf16;
+#   PyTorch (Debian's python3-torch) fp32 and torch.autocast("cpu", dtype=torch.bfloat16),
+#   same architecture and batch (bench/torch_step.py);
+# medians of the timed steps after warm-up, the bf16 step's MFU against the measured bf16
+# matmul peak (`pipelm bench --peak`), its time by op class, and two ranks x one thread
+# against one rank in bf16 (tutorial, 8 micro-batches).
+# Targets (issue 9): fp32 default >= 0.95 x best kernel (bench/blas_kernel.sh); bf16 >= 3x
+# fp32 with AMX, >= 1.6x with AVX512-BF16 only; bf16 >= 2x torch autocast; 2x1 >= 0.9 ideal.
+# A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
+# BENCH_MODELS (default "tutorial gpt2").
+
+PIPELM=${PIPELM:-${1:-./build/pipelm}}
+PY=/usr/bin/python3
+here=$(cd "$(dirname "$0")" && pwd)
+STEPS=${BENCH_STEPS:-6}
+WARMUP=${BENCH_WARMUP:-2}
+MODELS=${BENCH_MODELS:-tutorial gpt2}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/bf16_step.XXXXXX") || exit 0
+trap 'rm -rf "$tmp"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+echo "== fp32 vs bf16, pipelm vs torch, one thread; $(lscpu | sed -n 's/^Model name: *//p')"
+echo "   bf16 ISA: $(grep -o -m1 -w 'amx_bf16\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+timeout 600 "$PIPELM" bench --peak --threads 1 --json "$tmp/peak.json" > "$tmp/peak.log" 2>&1
+grep -i "gflop" "$tmp/peak.log" | sed 's/^/   /'
+
+# pipelm_step TAG MODELARGS...: median ms of the timed steps (bench JSON), op split kept
+pipelm_step() {
+    local tag=$1
+    shift
+    timeout 1800 "$PIPELM" bench --steps "$STEPS" --warmup "$WARMUP" --microbatches 1 --threads 1 \
+        --json "$tmp/$tag.json" "$@" > "$tmp/$tag.log" 2>&1 || { echo "   $tag failed: $(tail -n 2 "$tmp/$tag.log")"; return; }
+}
+torch_step() {
+    local tag=$1
+    shift
+    timeout 3600 "$PY" "$here/torch_step.py" --steps $((STEPS + WARMUP)) --warmup "$WARMUP" --threads 1 \
+        --json "$tmp/$tag.json" "$@" > "$tmp/$tag.log" 2>&1 || echo "   $tag failed: $(tail -n 2 "$tmp/$tag.log")"
+}
+
+for model in $MODELS; do
+    case $model in
+    tutorial) P="--preset tutorial --batch 8 --seq-len 128"; TA="--V 10000 --C 512 --L 8 --NH 8 --T 128 --B 8" ;;
+    gpt2) P="--preset gpt2 --batch 4 --seq-len 256"; TA="--V 50257 --C 768 --L 12 --NH 12 --T 256 --maxT 1024 --B 4" ;;
+    esac
+    echo "-- $model: pipelm cpu/fp32, onednn/fp32, onednn/bf16; torch fp32, torch bf16 autocast ..."
+    pipelm_step ${model}_cpu $P --backend cpu
+    pipelm_step ${model}_dnn32 $P --backend onednn --precision fp32
+    pipelm_step ${model}_bf16 $P --backend onednn --precision bf16
+    if "$PY" -c 'import torch' > /dev/null 2>&1; then
+        torch_step ${model}_t32 $TA
+        torch_step ${model}_t16 $TA --autocast bf16
+    fi
+    sed -n '/op classes/,/all ops/p' "$tmp/${model}_bf16.log" | sed 's/^/   /'
+done
+echo "-- two ranks x one thread vs one rank, bf16, tutorial, 8 micro-batches ..."
+for np in 1 2; do
+    timeout 1800 mpiexec -n $np "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches 8 --threads 1 \
+        --steps "$STEPS" --warmup "$WARMUP" --backend onednn --precision bf16 --json "$tmp/scale$np.json" \
+        > "$tmp/scale$np.log" 2>&1 || echo "   $np ranks failed: $(tail -n 2 "$tmp/scale$np.log")"
+done
+
+"$PY" - "$tmp" "$MODELS" <<'PYEOF'
+import json, os, sys
+tmp, models = sys.argv[1], sys.argv[2].split()
+def j(name):
+    try:
+        return json.load(open(os.path.join(tmp, name + ".json")))
+    except (OSError, ValueError):
+        return None
+def med(name):
+    d = j(name)
+    if not d: return None
+    return d["step_ms"]["median"] if isinstance(d.get("step_ms"), dict) else d.get("median_ms")
+f = lambda x, p="%.1f": p % x if x else "n/a"
+peak = j("peak") or {}
+print()
+print("matmul peak, 1 thread: sgemm %s GFLOP/s, oneDNN fp32 %s, oneDNN bf16 %s" % (
+    f(peak.get("peak_gflops_1")), f(peak.get("onednn_fp32_gflops")), f(peak.get("bf16_gflops"))))
+for m in models:
+    c, d32, b16, t32, t16 = (med(m + s) for s in ("_cpu", "_dnn32", "_bf16", "_t32", "_t16"))
+    print("%s: step ms  cpu/fp32 %s  onednn/fp32 %s  onednn/bf16 %s  torch fp32 %s  torch bf16 %s" % (
+        m, f(c), f(d32), f(b16), f(t32), f(t16)))
+    best32 = min(x for x in (c, d32) if x) if (c or d32) else None
+    if b16 and best32: print("   bf16 speed-up over the best fp32: %.2fx (targets: 3x with AMX, 1.6x AVX512-BF16)" % (best32 / b16))
+    if b16 and t16: print("   bf16 vs torch bf16 autocast: %.2fx (target 2x)" % (t16 / b16))
+    if c and t32: print("   fp32 vs torch fp32: %.2fx" % (t32 / c))
+    bj = j(m + "_bf16")
+    if bj: print("   bf16 MFU %.1f %% of %.1f GFLOP/s (the peak the run measured)" % (100 * bj["mfu"], bj["peak_gflops"]))
+s1, s2 = med("scale1"), med("scale2")
+if s1 and s2:
+    print("bf16 2 ranks x 1 thread vs 1 rank: %.2fx = %.2f of the ideal 2x (target 0.9)" % (s1 / s2, s1 / s2 / 2))
+PYEOF
+exit 0

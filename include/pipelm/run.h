@@ -1,0 +1,69 @@
+/*
+ * run.h — the state of one rank's training run, shared by the loop (train.c), its
+ * reporting (report.c: banner, step lines, timers, progress, benchmark figures, the end of
+ * the run) and its checkpoints (train_ckpt.c: save and resume). Internal to `pipelm train`:
+ * nothing outside those three files includes it.
+ */
+#ifndef PIPELM_RUN_H
+#define PIPELM_RUN_H
+
+#include <mpi.h>
+#include "pipelm/config.h"
+#include "pipelm/data.h"
+#include "pipelm/engine.h"
+#include "pipelm/layout.h"
+#include "pipelm/metrics.h"
+#include "pipelm/optim.h"
+#include "pipelm/sched.h"
+#include "pipelm/split.h"
+#include "pipelm/stage.h"
+
+/* Per-rank timers in seconds, accumulated between reports. */
+enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
+
+/* Everything one rank needs during a run. */
+typedef struct {
+    const pl_options *o;
+    MPI_Comm comm, tied;
+    int rank, P, B, T, M;
+    const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
+    int profiled;
+    gpt2_config cfg;
+    split sp;
+    sched sc;
+    stage st;
+    optim opt;
+    engine eng;
+    data_source train, val;
+    int have_train, have_val;
+    int *inputs, *targets;
+    metrics mx;
+    int tty;
+    double tm[TM_N];
+    int tm_steps;
+    int polite;
+    layout lay;
+} run;
+
+/* What one step's all-reduce tells every rank besides the norm and the loss. */
+typedef struct {
+    int stop_sig, stop_rank;   /* a stop signal seen by a rank (the lowest), or 0 / -1 */
+    int fwd_stage, fwd_mb;     /* lowest stage whose forward gave a non-finite value, or -1 */
+} step_news;
+
+/* report.c */
+void report_stage_table(run *R);
+void report_run_line(run *R);
+void report_step(run *R, int step, int first_step, int last_step, double loss, double lr, double norm,
+                 double secs, double t_start);
+int report_timers(run *R, int step);
+void report_nonfinite(run *R, int step, const step_news *nw, double loss, double norm, const char *where);
+void report_norm_slot(const run *R, int slot, char *buf, size_t len);
+int report_bench(run *R, const double *step_s, int nsteps);
+int report_finish(run *R, int first_step, int done_steps, double wall, double last_loss, int stopped);
+
+/* train_ckpt.c (collective) */
+int train_save_checkpoint(run *R, int step);
+int train_resume_checkpoint(run *R, int *first_step);
+
+#endif

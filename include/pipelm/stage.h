@@ -1,0 +1,117 @@
+/*
+ * stage.h — the layers one pipeline rank owns, and the activations of its micro-batches.
+ *
+ * A stage owns a contiguous range of transformer blocks [l0, l1) and, optionally, the
+ * embeddings (first stage) and the final LayerNorm + tied LM head + loss (last stage); with one
+ * rank one stage owns everything. Its parameters and gradients live in one backend buffer
+ * each, laid out by the model's tensor table (names are per layer, as in the checkpoint
+ * schema, so nothing depends on the split); the optimizer (optim.h) owns the rest of the
+ * training state. Activations live in "slots", one per micro-batch in flight: a forward
+ * acquires one, the backward's input part (stage_backward_input) leaves dL/d(input) and the
+ * output gradients the weight part needs, and the weight part (stage_backward_weight)
+ * accumulates the parameter gradients and releases the slot. stage_backward is the two in
+ * one and gives the same bits. With deferred weights off (the default) the output gradients
+ * live in one shared set, so the weight part must follow its input part before the next
+ * input part; stage_init_deferred gives every slot its own set for zero-bubble schedules.
+ * The last stage runs the head's backward inside its forward (the loss gradient is known
+ * then), so it keeps only dL/d(lnf) per slot instead of the (N, Vp) logits. The token
+ * embedding's gradient from the head is kept apart (dwte_head) and added to the embedding's
+ * own gradient once per step, so the sum is the same on one rank and across two ranks.
+ */
+#ifndef PIPELM_STAGE_H
+#define PIPELM_STAGE_H
+
+#include <stddef.h>
+#include "pipelm/backend.h"
+#include "pipelm/model.h"
+
+/* Output gradients the stage-level weight ops need, beside the blocks'. */
+typedef struct {
+    block_douts *blocks; /* nb */
+    float *embed;        /* (N, C) dL/d(embedding output), first stage */
+} stage_douts;
+
+/* Everything one in-flight micro-batch needs for its backward. */
+typedef struct {
+    int in_use, mb;
+    int input_done;     /* the input part has run; the weight part is pending */
+    float *x_in;        /* (N, C) stage input (embedding output on the first stage) */
+    int *tok;           /* (N) input tokens, first stage */
+    block_acts *blocks; /* nb */
+    float *lnf, *lnf_mean, *lnf_rstd, *dlnf; /* (N, C), (N), (N), (N, C): last stage */
+    stage_douts *dd;    /* its own set (deferred weights) or the stage's shared one */
+} act_slot;
+
+typedef struct {
+    gpt2_config cfg;
+    int l0, l1, nb;              /* blocks [l0, l1), nb = l1 - l0 */
+    int has_embed, has_head;
+    int Bm, T, N;                /* micro-batch sequences, sequence length, N = Bm*T */
+    const backend *be;
+
+    size_t nparams;              /* floats in params (a tied wte held twice counts twice) */
+    float *params, *grads;
+    int ntensors;
+    param_tensor *tensors;
+    float *wte, *wpe, *lnfw, *lnfb;             /* into params, NULL if not owned */
+    float *dwte, *dwpe, *dlnfw, *dlnfb;         /* into grads */
+    float *dwte_head;                           /* (Vp, C) head's share of dwte (last stage) */
+    block_params *bp, *bg;                      /* nb each: params and grads */
+
+    int nslots, slots_in_use, slots_peak;
+    act_slot *slots;
+    int deferred;                /* every slot has its own output gradients */
+    stage_douts shared_dd;       /* the shared set when not deferred */
+    int w_pending;               /* slots whose weight part has not run yet */
+    /* scratch shared by every slot */
+    float *dres;                 /* (N, C) the residual stream's gradient */
+    float *logits;               /* (N, Vp) */
+    int *tgt;                    /* (N) */
+    float *losses;               /* (N) */
+    float *host_losses;          /* (N) host copy */
+} stage;
+
+/* Build a stage and allocate its parameters, gradients and nslots activation slots for
+ * micro-batches of Bm sequences of length T. Every backend failure comes back with the
+ * backend's message in err. */
+int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
+               int Bm, int T, int nslots, const backend *be, char *err, size_t errlen);
+/* Give every slot its own output gradients, so weight parts may be deferred past other
+ * micro-batches' input parts (zero-bubble schedules). */
+int stage_init_deferred(stage *st, char *err, size_t errlen);
+void stage_free(stage *st);
+/* Initialise parameters (gpt2_init_tensor for each tensor). */
+int stage_init_params(stage *st, unsigned long long seed);
+/* Find a tensor by kind and layer; NULL if this stage does not hold it. */
+const param_tensor *stage_find_tensor(const stage *st, int kind, int layer);
+
+/* Forward one micro-batch into a free slot (returned in *slot_out). tok (host, N) on the
+ * first stage, else x_in (backend, N*C). On the last stage targets (host, N) give the loss:
+ * *loss_sum receives the sum of the N token losses and, if dloss > 0, the head's backward runs
+ * with dL/dlogit scale dloss. Returns 0, PL_EINVAL if no slot is free, or a backend error. */
+int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
+                  float dloss, double *loss_sum, int *slot_out);
+/* Output activation (backend, N*C) of the micro-batch in a slot (to send to the next stage). */
+float *stage_output(stage *st, int slot);
+/* Input part of the backward of the micro-batch in a slot: dout (backend, N*C) from the next
+ * stage unless this is the last stage; leaves dL/d(input) in stage_dinput(). */
+int stage_backward_input(stage *st, int slot, const float *dout);
+/* Weight part: accumulates the parameter gradients of the slot's micro-batch; releases it. */
+int stage_backward_weight(stage *st, int slot);
+/* Both parts, one after the other, block by block (the same bits as input then weight). */
+int stage_backward(stage *st, int slot, const float *dout);
+float *stage_dinput(stage *st);
+/* Slot holding micro-batch mb, or -1. */
+int stage_slot_of(const stage *st, int mb);
+/* Forget every slot (after an evaluation forward that has no backward). */
+void stage_release_all(stage *st);
+/* Fold the LM head's share of the tied wte gradient into dwte: added on a stage that holds
+ * both ends, copied on a last stage (the two ranks then sum with MPI_Allreduce). Float
+ * addition of two values is commutative, so both paths give the same bits. */
+int stage_tied_grads_local(stage *st);
+/* Zero all gradients (start of a step). */
+int stage_zero_grads(stage *st);
+/* The backend's message after a failed call, prefixed with what the stage was doing. */
+const char *stage_error(const stage *st);
+
+#endif

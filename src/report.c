@@ -1,0 +1,327 @@
+/*
+ * report.c — what a training run tells its user: the banner and stage table, step lines,
+ * metrics records, the progress bar, the timers table, the diagnosis of a non-finite value,
+ * benchmark figures and the end-of-run checks (run.h).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include "pipelm/backend_prof.h"
+#include "pipelm/bench.h"
+#include "pipelm/blas.h"
+#include "pipelm/comm.h"
+#include "pipelm/common.h"
+#include "pipelm/run.h"
+#include "pipelm/trace.h"
+
+/* Rank 0 prints the stage table: who owns what, and its estimated cost. */
+void report_stage_table(run *R) {
+    const split *sp = &R->sp;
+    int Bm = R->B / R->M;
+    pl_info("model: V=%d (padded %d) C=%d L=%d NH=%d maxT=%d, %zu parameters\n", R->cfg.V, R->cfg.Vp,
+            R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.maxT, gpt2_num_params(&R->cfg));
+    char lay[512];
+    layout_describe(&R->lay, lay, sizeof lay);
+    pl_info("layout: %s\n", lay);
+    pl_info("BLAS: OpenBLAS %s, kernel %s (%s)%s\n", blas_flavour(), blas_kernel(), blas_kernel_origin(),
+            getenv("PIPELM_WAIT_CHOSEN") ? "; OMP_WAIT_POLICY=PASSIVE set by pipelm (two thread pools)" : "");
+    char bdesc[256] = "";
+    R->be->describe(bdesc, sizeof bdesc);
+    pl_info("backend: %s, precision %s\n", bdesc, R->o->precision);
+    pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
+            R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
+    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight\n");
+    for (int s = 0; s < sp->P; s++) {
+        char parts[32];
+        snprintf(parts, sizeof parts, "%s%s", s == 0 ? "E" : "", s == sp->P - 1 ? "H" : "");
+        char blocks[32];
+        if (sp->blocks[s]) snprintf(blocks, sizeof blocks, "%d-%d", sp->first[s], sp->first[s] + sp->blocks[s] - 1);
+        else snprintf(blocks, sizeof blocks, "-");
+        double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d\n", s, s, blocks, parts,
+                split_stage_params(sp, &R->cfg, s), gf,
+                split_stage_act_bytes(sp, &R->cfg, s, Bm, R->T) / 1048576.0, sched_max_inflight(&R->sc, s));
+    }
+    pl_info("  (E = embeddings, H = final norm + LM head + loss; blocks are layer numbers)\n");
+}
+/* Index of this stage's first tensor whose values (grads: its gradient) are not finite, or -1. */
+static int first_nonfinite_tensor(const stage *st, int grads) {
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        double sq = 0.0;
+        if (st->be->sumsq((grads ? st->grads : st->params) + t->offset, t->numel, &sq) != PL_OK || !isfinite(sq))
+            return i; /* a backend that cannot even sum it: name the tensor too */
+    }
+    return -1;
+}
+/* After a non-finite loss or gradient: find where it first appears. Every rank reaches this
+ * (the norm all-reduce told them all); each names its first non-finite parameter, and rank 0
+ * says which stage's forward went non-finite first and whether its weights were already bad. */
+void report_nonfinite(run *R, int step, const step_news *nw, double loss, double norm, const char *where) {
+    int mine[2] = {first_nonfinite_tensor(&R->st, 0), first_nonfinite_tensor(&R->st, 1)};
+    int *all = calloc(2 * (size_t)R->P, sizeof(int));
+    char (*names)[32] = calloc((size_t)R->P, 32);
+    char name[32] = "";
+    if (mine[0] >= 0) snprintf(name, sizeof name, "%s", R->st.tensors[mine[0]].name);
+    if (mine[0] >= 0)
+        pl_error("step %d: parameter %s of stage %d is not finite (a bad --init or checkpoint, or an "
+                 "update that overflowed)", step, name, R->rank);
+    int ok = all && names;
+    MPI_Request rq[2];
+    comm_what w = {"the NaN diagnosis", -1, -1, step};
+    if (ok && MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, R->comm, &rq[0]) == MPI_SUCCESS &&
+        MPI_Iallgather(name, 32, MPI_CHAR, names, 32, MPI_CHAR, R->comm, &rq[1]) == MPI_SUCCESS)
+        ok = comm_waitall(2, rq, &w) == PL_OK;
+    if (R->rank == 0) {
+        int ps = -1;
+        for (int r = 0; ok && r < R->P && ps < 0; r++) if (all[2 * r] >= 0) ps = r;
+        if (ps >= 0)
+            pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of stage %d (rank %d) already "
+                     "hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps, ps, names[ps]);
+        else if (nw->fwd_stage >= 0)
+            pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of stage %d "
+                     "(rank %d), micro-batch %d, whose weights are finite: the activations overflowed; stopping "
+                     "all ranks (try a lower --lr or --grad-clip)", step, loss, norm, nw->fwd_stage, nw->fwd_stage,
+                     nw->fwd_mb);
+        else
+            pl_error("step %d: non-finite gradient (norm %g, loss %g) first in %s, with a finite forward: the "
+                     "backward overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, norm, loss, where);
+    }
+    free(all);
+    free(names);
+}
+/* Name of a norm slot for messages. */
+void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
+    if (slot == 0) snprintf(buf, len, "the embeddings (stage 0)");
+    else if (slot == R->cfg.L + 1) snprintf(buf, len, "the final LayerNorm (stage %d)", R->P - 1);
+    else {
+        int l = slot - 1, s = 0;
+        while (s < R->P - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
+        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s);
+    }
+}
+/* Gather every rank's timers (ms per step over the interval) and print min/median/max. */
+int report_timers(run *R, int step) {
+    double mine[TM_N + 1], *all = NULL;
+    int k = R->tm_steps ? R->tm_steps : 1;
+    for (int i = 0; i < TM_N; i++) mine[i] = 1e3 * R->tm[i] / k;
+    mine[TM_N] = mine[TM_STEP] - mine[TM_FWD] - mine[TM_BWD] - mine[TM_WAIT] - mine[TM_OPT];
+    if (mine[TM_N] < 0) mine[TM_N] = 0;
+    if (R->rank == 0) all = malloc(sizeof(double) * (TM_N + 1) * R->P);
+    if (R->rank == 0 && !all) return PL_ENOMEM;
+    PL_TRY(comm_gather(mine, TM_N + 1, MPI_DOUBLE, all, 0, R->comm, "the gather of the timers"));
+    if (R->rank == 0 && all) {
+        const char *names[TM_N + 1] = {"forward", "backward", "MPI wait", "optimizer", "step", "idle"};
+        pl_info("timers over steps %d-%d (ms per step)    min   median      max  (rank of max)\n",
+                step - R->tm_steps + 1, step);
+        for (int i = 0; i < TM_N + 1; i++) {
+            double *col = malloc(sizeof(double) * R->P);
+            int argmax = 0;
+            for (int r = 0; r < R->P; r++) {
+                col[r] = all[r * (TM_N + 1) + i];
+                if (col[r] > all[argmax * (TM_N + 1) + i]) argmax = r;
+            }
+            for (int a = 1; a < R->P; a++) /* insertion sort: P is small */
+                for (int b = a; b > 0 && col[b] < col[b - 1]; b--) { double t = col[b]; col[b] = col[b - 1]; col[b - 1] = t; }
+            double med = R->P % 2 ? col[R->P / 2] : 0.5 * (col[R->P / 2 - 1] + col[R->P / 2]);
+            pl_info("  %-36s %8.2f %8.2f %8.2f  (%d)\n", names[i], col[0], med, col[R->P - 1], argmax);
+            free(col);
+        }
+        char line[8192];
+        int off = snprintf(line, sizeof line, "{\"event\":\"timers\",\"step\":%d,\"ranks\":[", step);
+        for (int r = 0; r < R->P && off < (int)sizeof line - 256; r++) {
+            const double *t = all + r * (TM_N + 1);
+            off += snprintf(line + off, sizeof line - off,
+                            "%s{\"rank\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"wait_ms\":%.3f,\"opt_ms\":%.3f,"
+                            "\"idle_ms\":%.3f,\"step_ms\":%.3f}", r ? "," : "", r, t[TM_FWD], t[TM_BWD],
+                            t[TM_WAIT], t[TM_OPT], t[TM_N], t[TM_STEP]);
+        }
+        snprintf(line + off, sizeof line - off, "]}");
+        metrics_line(&R->mx, "%s", line);
+        free(all);
+    }
+    memset(R->tm, 0, sizeof R->tm);
+    R->tm_steps = 0;
+    return PL_OK;
+}
+/* Progress bar on a terminal, redrawn in place under the step lines. */
+static void draw_progress(run *R, int step, int steps, double elapsed) {
+    if (!R->tty || R->rank != 0) return;
+    int width = 30, fill = steps ? width * step / steps : width;
+    double eta = step ? elapsed / step * (steps - step) : 0;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(pl_out, "\r\033[K[%s] %d/%d  ETA %dm%02ds", bar, step, steps, (int)eta / 60, (int)eta % 60);
+    fflush(pl_out);
+}
+/* The "run" line of the metrics file. */
+void report_run_line(run *R) {
+    if (!R->mx.f) return;
+    FILE *f = R->mx.f;
+    char ent[64];
+    metrics_num(ent, sizeof ent, R->have_train ? R->train.entropy : NAN);
+    fprintf(f, "{\"event\":\"run\",\"version\":\"%s\",\"config\":", PACKAGE_VERSION);
+    config_write_json(R->o, f);
+    fprintf(f, ",\"model\":{\"vocab_size\":%d,\"padded_vocab_size\":%d,\"max_seq_len\":%d,\"n_layer\":%d,"
+            "\"n_head\":%d,\"n_embd\":%d,\"params\":%zu}", R->cfg.V, R->cfg.Vp, R->cfg.maxT, R->cfg.L,
+            R->cfg.NH, R->cfg.C, gpt2_num_params(&R->cfg));
+    fprintf(f, ",\"ranks\":%d,\"stages\":%d,\"split\":", R->P, R->P);
+    split_write_json(&R->sp, f);
+    fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s}\n",
+            R->sc.name, R->M, R->have_train ? R->train.desc : "", ent);
+    fflush(f);
+}
+/* Where the timed steps went, by op class, per rank (ms per step) and as a share of the
+ * rank's compute: the next bottleneck, visible. */
+static int report_op_classes(run *R, int nsteps) {
+    double mine[PROF_NCLASS + 1], *all = NULL;
+    backend_prof_read(mine, NULL);
+    mine[PROF_NCLASS] = 0;
+    for (int i = 0; i < PROF_NCLASS; i++) mine[PROF_NCLASS] += mine[i];
+    if (R->rank == 0 && !(all = malloc(sizeof mine * R->P))) return PL_ENOMEM;
+    int rc = comm_gather(mine, PROF_NCLASS + 1, MPI_DOUBLE, all, 0, R->comm, "the gather of op-class timers");
+    if (rc == PL_OK && R->rank == 0) {
+        pl_info("  op classes (ms per step, %% of the rank's op time), backend %s, precision %s:\n", R->be->name,
+                R->o->precision);
+        pl_info("  %-30s", "rank");
+        for (int r = 0; r < R->P; r++) pl_info("  %15d", r);
+        pl_info("\n");
+        for (int i = 0; i <= PROF_NCLASS; i++) {
+            pl_info("  %-30s", i < PROF_NCLASS ? prof_class_name[i] : "all ops");
+            for (int r = 0; r < R->P; r++) {
+                const double *a = all + (size_t)r * (PROF_NCLASS + 1);
+                pl_info("  %8.2f (%3.0f%%)", 1e3 * a[i] / nsteps, a[PROF_NCLASS] > 0 ? 100 * a[i] / a[PROF_NCLASS] : 0);
+            }
+            pl_info("\n");
+        }
+    }
+    free(all);
+    return rc;
+}
+
+/* Per-rank figures a benchmark gathers at the end (ms per timed step). */
+int report_bench(run *R, const double *step_s, int nsteps) {
+    double mine[8];
+    int k = R->tm_steps ? R->tm_steps : 1;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    mine[0] = 1e3 * (R->tm[TM_FWD] + R->tm[TM_BWD]) / k;
+    mine[1] = 1e3 * R->tm[TM_WAIT] / k;
+    mine[2] = 1e3 * R->tm[TM_OPT] / k;
+    mine[3] = 1e3 * R->tm[TM_STEP] / k;
+    mine[4] = ru.ru_maxrss / 1024.0;
+    mine[5] = R->st.nb;
+    int threads = R->be->get_threads();
+    mine[6] = R->o->peak_gflops > 0 ? R->o->peak_gflops * threads : bench_sgemm_gflops(1024, threads, 1.0);
+    mine[7] = threads;
+    double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
+    if (R->rank == 0 && !all) return PL_ENOMEM;
+    PL_TRY(comm_gather(mine, 8, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
+    int rc = PL_OK;
+    if (R->rank == 0) {
+        bench_result br;
+        memset(&br, 0, sizeof br);
+        br.P = R->P;
+        br.M = R->M;
+        br.B = R->B;
+        br.T = R->T;
+        snprintf(br.schedule, sizeof br.schedule, "%s", R->sc.name);
+        br.nsteps = nsteps;
+        br.step_s = step_s;
+        br.flops_per_token = 6.0 * gpt2_num_params(&R->cfg) + 6.0 * R->cfg.L * R->cfg.C * R->T;
+        sched_sim sim;
+        char err[512];
+        br.bubble_theoretical = sched_simulate(&R->sc, &sim, err, sizeof err) == 0 ? sim.bubble : NAN;
+        if (br.bubble_theoretical == br.bubble_theoretical) sched_sim_free(&sim);
+        br.stage_stats = all;
+        rc = bench_report(&br, R->o->json, R->o->csv);
+        free(all);
+    }
+    PL_TRY(comm_agree(R->comm, rc, NULL));
+    return R->profiled ? report_op_classes(R, k) : PL_OK;
+}
+/* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
+static int check_tied_copies(run *R, int *same) {
+    *same = 1;
+    if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
+        size_t n = (size_t)R->cfg.Vp * R->cfg.C;
+        float *other = malloc(n * sizeof(float));
+        int peer = R->st.has_embed ? 1 : 0; /* rank within the tied communicator */
+        if (!other) return PL_ENOMEM;
+        MPI_Request rq[2];
+        comm_what w = {"the tied-embedding comparison", peer ? R->P - 1 : 0, -1, -1};
+        void *mine = NULL;
+        int rc = R->be->map(&mine, R->st.wte, n * sizeof(float), PL_MAP_READ);
+        if (rc != PL_OK) {
+            pl_error("backend %s: a host view of the tied embedding: %s", R->be->name, stage_error(&R->st));
+            free(other);
+            return rc;
+        }
+        if ((rc = MPI_Irecv(other, (int)n, MPI_FLOAT, peer, 7, R->tied, &rq[0])) == MPI_SUCCESS &&
+            (rc = MPI_Isend(mine, (int)n, MPI_FLOAT, peer, 7, R->tied, &rq[1])) == MPI_SUCCESS)
+            rc = comm_waitall(2, rq, &w);
+        else
+            rc = PL_EMPI;
+        if (rc == PL_OK) *same = memcmp(other, mine, n * sizeof(float)) == 0;
+        int rc2 = R->be->unmap(mine, R->st.wte, n * sizeof(float), PL_MAP_READ);
+        free(other);
+        PL_TRY(rc);
+        PL_TRY(rc2);
+    }
+    PL_TRY(comm_allreduce(MPI_IN_PLACE, same, 1, MPI_INT, MPI_MIN, R->comm, "the tied-embedding comparison"));
+    if (R->P > 1) {
+        if (*same) pl_info("tied embedding: the copies on stage 0 and stage %d are bit-identical\n", R->P - 1);
+        else if (R->rank == 0) pl_error("tied embedding: the copies on stage 0 and stage %d differ", R->P - 1);
+    }
+    return PL_OK;
+}
+/* The end of a run: the tied-copy check, the in-flight peaks, the "end" metrics line. */
+int report_finish(run *R, int first_step, int done_steps, double wall, double last_loss, int stopped) {
+    int tied_same = 1;
+    PL_TRY(check_tied_copies(R, &tied_same));
+    /* the engine's own accounting of activations held at once, per stage */
+    int *peaks = calloc((size_t)R->P, sizeof(int));
+    if (!peaks) return PL_ENOMEM;
+    int rc = comm_gather(&R->st.slots_peak, 1, MPI_INT, peaks, 0, R->comm, "the gather of in-flight peaks");
+    if (rc == PL_OK && R->rank == 0) {
+        char l[64], buf[2048];
+        int off = 0;
+        for (int s = 0; s < R->P && off < (int)sizeof buf - 16; s++)
+            off += snprintf(buf + off, sizeof buf - off, "%s%d", s ? "," : "", peaks[s]);
+        metrics_num(l, sizeof l, last_loss);
+        metrics_line(&R->mx, "{\"event\":\"end\",\"steps\":%d,\"final_loss\":%s,\"wall_s\":%.3f,"
+                     "\"inflight_peak\":[%s],\"tied_identical\":%s%s}", done_steps, l, wall, buf,
+                     tied_same ? "true" : "false", stopped ? ",\"preempted\":true" : "");
+        if (done_steps >= first_step)
+            pl_info("done: %d steps in %.1f s, final loss %.6f\n", done_steps - first_step + 1, wall, last_loss);
+        else
+            pl_info("done: no steps run (the checkpoint is already at step %d)\n", first_step - 1);
+    }
+    free(peaks);
+    PL_TRY(rc);
+    return tied_same ? PL_OK : PL_ENUM;
+}
+/* Step lines, metrics and the progress bar (rank 0). */
+void report_step(run *R, int step, int first_step, int last_step, double loss, double lr, double norm,
+                        double secs, double t_start) {
+    if (R->rank != 0) return;
+    const pl_options *o = R->o;
+    double ms = 1e3 * secs, tps = R->B * R->T / secs;
+    if (step % o->log_every == 0 || step == last_step) {
+        if (R->tty) fprintf(pl_out, "\r\033[K");
+        pl_info("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s\n", step, last_step, loss,
+                lr, norm, ms, tps);
+    }
+    char l[64], g[64];
+    metrics_num(l, sizeof l, loss);
+    metrics_num(g, sizeof g, norm);
+    metrics_line(&R->mx, "{\"event\":\"step\",\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,"
+                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f}", step, l, lr, g, ms, tps);
+    draw_progress(R, step - first_step + 1, last_step - first_step + 1, pl_now() - t_start);
+}

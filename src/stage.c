@@ -1,0 +1,469 @@
+/*
+ * stage.c — the layers one pipeline rank owns: parameters laid out by the model's tensor
+ * table, activation slots per micro-batch, and the forward, the backward's input part and
+ * its weight part as calls into the model's block math.
+ *   x = wte[tok] + wpe[pos]                      (first stage)
+ *   x = block_l(x) for l in [l0, l1)
+ *   logits = lnf(x) wte^T; loss = mean CE        (last stage; head backward inside F)
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/common.h"
+#include "pipelm/stage.h"
+
+#define STAGE_MAX_TENSOR 2147483647LL /* floats in one buffer (MPI counts are int) */
+
+/* The backend's last message, for errors the stage passes up. */
+const char *stage_error(const stage *st) {
+    const char *m = st->be && st->be->error ? st->be->error() : "";
+    return m && m[0] ? m : "no message from the backend";
+}
+
+/* Point bp/bg (and the embedding/head pointers) into params/grads. */
+static void bind_pointers(stage *st) {
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        float *p = st->params + t->offset, *g = st->grads + t->offset;
+        if (t->layer < 0) {
+            switch (t->kind) {
+            case P_WTE: st->wte = p; st->dwte = g; break;
+            case P_WPE: st->wpe = p; st->dwpe = g; break;
+            case P_LNFW: st->lnfw = p; st->dlnfw = g; break;
+            case P_LNFB: st->lnfb = p; st->dlnfb = g; break;
+            }
+            continue;
+        }
+        block_params *bp = &st->bp[t->layer - st->l0], *bg = &st->bg[t->layer - st->l0];
+        float **pp = NULL, **gg = NULL;
+        switch (t->kind) {
+        case P_LN1W: pp = &bp->ln1w; gg = &bg->ln1w; break;
+        case P_LN1B: pp = &bp->ln1b; gg = &bg->ln1b; break;
+        case P_QKVW: pp = &bp->qkvw; gg = &bg->qkvw; break;
+        case P_QKVB: pp = &bp->qkvb; gg = &bg->qkvb; break;
+        case P_ATTPROJW: pp = &bp->attprojw; gg = &bg->attprojw; break;
+        case P_ATTPROJB: pp = &bp->attprojb; gg = &bg->attprojb; break;
+        case P_LN2W: pp = &bp->ln2w; gg = &bg->ln2w; break;
+        case P_LN2B: pp = &bp->ln2b; gg = &bg->ln2b; break;
+        case P_FCW: pp = &bp->fcw; gg = &bg->fcw; break;
+        case P_FCB: pp = &bp->fcb; gg = &bg->fcb; break;
+        case P_FCPROJW: pp = &bp->fcprojw; gg = &bg->fcprojw; break;
+        case P_FCPROJB: pp = &bp->fcprojb; gg = &bg->fcprojb; break;
+        }
+        *pp = p;
+        *gg = g;
+    }
+}
+
+/* Allocate through the backend; the first failure's status is kept in *rc. */
+static void *balloc(stage *st, size_t bytes, int *rc) {
+    void *p = NULL;
+    if (*rc) return NULL;
+    *rc = st->be->alloc(&p, bytes);
+    return *rc ? NULL : p;
+}
+
+/* Activations of one slot: per block 16 C floats + NH T floats + 4 per token. */
+static void alloc_slot(stage *st, act_slot *s, int *rc) {
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
+    s->x_in = balloc(st, N * C * F, rc);
+    s->tok = st->has_embed ? balloc(st, N * sizeof(int), rc) : NULL;
+    s->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_acts));
+    if (!s->blocks) { if (!*rc) *rc = PL_ENOMEM; return; }
+    for (int b = 0; b < st->nb; b++) {
+        block_acts *a = &s->blocks[b];
+        a->ln1 = balloc(st, N * C * F, rc);
+        a->ln1_mean = balloc(st, N * F, rc);
+        a->ln1_rstd = balloc(st, N * F, rc);
+        a->qkv = balloc(st, N * 3 * C * F, rc);
+        a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, rc);
+        a->atty = balloc(st, N * C * F, rc);
+        a->res2 = balloc(st, N * C * F, rc);
+        a->ln2 = balloc(st, N * C * F, rc);
+        a->ln2_mean = balloc(st, N * F, rc);
+        a->ln2_rstd = balloc(st, N * F, rc);
+        a->fch = balloc(st, N * 4 * C * F, rc);
+        a->fch_gelu = balloc(st, N * 4 * C * F, rc);
+        a->res3 = balloc(st, N * C * F, rc);
+    }
+    if (st->has_head) {
+        s->lnf = balloc(st, N * C * F, rc);
+        s->lnf_mean = balloc(st, N * F, rc);
+        s->lnf_rstd = balloc(st, N * F, rc);
+        s->dlnf = balloc(st, N * C * F, rc);
+    }
+}
+
+/* One set of output gradients: per block 11 C floats per token, plus the embedding's. */
+static int alloc_douts(stage *st, stage_douts *dd) {
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
+    int rc = PL_OK;
+    dd->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_douts));
+    if (!dd->blocks) return PL_ENOMEM;
+    for (int b = 0; b < st->nb; b++) {
+        block_douts *d = &dd->blocks[b];
+        d->fcproj = balloc(st, N * C * F, &rc);
+        d->fc = balloc(st, N * 4 * C * F, &rc);
+        d->ln2 = balloc(st, N * C * F, &rc);
+        d->attproj = balloc(st, N * C * F, &rc);
+        d->qkv = balloc(st, N * 3 * C * F, &rc);
+        d->ln1 = balloc(st, N * C * F, &rc);
+    }
+    dd->embed = st->has_embed ? balloc(st, N * C * F, &rc) : NULL;
+    return rc;
+}
+
+static void free_douts(stage *st, stage_douts *dd) {
+    if (dd->blocks)
+        for (int b = 0; b < st->nb; b++) {
+            block_douts *d = &dd->blocks[b];
+            float *all[] = {d->fcproj, d->fc, d->ln2, d->attproj, d->qkv, d->ln1};
+            for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) st->be->free(all[k]);
+        }
+    free(dd->blocks);
+    st->be->free(dd->embed);
+    memset(dd, 0, sizeof *dd);
+}
+
+static void free_slot(stage *st, act_slot *s) {
+    const backend *be = st->be;
+    be->free(s->x_in);
+    be->free(s->tok);
+    if (s->blocks) {
+        for (int b = 0; b < st->nb; b++) {
+            block_acts *a = &s->blocks[b];
+            float *all[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
+                            a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+            for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) be->free(all[k]);
+        }
+        free(s->blocks);
+    }
+    be->free(s->lnf);
+    be->free(s->lnf_mean);
+    be->free(s->lnf_rstd);
+    be->free(s->dlnf);
+    if (s->dd && s->dd != &st->shared_dd) {
+        free_douts(st, s->dd);
+        free(s->dd);
+    }
+}
+
+/* Refuse a micro-batch whose buffers would not fit (each fewer than 2^31 elements). */
+static int check_sizes(const gpt2_config *cfg, int has_head, int Bm, int T, char *err, size_t errlen) {
+    long long N = (long long)Bm * T, C = cfg->C;
+    const char *what = NULL;
+    if (N > STAGE_MAX_TENSOR / 4 / (C > 0 ? C : 1)) what = "the (tokens, 4 n-embd) activations";
+    else if (has_head && N > STAGE_MAX_TENSOR / cfg->Vp) what = "the (tokens, padded vocab) logits";
+    else if ((long long)Bm * cfg->NH > STAGE_MAX_TENSOR / ((long long)T * T)) what = "the (micro-batch, heads, T, T) attention";
+    if (!what) return PL_OK;
+    snprintf(err, errlen, "micro-batch too large: %s of %d x %d = %lld tokens would exceed %lld floats "
+             "(lower --batch/--microbatches ratio or --seq-len)", what, Bm, T, N, STAGE_MAX_TENSOR);
+    return PL_EINVAL;
+}
+
+/* Parameters, gradients and the shared scratch; then the slots. */
+static int alloc_buffers(stage *st) {
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float), pb = st->nparams * F;
+    int rc = PL_OK;
+    st->params = balloc(st, pb, &rc);
+    st->grads = balloc(st, pb, &rc);
+    if (st->has_head) {
+        st->dwte_head = balloc(st, (size_t)st->cfg.Vp * C * F, &rc);
+        st->logits = balloc(st, N * st->cfg.Vp * F, &rc);
+        st->losses = balloc(st, N * F, &rc);
+        st->tgt = balloc(st, N * sizeof(int), &rc);
+        st->host_losses = rc ? NULL : malloc(N * F);
+        if (!rc && !st->host_losses) rc = PL_ENOMEM;
+    }
+    st->dres = balloc(st, N * C * F, &rc);
+    if (!rc) rc = alloc_douts(st, &st->shared_dd);
+    for (int i = 0; i < st->nslots && !rc; i++) {
+        alloc_slot(st, &st->slots[i], &rc);
+        st->slots[i].dd = &st->shared_dd;
+    }
+    return rc;
+}
+
+int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
+               int Bm, int T, int nslots, const backend *be, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    if (l0 < 0 || l1 < l0 || l1 > cfg->L || T < 1 || T > cfg->maxT || Bm < 1 || nslots < 1) {
+        snprintf(err, errlen, "bad stage shape: blocks [%d,%d) of %d, B=%d T=%d (max %d), slots %d",
+                 l0, l1, cfg->L, Bm, T, cfg->maxT, nslots);
+        return PL_EINVAL;
+    }
+    PL_TRY(check_sizes(cfg, has_head, Bm, T, err, errlen));
+    st->cfg = *cfg;
+    st->l0 = l0;
+    st->l1 = l1;
+    st->nb = l1 - l0;
+    st->has_embed = has_embed;
+    st->has_head = has_head;
+    st->Bm = Bm;
+    st->T = T;
+    st->N = Bm * T;
+    st->be = be;
+    st->tensors = calloc(16 + 12 * (size_t)st->nb, sizeof(param_tensor));
+    st->bp = calloc(st->nb ? st->nb : 1, sizeof(block_params));
+    st->bg = calloc(st->nb ? st->nb : 1, sizeof(block_params));
+    st->slots = calloc(nslots, sizeof(act_slot));
+    if (!st->tensors || !st->bp || !st->bg || !st->slots) {
+        snprintf(err, errlen, "out of host memory for the stage tables");
+        stage_free(st);
+        return PL_ENOMEM;
+    }
+    st->ntensors = gpt2_layout(cfg, l0, l1, has_embed, has_head, st->tensors, &st->nparams);
+    st->nslots = nslots;
+    int rc = alloc_buffers(st);
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "backend %s: %s, for a stage of %d blocks (%zu parameters, %d activation "
+                 "slots of %d x %d tokens)", be->name, rc == PL_ENOMEM && !be->error()[0] ? "out of host memory"
+                 : stage_error(st), st->nb, st->nparams, nslots, Bm, T);
+        stage_free(st);
+        return rc;
+    }
+    bind_pointers(st);
+    return PL_OK;
+}
+
+int stage_init_deferred(stage *st, char *err, size_t errlen) {
+    for (int i = 0; i < st->nslots; i++) {
+        if (st->slots[i].dd != &st->shared_dd) continue;
+        stage_douts *dd = calloc(1, sizeof *dd);
+        int rc = dd ? alloc_douts(st, dd) : PL_ENOMEM;
+        if (rc != PL_OK) {
+            snprintf(err, errlen, "backend %s: %s, for the deferred weight gradients of %d slots",
+                     st->be->name, stage_error(st), st->nslots);
+            if (dd) { free_douts(st, dd); free(dd); }
+            return rc;
+        }
+        st->slots[i].dd = dd;
+    }
+    st->deferred = 1;
+    return PL_OK;
+}
+
+void stage_free(stage *st) {
+    if (!st->be) return;
+    const backend *be = st->be;
+    if (st->slots)
+        for (int i = 0; i < st->nslots; i++) free_slot(st, &st->slots[i]);
+    free(st->slots);
+    free_douts(st, &st->shared_dd);
+    float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
+    be->free(st->tgt);
+    free(st->host_losses);
+    free(st->tensors);
+    free(st->bp);
+    free(st->bg);
+    memset(st, 0, sizeof *st);
+}
+
+int stage_init_params(stage *st, unsigned long long seed) {
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        float *host = malloc(t->numel * sizeof(float));
+        if (!host) return PL_ENOMEM;
+        gpt2_init_tensor(&st->cfg, t, seed, host);
+        int rc = st->be->from_host(st->params + t->offset, host, t->numel * sizeof(float));
+        free(host);
+        PL_TRY(rc);
+    }
+    return PL_OK;
+}
+
+const param_tensor *stage_find_tensor(const stage *st, int kind, int layer) {
+    for (int i = 0; i < st->ntensors; i++)
+        if (st->tensors[i].kind == kind && st->tensors[i].layer == layer) return &st->tensors[i];
+    return NULL;
+}
+
+int stage_zero_grads(stage *st) {
+    PL_TRY(st->be->zero(st->grads, st->nparams * sizeof(float)));
+    if (st->dwte_head) PL_TRY(st->be->zero(st->dwte_head, (size_t)st->cfg.Vp * st->cfg.C * sizeof(float)));
+    return PL_OK;
+}
+
+int stage_slot_of(const stage *st, int mb) {
+    for (int i = 0; i < st->nslots; i++)
+        if (st->slots[i].in_use && st->slots[i].mb == mb) return i;
+    return -1;
+}
+
+void stage_release_all(stage *st) {
+    for (int i = 0; i < st->nslots; i++) st->slots[i].in_use = st->slots[i].input_done = 0;
+    st->slots_in_use = 0;
+    st->w_pending = 0;
+}
+
+float *stage_output(stage *st, int slot) {
+    act_slot *s = &st->slots[slot];
+    return st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+}
+
+float *stage_dinput(stage *st) { return st->dres; }
+
+static block_dims dims_of(const stage *st) {
+    block_dims d = {st->Bm, st->T, st->cfg.C, st->cfg.NH, st->N};
+    return d;
+}
+
+/* The last stage's head: logits = lnf(x) wte^T, the loss, and (dloss > 0) its backward to
+ * dL/d(lnf), with the head's wte gradient added to dwte_head. */
+static int head_forward(stage *st, act_slot *s, const float *x, const int *targets, float dloss, double *loss_sum) {
+    const backend *be = st->be;
+    const gpt2_config *c = &st->cfg;
+    int N = st->N, C = c->C;
+    PL_TRY(be->layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, x, st->lnfw, st->lnfb, N, C));
+    PL_TRY(be->matmul_fwd(st->logits, s->lnf, st->wte, NULL, N, C, c->Vp));        // (N, Vp)
+    PL_TRY(be->from_host(st->tgt, targets, (size_t)N * sizeof(int)));
+    PL_TRY(be->crossentropy_fwd(st->losses, st->logits, st->tgt, N, c->V, c->Vp)); // (N)
+    PL_TRY(be->to_host(st->host_losses, st->losses, (size_t)N * sizeof(float)));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += st->host_losses[i];
+    *loss_sum = sum;
+    if (dloss <= 0.0f) return PL_OK;
+    /* the head's backward, now that dL/dlogits is known: keep only dL/d(lnf) */
+    PL_TRY(be->crossentropy_bwd(st->logits, st->tgt, dloss, N, c->V, c->Vp));
+    PL_TRY(be->matmul_bwd_input(s->dlnf, st->logits, st->wte, N, C, c->Vp));       // (N, C)
+    return be->matmul_bwd_weight(st->dwte_head, NULL, st->logits, s->lnf, N, C, c->Vp);
+}
+
+int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
+                  float dloss, double *loss_sum, int *slot_out) {
+    const backend *be = st->be;
+    int N = st->N, C = st->cfg.C, slot = -1;
+    for (int i = 0; i < st->nslots; i++)
+        if (!st->slots[i].in_use) { slot = i; break; }
+    if (slot < 0) {
+        pl_error("stage blocks [%d,%d): no free activation slot for micro-batch %d (%d in use)",
+                 st->l0, st->l1, mb, st->slots_in_use);
+        return PL_EINVAL;
+    }
+    act_slot *s = &st->slots[slot];
+    s->in_use = 1;
+    s->input_done = 0;
+    s->mb = mb;
+    if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
+    if (st->has_embed) {
+        PL_TRY(be->from_host(s->tok, tok, (size_t)N * sizeof(int)));
+        PL_TRY(be->encoder_fwd(s->x_in, s->tok, st->wte, st->wpe, N, st->T, C));   // (N, C)
+    } else {
+        PL_TRY(be->copy(s->x_in, x_in, (size_t)N * C * sizeof(float)));
+    }
+    block_dims d = dims_of(st);
+    const float *x = s->x_in;
+    for (int b = 0; b < st->nb; b++) {
+        PL_TRY(gpt2_block_forward(be, &d, &st->bp[b], &s->blocks[b], x));
+        x = s->blocks[b].res3;
+    }
+    if (st->has_head) PL_TRY(head_forward(st, s, x, targets, dloss, loss_sum));
+    *slot_out = slot;
+    return PL_OK;
+}
+
+/* The slot of a backward part, checked: in use, and in the expected phase. */
+static act_slot *backward_slot(stage *st, int slot, int want_input_done, const char *what) {
+    act_slot *s = slot >= 0 && slot < st->nslots ? &st->slots[slot] : NULL;
+    if (!s || !s->in_use || s->input_done != want_input_done) {
+        pl_error("stage blocks [%d,%d): %s of slot %d, which %s", st->l0, st->l1, what, slot,
+                 !s || !s->in_use ? "holds no micro-batch" : want_input_done ? "has not run its input part"
+                 : "already ran its input part");
+        return NULL;
+    }
+    return s;
+}
+
+/* dres = dL/d(stage output): from the next stage, or through lnf on the last. */
+static int backward_start(stage *st, act_slot *s, const float *dout) {
+    const backend *be = st->be;
+    size_t nc = (size_t)st->N * st->cfg.C;
+    if (!st->has_head) return be->copy(st->dres, dout, nc * sizeof(float));
+    const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+    PL_TRY(be->zero(st->dres, nc * sizeof(float)));
+    return be->layernorm_bwd_input(st->dres, s->dlnf, x_last, st->lnfw, s->lnf_mean, s->lnf_rstd, st->N, st->cfg.C);
+}
+
+/* The weight ops outside the blocks: the final norm's (last stage). */
+static int head_weight(stage *st, act_slot *s) {
+    const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+    return st->be->layernorm_bwd_weight(st->dlnfw, st->dlnfb, s->dlnf, x_last, s->lnf_mean, s->lnf_rstd,
+                                        st->N, st->cfg.C);
+}
+
+/* The embeddings' gradient (first stage) from dL/d(x_in) kept in dd->embed. */
+static int embed_weight(stage *st, act_slot *s) {
+    return st->be->encoder_bwd(st->dwte, st->dwpe, s->dd->embed, s->tok, st->N, st->T, st->cfg.C);
+}
+
+static int release(stage *st, act_slot *s) {
+    s->in_use = s->input_done = 0;
+    st->slots_in_use--;
+    return PL_OK;
+}
+
+int stage_backward_input(stage *st, int slot, const float *dout) {
+    act_slot *s = backward_slot(st, slot, 0, "input part of the backward");
+    if (!s) return PL_EINVAL;
+    if (!st->deferred && st->w_pending) {
+        pl_error("stage blocks [%d,%d): input part of micro-batch %d while a weight part is pending, "
+                 "without deferred weight buffers (stage_init_deferred)", st->l0, st->l1, s->mb);
+        return PL_EINVAL;
+    }
+    const backend *be = st->be;
+    block_dims d = dims_of(st);
+    PL_TRY(backward_start(st, s, dout));
+    for (int b = st->nb - 1; b >= 0; b--) {
+        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, &s->dd->blocks[b]));
+    }
+    if (st->has_embed) PL_TRY(be->copy(s->dd->embed, st->dres, (size_t)st->N * st->cfg.C * sizeof(float)));
+    s->input_done = 1;
+    st->w_pending++;
+    return PL_OK;
+}
+
+int stage_backward_weight(stage *st, int slot) {
+    act_slot *s = backward_slot(st, slot, 1, "weight part of the backward");
+    if (!s) return PL_EINVAL;
+    block_dims d = dims_of(st);
+    if (st->has_head) PL_TRY(head_weight(st, s));
+    for (int b = st->nb - 1; b >= 0; b--) {
+        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        PL_TRY(gpt2_block_backward_weight(st->be, &d, &st->bg[b], &s->blocks[b], x, &s->dd->blocks[b]));
+    }
+    if (st->has_embed) PL_TRY(embed_weight(st, s));
+    st->w_pending--;
+    return release(st, s);
+}
+
+/* Block by block: each block's weight part right after its input part (the shared output
+ * gradients are reused by the next block). */
+int stage_backward(stage *st, int slot, const float *dout) {
+    act_slot *s = backward_slot(st, slot, 0, "backward");
+    if (!s) return PL_EINVAL;
+    const backend *be = st->be;
+    block_dims d = dims_of(st);
+    PL_TRY(backward_start(st, s, dout));
+    if (st->has_head) PL_TRY(head_weight(st, s));
+    for (int b = st->nb - 1; b >= 0; b--) {
+        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        const block_douts *dd = &st->shared_dd.blocks[b];
+        PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, dd));
+        PL_TRY(gpt2_block_backward_weight(be, &d, &st->bg[b], &s->blocks[b], x, dd));
+    }
+    if (st->has_embed) PL_TRY(be->encoder_bwd(st->dwte, st->dwpe, st->dres, s->tok, st->N, st->T, st->cfg.C));
+    return release(st, s);
+}
+
+int stage_tied_grads_local(stage *st) {
+    size_t n = (size_t)st->cfg.Vp * st->cfg.C;
+    if (st->has_embed && st->has_head) return st->be->add_inplace(st->dwte, st->dwte_head, n);
+    if (st->has_head) return st->be->copy(st->dwte, st->dwte_head, n * sizeof(float));
+    return PL_OK;
+}

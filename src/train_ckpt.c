@@ -1,0 +1,114 @@
+/*
+ * train_ckpt.c — a training run's checkpoints: the state recorded beside the tensors, the
+ * collective save with its report, and resuming (settings that change the data stream must
+ * match the saved ones).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/ckpt.h"
+#include "pipelm/common.h"
+#include "pipelm/run.h"
+#include "pipelm/trace.h"
+
+/* The training state that goes into a checkpoint beside the tensors. */
+static void fill_meta(const run *R, int step, ckpt_meta *m) {
+    const pl_options *o = R->o;
+    memset(m, 0, sizeof *m);
+    m->step = step;
+    m->tokens_seen = (long long)step * R->B * R->T;
+    m->data_pos = step; /* batch k of the data source is read at step k+1 */
+    m->seed = o->seed;
+    m->data_seed = o->data_seed;
+    snprintf(m->data, sizeof m->data, "%.500s", o->data);
+    m->lr = o->lr;
+    m->min_lr = o->min_lr;
+    m->beta1 = o->beta1;
+    m->beta2 = o->beta2;
+    m->eps = o->eps;
+    m->weight_decay = o->weight_decay;
+    m->grad_clip = o->grad_clip;
+    m->warmup_steps = o->warmup_steps;
+    m->total_steps = o->steps;
+    snprintf(m->lr_schedule, sizeof m->lr_schedule, "%s", o->lr_schedule);
+    m->batch = R->B;
+    m->seq_len = R->T;
+    m->microbatches = R->M;
+    snprintf(m->schedule, sizeof m->schedule, "%s", R->sc.name);
+    m->nstages = R->P;
+    for (int s = 0; s < R->P && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
+    m->markov_branch = o->markov_branch; /* the stream of "markov" data depends on it */
+}
+/* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */
+int train_save_checkpoint(run *R, int step) {
+    ckpt_meta m;
+    fill_meta(R, step, &m);
+    char path[PL_PATH + 64], err[1024] = "";
+    double bytes = 0, t0 = pl_now();
+    trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t0);
+    int rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->comm, path, sizeof path, &bytes, err, sizeof err);
+    double t1 = pl_now();
+    trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t1);
+    if (rc != PL_OK) {
+        if (err[0]) pl_error("checkpoint at step %d: %s", step, err);
+        char prev[PL_PATH + 64], e2[256];
+        if (R->rank == 0 && ckpt_resolve(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
+            pl_error("checkpoint at step %d failed; the previous checkpoint %s is intact", step, prev);
+        else if (R->rank == 0)
+            pl_error("checkpoint at step %d failed; there is no earlier checkpoint in %s", step, R->o->ckpt_dir);
+        return rc;
+    }
+    pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,
+            bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    return PL_OK;
+}
+/* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
+ * step after the saved one. Settings that would change the data stream must match. */
+int train_resume_checkpoint(run *R, int *first_step) {
+    const pl_options *o = R->o;
+    char path[PL_PATH + 64], err[1024] = "";
+    int rc = ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, err, sizeof err);
+    if (rc != PL_OK) {
+        if (R->rank == 0) pl_error("--resume: %s", err);
+        return rc; /* every rank resolved the same name the same way */
+    }
+    ckpt_meta m;
+    double bytes = 0, t0 = pl_now();
+    rc = ckpt_load(path, &R->st, &R->opt, &m, R->comm, &bytes, err, sizeof err);
+    double t1 = pl_now();
+    if (rc != PL_OK) {
+        if (err[0]) pl_error("resuming from %s: %s", path, err);
+        return rc;
+    }
+    const char *what = NULL;
+    char a[600] = "", b[600] = "";
+    if (m.batch != R->B) { what = "batch"; snprintf(a, sizeof a, "%d", m.batch); snprintf(b, sizeof b, "%d", R->B); }
+    else if (m.seq_len != R->T) { what = "seq-len"; snprintf(a, sizeof a, "%d", m.seq_len); snprintf(b, sizeof b, "%d", R->T); }
+    else if (strcmp(m.data, o->data) != 0) { what = "data"; snprintf(a, sizeof a, "%.500s", m.data); snprintf(b, sizeof b, "%.500s", o->data); }
+    else if (m.data_seed != o->data_seed) { what = "data-seed"; snprintf(a, sizeof a, "%lld", m.data_seed); snprintf(b, sizeof b, "%lld", o->data_seed); }
+    else if (m.markov_branch > 0 && m.markov_branch != o->markov_branch && strcmp(o->data, "markov") == 0) {
+        what = "markov-branch";
+        snprintf(a, sizeof a, "%d", m.markov_branch);
+        snprintf(b, sizeof b, "%d", o->markov_branch);
+    }
+    if (!what && m.markov_branch <= 0 && strcmp(o->data, "markov") == 0 && R->rank == 0)
+        fprintf(stderr, "pipelm: rank 0: note: %s does not record --markov-branch (saved by an older pipelm): "
+                "cannot check that this run's --markov-branch %d is the one it was trained with\n", path,
+                o->markov_branch);
+    if (what) {
+        if (R->rank == 0)
+            pl_error("cannot resume from %s: it was saved with --%s %s but this run has --%s %s", path, what, a, what, b);
+        return PL_EINVAL;
+    }
+    *first_step = (int)m.step + 1;
+    char split[256] = "";
+    for (int s = 0, off = 0; s < m.nstages && s < CKPT_MAX_STAGES && off < (int)sizeof split - 16; s++)
+        off += snprintf(split + off, sizeof split - off, "%s%d", s ? "," : "", m.split[s]);
+    pl_info("resumed from %s: step %lld (saved on %d stage%s, split %s), %.1f MB in %.2f s (%.1f MB/s)\n", path,
+            m.step, m.nstages, m.nstages > 1 ? "s" : "", split, bytes / 1e6, t1 - t0,
+            bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    return PL_OK;
+}
