@@ -88,7 +88,7 @@ static const opt_desc options[] = {
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
     O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
-    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe"),
+    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split)"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -625,8 +625,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
                 strcmp(o->fail_at, "nan") == 0,
             "--fail-at must be before, during, after, save or nan (got '%s')", o->fail_at);
-    REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0,
-            "--schedule must be 1f1b or gpipe (got '%s')", o->schedule);
+    REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0 || strcmp(o->schedule, "zb-h1") == 0,
+            "--schedule must be 1f1b, gpipe or zb-h1 (got '%s')", o->schedule);
 #undef REQUIRE
     return PL_OK;
 }

@@ -147,19 +147,21 @@ static int run_forward(engine *e, long step, int m, const int *inputs, const int
     return PL_OK;
 }
 
-/* Run one B: wait for the output gradient and for the forward send that reads the slot,
- * then backward; the input gradient moves at once into the micro-batch's own send buffer
- * (the stage's dinput is scratch the next backward overwrites). */
-static int run_backward(engine *e, long step, int m) {
+/* Run one B (op SCHED_B) or its input part I (SCHED_I): wait for the output gradient and
+ * for the forward send that reads the slot, then the backward; the input gradient moves at
+ * once into the micro-batch's own send buffer (the stage's dinput is scratch the next
+ * backward overwrites). B adds to the weight gradients, so it runs in micro-batch order. */
+static int run_backward(engine *e, long step, int m, sched_op op) {
     stage *st = e->st;
-    int r = e->rank, P = e->P;
+    int r = e->rank, P = e->P, whole = op == SCHED_B;
     size_t slice = (size_t)st->N * st->cfg.C;
     int slot = stage_slot_of(st, m);
+    const char *name = whole ? "B" : "I";
     if (slot < 0) {
-        pl_error("step %ld: schedule runs %dB%d before its forward", step, r, m);
+        pl_error("step %ld: schedule runs %d%s%d before its forward", step, r, name, m);
         return PL_EINVAL;
     }
-    if (m != e->next_b) {
+    if (whole && m != e->next_b) {
         pl_error("step %ld: action %dB%d adds to the weight gradients out of micro-batch order "
                  "(micro-batch %d is next); refusing to run it", step, r, m, e->next_b);
         return PL_EINVAL;
@@ -173,13 +175,36 @@ static int run_backward(engine *e, long step, int m) {
         PL_TRY(unview(e, HV_SF, m, stage_output(st, slot), slice));
     }
     double t0 = pl_now();
-    PL_TRY(stage_backward(st, slot, r < P - 1 ? e->recv_b + m * slice : NULL));
+    const float *dout = r < P - 1 ? e->recv_b + m * slice : NULL;
+    PL_TRY(whole ? stage_backward(st, slot, dout) : stage_backward_input(st, slot, dout));
     if (r > 0) PL_TRY(st->be->copy(e->send_b + m * slice, stage_dinput(st), slice * sizeof(float)));
     e->b_done[m] = 1;
+    if (whole) e->next_b++;
+    double t1 = pl_now();
+    e->t_bwd += t1 - t0;
+    if (e->tr) trace_event(e->tr, name, "compute", m, t0, t1);
+    return PL_OK;
+}
+
+/* Run one W: the weight part of a micro-batch whose I has run, in micro-batch order. */
+static int run_weight(engine *e, long step, int m) {
+    stage *st = e->st;
+    int r = e->rank, slot = stage_slot_of(st, m);
+    if (slot < 0 || !e->b_done[m]) {
+        pl_error("step %ld: schedule runs %dW%d before its %s", step, r, m, slot < 0 ? "forward" : "input part (I)");
+        return PL_EINVAL;
+    }
+    if (m != e->next_b) {
+        pl_error("step %ld: action %dW%d adds to the weight gradients out of micro-batch order "
+                 "(micro-batch %d is next); refusing to run it", step, r, m, e->next_b);
+        return PL_EINVAL;
+    }
+    double t0 = pl_now();
+    PL_TRY(stage_backward_weight(st, slot));
     e->next_b++;
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
-    if (e->tr) trace_event(e->tr, "B", "compute", m, t0, t1);
+    if (e->tr) trace_event(e->tr, "W", "compute", m, t0, t1);
     return PL_OK;
 }
 
@@ -272,7 +297,11 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
             if (e->tr) { double t = pl_now(); trace_event(e->tr, "send F", "comm", m, t, t); }
             break;
         case SCHED_B:
-            PL_TRY(run_backward(e, step, m));
+        case SCHED_I:
+            PL_TRY(run_backward(e, step, m, acts[i].op));
+            break;
+        case SCHED_W:
+            PL_TRY(run_weight(e, step, m));
             break;
         case SCHED_SEND_B:
             if (!e->b_done[m]) {

@@ -72,7 +72,7 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
             if (rank == 0)
-                printf("usage: pipelm schedule --stages P --microbatches M [--schedule 1f1b|gpipe] "
+                printf("usage: pipelm schedule --stages P --microbatches M [--schedule 1f1b|gpipe|zb-h1] "
                        "[--csv OUT.csv] [--load IN.csv]\n"
                        "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
                        "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n");

@@ -39,10 +39,15 @@ static const char *act_str(const sched_action *a, char *buf, size_t len) {
 
 /* the spelling torch uses for each op, indexed by sched_op */
 static const char *const op_names[SCHED_NOPS] = {
-    "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+    "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "I", "W"
 };
 
-/* true if op is one of the six known kinds */
+/* F, B, I and W compute; the rest move data */
+static int is_compute(sched_op op) {
+    return op == SCHED_F || op == SCHED_B || op == SCHED_I || op == SCHED_W;
+}
+
+/* true if op is one of the known kinds */
 static int op_valid(int op) {
     return op >= 0 && op < SCHED_NOPS;
 }
@@ -51,6 +56,8 @@ static int op_valid(int op) {
 static int op_cost(sched_op op) {
     if (op == SCHED_F) return SCHED_COST_F;
     if (op == SCHED_B) return SCHED_COST_B;
+    if (op == SCHED_I) return SCHED_COST_I;
+    if (op == SCHED_W) return SCHED_COST_W;
     return 0;
 }
 
@@ -143,13 +150,67 @@ static void gen_1f1b(sched *s) {
     }
 }
 
+/* the input part of mb's backward (I) with its receive and send */
+static void push_bwd_input(sched *s, int r, int mb) {
+    if (r < s->P - 1) push(s, r, SCHED_RECV_B, mb);
+    push(s, r, SCHED_I, mb);
+    if (r > 0) push(s, r, SCHED_SEND_B, mb);
+}
+
+/* ZB-H1 as a list scheduler over the unit-cost model (F = I = W = 1, messages free): at
+   each time unit a free rank runs, in this order of preference, the I whose gradient has
+   arrived, else the next F if its input has arrived and the rank holds fewer than 1F1B's
+   P - r micro-batches (the same activation memory), else its oldest pending W. The W's so
+   fill the time a rank would wait, and the I's carry the gradients back at one unit per
+   stage. Every choice is made when its data is there, so the list replays without waiting
+   in a different order; I, W and F each run in ascending micro-batch order. */
+static int gen_zbh1(sched *s) {
+    int P = s->P, M = s->M;
+    int *nf = calloc((size_t)P, sizeof(int)), *ni = calloc((size_t)P, sizeof(int));
+    int *nw = calloc((size_t)P, sizeof(int)), *busy = calloc((size_t)P, sizeof(int));
+    long *fdone = malloc(sizeof(long) * (size_t)P * M), *idone = malloc(sizeof(long) * (size_t)P * M);
+    if (!nf || !ni || !nw || !busy || !fdone || !idone) {
+        free(nf); free(ni); free(nw); free(busy); free(fdone); free(idone);
+        return -1;
+    }
+    for (size_t k = 0; k < (size_t)P * M; k++) fdone[k] = idone[k] = -1;
+#define AT(a, r, mb) (a)[(size_t)(r) * M + (mb)]
+    int left = P * M * 3;
+    for (long t = 0; left > 0; t++)
+        for (int r = 0; r < P; r++) {
+            if (busy[r] > t) continue;
+            int i = ni[r], f = nf[r];
+            int grad = i < f && (r == P - 1 ? AT(fdone, r, i) >= 0 && AT(fdone, r, i) <= t
+                                            : AT(idone, r + 1, i) >= 0 && AT(idone, r + 1, i) <= t);
+            int input = f < M && (r == 0 || (AT(fdone, r - 1, f) >= 0 && AT(fdone, r - 1, f) <= t));
+            if (grad) {
+                push_bwd_input(s, r, i);
+                AT(idone, r, i) = t + 1;
+                ni[r]++;
+            } else if (input && f - nw[r] < P - r) {
+                push_fwd(s, r, f);
+                AT(fdone, r, f) = t + 1;
+                nf[r]++;
+            } else if (nw[r] < ni[r]) {
+                push(s, r, SCHED_W, nw[r]++);
+            } else {
+                continue;
+            }
+            busy[r] = (int)(t + 1);
+            left--;
+        }
+#undef AT
+    free(nf); free(ni); free(nw); free(busy); free(fdone); free(idone);
+    return 0;
+}
+
 /* build a named schedule; see header */
 int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen) {
     if (s == NULL) { set_err(err, errlen, "sched_build: NULL output"); return -1; }
     memset(s, 0, sizeof(*s));
     if (name == NULL) { set_err(err, errlen, "sched_build: no schedule name"); return -1; }
-    if (strcmp(name, "gpipe") != 0 && strcmp(name, "1f1b") != 0) {
-        set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe or 1f1b)", name);
+    if (strcmp(name, "gpipe") != 0 && strcmp(name, "1f1b") != 0 && strcmp(name, "zb-h1") != 0) {
+        set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1)", name);
         return -1;
     }
     if (P < 1) { set_err(err, errlen, "sched_build: need at least 1 stage, got P=%d", P); return -1; }
@@ -159,9 +220,9 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
         return -1;
     }
     if (sched_alloc(s, name, P, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return -1; }
-    // at most 6 actions per micro-batch per rank: F, B and four comm actions
+    // at most 7 actions per micro-batch per rank: F, I and W (or B), four comm actions
     for (int r = 0; r < P; r++) {
-        s->acts[r] = malloc((size_t)M * 6 * sizeof(sched_action));
+        s->acts[r] = malloc((size_t)M * 7 * sizeof(sched_action));
         if (s->acts[r] == NULL) {
             sched_free(s);
             set_err(err, errlen, "sched_build: out of memory");
@@ -169,7 +230,12 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
         }
     }
     if (strcmp(name, "gpipe") == 0) gen_gpipe(s);
-    else gen_1f1b(s);
+    else if (strcmp(name, "1f1b") == 0) gen_1f1b(s);
+    else if (gen_zbh1(s) != 0) {
+        sched_free(s);
+        set_err(err, errlen, "sched_build: out of memory");
+        return -1;
+    }
     return 0;
 }
 
@@ -398,7 +464,7 @@ static int check_actions(const sched *s, char *err, size_t errlen) {
                 return -1;
             }
             int peer = peer_stage(a);
-            if (a->op != SCHED_F && a->op != SCHED_B && (peer < 0 || peer >= s->P)) {
+            if (!is_compute(a->op) && (peer < 0 || peer >= s->P)) {
                 set_err(err, errlen, "rank %d, action #%d (%s): has no partner, stage %d is the %s stage",
                         r, i, act_str(a, b, sizeof(b)), a->stage, peer < 0 ? "first" : "last");
                 return -1;
@@ -539,7 +605,7 @@ static int validate_pairs(const sched *s, const int *pos, char *err, size_t errl
     for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
-            if (a->op == SCHED_F || a->op == SCHED_B) continue;
+            if (is_compute(a->op)) continue;
             sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
             if (POS(want.stage, want.op, want.mb) < 0) {
                 int is_send = a->op == SCHED_SEND_F || a->op == SCHED_SEND_B;
@@ -558,26 +624,46 @@ static int validate_pairs(const sched *s, const int *pos, char *err, size_t errl
 static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err, size_t errlen) {
     int P = s->P;
     char b1[64], b2[64];
-    sched_action f = { SCHED_F, r, mb }, bw = { SCHED_B, r, mb };
-    int pf = POS(r, SCHED_F, mb), pb = POS(r, SCHED_B, mb);
-    if (pf < 0 || pb < 0) {
+    sched_action f = { SCHED_F, r, mb }, bw = { SCHED_B, r, mb }, in = { SCHED_I, r, mb }, wt = { SCHED_W, r, mb };
+    int pf = POS(r, SCHED_F, mb), pb = POS(r, SCHED_B, mb), pi = POS(r, SCHED_I, mb), pw = POS(r, SCHED_W, mb);
+    if (pf < 0 || (pb < 0 && pi < 0 && pw < 0)) {
         set_err(err, errlen, "rank %d: missing %s (every micro-batch needs one %s on every stage)", r,
-                act_str(pf < 0 ? &f : &bw, b1, sizeof(b1)), pf < 0 ? "forward" : "backward");
+                act_str(pf < 0 ? &f : &bw, b1, sizeof(b1)), pf < 0 ? "forward" : "backward (B, or I and W)");
         return -1;
     }
-    if (pb < pf) {
+    if (pb >= 0 && (pi >= 0 || pw >= 0)) {
+        set_err(err, errlen, "rank %d, action #%d (%s): micro-batch %d has both a B and an %s (a backward is "
+                "one B, or an I and a W)", r, pb, act_str(&bw, b1, sizeof(b1)), mb, pi >= 0 ? "I" : "W");
+        return -1;
+    }
+    if (pb < 0 && (pi < 0 || pw < 0)) {
+        set_err(err, errlen, "rank %d: missing %s (%s of micro-batch %d has no %s)", r,
+                act_str(pi < 0 ? &in : &wt, b1, sizeof(b1)), pi < 0 ? "the W" : "the I", mb,
+                pi < 0 ? "input part" : "weight part");
+        return -1;
+    }
+    /* the input side of the backward (B or I) and the action that frees the slot (B or W) */
+    const sched_action *bin = pb >= 0 ? &bw : &in, *bfree = pb >= 0 ? &bw : &wt;
+    int pin = pb >= 0 ? pb : pi;
+    if (pin < pf) {
         set_err(err, errlen, "rank %d, action #%d (%s): backward before forward (%s is action #%d)",
-                r, pb, act_str(&bw, b1, sizeof(b1)), act_str(&f, b2, sizeof(b2)), pf);
+                r, pin, act_str(bin, b1, sizeof(b1)), act_str(&f, b2, sizeof(b2)), pf);
         return -1;
     }
+    if (pb < 0 && pw < pi) {
+        set_err(err, errlen, "rank %d, action #%d (%s): weight part before its input part (%s is action #%d)",
+                r, pw, act_str(&wt, b1, sizeof(b1)), act_str(&in, b2, sizeof(b2)), pi);
+        return -1;
+    }
+    (void)bfree;
     /* required comm actions and the compute they must precede/follow */
     struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
         { r > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
         { r < P - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
-        { r < P - 1, SCHED_SEND_F, 1, &bw, "the forward output lives in the micro-batch's activation slot, "
+        { r < P - 1, SCHED_SEND_F, 1, bin, "the forward output lives in the micro-batch's activation slot, "
                                            "which its backward frees: send it before the backward" },
-        { r < P - 1, SCHED_RECV_B, 1, &bw, "the output gradient must be received before the backward" },
-        { r > 0,     SCHED_SEND_B, 0, &bw, "the input gradient must be sent to the previous stage after the backward" },
+        { r < P - 1, SCHED_RECV_B, 1, bin, "the output gradient must be received before the backward" },
+        { r > 0,     SCHED_SEND_B, 0, bin, "the input gradient must be sent to the previous stage after the backward" },
     };
     for (int q = 0; q < 5; q++) {
         if (!req[q].need) continue;
@@ -605,16 +691,18 @@ static int validate_accum_order(const sched *s, const int *pos, char *err, size_
     char b1[64], b2[64];
     for (int r = 0; r < s->P; r++)
         for (int k = 0; k < 2; k++) {
-            sched_op op = k ? SCHED_F : SCHED_B;
-            if (op == SCHED_F && r != s->P - 1) continue;
+            if (k && r != s->P - 1) continue;
             for (int mb = 1; mb < s->M; mb++) {
-                if (POS(r, op, mb) > POS(r, op, mb - 1)) continue;
-                sched_action a = { op, r, mb }, prev = { op, r, mb - 1 };
+                /* the weight adder of mb: F on the last stage (k = 1), else its B or W */
+                sched_op op = k ? SCHED_F : POS(r, SCHED_B, mb) >= 0 ? SCHED_B : SCHED_W;
+                sched_op pop = k ? SCHED_F : POS(r, SCHED_B, mb - 1) >= 0 ? SCHED_B : SCHED_W;
+                if (POS(r, op, mb) > POS(r, pop, mb - 1)) continue;
+                sched_action a = { op, r, mb }, prev = { pop, r, mb - 1 };
                 set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); %s add to the "
                         "gradients in ascending micro-batch order, so that every schedule sums them as one "
                         "process does (bit-identical results)", r, POS(r, op, mb), act_str(&a, b1, sizeof(b1)),
-                        act_str(&prev, b2, sizeof(b2)), POS(r, op, mb - 1),
-                        op == SCHED_B ? "backwards" : "the last stage's forwards (they run the LM head's backward)");
+                        act_str(&prev, b2, sizeof(b2)), POS(r, pop, mb - 1),
+                        k == 0 ? "backwards (B or W)" : "the last stage's forwards (they run the LM head's backward)");
                 return -1;
             }
         }
@@ -666,10 +754,23 @@ int sched_max_inflight(const sched *s, int stage) {
     for (int i = 0; i < s->n[stage]; i++) {
         const sched_action *a = &s->acts[stage][i];
         if (a->op == SCHED_F) cur++;
-        else if (a->op == SCHED_B) cur--;
+        else if (a->op == SCHED_B || a->op == SCHED_W) cur--;
         if (cur > best) best = cur;
     }
     return best;
+}
+
+/* walk rank `stage`: does an I or B start while another micro-batch's W is pending? */
+int sched_defers_weights(const sched *s, int stage) {
+    if (s == NULL || s->n == NULL || s->acts == NULL || stage < 0 || stage >= s->P) return 0;
+    int pending = 0;
+    for (int i = 0; i < s->n[stage]; i++) {
+        sched_op op = s->acts[stage][i].op;
+        if ((op == SCHED_I || op == SCHED_B) && pending) return 1;
+        if (op == SCHED_I) pending++;
+        else if (op == SCHED_W) pending--;
+    }
+    return 0;
 }
 
 /* decimal digits of a non-negative int */
@@ -711,8 +812,8 @@ void sched_print_grid(const sched *s, FILE *out) {
         fputc('\n', out);
     }
     free(cell);
-    fprintf(out, "schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, comm=0)\n",
-            s->name, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B);
+    fprintf(out, "schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n",
+            s->name, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
     fprintf(out, "bubble: %.2f%% (GPipe formula (P-1)/(M+P-1) = %.2f%%)\n",
             100.0 * sim.bubble, 100.0 * (double)(s->P - 1) / (double)(s->M + s->P - 1));
     fprintf(out, "max in-flight micro-batches per stage:");

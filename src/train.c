@@ -151,6 +151,7 @@ static int setup(run *R, char *err, size_t errlen) {
     int nslots = sched_max_inflight(&R->sc, s);
     PL_TRY(stage_init(&R->st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0,
                       s == P - 1, R->B / R->M, R->T, nslots > 0 ? nslots : 1, be, err, errlen));
+    if (sched_defers_weights(&R->sc, s)) PL_TRY(stage_init_deferred(&R->st, err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));

@@ -6,7 +6,9 @@
  * dependencies (RECV_F < F < SEND_F, RECV_B < B < SEND_B, F < B, SEND_F < B: the slot that
  * holds the forward output is freed by its backward, and the gradient sums' order: B in
  * ascending micro-batch order, and F too on the last stage, which runs the LM head's
- * backward) and that cannot deadlock. They are drawn as one global interleaving in which a
+ * backward) and that cannot deadlock. About half the backwards are drawn split, as an I
+ * (input part: takes B's place for RECV_B, SEND_F and SEND_B) and a later W (weight part:
+ * takes B's place in the gradient order), so zero-bubble orders are covered too. They are drawn as one global interleaving in which a
  * RECV is placed only after its SEND was issued, which is exactly the set of schedules the
  * dry run accepts. Each one, with a random split of the blocks, trains the tiny model for
  * 2 steps through pipelm_main; losses and final weights must be bit-identical to the
@@ -29,10 +31,14 @@
 typedef struct {
     int P, M;
     int *n, *done;          /* per rank: actions placed; done[r][op][mb] */
+    unsigned char *split;   /* split[r][mb]: this backward is an I and a W */
     sched_action **acts;
 } gen;
 
 #define DONE(g, r, op, mb) (g)->done[((r) * SCHED_NOPS + (op)) * (g)->M + (mb)]
+#define SPLIT(g, r, mb) (g)->split[(r) * (g)->M + (mb)]
+/* the weight gradients of mb have been added on rank r (its B or its W ran) */
+#define WDONE(g, r, mb) (DONE(g, r, SCHED_B, mb) || DONE(g, r, SCHED_W, mb))
 
 /* Is action (op, mb) on rank r ready: its local producers placed, a RECV's SEND issued? */
 static int ready(const gen *g, int r, sched_op op, int mb, int ordered) {
@@ -45,16 +51,22 @@ static int ready(const gen *g, int r, sched_op op, int mb, int ordered) {
         return (r == 0 || DONE(g, r, SCHED_RECV_F, mb)) && (!ordered || !last || mb == 0 || DONE(g, r, SCHED_F, mb - 1));
     case SCHED_SEND_F: return !last && DONE(g, r, SCHED_F, mb);
     case SCHED_B:
+    case SCHED_I:
+        if ((op == SCHED_I) != SPLIT(g, r, mb)) return 0;
         return DONE(g, r, SCHED_F, mb) && (last || (DONE(g, r, SCHED_RECV_B, mb) && DONE(g, r, SCHED_SEND_F, mb))) &&
-               (!ordered || mb == 0 || DONE(g, r, SCHED_B, mb - 1));
-    case SCHED_SEND_B: return r > 0 && DONE(g, r, SCHED_B, mb);
+               (op == SCHED_I || !ordered || mb == 0 || WDONE(g, r, mb - 1));
+    case SCHED_W:
+        return SPLIT(g, r, mb) && DONE(g, r, SCHED_I, mb) && (!ordered || mb == 0 || WDONE(g, r, mb - 1));
+    case SCHED_SEND_B: return r > 0 && (DONE(g, r, SCHED_B, mb) || DONE(g, r, SCHED_I, mb));
     }
     return 0;
 }
 
 /* Draw one schedule into s (P ranks, M micro-batches); ordered: obey the gradient order. */
 static void draw(rng_state *rng, int P, int M, int ordered, sched *s) {
-    gen g = {P, M, calloc(P, sizeof(int)), calloc((size_t)P * SCHED_NOPS * M, sizeof(int)), NULL};
+    gen g = {P, M, calloc(P, sizeof(int)), calloc((size_t)P * SCHED_NOPS * M, sizeof(int)), calloc((size_t)P * M, 1),
+             NULL};
+    for (int k = 0; k < P * M; k++) g.split[k] = rng_u64(rng) & 1;
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "random");
     s->P = P;
@@ -75,6 +87,7 @@ static void draw(rng_state *rng, int P, int M, int ordered, sched *s) {
         DONE(&g, a.stage, a.op, a.mb) = 1;
     }
     free(g.done);
+    free(g.split);
 }
 
 /* A random split of NLAYER blocks over P stages, as "a,b,c" (the first and last stage may
@@ -187,7 +200,7 @@ int main(int argc, char **argv) {
             int nb = 0, nf = 0;
             for (int i = 0; i < s.n[r]; i++) {
                 const sched_action *a = &s.acts[r][i];
-                if (a->op == SCHED_B) broken |= a->mb != nb++;
+                if (a->op == SCHED_B || a->op == SCHED_W) broken |= a->mb != nb++;
                 if (a->op == SCHED_F && r == P - 1) broken |= a->mb != nf++;
             }
         }

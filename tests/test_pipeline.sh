@@ -16,7 +16,7 @@ mpirun_t 120 1 train $COMMON --metrics ref.jsonl --save-final ref.bin > ref.out 
 uneven() { case $1 in 1) echo 4 ;; 2) echo 1,3 ;; 3) echo 0,3,1 ;; 4) echo 0,1,2,1 ;; esac; }
 
 for P in 1 2 3 4; do
-    for S in 1f1b gpipe; do
+    for S in 1f1b gpipe zb-h1; do
         for SPLIT in auto "$(uneven $P)"; do
             tag="P=$P $S split=$SPLIT"
             f="run_${P}_${S}_${SPLIT//,/-}"
@@ -30,14 +30,14 @@ for P in 1 2 3 4; do
             else
                 bad "$tag" "differs from the one-process run"
             fi
-            # activation slots: 1f1b holds at most min(P-s, M) on stage s, gpipe holds M
+            # activation slots: 1f1b and zb-h1 hold at most min(P-s, M) on stage s, gpipe holds M
             peaks=$(grep '"event":"end"' $f.jsonl | sed 's/.*"inflight_peak":\[\([^]]*\)\].*/\1/')
             okp=1
             s=0
             for p in ${peaks//,/ }; do
                 if [ $S = gpipe ]; then want=$M; else want=$((P - s < M ? P - s : M)); fi
                 if [ $S = gpipe ] && [ "$p" -ne "$want" ]; then okp=0; fi
-                if [ $S = 1f1b ] && [ "$p" -gt "$want" ]; then okp=0; fi
+                if [ $S != gpipe ] && [ "$p" -gt "$want" ]; then okp=0; fi
                 s=$((s + 1))
             done
             [ $okp = 1 ] && [ $s = $P ] && ok "$tag: in-flight micro-batches $peaks" || bad "$tag" "in-flight $peaks"

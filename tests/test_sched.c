@@ -221,7 +221,8 @@ END_TEST
 
 /* every action kind formats as torch does and parses back */
 START_TEST(test_format_parse_roundtrip) {
-    const char *want[6] = { "3F12", "3B12", "3SEND_F12", "3RECV_F12", "3SEND_B12", "3RECV_B12" };
+    const char *want[SCHED_NOPS] = { "3F12", "3B12", "3SEND_F12", "3RECV_F12", "3SEND_B12", "3RECV_B12", "3I12",
+                                      "3W12" };
     char buf[64];
     for (int op = 0; op < SCHED_NOPS; op++) {
         sched_action a = { (sched_op)op, 3, 12 }, b;
@@ -264,7 +265,7 @@ START_TEST(test_parse_rejects_junk) {
     const char *junk[] = {
         "", "F3", "0X3", "0F", "0F-1", "a0F1", "0F1x", "0F1 ", " 0F1", "-1F0",
         "0SEND_F", "0SEND_X1", "0SEND1", "0RECV_F1,", "0f1", "0FF1", "0F1.5",
-        "1234567890F1", "0F1234567890", "0UNSHARD", "0W1",
+        "1234567890F1", "0F1234567890", "0UNSHARD", "0WW1", "0I",
     };
     sched_action a = { SCHED_B, 7, 7 };
     for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
@@ -438,6 +439,66 @@ START_TEST(test_validate_missing_and_partnerless) {
 }
 END_TEST
 
+/* zb-h1 for P = 1..8, M = 1..16: valid, I before W, every I/W/F in ascending order, no more
+ * micro-batches held than 1F1B on any stage, and never slower than 1F1B in the unit model
+ * (strictly faster once P > 1 and M >= P). */
+START_TEST(test_zbh1) {
+    char err[512];
+    for (int P = 1; P <= 8; P++)
+        for (int M = 1; M <= 16; M++) {
+            sched z, o;
+            ck_assert_msg(sched_build("zb-h1", P, M, &z, err, sizeof err) == 0, "%s", err);
+            ck_assert_msg(sched_validate(&z, err, sizeof err) == 0, "zb-h1 P=%d M=%d: %s", P, M, err);
+            ck_assert_int_eq(sched_build("1f1b", P, M, &o, err, sizeof err), 0);
+            for (int r = 0; r < P; r++) {
+                ck_assert_int_le(sched_max_inflight(&z, r), sched_max_inflight(&o, r));
+                int next[SCHED_NOPS] = {0};
+                for (int i = 0; i < z.n[r]; i++) {
+                    const sched_action *a = &z.acts[r][i];
+                    ck_assert(a->op != SCHED_B);
+                    if (a->op == SCHED_F || a->op == SCHED_I || a->op == SCHED_W)
+                        ck_assert_int_eq(a->mb, next[a->op]++);
+                }
+                ck_assert(next[SCHED_I] == M && next[SCHED_W] == M);
+            }
+            sched_sim sz, so;
+            ck_assert_int_eq(sched_simulate(&z, &sz, err, sizeof err), 0);
+            ck_assert_int_eq(sched_simulate(&o, &so, err, sizeof err), 0);
+            ck_assert_int_le(sz.makespan, so.makespan);
+            if (P > 1 && M >= P) ck_assert_msg(sz.makespan < so.makespan, "P=%d M=%d: zb-h1 %d, 1f1b %d", P, M,
+                                               sz.makespan, so.makespan);
+            sched_sim_free(&sz);
+            sched_sim_free(&so);
+            sched_free(&z);
+            sched_free(&o);
+        }
+}
+END_TEST
+
+/* validator on split backwards: W before its I, a B beside an I, a missing W, W's out of
+ * micro-batch order, an I before its gradient arrives */
+START_TEST(test_validate_split_backward) {
+    char err[512];
+    const char *ok = "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0I0,0RECV_B1,0I1,0W0,0W1\n"
+                     "1RECV_F0,1F0,1I0,1SEND_B0,1RECV_F1,1F1,1I1,1SEND_B1,1W0,1W1\n";
+    sched s;
+    from_text(ok, &s);
+    ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(sched_max_inflight(&s, 0), 2);
+    sched_free(&s);
+    expect_invalid("0F0,0W0,0I0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "weight part before its input part"), "%s", err);
+    expect_invalid("0F0,0I0,0B0,0W0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "both a B and an I"), "%s", err);
+    expect_invalid("0F0,0I0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "missing 0W0"), "%s", err);
+    expect_invalid("0F0,0F1,0I0,0I1,0W1,0W0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "0W1") && strstr(err, "ascending micro-batch order"), "%s", err);
+    expect_invalid("0F0,0SEND_F0,0I0,0RECV_B0,0W0\n1RECV_F0,1F0,1I0,1SEND_B0,1W0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "0RECV_B0") && strstr(err, "wrong order"), "%s", err);
+}
+END_TEST
+
 /* validator and simulator: two ranks each waiting on the other */
 START_TEST(test_validate_deadlock) {
     char err[512];
@@ -538,6 +599,8 @@ static Suite *sched_suite(void) {
     tcase_add_test(tc, test_validate_wrong_stage);
     tcase_add_test(tc, test_validate_missing_and_partnerless);
     tcase_add_test(tc, test_validate_deadlock);
+    tcase_add_test(tc, test_zbh1);
+    tcase_add_test(tc, test_validate_split_backward);
     tcase_add_test(tc, test_print_grid);
     suite_add_tcase(su, tc);
     return su;

@@ -27,10 +27,12 @@ typedef enum {
     SCHED_SEND_F, /* send forward output of mb to stage+1 */
     SCHED_RECV_F, /* receive forward input of mb from stage-1 */
     SCHED_SEND_B, /* send grad of the stage input of mb to stage-1 */
-    SCHED_RECV_B  /* receive grad of the stage output of mb from stage+1 */
+    SCHED_RECV_B, /* receive grad of the stage output of mb from stage+1 */
+    SCHED_I,      /* backward, input part: dL/d(stage input) of mb (zero-bubble) */
+    SCHED_W       /* backward, weight part: the weight gradients of mb, after its I */
 } sched_op;
 
-#define SCHED_NOPS 6
+#define SCHED_NOPS 8
 
 typedef struct {
     sched_op op;
@@ -45,7 +47,10 @@ typedef struct {
     sched_action **acts;   /* acts[r][0..n[r]-1], in execution order */
 } sched;
 
-/* Build a named schedule ("gpipe" or "1f1b") for P stages, M micro-batches.
+/* Build a named schedule ("gpipe", "1f1b" or "zb-h1") for P stages, M micro-batches.
+   zb-h1 (Qi et al., ICLR 2024, "H1" memory): 1F1B with every backward split into I and
+   W; in the cool-down the I's run as soon as their gradients arrive and the W's fill the
+   time the rank would have waited, so the last gradients reach stage 0 faster.
    Returns 0 on success; on error fills err and leaves *s empty. */
 int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen);
 
@@ -90,9 +95,15 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
      received gradient    RECV_B -> B       recv buffer of mb
      input gradient       B -> SEND_B       send buffer of mb
      loss                 F -> step end     loss of mb
+     output gradients     I -> W            slot of mb (its own set: the stage is
+                                            built with deferred weight buffers)
+   A micro-batch's backward is either one B, or an I and a later W; wherever a rule
+   names B, I takes its place for the input side (receive, send, the forward output
+   sent first) and W for the weight side (the slot is freed by B or W).
    The one value shared by micro-batches is the gradient accumulator, and a
-   float sum depends on its order: B (and, on the last stage, F, which runs
-   the LM head's backward) must come in ascending micro-batch order. The
+   float sum depends on its order: the weight adders, B or W (and, on the last
+   stage, F, which runs the LM head's backward), must come in ascending
+   micro-batch order. The
    engine checks the same order as it runs and refuses, naming the action. */
 int sched_validate(const sched *s, char *err, size_t errlen);
 
@@ -110,8 +121,10 @@ typedef struct {
 
 #define SCHED_COST_F 1
 #define SCHED_COST_B 2
+#define SCHED_COST_I 1
+#define SCHED_COST_W 1
 
-/* Play the schedule with F=1, B=2, communication instantaneous; a RECV
+/* Play the schedule with F=1, B=2, I=1, W=1, communication instantaneous; a RECV
    completes at the time its matching SEND was issued. Fails (with a message
    naming each blocked rank) on deadlock or on malformed actions. 0 = ok. */
 int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen);
@@ -119,12 +132,16 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen);
 /* Release a sched_sim; safe on a zeroed one. */
 void sched_sim_free(sched_sim *sim);
 
-/* Max number of micro-batches forwarded but not yet backwarded at any point
+/* Max number of micro-batches forwarded but whose slot is not yet freed (by B or W) at any point
    on rank `stage`; -1 if stage is out of range. */
 int sched_max_inflight(const sched *s, int stage);
 
-/* Print the rank x time grid of the unit-cost simulation (a backward fills
-   two columns, '.' is idle) and a summary: name, P, M, bubble, in-flight. */
+/* 1 if rank `stage` starts a backward while an earlier micro-batch's W is still
+   pending: its stage then needs deferred weight buffers (stage_init_deferred). */
+int sched_defers_weights(const sched *s, int stage);
+
+/* Print the rank x time grid of the unit-cost simulation (a B fills two
+   columns, '.' is idle) and a summary: name, P, M, bubble, in-flight. */
 void sched_print_grid(const sched *s, FILE *out);
 
 #endif /* PIPELM_SCHED_H */
