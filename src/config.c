@@ -106,6 +106,8 @@ static const opt_desc options[] = {
     O_BENCH("warmup", OPT_INT, warmup, "(bench) untimed warm-up steps"),
     O_BENCH("json", OPT_STR, json, "(bench) write the results as JSON to FILE"),
     O_BENCH("csv", OPT_STR, csv, "(bench) write the results as CSV to FILE"),
+    O_BENCH("costs-out", OPT_STR, costs_out, "(bench) write the measured F/B/I/W seconds per stage and message costs "
+            "to FILE, for `pipelm schedule --costs`"),
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),

@@ -137,6 +137,8 @@ static int run_forward(engine *e, long step, int m, const int *inputs, const int
                          dloss, &e->mb_loss[m], &slot));
     double t1 = pl_now();
     e->t_fwd += t1 - t0;
+    e->t_op[SCHED_F] += t1 - t0;
+    e->n_op[SCHED_F]++;
     e->next_f++;
     /* remember where a non-finite value first shows, for the NaN message */
     double out_sq = 0.0;
@@ -182,6 +184,8 @@ static int run_backward(engine *e, long step, int m, sched_op op) {
     if (whole) e->next_b++;
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
+    e->t_op[op] += t1 - t0;
+    e->n_op[op]++;
     if (e->tr) trace_event(e->tr, name, "compute", m, t0, t1);
     return PL_OK;
 }
@@ -204,6 +208,8 @@ static int run_weight(engine *e, long step, int m) {
     e->next_b++;
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
+    e->t_op[SCHED_W] += t1 - t0;
+    e->n_op[SCHED_W]++;
     if (e->tr) trace_event(e->tr, "W", "compute", m, t0, t1);
     return PL_OK;
 }

@@ -13,6 +13,7 @@
 #include "pipelm/files.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/sched.h"
+#include "pipelm/sched_cost.h"
 #include "pipelm/train.h"
 
 static void usage(FILE *out) {
@@ -64,18 +65,67 @@ static void bench_usage(FILE *out) {
     exit_help(out);
 }
 
+/* The summary lines of a schedule too big for a grid: unit-cost makespan, bubble, peaks. */
+static void print_schedule_summary(const sched *s) {
+    sched_sim sim;
+    char err[512];
+    if (sched_simulate(s, &sim, err, sizeof err) != 0) return;
+    int peak = 0;
+    for (int r = 0; r < s->P; r++) {
+        int k = sched_max_inflight(s, r);
+        peak = k > peak ? k : peak;
+    }
+    pl_info("schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n"
+            "bubble: %.2f%%; max in-flight micro-batches on any stage: %d (first stage %d, last %d)\n",
+            s->name, s->P, s->M, sim.makespan, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W,
+            100.0 * sim.bubble, peak, sched_max_inflight(s, 0), sched_max_inflight(s, s->P - 1));
+    sched_sim_free(&sim);
+}
+
+/* Predict the step with the measured costs in `path`. */
+static int predict_with_costs(const sched *s, const char *path) {
+    char err[1024];
+    FILE *f = NULL;
+    if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
+        pl_error("schedule: %s", err);
+        return -1;
+    }
+    sched_costs c;
+    int rc = sched_costs_read(f, &c, err, sizeof err);
+    fclose(f);
+    if (rc != 0) { pl_error("schedule: %s: %s", path, err); return -1; }
+    sched_pred pr;
+    if (sched_predict(s, &c, &pr, err, sizeof err) != 0) {
+        pl_error("schedule: %s: %s", path, err);
+        sched_costs_free(&c);
+        return -1;
+    }
+    pl_info("predicted from %s: step %.2f ms (pipeline %.2f ms + optimizer), bubble %.1f%% (message %.0f bytes: "
+            "%.1f us)\n", path, 1e3 * pr.step_s, 1e3 * pr.makespan_s, 100.0 * pr.bubble, c.msg_bytes,
+            1e6 * (c.latency_s + (c.bytes_per_s > 0 ? c.msg_bytes / c.bytes_per_s : 0)));
+    for (int r = 0; r < s->P && r < 64; r++)
+        pl_info("  rank %d: compute %.2f ms, waiting %.2f ms, in flight %d\n", r, 1e3 * pr.busy_s[r],
+                1e3 * pr.wait_s[r], sched_max_inflight(s, r));
+    sched_pred_free(&pr);
+    sched_costs_free(&c);
+    return 0;
+}
+
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
 static int schedule_main(int argc, char **argv, int first, int rank) {
     int P = 0, M = 0;
-    const char *name = "1f1b", *csv = NULL, *in = NULL;
+    const char *name = "1f1b", *csv = NULL, *in = NULL, *costs = NULL, *grid = "auto";
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
             if (rank == 0)
                 printf("usage: pipelm schedule --stages P --microbatches M [--schedule 1f1b|gpipe|zb-h1] "
-                       "[--csv OUT.csv] [--load IN.csv]\n"
+                       "[--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
                        "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
-                       "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n");
+                       "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
+                       "--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
+                       "per-rank compute and wait from measured F/B/I/W seconds and message costs.\n"
+                       "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n");
             return 0;
         }
         if (i + 1 >= argc) {
@@ -89,6 +139,8 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         else if (strcmp(a, "--schedule") == 0) name = v;
         else if (strcmp(a, "--csv") == 0) csv = v;
         else if (strcmp(a, "--load") == 0) in = v;
+        else if (strcmp(a, "--costs") == 0) costs = v;
+        else if (strcmp(a, "--grid") == 0) grid = v;
         else {
             if (rank == 0) pl_error("schedule: unknown option '%s' (see pipelm schedule --help)", a);
             return 2;
@@ -118,7 +170,20 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         sched_free(&s);
         return 1;
     }
-    sched_print_grid(&s, pl_out ? pl_out : stdout);
+    double t0 = pl_now();
+    sched_sim sim;
+    int big = 0;
+    if (sched_simulate(&s, &sim, err, sizeof err) == 0) {
+        big = s.P > 64 || sim.makespan > 4096;
+        sched_sim_free(&sim);
+    }
+    if (strcmp(grid, "yes") == 0 || (strcmp(grid, "auto") == 0 && !big)) sched_print_grid(&s, pl_out ? pl_out : stdout);
+    else print_schedule_summary(&s);
+    pl_info("simulated in %.2f s\n", pl_now() - t0);
+    if (costs && predict_with_costs(&s, costs) != 0) {
+        sched_free(&s);
+        return 1;
+    }
     if (csv) {
         FILE *f = fopen(csv, "w");
         if (!f || sched_write_csv(&s, f) != 0) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "pipelm/backend_prof.h"
 #include "pipelm/bench.h"
+#include "pipelm/sched_cost.h"
 #include "pipelm/blas.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
@@ -205,6 +206,67 @@ static int report_op_classes(run *R, int nsteps) {
     return rc;
 }
 
+/* Half the round-trip time of a bytes-long message between ranks 0 and 1 (median of 9). */
+static int pingpong(run *R, size_t bytes, char *buf, double *half_rtt) {
+    double t[9];
+    for (int k = 0; k < 9; k++) {
+        PL_TRY(comm_barrier(R->comm, "the message cost measurement"));
+        double t0 = pl_now();
+        if (R->rank == 0) {
+            PL_MPI_CHECK(MPI_Send(buf, (int)bytes, MPI_BYTE, 1, 99, R->comm));
+            PL_MPI_CHECK(MPI_Recv(buf, (int)bytes, MPI_BYTE, 1, 99, R->comm, MPI_STATUS_IGNORE));
+        } else if (R->rank == 1) {
+            PL_MPI_CHECK(MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, 99, R->comm, MPI_STATUS_IGNORE));
+            PL_MPI_CHECK(MPI_Send(buf, (int)bytes, MPI_BYTE, 0, 99, R->comm));
+        }
+        t[k] = (pl_now() - t0) / 2;
+    }
+    for (int a = 1; a < 9; a++)
+        for (int b = a; b > 0 && t[b] < t[b - 1]; b--) { double x = t[b]; t[b] = t[b - 1]; t[b - 1] = x; }
+    *half_rtt = t[4];
+    return PL_OK;
+}
+
+/* --costs-out: mean seconds of each F, B, I and W per stage over the timed steps, and a
+ * message's latency and bandwidth between ranks 0 and 1, for `pipelm schedule --costs`. */
+static int report_costs(run *R) {
+    double mine[5], *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
+    const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
+    for (int k = 0; k < 4; k++)
+        mine[k] = R->eng.n_op[ops[k]] ? R->eng.t_op[ops[k]] / R->eng.n_op[ops[k]] : 0.0;
+    mine[4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps : 0.0;
+    if (R->rank == 0 && !all) return PL_ENOMEM;
+    PL_TRY(comm_gather(mine, 5, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs"));
+    size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
+    double lat = 0, big = 0;
+    char *buf = R->P > 1 ? calloc(bytes, 1) : NULL;
+    int rc = R->P > 1 && !buf ? PL_ENOMEM : PL_OK;
+    if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
+    free(buf);
+    if (rc == PL_OK && R->rank == 0) {
+        sched_costs c = {R->P, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes};
+        double *cols = malloc(sizeof(double) * 5 * R->P);
+        if (!cols) rc = PL_ENOMEM;
+        for (int k = 0; cols && k < 5; k++)
+            for (int r = 0; r < R->P; r++) cols[k * R->P + r] = all[r * 5 + k];
+        if (cols) {
+            c.f = cols, c.b = cols + R->P, c.i = cols + 2 * R->P, c.w = cols + 3 * R->P, c.opt = cols + 4 * R->P;
+            FILE *f = fopen(R->o->costs_out, "w");
+            if (!f || sched_costs_write(&c, f) != 0) {
+                pl_error("cannot write the costs file %s", R->o->costs_out);
+                rc = PL_EIO;
+            } else {
+                pl_info("  costs             %s (message %zu bytes: %.1f us latency, %.2f GB/s)\n", R->o->costs_out,
+                        bytes, 1e6 * lat, c.bytes_per_s / 1e9);
+            }
+            if (f) fclose(f);
+            free(cols);
+        }
+    }
+    free(all);
+    return comm_agree(R->comm, rc, NULL);
+}
+
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */
 int report_bench(run *R, const double *step_s, int nsteps) {
     double mine[8];
@@ -244,7 +306,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         free(all);
     }
     PL_TRY(comm_agree(R->comm, rc, NULL));
-    return R->profiled ? report_op_classes(R, k) : PL_OK;
+    if (R->profiled) PL_TRY(report_op_classes(R, k));
+    return R->o->costs_out[0] ? report_costs(R) : PL_OK;
 }
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {

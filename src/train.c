@@ -87,6 +87,8 @@ static int check_outputs(const run *R, char *err, size_t errlen) {
     if (R->rank == 0 && o->dump_grads[0]) PL_TRY(pl_check_output_file(o->dump_grads, "--dump-grads", err, errlen));
     if (o->bench && R->rank == 0 && o->json[0]) PL_TRY(pl_check_output_file(o->json, "--json", err, errlen));
     if (o->bench && R->rank == 0 && o->csv[0]) PL_TRY(pl_check_output_file(o->csv, "--csv", err, errlen));
+    if (o->bench && R->rank == 0 && o->costs_out[0])
+        PL_TRY(pl_check_output_file(o->costs_out, "--costs-out", err, errlen));
     if (o->ckpt_dir[0] && !o->bench) PL_TRY(pl_check_output_dir(o->ckpt_dir, "--ckpt-dir", err, errlen));
     return PL_OK;
 }
@@ -437,6 +439,8 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
             memset(R->tm, 0, sizeof R->tm);
             R->tm_steps = 0;
             backend_prof_reset();
+            memset(R->eng.t_op, 0, sizeof R->eng.t_op);
+            memset(R->eng.n_op, 0, sizeof R->eng.n_op);
         }
         double t0 = pl_now(), loss, norm, lr;
         comm_step = step;

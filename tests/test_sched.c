@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "pipelm/sched.h"
+#include "pipelm/sched_cost.h"
 
 // ----------------------------------------------------------------------------
 // helpers
@@ -499,6 +500,43 @@ START_TEST(test_validate_split_backward) {
 }
 END_TEST
 
+/* the measured-cost model: a 2-stage GPipe step with M=1 by hand, the defaults for a
+ * missing I/W, and refusals of broken cost files */
+START_TEST(test_costs_predict) {
+    char err[512];
+    const char *txt = "# costs\nstages 2\nmsg_bytes 1000\nlatency_s 0.5\nbytes_per_s 2000\n"
+                      "stage 0 F 1 B 2 O 0.25\nstage 1 F 1 B 2 O 0.5\n";
+    FILE *f = fmemopen((void *)txt, strlen(txt), "r");
+    sched_costs c;
+    ck_assert_msg(sched_costs_read(f, &c, err, sizeof err) == 0, "%s", err);
+    fclose(f);
+    ck_assert(c.i[0] == 1.0 && c.w[1] == 1.0); /* half of B */
+    sched s;
+    ck_assert_int_eq(sched_build("gpipe", 2, 1, &s, err, sizeof err), 0);
+    sched_pred p;
+    ck_assert_int_eq(sched_predict(&s, &c, &p, err, sizeof err), 0);
+    /* message 0.5 + 1000/2000 = 1 s: r1 F at 2..3, B 3..5, r0 B from 6 to 8; + O 0.5 */
+    ck_assert_msg(fabs(p.makespan_s - 8.0) < 1e-12 && fabs(p.step_s - 8.5) < 1e-12, "%g %g", p.makespan_s, p.step_s);
+    ck_assert(fabs(p.wait_s[0] - 5.0) < 1e-12 && fabs(p.wait_s[1] - 2.0) < 1e-12);
+    sched_pred_free(&p);
+    sched_free(&s);
+    ck_assert_int_eq(sched_build("gpipe", 3, 1, &s, err, sizeof err), 0);
+    ck_assert_int_ne(sched_predict(&s, &c, &p, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "2 stages") != NULL, "%s", err);
+    sched_free(&s);
+    sched_costs_free(&c);
+    const char *bad[][2] = {{"stage 0 F 1\n", "before 'stages'"}, {"stages 1\nstage 1 F 1\n", "outside 0..0"},
+                            {"stages 1\nstage 0 F -1\n", "expected F|B|I|W|O"}, {"stages 1\nspeed 3\n", "unknown key"},
+                            {"stages 1\nlatency_s nan\n", "bad latency_s"}, {"", "no 'stages'"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        f = fmemopen((void *)bad[k][0], strlen(bad[k][0]) + 1, "r");
+        ck_assert_int_ne(sched_costs_read(f, &c, err, sizeof err), 0);
+        ck_assert_msg(strstr(err, bad[k][1]) != NULL, "'%s': %s", bad[k][0], err);
+        fclose(f);
+    }
+}
+END_TEST
+
 /* validator and simulator: two ranks each waiting on the other */
 START_TEST(test_validate_deadlock) {
     char err[512];
@@ -601,6 +639,7 @@ static Suite *sched_suite(void) {
     tcase_add_test(tc, test_validate_deadlock);
     tcase_add_test(tc, test_zbh1);
     tcase_add_test(tc, test_validate_split_backward);
+    tcase_add_test(tc, test_costs_predict);
     tcase_add_test(tc, test_print_grid);
     suite_add_tcase(su, tc);
     return su;

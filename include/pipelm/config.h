@@ -48,7 +48,7 @@ typedef struct {
     char trace[PL_PATH];
     /* benchmark (pipelm bench only) */
     int bench, warmup;
-    char json[PL_PATH], csv[PL_PATH];
+    char json[PL_PATH], csv[PL_PATH], costs_out[PL_PATH];
     double peak_gflops;
     /* test-only fault injection: rank fail_rank stops at step fail_step */
     int fail_rank, fail_step;

@@ -31,6 +31,8 @@ typedef struct {
     int next_f, next_b;                    /* gradients are added in micro-batch order */
     int first_bad_fwd;                     /* first mb whose forward gave a non-finite value, -1 */
     double t_fwd, t_bwd, t_wait;           /* seconds, accumulated; caller resets */
+    double t_op[SCHED_NOPS];               /* seconds in F, B, I, W actions, and their counts */
+    long n_op[SCHED_NOPS];                 /* (for measured costs; the caller resets) */
     int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
 } engine;

@@ -1,0 +1,45 @@
+/*
+ * sched_cost.h — a schedule's step time predicted from measured costs.
+ *
+ * The unit-cost dry run (sched.h) says whether a schedule can run; this says how long it
+ * takes on a real model: the seconds of each F, B, I and W on each stage (measured by
+ * `pipelm bench --costs-out`), and a message costing latency + bytes / bandwidth (measured
+ * by a ping-pong between neighbouring ranks). Sends do not block the sender (MPI_Isend);
+ * a receive completes when the message has arrived. The file format is in docs/formats.md
+ * ("Schedule costs"). Pure bookkeeping, no MPI.
+ */
+#ifndef PIPELM_SCHED_COST_H
+#define PIPELM_SCHED_COST_H
+
+#include <stdio.h>
+#include "pipelm/sched.h"
+
+typedef struct {
+    int P;                      /* stages */
+    double *f, *b, *i, *w;      /* seconds per action on each stage (P each) */
+    double *opt;                /* seconds of the optimizer step (with its all-reduces) per stage */
+    double latency_s;           /* one message: latency_s + msg_bytes / bytes_per_s */
+    double bytes_per_s;
+    double msg_bytes;
+} sched_costs;
+
+typedef struct {
+    int P;
+    double makespan_s;          /* when the last rank finishes its last action */
+    double step_s;              /* makespan + the slowest stage's optimizer step */
+    double bubble;              /* 1 - sum of compute / (P * makespan) */
+    double *busy_s;             /* compute seconds per rank */
+    double *wait_s;             /* seconds each rank waits for a message */
+} sched_pred;
+
+/* Allocate costs for P stages (zeroed). 0 or -1. */
+int sched_costs_alloc(sched_costs *c, int P);
+void sched_costs_free(sched_costs *c);
+/* Read / write the text form. A missing I or W is taken as half of B, a missing B as I + W. */
+int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen);
+int sched_costs_write(const sched_costs *c, FILE *f);
+/* Play the schedule with these costs (its P must be the costs' P). 0, or -1 with err. */
+int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen);
+void sched_pred_free(sched_pred *p);
+
+#endif

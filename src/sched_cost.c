@@ -1,0 +1,207 @@
+/*
+ * sched_cost.c — the measured-cost model of a schedule (sched_cost.h): the costs file, and
+ * the event-driven play of the action lists with real seconds.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/sched_cost.h"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+int sched_costs_alloc(sched_costs *c, int P) {
+    memset(c, 0, sizeof *c);
+    c->P = P;
+    c->f = calloc((size_t)P, sizeof(double));
+    c->b = calloc((size_t)P, sizeof(double));
+    c->i = calloc((size_t)P, sizeof(double));
+    c->w = calloc((size_t)P, sizeof(double));
+    c->opt = calloc((size_t)P, sizeof(double));
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt) { sched_costs_free(c); return -1; }
+    return 0;
+}
+
+void sched_costs_free(sched_costs *c) {
+    free(c->f);
+    free(c->b);
+    free(c->i);
+    free(c->w);
+    free(c->opt);
+    memset(c, 0, sizeof *c);
+}
+
+int sched_costs_write(const sched_costs *c, FILE *f) {
+    fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
+    fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
+    for (int s = 0; s < c->P; s++)
+        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
+                c->opt ? c->opt[s] : 0.0);
+    return ferror(f) ? -1 : 0;
+}
+
+/* A finite, non-negative number, or -1. */
+static int parse_cost(const char *tok, double *v) {
+    char *end;
+    *v = strtod(tok, &end);
+    return end != tok && *end == 0 && isfinite(*v) && *v >= 0 ? 0 : -1;
+}
+
+/* "stage S F x B x I x W x O x": any of them, in any order (O: the optimizer step). */
+static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t errlen) {
+    char *tok = strtok(rest, " \t");
+    char *end;
+    long s = tok ? strtol(tok, &end, 10) : -1;
+    if (!tok || *end || s < 0 || s >= c->P) {
+        set_err(err, errlen, "costs line %d: stage number missing or outside 0..%d", line, c->P - 1);
+        return -1;
+    }
+    while ((tok = strtok(NULL, " \t")) != NULL) {
+        char *val = strtok(NULL, " \t");
+        double v;
+        double *dst = !strcmp(tok, "F") ? c->f : !strcmp(tok, "B") ? c->b : !strcmp(tok, "I") ? c->i
+                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : NULL;
+        if (!dst || !val || parse_cost(val, &v) != 0) {
+            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds, got '%s %s'", line, tok,
+                    val ? val : "");
+            return -1;
+        }
+        dst[s] = v;
+    }
+    return 0;
+}
+
+int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
+    char buf[512];
+    int line = 0, P = 0;
+    double msg = 0, lat = 0, bw = 0;
+    memset(c, 0, sizeof *c);
+    while (fgets(buf, sizeof buf, f)) {
+        line++;
+        buf[strcspn(buf, "\r\n")] = 0;
+        char *p = buf + strspn(buf, " \t");
+        if (!*p || *p == '#') continue;
+        char key[32];
+        int k = 0;
+        if (sscanf(p, "%31s%n", key, &k) != 1) continue;
+        char *rest = p + k + strspn(p + k, " \t");
+        double v;
+        if (!strcmp(key, "stages")) {
+            P = atoi(rest);
+            if (P < 1 || P > (1 << 16) || c->P) { set_err(err, errlen, "costs line %d: bad or repeated 'stages'", line); goto bad; }
+            if (sched_costs_alloc(c, P) != 0) { set_err(err, errlen, "out of memory"); return -1; }
+        } else if (!strcmp(key, "stage")) {
+            if (!c->P) { set_err(err, errlen, "costs line %d: 'stage' before 'stages'", line); goto bad; }
+            if (parse_stage(c, rest, line, err, errlen) != 0) goto bad;
+        } else if (!strcmp(key, "msg_bytes") || !strcmp(key, "latency_s") || !strcmp(key, "bytes_per_s")) {
+            if (parse_cost(rest, &v) != 0) { set_err(err, errlen, "costs line %d: bad %s '%s'", line, key, rest); goto bad; }
+            if (!strcmp(key, "msg_bytes")) msg = v;
+            else if (!strcmp(key, "latency_s")) lat = v;
+            else bw = v;
+        } else {
+            set_err(err, errlen, "costs line %d: unknown key '%s'", line, key);
+            goto bad;
+        }
+    }
+    if (!c->P) { set_err(err, errlen, "costs: no 'stages' line"); return -1; }
+    c->msg_bytes = msg;
+    c->latency_s = lat;
+    c->bytes_per_s = bw;
+    for (int s = 0; s < c->P; s++) { /* fill what one kind of run could not measure */
+        if (c->b[s] == 0 && (c->i[s] > 0 || c->w[s] > 0)) c->b[s] = c->i[s] + c->w[s];
+        if (c->i[s] == 0) c->i[s] = c->b[s] / 2;
+        if (c->w[s] == 0) c->w[s] = c->b[s] / 2;
+    }
+    return 0;
+bad:
+    sched_costs_free(c);
+    return -1;
+}
+
+void sched_pred_free(sched_pred *p) {
+    free(p->busy_s);
+    free(p->wait_s);
+    memset(p, 0, sizeof *p);
+}
+
+/* Seconds of one action on stage s (0 for messages: their cost is the transfer). */
+static double action_cost(const sched_costs *c, const sched_action *a) {
+    switch (a->op) {
+    case SCHED_F: return c->f[a->stage];
+    case SCHED_B: return c->b[a->stage];
+    case SCHED_I: return c->i[a->stage];
+    case SCHED_W: return c->w[a->stage];
+    default: return 0.0;
+    }
+}
+
+/* As sched_simulate, with seconds: each rank keeps its clock, a SEND stamps its message with
+ * its arrival time (send time + transfer), a RECV waits for the stamp. Sweeps until no rank
+ * can move; the times do not depend on the sweep order. */
+int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (!s || !c || s->P != c->P) {
+        set_err(err, errlen, "costs are for %d stages, the schedule has %d", c ? c->P : 0, s ? s->P : 0);
+        return -1;
+    }
+    int P = s->P, M = s->M;
+    double xfer = c->latency_s + (c->bytes_per_s > 0 ? c->msg_bytes / c->bytes_per_s : 0.0);
+    int *pc = calloc((size_t)P, sizeof(int));
+    double *clock = calloc((size_t)P, sizeof(double)), *arrive = malloc(2 * sizeof(double) * (size_t)P * M);
+    out->P = P;
+    out->busy_s = calloc((size_t)P, sizeof(double));
+    out->wait_s = calloc((size_t)P, sizeof(double));
+    if (!pc || !clock || !arrive || !out->busy_s || !out->wait_s) {
+        free(pc); free(clock); free(arrive);
+        sched_pred_free(out);
+        set_err(err, errlen, "sched_predict: out of memory");
+        return -1;
+    }
+    for (size_t k = 0; k < 2 * (size_t)P * M; k++) arrive[k] = -1;
+#define MSG(kind, stage, mb) arrive[((size_t)(kind) * P + (size_t)(stage)) * M + (size_t)(mb)]
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int r = 0; r < P; r++)
+            for (; pc[r] < s->n[r]; pc[r]++, progress = 1) {
+                const sched_action *a = &s->acts[r][pc[r]];
+                if (a->op == SCHED_RECV_F || a->op == SCHED_RECV_B) {
+                    double t = MSG(a->op == SCHED_RECV_B, a->op == SCHED_RECV_F ? r - 1 : r + 1, a->mb);
+                    if (t < 0) break; /* not sent yet */
+                    if (t > clock[r]) { out->wait_s[r] += t - clock[r]; clock[r] = t; }
+                } else if (a->op == SCHED_SEND_F || a->op == SCHED_SEND_B) {
+                    MSG(a->op == SCHED_SEND_B, r, a->mb) = clock[r] + xfer;
+                } else {
+                    double d = action_cost(c, a);
+                    clock[r] += d;
+                    out->busy_s[r] += d;
+                }
+            }
+    }
+#undef MSG
+    int stuck = -1;
+    double busy = 0;
+    for (int r = 0; r < P; r++) {
+        if (pc[r] < s->n[r] && stuck < 0) stuck = r;
+        if (clock[r] > out->makespan_s) out->makespan_s = clock[r];
+        busy += out->busy_s[r];
+    }
+    free(pc); free(clock); free(arrive);
+    if (stuck >= 0) {
+        set_err(err, errlen, "the schedule deadlocks (rank %d cannot finish): validate it first", stuck);
+        sched_pred_free(out);
+        return -1;
+    }
+    out->bubble = out->makespan_s > 0 ? 1.0 - busy / (P * out->makespan_s) : 0.0;
+    double opt = 0;
+    for (int r = 0; r < P; r++) opt = c->opt && c->opt[r] > opt ? c->opt[r] : opt;
+    out->step_s = out->makespan_s + opt;
+    return 0;
+}
