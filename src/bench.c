@@ -1,9 +1,11 @@
 /*
- * bench.c — `pipelm bench`: sgemm peak measurement.
+ * bench.c — `pipelm bench`: sgemm peak measurement, and the matmul peak of a backend
+ * (oneDNN fp32 / bf16) through its matmul_fwd.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,6 +32,76 @@ double bench_sgemm_gflops(int n, int threads, double seconds) {
     } while (t < seconds);
     free(a); free(b); free(c);
     return 2.0 * n * n * (double)n * reps / t / 1e9;
+}
+
+/* What the last bench_matmul_* call ran on (the backend's describe line) or why it could not. */
+static char matmul_info[512];
+const char *bench_matmul_info(void) { return matmul_info; }
+
+/* GFLOP/s of out(N,OC) = inp(N,C) W^T through backend_name's matmul_fwd in `precision` with
+ * `threads` threads, repeated for at least `seconds` after one warm-up call. In bf16 the time
+ * includes the fp32 -> bf16 conversion of both inputs, which matmul_fwd does on every call.
+ * Negative when the backend is not built, refuses the precision, or a call fails (reason in
+ * bench_matmul_info()). Initialises the backend with (precision, threads) and leaves it so. */
+double bench_matmul_shape_gflops(const char *backend_name, int precision, int N, int C, int OC, int threads,
+                                 double seconds) {
+    matmul_info[0] = 0;
+    const backend *be = backend_find(backend_name);
+    if (!be) {
+        snprintf(matmul_info, sizeof matmul_info, "backend %s is not built into this binary (built: %s)",
+                 backend_name, backend_list());
+        return -1.0;
+    }
+    if (N < 1 || C < 1 || OC < 1 || N > 65536 || C > 65536 || OC > 262144) {
+        snprintf(matmul_info, sizeof matmul_info, "bad shape %d x %d x %d", N, C, OC);
+        return -1.0;
+    }
+    backend_options opt = {precision, threads, -1};
+    char err[512] = "";
+    if (be->init(&opt, err, sizeof err) != 0) {
+        snprintf(matmul_info, sizeof matmul_info, "%s", err);
+        return -1.0;
+    }
+    if (be->set_threads(threads) != 0) {
+        snprintf(matmul_info, sizeof matmul_info, "set_threads: %s", be->error());
+        return -1.0;
+    }
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = NULL, *w = NULL, *out = NULL, *hi = malloc(sizeof(float) * ni), *hw = malloc(sizeof(float) * nw);
+    double g = -1.0;
+    int rc = hi && hw ? 0 : PL_ENOMEM;
+    if (!rc) rc = be->alloc((void **)&inp, sizeof(float) * ni);
+    if (!rc) rc = be->alloc((void **)&w, sizeof(float) * nw);
+    if (!rc) rc = be->alloc((void **)&out, sizeof(float) * no);
+    if (!rc) {
+        for (size_t i = 0; i < ni; i++) hi[i] = (float)(i % 7) * 0.1f - 0.3f;
+        for (size_t i = 0; i < nw; i++) hw[i] = (float)(i % 5) * 0.1f - 0.2f;
+        rc = be->from_host(inp, hi, sizeof(float) * ni);
+        if (!rc) rc = be->from_host(w, hw, sizeof(float) * nw);
+    }
+    if (!rc) rc = be->matmul_fwd(out, inp, w, NULL, N, C, OC); /* warm-up: primitive creation */
+    if (!rc) {
+        int reps = 0;
+        double t0 = pl_now(), t;
+        do {
+            rc = be->matmul_fwd(out, inp, w, NULL, N, C, OC);
+            reps++;
+            t = pl_now() - t0;
+        } while (!rc && t < seconds);
+        if (!rc) g = 2.0 * N * (double)C * OC * reps / t / 1e9;
+    }
+    if (rc) snprintf(matmul_info, sizeof matmul_info, "%s", hi && hw ? be->error() : "out of memory");
+    else be->describe(matmul_info, sizeof matmul_info);
+    be->free(inp);
+    be->free(w);
+    be->free(out);
+    free(hi);
+    free(hw);
+    return g;
+}
+
+double bench_matmul_gflops(const char *backend_name, int precision, int n, int threads, double seconds) {
+    return bench_matmul_shape_gflops(backend_name, precision, n, n, n, threads, seconds);
 }
 
 /* Median of a small array (copied, then insertion-sorted). */
@@ -70,7 +142,8 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
     pl_info("  throughput      %10.1f tokens/s\n", tokens_per_s);
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * med, 1e3 * mn, 1e3 * mx);
     pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", tflops, br->flops_per_token);
-    pl_info("  MFU             %10.1f %% of %.1f GFLOP/s measured sgemm peak (all ranks)\n", 100 * mfu, peak);
+    pl_info("  MFU             %10.1f %% of %.1f GFLOP/s measured %s peak (all ranks)\n", 100 * mfu, peak,
+            br->peak_what ? br->peak_what : "sgemm");
     pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
     pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
     pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB  sgemm GF/s\n");
@@ -116,29 +189,74 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
     return rc;
 }
 
+/* One backend/precision line of --peak: "oneDNN fp32 matmul 2048^3: ..." or "not available". */
+static void peak_matmul(const char *label, int prec, int threads, double *g1, double *ga, char *kernel, size_t klen) {
+    *g1 = bench_matmul_gflops("onednn", prec, 2048, 1, 1.0);
+    snprintf(kernel, klen, "%s", bench_matmul_info());
+    if (*g1 < 0) {
+        *ga = -1;
+        pl_info("oneDNN %s matmul 2048^3: not available: %s\n", label, kernel);
+        return;
+    }
+    *ga = threads == 1 ? *g1 : bench_matmul_gflops("onednn", prec, 2048, threads, 1.0);
+    pl_info("oneDNN %s matmul 2048^3: 1 thread %.1f GFLOP/s, %d threads %.1f GFLOP/s (%s)\n", label, *g1, threads,
+            *ga, kernel);
+}
+
+/* A JSON number, or null for an unavailable measurement. */
+static void json_num(FILE *f, const char *key, double v) {
+    if (v < 0) fprintf(f, ",\"%s\":null", key);
+    else fprintf(f, ",\"%s\":%.3f", key, v);
+}
+/* A JSON string with quotes and backslashes escaped (kernel names, reasons). */
+static void json_str(FILE *f, const char *key, const char *v) {
+    fprintf(f, ",\"%s\":\"", key);
+    for (; *v; v++) {
+        if (*v == '"' || *v == '\\') fputc('\\', f);
+        if ((unsigned char)*v >= 0x20) fputc(*v, f);
+    }
+    fputc('"', f);
+}
+
 int bench_peak_main(int argc, char **argv, int first, MPI_Comm comm) {
     int rank;
     const char *json = NULL;
+    int threads = 0;
     MPI_Comm_rank(comm, &rank);
     for (int i = first; i < argc; i++) {
         if (strcmp(argv[i], "--peak") == 0) continue;
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) threads = atoi(argv[++i]);
         else {
-            if (rank == 0) pl_error("bench --peak: unexpected argument '%s' (only --json FILE)", argv[i]);
+            if (rank == 0) pl_error("bench --peak: unexpected argument '%s' (only --json FILE, --threads N)", argv[i]);
             return 2;
         }
     }
     if (rank != 0) return 0;
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* --threads N: the "all threads" figures use N threads instead of every core */
+    int cores = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     double g1 = bench_sgemm_gflops(2048, 1, 1.0);
-    double ga = bench_sgemm_gflops(2048, cores, 1.0);
+    double ga = cores == 1 ? g1 : bench_sgemm_gflops(2048, cores, 1.0);
     pl_info("cblas_sgemm 2048^3: 1 thread %.1f GFLOP/s, %d threads %.1f GFLOP/s (OpenBLAS kernel %s: %s)\n", g1,
             cores, ga, blas_kernel(), blas_kernel_origin());
+    /* the oneDNN backend's matmul_fwd, fp32 and bf16 (bf16 time includes the input conversion) */
+    double d1 = -1, da = -1, b1 = -1, ba = -1;
+    char dk[512], bk[512];
+    peak_matmul("fp32", PL_PREC_FP32, cores, &d1, &da, dk, sizeof dk);
+    peak_matmul("bf16", PL_PREC_BF16, cores, &b1, &ba, bk, sizeof bk);
+    backend_cpu.set_threads(cores);
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) { pl_error("cannot write %s", json); return 1; }
-        fprintf(f, "{\"peak_gflops_1\":%.3f,\"peak_gflops_all\":%.3f,\"threads\":%d,\"n\":2048,\"blas_kernel\":\"%s\"}\n",
+        fprintf(f, "{\"peak_gflops_1\":%.3f,\"peak_gflops_all\":%.3f,\"threads\":%d,\"n\":2048,\"blas_kernel\":\"%s\"",
                 g1, ga, cores, blas_kernel());
+        json_num(f, "onednn_fp32_gflops", d1);
+        json_num(f, "onednn_fp32_gflops_all", da);
+        json_str(f, d1 < 0 ? "onednn_fp32_unavailable" : "onednn_fp32_kernel", dk);
+        json_num(f, "bf16_gflops", b1);
+        json_num(f, "bf16_gflops_all", ba);
+        json_str(f, b1 < 0 ? "bf16_unavailable" : "bf16_kernel", bk);
+        fprintf(f, "}\n");
         fclose(f);
     }
     return 0;

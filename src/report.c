@@ -280,7 +280,13 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[4] = ru.ru_maxrss / 1024.0;
     mine[5] = R->st.nb;
     int threads = R->be->get_threads();
-    mine[6] = R->o->peak_gflops > 0 ? R->o->peak_gflops * threads : bench_sgemm_gflops(1024, threads, 1.0);
+    /* MFU against the peak of the products this run makes: sgemm on the cpu backend, else
+     * the backend's own matmul in its precision (bf16 runs against the bf16 peak) */
+    int prec = PL_PREC_FP32;
+    backend_parse_precision(R->o->precision, &prec);
+    if (R->o->peak_gflops > 0) mine[6] = R->o->peak_gflops * threads;
+    else if (strcmp(R->be->name, "cpu") == 0) mine[6] = bench_sgemm_gflops(1024, threads, 1.0);
+    else mine[6] = bench_matmul_gflops(R->be->name, prec, 1024, threads, 1.0);
     mine[7] = threads;
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
@@ -302,6 +308,9 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         br.bubble_theoretical = sched_simulate(&R->sc, &sim, err, sizeof err) == 0 ? sim.bubble : NAN;
         if (br.bubble_theoretical == br.bubble_theoretical) sched_sim_free(&sim);
         br.stage_stats = all;
+        char what[64];
+        snprintf(what, sizeof what, "%s %s matmul", R->be->name, R->o->precision);
+        br.peak_what = strcmp(R->be->name, "cpu") == 0 || R->o->peak_gflops > 0 ? NULL : what;
         rc = bench_report(&br, R->o->json, R->o->csv);
         free(all);
     }

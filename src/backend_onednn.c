@@ -1,0 +1,862 @@
+/*
+ * backend_onednn.c — the oneDNN backend ("onednn"): matrix products through oneDNN matmul
+ * primitives, in fp32 or in bf16 (bf16 inputs, fp32 accumulation and output), host memory.
+ *
+ * What runs where:
+ *   matmul_fwd / matmul_bwd_input / matmul_bwd_weight: one oneDNN matmul each. The weight
+ *     gradient accumulates into dW through a sum post-op (dW = 1 * dW + dout^T inp); the fwd
+ *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is our own loop: threads split
+ *     the columns in chunks of 256 and each chunk sums the rows in order, so db does not depend
+ *     on the thread count (as backend_cpu's).
+ *   attention_fwd / attention_bwd: the per-(b,h) products as one batched 4-D matmul each, on
+ *     strided views of qkv (B,T,3C) (q, k, v at column offsets 0, C, 2C, head h at h*hs, leading
+ *     dimension 3C); the causal softmax and its backward are fp32 loops of our own, parallel over
+ *     rows (each row's arithmetic fixed, so thread-count independent).
+ *   everything else (encoder, layernorm, GELU, residual, cross-entropy, AdamW, sumsq, scale,
+ *     copies, map/unmap) is delegated to backend_cpu: the memory is host memory in both.
+ * bf16: the two inputs of every product are converted fp32 -> bf16 (round to nearest even,
+ *   AVX512-BF16 VCVTNEPS2BF16 when the CPU has it, an equivalent scalar loop otherwise) into
+ *   scratch owned by this file, on every call (no weight cache: no invalidation to get wrong).
+ *   Softmax, its backward, bias, and all accumulation stay fp32.
+ * Primitives are created once per (shapes, strides, data type, post-ops, scale, threads) and
+ *   kept in a small table (MM_CACHE entries, round-robin replacement).
+ * Determinism: same inputs and thread count give bit-identical outputs (oneDNN's matmuls use a
+ *   fixed partition for a given primitive and thread count; tests/test_onednn.c checks it).
+ *   Only db and the softmax loops are thread-count independent by construction.
+ * Not thread-safe: one caller thread (the rank's) at a time, as every backend here.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DN_HAVE_X86 1
+#endif
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include "pipelm/backend.h"
+#include "pipelm/common.h"
+
+#define MM_CACHE 64
+#define MAXD 4
+
+/* ---------------------------------------------------------------------------------------- */
+/* state and errors */
+
+static char dn_errbuf[512];
+static const char *dn_error(void) { return dn_errbuf; }
+
+static int dn_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int dn_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dn_errbuf, sizeof dn_errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* A failed oneDNN call: its status name and number, the call, and what we were doing. */
+#define DN_CHECK(call, what)                                                                   \
+    do {                                                                                       \
+        dnnl_status_t dn_s_ = (call);                                                          \
+        if (dn_s_ != dnnl_success)                                                             \
+            return dn_fail(PL_EBACKEND, "oneDNN: %s: %s failed: %s (status %d)", (what), #call, \
+                           dnnl_status2str(dn_s_), (int)dn_s_);                               \
+    } while (0)
+
+/* A matmul of the cache: its description (the key) and what was built from it. */
+typedef struct {
+    int nd;         /* 2 or 4 */
+    int dt;         /* dnnl_f32 or dnnl_bf16: the two inputs; dst and bias are f32 */
+    int sum;        /* 1: dst += product (sum post-op) */
+    int bias;       /* 1: bias (1 x N) f32 */
+    int threads;    /* OpenMP threads the primitive was made for */
+    float scale;    /* output scale (1 = none) */
+    int64_t ad[MAXD], as[MAXD], bd[MAXD], bs[MAXD], cd[MAXD], cs[MAXD];
+} mm_key;
+
+typedef struct {
+    int used;
+    mm_key key;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_t mem[4]; /* src, weights, dst, bias */
+} mm_entry;
+
+static struct {
+    int inited;
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    int prec;
+    int threads;
+    int native_bf16;       /* the CPU converts with VCVTNEPS2BF16 */
+    char impl[112];        /* matmul implementations of the probe products, for describe */
+    mm_entry cache[MM_CACHE];
+    int next_victim;
+    long created;          /* primitives created (tests, diagnostics) */
+    /* scratch: bf16 copies and fp32 temporaries, grown on demand, freed by finalize */
+    void *scr[5];
+    size_t scr_bytes[5];
+} S;
+
+enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_F = 3, SCR_D = 4 };
+
+/* Scratch slot k of at least `bytes` (64-byte aligned). */
+static int scratch(int k, size_t bytes, void **p) {
+    if (bytes == 0) bytes = 64;
+    if (S.scr_bytes[k] < bytes) {
+        free(S.scr[k]);
+        S.scr[k] = NULL;
+        S.scr_bytes[k] = 0;
+        if (bytes > SIZE_MAX - 64)
+            return dn_fail(PL_ENOMEM, "oneDNN backend: scratch of %zu bytes: too large", bytes);
+        size_t r = (bytes + 63) / 64 * 64;
+        S.scr[k] = aligned_alloc(64, r);
+        if (!S.scr[k]) return dn_fail(PL_ENOMEM, "oneDNN backend: out of memory for %zu bytes of scratch", bytes);
+        S.scr_bytes[k] = r;
+    }
+    *p = S.scr[k];
+    return 0;
+}
+
+static int cur_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* fp32 -> bf16, round to nearest even */
+
+/* Scalar twin of VCVTNEPS2BF16: round to nearest even, NaN kept (quiet), and, as the
+ * instruction does, denormal inputs flushed to a signed zero. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void cvt_scalar(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+#ifdef DN_HAVE_X86
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void cvt_avx512(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+        __m512bh y = _mm512_cvtne2ps_pbh(hi, lo);
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)y);
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m256bh y = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)y);
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m256bh y = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)y);
+    }
+}
+#endif
+
+/* Exported for tests/test_onednn.c only (not part of backend.h): convert n values, in
+ * parallel over fixed chunks; force_scalar = 1 takes the portable loop. */
+void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar);
+void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar) {
+    const size_t chunk = 1 << 15;
+    size_t nchunk = (n + chunk - 1) / chunk;
+    int vec = 0;
+#ifdef DN_HAVE_X86
+    vec = !force_scalar && __builtin_cpu_supports("avx512bf16");
+#else
+    (void)force_scalar;
+#endif
+    #pragma omp parallel for schedule(static) if (nchunk > 1)
+    for (size_t k = 0; k < nchunk; k++) {
+        size_t i0 = k * chunk, m = i0 + chunk < n ? chunk : n - i0;
+#ifdef DN_HAVE_X86
+        if (vec) { cvt_avx512(dst + i0, src + i0, m); continue; }
+#endif
+        cvt_scalar(dst + i0, src + i0, m);
+    }
+    (void)vec;
+}
+
+/* bf16 copy of n floats in scratch slot k. */
+static int to_bf16(int k, const float *src, size_t n, const void **out) {
+    void *p = NULL;
+    PL_TRY(scratch(k, n * sizeof(uint16_t), &p));
+    onednn_cvt_bf16(p, src, n, 0);
+    *out = p;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* matmul primitives, cached */
+
+static void entry_destroy(mm_entry *e) {
+    for (int i = 0; i < 4; i++)
+        if (e->mem[i]) dnnl_memory_destroy(e->mem[i]);
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->pd) dnnl_primitive_desc_destroy(e->pd);
+    memset(e, 0, sizeof *e);
+}
+
+static void cache_clear(void) {
+    for (int i = 0; i < MM_CACHE; i++)
+        if (S.cache[i].used) entry_destroy(&S.cache[i]);
+    S.next_victim = 0;
+}
+
+/* fp32 2-D products whose weights (B) are row-major, i.e. dinp = dout W and dW += dout^T inp:
+ * oneDNN 2.6 ranks brg:avx512_core first, but measured here (one thread, N = 1024) it falls to
+ * 40-50 GFLOP/s on 1024x768x3072 and 768x1024x3072 where gemm:jit runs 130-145, and is ~10%
+ * slower than gemm:jit on the other shapes tried; so gemm:jit is taken when offered. The
+ * choice depends on the shape only, never on a timing, so every run makes the same one. bf16
+ * keeps oneDNN's order (its first choice is the AMX kernel where there is AMX). */
+static int prefer_gemm_jit(const mm_key *k) { return k->dt == dnnl_f32 && k->nd == 2 && k->bs[1] == 1; }
+
+/* The first implementation oneDNN offers for md/attr, or gemm:jit if offered and preferred. */
+static dnnl_status_t pick_pd(dnnl_primitive_desc_t *pd, const dnnl_matmul_desc_t *md, const_dnnl_primitive_attr_t attr,
+                             int prefer_jit) {
+    if (!prefer_jit) return dnnl_primitive_desc_create(pd, md, attr, S.eng, NULL);
+    dnnl_primitive_desc_iterator_t it;
+    dnnl_status_t s = dnnl_primitive_desc_iterator_create(&it, md, attr, S.eng, NULL);
+    if (s != dnnl_success) return s;
+    dnnl_primitive_desc_t first = NULL, pick = NULL;
+    do {
+        dnnl_primitive_desc_t p = dnnl_primitive_desc_iterator_fetch(it);
+        if (!p) break;
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(p, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+            strcmp(impl, "gemm:jit") == 0) {
+            pick = p;
+            break;
+        }
+        if (!first) first = p;
+        else dnnl_primitive_desc_destroy(p);
+    } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    dnnl_primitive_desc_iterator_destroy(it);
+    if (pick) {
+        if (first) dnnl_primitive_desc_destroy(first);
+        *pd = pick;
+    } else if (first) *pd = first;
+    else return dnnl_unimplemented;
+    return dnnl_success;
+}
+
+/* Build the primitive descriptor of k (no primitive): also used to name the kernel. */
+static int make_pd(const mm_key *k, dnnl_primitive_desc_t *pd, const char *what) {
+    dnnl_memory_desc_t a, b, c, bias;
+    dnnl_data_type_t dt = (dnnl_data_type_t)k->dt;
+    /* the API takes full dnnl_dims_t arrays (DNNL_MAX_NDIMS) */
+    dnnl_dims_t ad = {0}, as = {0}, bd = {0}, bs = {0}, cd = {0}, cs = {0};
+    for (int i = 0; i < k->nd; i++) {
+        ad[i] = k->ad[i]; as[i] = k->as[i];
+        bd[i] = k->bd[i]; bs[i] = k->bs[i];
+        cd[i] = k->cd[i]; cs[i] = k->cs[i];
+    }
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&a, k->nd, ad, dt, as), what);
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&b, k->nd, bd, dt, bs), what);
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&c, k->nd, cd, dnnl_f32, cs), what);
+    if (k->bias) { /* (1, ..., 1, N), dense */
+        dnnl_dims_t bbd = {0}, bbs = {0};
+        for (int i = 0; i < k->nd; i++) { bbd[i] = 1; bbs[i] = k->cd[k->nd - 1]; }
+        bbd[k->nd - 1] = k->cd[k->nd - 1];
+        bbs[k->nd - 1] = 1;
+        DN_CHECK(dnnl_memory_desc_init_by_strides(&bias, k->nd, bbd, dnnl_f32, bbs), what);
+    }
+    dnnl_matmul_desc_t md;
+    DN_CHECK(dnnl_matmul_desc_init(&md, &a, &b, k->bias ? &bias : NULL, &c), what);
+    dnnl_primitive_attr_t attr;
+    DN_CHECK(dnnl_primitive_attr_create(&attr), what);
+    dnnl_status_t s = dnnl_success;
+    if (k->scale != 1.0f) s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->scale);
+    if (s == dnnl_success && k->sum) {
+        dnnl_post_ops_t po;
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) {
+            s = dnnl_post_ops_append_sum(po, 1.0f);
+            if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+            dnnl_post_ops_destroy(po);
+        }
+    }
+    if (s == dnnl_success) s = pick_pd(pd, &md, attr, prefer_gemm_jit(k));
+    dnnl_primitive_attr_destroy(attr);
+    DN_CHECK(s, what);
+    return 0;
+}
+
+static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
+    for (int i = 0; i < MM_CACHE; i++)
+        if (S.cache[i].used && memcmp(&S.cache[i].key, k, sizeof *k) == 0) {
+            *out = &S.cache[i];
+            return 0;
+        }
+    mm_entry *e = &S.cache[S.next_victim];
+    S.next_victim = (S.next_victim + 1) % MM_CACHE;
+    if (e->used) entry_destroy(e);
+    e->key = *k;
+    int rc = make_pd(k, &e->pd, what);
+    if (rc) { e->pd = NULL; entry_destroy(e); return rc; }
+    dnnl_status_t s = dnnl_primitive_create(&e->prim, e->pd);
+    for (int i = 0; s == dnnl_success && i < (k->bias ? 4 : 3); i++) {
+        static const dnnl_query_t q[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                          dnnl_query_weights_md};
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(e->pd, q[i], i == 3 ? 1 : 0);
+        s = md ? dnnl_memory_create(&e->mem[i], md, S.eng, DNNL_MEMORY_NONE) : dnnl_invalid_arguments;
+    }
+    if (s != dnnl_success) {
+        entry_destroy(e);
+        DN_CHECK(s, what);
+    }
+    e->used = 1;
+    S.created++;
+    *out = e;
+    return 0;
+}
+
+/* Run the product of k on A, B -> C (+ bias). */
+static int mm_run(const mm_key *k, const void *A, const void *B, float *C, const float *bias,
+                  const char *what) {
+    mm_entry *e = NULL;
+    PL_TRY(get_primitive(k, &e, what));
+    DN_CHECK(dnnl_memory_set_data_handle_v2(e->mem[0], (void *)A, S.st), what);
+    DN_CHECK(dnnl_memory_set_data_handle_v2(e->mem[1], (void *)B, S.st), what);
+    DN_CHECK(dnnl_memory_set_data_handle_v2(e->mem[2], C, S.st), what);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->mem[0]}, {DNNL_ARG_WEIGHTS, e->mem[1]}, {DNNL_ARG_DST, e->mem[2]}};
+    int nargs = 3;
+    if (k->bias) {
+        DN_CHECK(dnnl_memory_set_data_handle_v2(e->mem[3], (void *)bias, S.st), what);
+        args[3].arg = DNNL_ARG_BIAS;
+        args[3].memory = e->mem[3];
+        nargs = 4;
+    }
+    DN_CHECK(dnnl_primitive_execute(e->prim, S.st, nargs, args), what);
+    DN_CHECK(dnnl_stream_wait(S.st), what);
+    return 0;
+}
+
+static void key_init(mm_key *k, int nd, int bf16, int sum, int bias, float scale) {
+    memset(k, 0, sizeof *k);
+    k->nd = nd;
+    k->dt = bf16 ? dnnl_bf16 : dnnl_f32;
+    k->sum = sum;
+    k->bias = bias;
+    k->scale = scale;
+    k->threads = cur_threads();
+}
+
+/* 2-D: C(M,N) = A(M,K) B(K,N), A element (m,k) at m*sam + k*sak, B (k,n) at k*sbk + n*sbn,
+ * C row-major with leading dimension ldc. */
+static void key_2d(mm_key *k, int64_t M, int64_t K, int64_t N, int64_t sam, int64_t sak, int64_t sbk,
+                   int64_t sbn, int64_t ldc) {
+    k->ad[0] = M; k->ad[1] = K; k->as[0] = sam; k->as[1] = sak;
+    k->bd[0] = K; k->bd[1] = N; k->bs[0] = sbk; k->bs[1] = sbn;
+    k->cd[0] = M; k->cd[1] = N; k->cs[0] = ldc; k->cs[1] = 1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* init, describe, threads */
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    switch ((int)isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+/* Native bf16 products: AVX512-BF16 (or AMX, which includes it) in the effective ISA. */
+static int isa_has_bf16(dnnl_cpu_isa_t isa) {
+    return ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+}
+
+static int dn_set_threads(int n) {
+    if (n < 1) n = 1;
+    S.threads = n;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    int rc = backend_cpu.set_threads(n); /* OpenMP and OpenBLAS for the delegated ops */
+    if (rc) return dn_fail(rc, "cpu backend set_threads: %s", backend_cpu.error());
+    return 0;
+}
+static int dn_get_threads(void) { return S.threads > 0 ? S.threads : cur_threads(); }
+
+/* The kernel chosen for a typical 1024 x 768 x 768 product in precision prec, in the forward
+ * layout (weights transposed) and the backward one (weights row-major): "X" or "fwd X, bwd Y". */
+static int probe_impl(int prec, char *buf, size_t len) {
+    char name[2][48];
+    for (int i = 0; i < 2; i++) {
+        mm_key k;
+        key_init(&k, 2, prec == PL_PREC_BF16, 0, i == 0, 1.0f);
+        if (i == 0) key_2d(&k, 1024, 768, 768, 768, 1, 1, 768, 768);
+        else key_2d(&k, 1024, 768, 768, 768, 1, 768, 1, 768);
+        dnnl_primitive_desc_t pd;
+        PL_TRY(make_pd(&k, &pd, "probe matmul"));
+        const char *impl = NULL;
+        dnnl_status_t s = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        snprintf(name[i], sizeof name[i], "%s", s == dnnl_success && impl ? impl : "?");
+        dnnl_primitive_desc_destroy(pd);
+    }
+    if (strcmp(name[0], name[1]) == 0) snprintf(buf, len, "%s", name[0]);
+    else snprintf(buf, len, "fwd %s, bwd %s", name[0], name[1]);
+    return 0;
+}
+
+static void dn_finalize(void) {
+    cache_clear();
+    for (int i = 0; i < 5; i++) { free(S.scr[i]); S.scr[i] = NULL; S.scr_bytes[i] = 0; }
+    if (S.st) dnnl_stream_destroy(S.st);
+    if (S.eng) dnnl_engine_destroy(S.eng);
+    S.st = NULL;
+    S.eng = NULL;
+    S.inited = 0;
+    backend_cpu.finalize();
+}
+
+/* Engine and stream once; precision checked against the CPU each time. May be called again
+ * (a new precision or thread count); the primitives already made stay valid (their key holds
+ * data type and threads). */
+static int dn_init(const backend_options *opt, char *err, size_t errlen) {
+    int prec = opt ? opt->precision : PL_PREC_FP32;
+    if (prec != PL_PREC_FP32 && prec != PL_PREC_BF16) {
+        snprintf(err, errlen, "backend onednn: unknown precision %d (fp32 or bf16)", prec);
+        return PL_EINVAL;
+    }
+    if (!S.eng) {
+        dnnl_status_t s = dnnl_engine_create(&S.eng, dnnl_cpu, 0);
+        if (s == dnnl_success) s = dnnl_stream_create(&S.st, S.eng, dnnl_stream_default_flags);
+        if (s != dnnl_success) {
+            snprintf(err, errlen, "oneDNN: cannot create the CPU engine and stream: %s (status %d)",
+                     dnnl_status2str(s), (int)s);
+            if (S.eng) dnnl_engine_destroy(S.eng);
+            S.eng = NULL;
+            S.st = NULL;
+            return PL_EBACKEND;
+        }
+    }
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (prec == PL_PREC_BF16 && !isa_has_bf16(isa)) {
+        const char *e = getenv("PIPELM_ONEDNN_ALLOW_EMULATED");
+        if (!(e && strcmp(e, "1") == 0)) {
+            snprintf(err, errlen,
+                     "backend onednn: --precision bf16: this CPU has no native bf16 support (needs AVX512-BF16 "
+                     "or AMX-BF16; oneDNN's effective ISA here is %s, where bf16 would be emulated, slower "
+                     "than fp32; PIPELM_ONEDNN_ALLOW_EMULATED=1 allows it)", isa_name(isa));
+            return PL_EBACKEND;
+        }
+    }
+    backend_options co = {PL_PREC_FP32, opt ? opt->threads : 0, -1};
+    int rc = backend_cpu.init(&co, err, errlen);
+    if (rc) return rc;
+    rc = dn_set_threads(opt && opt->threads > 0 ? opt->threads : cur_threads());
+    if (rc) { snprintf(err, errlen, "%s", dn_errbuf); return rc; }
+    S.prec = prec;
+    rc = probe_impl(prec, S.impl, sizeof S.impl);
+    if (rc) {
+        snprintf(err, errlen, "backend onednn: %s matmul unavailable: %s", backend_precision_name(prec), dn_errbuf);
+        return rc;
+    }
+#ifdef DN_HAVE_X86
+    S.native_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+#endif
+    S.inited = 1;
+    dn_errbuf[0] = 0;
+    return 0;
+}
+
+static void dn_describe(char *buf, size_t len) {
+    const dnnl_version_t *v = dnnl_version();
+    if (!S.inited) {
+        snprintf(buf, len, "onednn: oneDNN %d.%d.%d (not initialised)", v->major, v->minor, v->patch);
+        return;
+    }
+    /* "<name>: library, kernel, precision" as backend_cpu's line */
+    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s", v->major, v->minor, v->patch,
+             isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
+             S.prec == PL_PREC_BF16 ? (S.native_bf16 ? " (inputs converted with avx512_bf16)"
+                                                     : " (inputs converted by a scalar loop)") : "");
+}
+
+#define NEED_INIT(what)                                                                        \
+    do {                                                                                       \
+        if (!S.inited) return dn_fail(PL_EBACKEND, "oneDNN backend: %s before init", (what)); \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------- */
+/* memory: our own allocations (fault injection), copies delegated */
+
+static int dn_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (backend_alloc_should_fail())
+        return dn_fail(PL_ENOMEM, "oneDNN backend: allocation of %zu bytes failed (injected by PIPELM_FAIL_ALLOC)", bytes);
+    if (bytes == 0) bytes = 64;
+    if (bytes > SIZE_MAX - 64) return dn_fail(PL_ENOMEM, "oneDNN backend: allocation of %zu bytes: too large", bytes);
+    size_t r = (bytes + 63) / 64 * 64;
+    *p = aligned_alloc(64, r);
+    if (!*p) return dn_fail(PL_ENOMEM, "oneDNN backend: out of host memory allocating %zu bytes", bytes);
+    memset(*p, 0, r);
+    return 0;
+}
+static void dn_free(void *p) { free(p); }
+
+/* A delegated call: the CPU backend's status, its message copied into ours. */
+static int cpu_rc(int rc, const char *what) {
+    if (rc) return dn_fail(rc, "%s (cpu backend): %s", what, backend_cpu.error());
+    return 0;
+}
+#define CPU(call, what) return cpu_rc(backend_cpu.call, (what))
+
+static int dn_to_host(void *d, const void *s, size_t n) { CPU(to_host(d, s, n), "to_host"); }
+static int dn_from_host(void *d, const void *s, size_t n) { CPU(from_host(d, s, n), "from_host"); }
+static int dn_copy(void *d, const void *s, size_t n) { CPU(copy(d, s, n), "copy"); }
+static int dn_zero(void *p, size_t n) { CPU(zero(p, n), "zero"); }
+static int dn_map(void **h, void *p, size_t n, int mode) { CPU(map(h, p, n, mode), "map"); }
+static int dn_unmap(void *h, void *p, size_t n, int mode) { CPU(unmap(h, p, n, mode), "unmap"); }
+
+/* ---------------------------------------------------------------------------------------- */
+/* matmuls */
+
+static int bad_shape(const char *op, int a, int b, int c) {
+    return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape (%d, %d, %d)", op, a, b, c);
+}
+
+/* out(N,OC) = inp(N,C) W^T + b: A = inp (N,C), B = W^T viewed (C,OC) with strides (1, C). */
+static int dn_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
+    NEED_INIT("matmul_fwd");
+    if (N < 0 || C < 0 || OC < 0) return bad_shape("matmul_fwd", N, C, OC);
+    if (N == 0 || OC == 0) return 0;
+    if (C == 0) { /* no product: out = b (or 0) */
+        for (size_t i = 0; i < (size_t)N; i++)
+            for (int j = 0; j < OC; j++) out[i * OC + j] = b ? b[j] : 0.0f;
+        return 0;
+    }
+    int bf = S.prec == PL_PREC_BF16;
+    char what[96];
+    snprintf(what, sizeof what, "matmul_fwd %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
+    const void *A = inp, *B = w;
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, inp, (size_t)N * C, &A));
+        PL_TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+    }
+    mm_key k;
+    key_init(&k, 2, bf, 0, b != NULL, 1.0f);
+    key_2d(&k, N, C, OC, C, 1, 1, C, OC);
+    return mm_run(&k, A, B, out, b, what);
+}
+
+/* dinp(N,C) = dout(N,OC) W(OC,C). */
+static int dn_matmul_bwd_input(float *dinp, const float *dout, const float *w, int N, int C, int OC) {
+    NEED_INIT("matmul_bwd_input");
+    if (N < 0 || C < 0 || OC < 0) return bad_shape("matmul_bwd_input", N, C, OC);
+    if (N == 0 || C == 0) return 0;
+    if (OC == 0) { memset(dinp, 0, sizeof(float) * (size_t)N * C); return 0; }
+    int bf = S.prec == PL_PREC_BF16;
+    char what[96];
+    snprintf(what, sizeof what, "matmul_bwd_input %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
+    const void *A = dout, *B = w;
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+        PL_TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+    }
+    mm_key k;
+    key_init(&k, 2, bf, 0, 0, 1.0f);
+    key_2d(&k, N, OC, C, OC, 1, C, 1, C);
+    return mm_run(&k, A, B, dinp, NULL, what);
+}
+
+/* db[j] += sum_i dout[i][j]: threads split the columns (chunks of 256), rows in order. */
+static void colsum(float *db, const float *dout, int N, int OC) {
+    int nchunk = (OC + 255) / 256;
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < nchunk; k++) {
+        int j0 = k * 256, j1 = j0 + 256 < OC ? j0 + 256 : OC;
+        for (int i = 0; i < N; i++) {
+            const float *d = dout + (size_t)i * OC;
+            for (int j = j0; j < j1; j++) db[j] += d[j];
+        }
+    }
+}
+
+/* dW(OC,C) += dout^T inp: A = dout^T viewed (OC,N) with strides (1, OC), sum post-op. */
+static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
+    NEED_INIT("matmul_bwd_weight");
+    if (N < 0 || C < 0 || OC < 0) return bad_shape("matmul_bwd_weight", N, C, OC);
+    if (N == 0 || OC == 0) return 0;
+    if (C > 0) {
+        int bf = S.prec == PL_PREC_BF16;
+        char what[96];
+        snprintf(what, sizeof what, "matmul_bwd_weight %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
+        const void *A = dout, *B = inp;
+        if (bf) {
+            PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+            PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
+        }
+        mm_key k;
+        key_init(&k, 2, bf, 1, 0, 1.0f);
+        key_2d(&k, OC, N, C, 1, OC, C, 1, C);
+        PL_TRY(mm_run(&k, A, B, dw, NULL, what));
+    }
+    if (db) colsum(db, dout, N, OC);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* attention */
+
+/* exp(x) as backend_cpu's exp_fast (same polynomial, so the two agree closely). */
+static inline float exp_fast(float x) {
+    x = x > 88.3f ? 88.3f : x;
+    x = x < -87.3f ? -87.3f : x;
+    float t = x * 1.44269504088896341f;
+    float fk = (t + 12582912.0f) - 12582912.0f;
+    int k = (int)(fk == fk ? fk : 0.0f);
+    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int bits = (k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* 4-D view (B, NH, rows, cols) with strides (sb, sh, sr, sc). */
+static void view4(int64_t *d, int64_t *s, int64_t B, int64_t NH, int64_t r, int64_t c, int64_t sb, int64_t sh,
+                  int64_t sr, int64_t sc) {
+    d[0] = B; d[1] = NH; d[2] = r; d[3] = c;
+    s[0] = sb; s[1] = sh; s[2] = sr; s[3] = sc;
+}
+
+static int check_att(const char *op, int B, int T, int C, int NH) {
+    if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
+        return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape B=%d T=%d C=%d NH=%d", op, B, T, C, NH);
+    return 0;
+}
+
+/* Causal softmax of the rows of att (B*NH*T rows of T), in place; upper triangle zeroed. */
+static void softmax_causal(float *att, int BH, int T) {
+    size_t rows = (size_t)BH * T;
+    #pragma omp parallel for schedule(static)
+    for (size_t rr = 0; rr < rows; rr++) {
+        int t = (int)(rr % T);
+        float *r = att + rr * T;
+        float mx = r[0];
+        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++) r[j] *= inv;
+        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+    }
+}
+
+/* The backward of the softmax, in place on datt: dpre = a (datt - rowsum(a datt)). */
+static void softmax_causal_bwd(float *datt, const float *att, int BH, int T) {
+    size_t rows = (size_t)BH * T;
+    #pragma omp parallel for schedule(static)
+    for (size_t rr = 0; rr < rows; rr++) {
+        int t = (int)(rr % T);
+        const float *ar = att + rr * T;
+        float *dr = datt + rr * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+    }
+}
+
+/* att = softmax_causal(q k^T / sqrt(hs)); out = att v, all heads in two batched products. */
+static int dn_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    NEED_INIT("attention_fwd");
+    PL_TRY(check_att("attention_fwd", B, T, C, NH));
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16;
+    int64_t hs = C / NH, C3 = 3 * (int64_t)C, TT = (int64_t)T * T, sb3 = (int64_t)T * C3;
+    char what[112];
+    snprintf(what, sizeof what, "attention_fwd %s B=%d T=%d C=%d NH=%d", bf ? "bf16" : "fp32", B, T, C, NH);
+    const void *base = qkv;
+    size_t es = bf ? 2 : 4;
+    if (bf) PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * C3, &base));
+    const char *q = base, *kk = (const char *)base + es * C, *v = (const char *)base + es * 2 * C;
+    mm_key k;
+    key_init(&k, 4, bf, 0, 0, 1.0f / sqrtf((float)hs));
+    view4(k.ad, k.as, B, NH, T, hs, sb3, hs, C3, 1);          /* q (T, hs) */
+    view4(k.bd, k.bs, B, NH, hs, T, sb3, hs, 1, C3);          /* k^T (hs, T) */
+    view4(k.cd, k.cs, B, NH, T, T, NH * TT, TT, T, 1);        /* att (T, T) */
+    PL_TRY(mm_run(&k, q, kk, att, NULL, what));
+    softmax_causal(att, B * NH, T);
+    const void *a = att;
+    if (bf) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
+    key_init(&k, 4, bf, 0, 0, 1.0f);
+    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, T, 1);        /* att */
+    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);          /* v (T, hs) */
+    view4(k.cd, k.cs, B, NH, T, hs, (int64_t)T * C, hs, C, 1); /* out (T, hs) of (B,T,C) */
+    return mm_run(&k, a, v, out, NULL, what);
+}
+
+/* datt = dy v^T; dv = att^T dy; dpre = softmax backward; dq = s dpre k; dk = s dpre^T q. */
+static int dn_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
+                            int C, int NH) {
+    NEED_INIT("attention_bwd");
+    PL_TRY(check_att("attention_bwd", B, T, C, NH));
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16;
+    int64_t hs = C / NH, C3 = 3 * (int64_t)C, TT = (int64_t)T * T, sb3 = (int64_t)T * C3, sb1 = (int64_t)T * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    char what[112];
+    snprintf(what, sizeof what, "attention_bwd %s B=%d T=%d C=%d NH=%d", bf ? "bf16" : "fp32", B, T, C, NH);
+    size_t es = bf ? 2 : 4;
+    const void *base = qkv, *dy = dout, *a = att;
+    void *datt_v = NULL;
+    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, &datt_v));
+    float *datt = datt_v;
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * C3, &base));
+        PL_TRY(to_bf16(SCR_B, dout, (size_t)B * T * C, &dy));
+        PL_TRY(to_bf16(SCR_C, att, (size_t)B * NH * TT, &a));
+    }
+    const char *q = base, *kk = (const char *)base + es * C, *v = (const char *)base + es * 2 * C;
+    mm_key k;
+    /* datt = dy v^T */
+    key_init(&k, 4, bf, 0, 0, 1.0f);
+    view4(k.ad, k.as, B, NH, T, hs, sb1, hs, C, 1);
+    view4(k.bd, k.bs, B, NH, hs, T, sb3, hs, 1, C3);
+    view4(k.cd, k.cs, B, NH, T, T, NH * TT, TT, T, 1);
+    PL_TRY(mm_run(&k, dy, v, datt, NULL, what));
+    /* dv = att^T dy */
+    key_init(&k, 4, bf, 0, 0, 1.0f);
+    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, 1, T);
+    view4(k.bd, k.bs, B, NH, T, hs, sb1, hs, C, 1);
+    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
+    PL_TRY(mm_run(&k, a, dy, dqkv + 2 * C, NULL, what));
+    softmax_causal_bwd(datt, att, B * NH, T);
+    const void *dp = datt;
+    if (bf) PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dp));
+    /* dq = s dpre k */
+    key_init(&k, 4, bf, 0, 0, scale);
+    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, T, 1);
+    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);
+    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
+    PL_TRY(mm_run(&k, dp, kk, dqkv, NULL, what));
+    /* dk = s dpre^T q */
+    key_init(&k, 4, bf, 0, 0, scale);
+    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, 1, T);
+    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);
+    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
+    return mm_run(&k, dp, q, dqkv + C, NULL, what);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* delegated ops */
+
+static int dn_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
+    CPU(encoder_fwd(out, tok, wte, wpe, N, T, C), "encoder_fwd");
+}
+static int dn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
+    CPU(encoder_bwd(dwte, dwpe, dout, tok, N, T, C), "encoder_bwd");
+}
+static int dn_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                            int N, int C) {
+    CPU(layernorm_fwd(out, mean, rstd, inp, w, b, N, C), "layernorm_fwd");
+}
+static int dn_layernorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                  const float *mean, const float *rstd, int N, int C) {
+    CPU(layernorm_bwd_input(dinp, dout, inp, w, mean, rstd, N, C), "layernorm_bwd_input");
+}
+static int dn_layernorm_bwd_weight(float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                                   const float *rstd, int N, int C) {
+    CPU(layernorm_bwd_weight(dw, db, dout, inp, mean, rstd, N, C), "layernorm_bwd_weight");
+}
+static int dn_gelu_fwd(float *out, const float *inp, size_t n) { CPU(gelu_fwd(out, inp, n), "gelu_fwd"); }
+static int dn_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+    CPU(gelu_bwd(dinp, inp, dout, n), "gelu_bwd");
+}
+static int dn_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+    CPU(residual_fwd(out, a, b, n), "residual_fwd");
+}
+static int dn_add_inplace(float *dst, const float *src, size_t n) { CPU(add_inplace(dst, src, n), "add_inplace"); }
+static int dn_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
+    CPU(crossentropy_fwd(losses, logits, targets, N, V, Vp), "crossentropy_fwd");
+}
+static int dn_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
+    CPU(crossentropy_bwd(probs, targets, dloss, N, V, Vp), "crossentropy_bwd");
+}
+static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int t) {
+    CPU(adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t), "adamw");
+}
+static int dn_sumsq(const float *x, size_t n, double *out) { CPU(sumsq(x, n, out), "sumsq"); }
+static int dn_scale(float *x, float s, size_t n) { CPU(scale(x, s, n), "scale"); }
+
+/* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
+long onednn_primitives_created(void);
+long onednn_primitives_created(void) { return S.created; }
+
+const backend backend_onednn = {
+    .name = "onednn",
+    .host_memory = 1,
+    .init = dn_init,
+    .finalize = dn_finalize,
+    .error = dn_error,
+    .describe = dn_describe,
+    .set_threads = dn_set_threads,
+    .get_threads = dn_get_threads,
+    .alloc = dn_alloc,
+    .free = dn_free,
+    .to_host = dn_to_host,
+    .from_host = dn_from_host,
+    .copy = dn_copy,
+    .zero = dn_zero,
+    .map = dn_map,
+    .unmap = dn_unmap,
+    .encoder_fwd = dn_encoder_fwd,
+    .encoder_bwd = dn_encoder_bwd,
+    .layernorm_fwd = dn_layernorm_fwd,
+    .layernorm_bwd_input = dn_layernorm_bwd_input,
+    .layernorm_bwd_weight = dn_layernorm_bwd_weight,
+    .matmul_fwd = dn_matmul_fwd,
+    .matmul_bwd_input = dn_matmul_bwd_input,
+    .matmul_bwd_weight = dn_matmul_bwd_weight,
+    .attention_fwd = dn_attention_fwd,
+    .attention_bwd = dn_attention_bwd,
+    .gelu_fwd = dn_gelu_fwd,
+    .gelu_bwd = dn_gelu_bwd,
+    .residual_fwd = dn_residual_fwd,
+    .add_inplace = dn_add_inplace,
+    .crossentropy_fwd = dn_crossentropy_fwd,
+    .crossentropy_bwd = dn_crossentropy_bwd,
+    .adamw = dn_adamw,
+    .sumsq = dn_sumsq,
+    .scale = dn_scale,
+};
