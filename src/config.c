@@ -88,6 +88,8 @@ static const opt_desc options[] = {
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
     O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
+    O_STR("recompute", recompute, "activation recomputation: none | selective (attention probabilities) | full "
+          "(whole blocks); or one per stage, comma-separated (default none)"),
     O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split)"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
@@ -138,6 +140,7 @@ void config_defaults(pl_options *o) {
     strcpy(o->schedule, "1f1b");
     strcpy(o->backend, "cpu");
     strcpy(o->precision, "fp32");
+    strcpy(o->recompute, "none");
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;

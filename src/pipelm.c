@@ -60,7 +60,7 @@ static void bench_usage(FILE *out) {
                  "Runs --warmup untimed steps then --steps timed ones (defaults 2 and 5) and reports\n"
                  "tokens/s, step time, model TFLOP/s (6N + 6LCT per token), MFU against the measured\n"
                  "sgemm peak of every rank, measured and theoretical bubble, and per-stage compute,\n"
-                 "MPI wait, idle time and peak memory. --peak measures cblas_sgemm alone.\n\noptions:\n");
+                 "MPI wait, idle time and peak memory. --peak measures the sgemm and oneDNN fp32/bf16 matmul peaks.\n\noptions:\n");
     config_print_help(out, 1);
     exit_help(out);
 }
@@ -111,6 +111,28 @@ static int predict_with_costs(const sched *s, const char *path) {
     return 0;
 }
 
+/* The schedule to show: read from --load, else built by name. 0, or the exit status. */
+static int schedule_get(const char *in, const char *name, int P, int M, sched *s) {
+    char err[1024];
+    if (in) {
+        FILE *f = NULL;
+        if (pl_open_input(in, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, sizeof err) != PL_OK) {
+            pl_error("schedule: %s", err);
+            return 1;
+        }
+        int rc = sched_read_csv(f, in, s, err, sizeof err);
+        fclose(f);
+        if (rc) { pl_error("schedule %s: %s", in, err); return 1; }
+        return 0;
+    }
+    if (P <= 0 || M <= 0) {
+        pl_error("schedule: --stages and --microbatches must be positive integers");
+        return 2;
+    }
+    if (sched_build(name, P, M, s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
+    return 0;
+}
+
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
 static int schedule_main(int argc, char **argv, int first, int rank) {
     int P = 0, M = 0;
@@ -149,22 +171,8 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     if (rank != 0) return 0;
     sched s;
     char err[1024];
-    if (in) {
-        FILE *f = NULL;
-        if (pl_open_input(in, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, sizeof err) != PL_OK) {
-            pl_error("schedule: %s", err);
-            return 1;
-        }
-        int rc = sched_read_csv(f, in, &s, err, sizeof err);
-        fclose(f);
-        if (rc) { pl_error("schedule %s: %s", in, err); return 1; }
-    } else {
-        if (P <= 0 || M <= 0) {
-            pl_error("schedule: --stages and --microbatches must be positive integers");
-            return 2;
-        }
-        if (sched_build(name, P, M, &s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
-    }
+    int grc = schedule_get(in, name, P, M, &s);
+    if (grc) return grc;
     if (sched_validate(&s, err, sizeof err)) {
         pl_error("schedule %s is invalid: %s", s.name, err);
         sched_free(&s);

@@ -20,6 +20,15 @@
 #include "pipelm/run.h"
 #include "pipelm/trace.h"
 
+/* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
+ * (as stage_act_bytes_per_slot counts them). */
+static double act_mb(const run *R, int s, int mode) {
+    double N = (double)(R->B / R->M) * R->T, C = R->cfg.C, att = (double)(R->B / R->M) * R->cfg.NH * R->T * R->T;
+    double per_block = mode == STAGE_RECOMPUTE_FULL ? N * C : N * (16 * C + 4) + (mode ? 0 : att);
+    double n = N * C + R->sp.blocks[s] * per_block + (s == R->P - 1 ? N * (2 * C + 2) : 0);
+    return n * sizeof(float) / 1048576.0;
+}
+
 /* Rank 0 prints the stage table: who owns what, and its estimated cost. */
 void report_stage_table(run *R) {
     const split *sp = &R->sp;
@@ -36,7 +45,7 @@ void report_stage_table(run *R) {
     pl_info("backend: %s, precision %s\n", bdesc, R->o->precision);
     pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
             R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
-    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight\n");
+    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute\n");
     for (int s = 0; s < sp->P; s++) {
         char parts[32];
         snprintf(parts, sizeof parts, "%s%s", s == 0 ? "E" : "", s == sp->P - 1 ? "H" : "");
@@ -44,9 +53,11 @@ void report_stage_table(run *R) {
         if (sp->blocks[s]) snprintf(blocks, sizeof blocks, "%d-%d", sp->first[s], sp->first[s] + sp->blocks[s] - 1);
         else snprintf(blocks, sizeof blocks, "-");
         double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
-        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d\n", s, s, blocks, parts,
-                split_stage_params(sp, &R->cfg, s), gf,
-                split_stage_act_bytes(sp, &R->cfg, s, Bm, R->T) / 1048576.0, sched_max_inflight(&R->sc, s));
+        static const char *const rc_name[] = {"none", "selective", "full"};
+        int mode = R->rc_modes ? R->rc_modes[s] : 0;
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, s, blocks, parts,
+                split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight(&R->sc, s),
+                rc_name[mode]);
     }
     pl_info("  (E = embeddings, H = final norm + LM head + loss; blocks are layer numbers)\n");
 }

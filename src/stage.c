@@ -129,17 +129,24 @@ static void free_douts(stage *st, stage_douts *dd) {
     memset(dd, 0, sizeof *dd);
 }
 
+/* Free a block's activations, except those shared by every slot under recomputation. */
+static void free_block_acts(stage *st, block_acts *a) {
+    float *all[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
+                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+        float *p = all[k];
+        if (p == st->att_shared) continue;
+        if (st->recompute == STAGE_RECOMPUTE_FULL && p != a->res3) continue; /* the shared set */
+        st->be->free(p);
+    }
+}
+
 static void free_slot(stage *st, act_slot *s) {
     const backend *be = st->be;
     be->free(s->x_in);
     be->free(s->tok);
     if (s->blocks) {
-        for (int b = 0; b < st->nb; b++) {
-            block_acts *a = &s->blocks[b];
-            float *all[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                            a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
-            for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) be->free(all[k]);
-        }
+        for (int b = 0; b < st->nb; b++) free_block_acts(st, &s->blocks[b]);
         free(s->blocks);
     }
     be->free(s->lnf);
@@ -230,6 +237,78 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
     return PL_OK;
 }
 
+/* One block's activations into a (the shared set of full recomputation). */
+static int alloc_block_acts(stage *st, block_acts *a) {
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
+    int rc = PL_OK;
+    a->ln1 = balloc(st, N * C * F, &rc);
+    a->ln1_mean = balloc(st, N * F, &rc);
+    a->ln1_rstd = balloc(st, N * F, &rc);
+    a->qkv = balloc(st, N * 3 * C * F, &rc);
+    a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, &rc);
+    a->atty = balloc(st, N * C * F, &rc);
+    a->res2 = balloc(st, N * C * F, &rc);
+    a->ln2 = balloc(st, N * C * F, &rc);
+    a->ln2_mean = balloc(st, N * F, &rc);
+    a->ln2_rstd = balloc(st, N * F, &rc);
+    a->fch = balloc(st, N * 4 * C * F, &rc);
+    a->fch_gelu = balloc(st, N * 4 * C * F, &rc);
+    a->res3 = NULL; /* every slot keeps its own block outputs */
+    return rc;
+}
+
+int stage_init_recompute(stage *st, int mode, char *err, size_t errlen) {
+    if (mode == STAGE_RECOMPUTE_NONE || st->recompute == mode) return PL_OK;
+    if (st->recompute != STAGE_RECOMPUTE_NONE || st->slots_in_use) {
+        snprintf(err, errlen, "recomputation can be chosen once, before the first forward");
+        return PL_EINVAL;
+    }
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
+    int rc = PL_OK;
+    if (mode == STAGE_RECOMPUTE_SELECTIVE) {
+        st->att_shared = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, &rc);
+        st->atty_scratch = balloc(st, N * C * F, &rc);
+    } else {
+        rc = alloc_block_acts(st, &st->shared_acts);
+    }
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "backend %s: %s, for the recomputation buffers", st->be->name, stage_error(st));
+        return rc;
+    }
+    for (int i = 0; i < st->nslots; i++)
+        for (int b = 0; b < st->nb; b++) {
+            block_acts *a = &st->slots[i].blocks[b];
+            st->recompute = STAGE_RECOMPUTE_NONE; /* this block's own buffers, all of them */
+            free_block_acts(st, a);
+            st->recompute = mode; /* from here on (a failure included) it holds the mode's */
+            float *res3 = NULL;
+            if (mode == STAGE_RECOMPUTE_SELECTIVE) {
+                /* keep everything but the probabilities: re-allocate the rest */
+                rc = alloc_block_acts(st, a);
+                st->be->free(a->att);
+                a->att = st->att_shared;
+            } else {
+                *a = st->shared_acts;
+            }
+            res3 = balloc(st, N * C * F, &rc);
+            a->res3 = res3;
+            if (rc != PL_OK) {
+                snprintf(err, errlen, "backend %s: %s, for the recomputation buffers", st->be->name, stage_error(st));
+                return rc;
+            }
+        }
+    st->recompute = mode;
+    return PL_OK;
+}
+
+size_t stage_act_bytes_per_slot(const stage *st) {
+    size_t N = st->N, C = st->cfg.C, att = (size_t)st->Bm * st->cfg.NH * st->T * st->T;
+    size_t per_block = st->recompute == STAGE_RECOMPUTE_FULL ? N * C
+                     : N * (16 * C + 4) + (st->recompute == STAGE_RECOMPUTE_SELECTIVE ? 0 : att);
+    size_t n = N * C + (size_t)st->nb * per_block + (st->has_head ? N * (2 * C + 2) : 0);
+    return n * sizeof(float);
+}
+
 int stage_init_deferred(stage *st, char *err, size_t errlen) {
     for (int i = 0; i < st->nslots; i++) {
         if (st->slots[i].dd != &st->shared_dd) continue;
@@ -254,7 +333,14 @@ void stage_free(stage *st) {
         for (int i = 0; i < st->nslots; i++) free_slot(st, &st->slots[i]);
     free(st->slots);
     free_douts(st, &st->shared_dd);
-    float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres};
+    if (st->recompute == STAGE_RECOMPUTE_FULL) {
+        block_acts keep = st->shared_acts;
+        st->recompute = STAGE_RECOMPUTE_NONE; /* free the shared set itself */
+        keep.att = keep.att == st->att_shared ? NULL : keep.att;
+        free_block_acts(st, &keep);
+    }
+    float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres, st->att_shared,
+                     st->atty_scratch};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
     be->free(st->tgt);
     free(st->host_losses);
@@ -407,6 +493,16 @@ static int release(stage *st, act_slot *s) {
     return PL_OK;
 }
 
+/* What the mode dropped from block b of slot s, back before its backward needs it. */
+static int recompute_block(stage *st, act_slot *s, int b, const float *x) {
+    block_dims d = dims_of(st);
+    block_acts *a = &s->blocks[b];
+    if (st->recompute == STAGE_RECOMPUTE_FULL) return gpt2_block_forward(st->be, &d, &st->bp[b], a, x);
+    if (st->recompute == STAGE_RECOMPUTE_SELECTIVE)
+        return st->be->attention_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.C, st->cfg.NH);
+    return PL_OK;
+}
+
 int stage_backward_input(stage *st, int slot, const float *dout) {
     act_slot *s = backward_slot(st, slot, 0, "input part of the backward");
     if (!s) return PL_EINVAL;
@@ -420,6 +516,7 @@ int stage_backward_input(stage *st, int slot, const float *dout) {
     PL_TRY(backward_start(st, s, dout));
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        PL_TRY(recompute_block(st, s, b, x));
         PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, &s->dd->blocks[b]));
     }
     if (st->has_embed) PL_TRY(be->copy(s->dd->embed, st->dres, (size_t)st->N * st->cfg.C * sizeof(float)));
@@ -435,6 +532,7 @@ int stage_backward_weight(stage *st, int slot) {
     if (st->has_head) PL_TRY(head_weight(st, s));
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        if (st->recompute == STAGE_RECOMPUTE_FULL) PL_TRY(recompute_block(st, s, b, x)); /* others kept what W reads */
         PL_TRY(gpt2_block_backward_weight(st->be, &d, &st->bg[b], &s->blocks[b], x, &s->dd->blocks[b]));
     }
     if (st->has_embed) PL_TRY(embed_weight(st, s));
@@ -454,6 +552,7 @@ int stage_backward(stage *st, int slot, const float *dout) {
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
         const block_douts *dd = &st->shared_dd.blocks[b];
+        PL_TRY(recompute_block(st, s, b, x));
         PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, dd));
         PL_TRY(gpt2_block_backward_weight(be, &d, &st->bg[b], &s->blocks[b], x, dd));
     }

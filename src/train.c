@@ -117,6 +117,36 @@ static int setup_backend(run *R, char *err, size_t errlen) {
     return be->set_threads(R->lay.threads);
 }
 
+/* --recompute for every stage (R->rc_modes): one mode for all, or one per stage. */
+static int recompute_modes(run *R, char *err, size_t errlen) {
+    char list[256];
+    snprintf(list, sizeof list, "%s", R->o->recompute);
+    int n = 0, k = 0;
+    for (const char *p = list; *p; p++) n += *p == ',';
+    n++;
+    if (n != 1 && n != R->P) {
+        snprintf(err, errlen, "--recompute %s: give one mode or one per stage (%d here), not %d", R->o->recompute,
+                 R->P, n);
+        return PL_EINVAL;
+    }
+    char *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+        int m = !strcmp(t, "none") ? STAGE_RECOMPUTE_NONE : !strcmp(t, "selective") ? STAGE_RECOMPUTE_SELECTIVE
+              : !strcmp(t, "full") ? STAGE_RECOMPUTE_FULL : -1;
+        if (m < 0) {
+            snprintf(err, errlen, "--recompute: '%s' is not none, selective or full", t);
+            return PL_EINVAL;
+        }
+        for (int st = 0; st < R->P; st++)
+            if (n == 1 || k == st) R->rc_modes[st] = m;
+    }
+    if (k != n) {
+        snprintf(err, errlen, "--recompute %s: an empty entry", R->o->recompute);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* Split, schedule, stage, data, metrics: everything that can fail before step 1. */
 static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
@@ -154,6 +184,10 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(stage_init(&R->st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0,
                       s == P - 1, R->B / R->M, R->T, nslots > 0 ? nslots : 1, be, err, errlen));
     if (sched_defers_weights(&R->sc, s)) PL_TRY(stage_init_deferred(&R->st, err, errlen));
+    R->rc_modes = calloc((size_t)P, sizeof(int));
+    if (!R->rc_modes) return PL_ENOMEM;
+    PL_TRY(recompute_modes(R, err, errlen));
+    PL_TRY(stage_init_recompute(&R->st, R->rc_modes[s], err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
@@ -504,6 +538,7 @@ static void teardown(run *R, int agreed) {
     if (R->have_val) data_close(&R->val);
     free(R->inputs);
     free(R->targets);
+    free(R->rc_modes);
     signals_restore();
     comm_step = -1;
 }

@@ -49,6 +49,23 @@ for P in 1 2 3 4; do
     done
 done
 
+# activation recomputation (selective: attention probabilities; full: whole blocks; or one per
+# stage) gives the same bits, with plain and split (zb-h1) backwards
+for RC in selective full none,full,selective; do
+    for S in 1f1b zb-h1; do
+        P=$(( ${#RC} > 9 && $(echo $RC | tr -cd , | wc -c) == 2 ? 3 : 2 ))
+        f=rc_${RC//,/-}_$S
+        if mpirun_t 120 $P train $COMMON --schedule $S --recompute $RC --metrics $f.jsonl --save-final $f.bin > $f.out 2>&1 \
+                && cmp -s ref.bin $f.bin && [ "$(losses ref.jsonl)" = "$(losses $f.jsonl)" ]; then
+            ok "--recompute $RC, P=$P $S: bit-identical to one process without recomputation"
+        else bad "--recompute $RC P=$P $S" "$(tail -n 2 $f.out | tr '\n' ' ')"; fi
+    done
+done
+mpirun_t 60 2 train $COMMON --recompute full,none,full > rcbad.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "one per stage (2 here), not 3" rcbad.out; then
+    ok "--recompute list of the wrong length refused"; else bad "--recompute list" "rc=$rc"; fi
+
 # a schedule read from torch-style CSV runs and matches
 "$PIPELM" schedule --stages 3 --microbatches $M --schedule 1f1b --csv s.csv > /dev/null 2>&1
 if mpirun_t 120 3 train $COMMON --schedule-csv s.csv --metrics csv.jsonl --save-final csv.bin > csv.out 2>&1 \

@@ -37,6 +37,7 @@ typedef struct {
     char dump_grads[PL_PATH];
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
+    char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */
     char precision[8];   /* fp32 | bf16 (checked as it is parsed) */

@@ -43,6 +43,7 @@ typedef struct {
     int tm_steps;
     int polite;
     layout lay;
+    int *rc_modes;              /* P: each stage's STAGE_RECOMPUTE_* */
 } run;
 
 /* What one step's all-reduce tells every rank besides the norm and the loss. */

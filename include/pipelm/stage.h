@@ -63,6 +63,10 @@ typedef struct {
     int deferred;                /* every slot has its own output gradients */
     stage_douts shared_dd;       /* the shared set when not deferred */
     int w_pending;               /* slots whose weight part has not run yet */
+    int recompute;               /* STAGE_RECOMPUTE_*: what the backward recomputes */
+    float *att_shared;           /* selective: (Bm, NH, T, T) one buffer for every slot */
+    float *atty_scratch;         /* selective: (N, C) where the recomputed output lands */
+    block_acts shared_acts;      /* full: one set of block activations for every slot and block */
     /* scratch shared by every slot */
     float *dres;                 /* (N, C) the residual stream's gradient */
     float *logits;               /* (N, Vp) */
@@ -70,6 +74,13 @@ typedef struct {
     float *losses;               /* (N) */
     float *host_losses;          /* (N) host copy */
 } stage;
+
+/* Activation recomputation: none keeps every activation; selective drops the attention
+ * probabilities (B NH T T per block, the largest at long T) and recomputes them in the
+ * backward; full keeps only each block's output (the next block's input) and recomputes the
+ * whole block, for the input part and again for a deferred weight part. The results are the
+ * same bits: recomputing runs the same deterministic ops on the same inputs. */
+enum { STAGE_RECOMPUTE_NONE = 0, STAGE_RECOMPUTE_SELECTIVE = 1, STAGE_RECOMPUTE_FULL = 2 };
 
 /* Build a stage and allocate its parameters, gradients and nslots activation slots for
  * micro-batches of Bm sequences of length T. Every backend failure comes back with the
@@ -79,6 +90,12 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
 /* Give every slot its own output gradients, so weight parts may be deferred past other
  * micro-batches' input parts (zero-bubble schedules). */
 int stage_init_deferred(stage *st, char *err, size_t errlen);
+/* Switch to recomputation (after stage_init, before the first forward): frees what the mode
+ * no longer keeps per slot. */
+int stage_init_recompute(stage *st, int mode, char *err, size_t errlen);
+/* Bytes of activations one in-flight micro-batch holds, and the stage-wide scratch the mode
+ * adds, for the stage table. */
+size_t stage_act_bytes_per_slot(const stage *st);
 void stage_free(stage *st);
 /* Initialise parameters (gpt2_init_tensor for each tensor). */
 int stage_init_params(stage *st, unsigned long long seed);
