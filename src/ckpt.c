@@ -327,8 +327,97 @@ static int attr_get_f64(hid_t loc, const char *grp, const char *name, double *v,
     return attr_read(loc, grp, name, H5T_NATIVE_DOUBLE, 1, v, cx);
 }
 
+/* Open a string attribute and check its shape: refused if it is missing, not a string or
+ * not exactly one value. The handles it opens (*a, *ft, *sp) are left to the caller to
+ * close, so that they close in the same order whichever check fails. lab names it. */
+static int str_attr_open(hid_t loc, const char *name, const char *lab, hid_t *a, hid_t *ft, hid_t *sp,
+                         h5ctx *cx) {
+    int rc = PL_OK;
+    htri_t there;
+    CKPT_H5(there = H5Aexists(loc, name));
+    if (!there) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s is missing (not a pipelm checkpoint, or damaged)", lab);
+        goto done;
+    }
+    CKPT_H5(*a = H5Aopen(loc, name, H5P_DEFAULT));
+    CKPT_H5(*ft = H5Aget_type(*a));
+    H5T_class_t cls;
+    CKPT_H5(cls = H5Tget_class(*ft));
+    if (cls != H5T_STRING) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s is not a string", lab);
+        goto done;
+    }
+    CKPT_H5(*sp = H5Aget_space(*a));
+    hssize_t np;
+    CKPT_H5(np = H5Sget_simple_extent_npoints(*sp));
+    if (np != 1) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s holds %lld strings, one expected", lab, (long long)np);
+        goto done;
+    }
+done:
+    return rc;
+}
+
+/* Read a variable-length string attribute into a fresh NUL-terminated *tmp of *sz bytes
+ * (HDF5's own copy is freed at once). *mt is the memory type, closed by the caller. */
+static int str_attr_read_vl(hid_t a, const char *lab, hid_t *mt, char **tmp, size_t *sz, h5ctx *cx) {
+    int rc = PL_OK;
+    char *s = NULL;
+    CKPT_H5(*mt = H5Tcopy(H5T_C_S1));
+    CKPT_H5(H5Tset_size(*mt, H5T_VARIABLE));
+    CKPT_H5(H5Aread(a, *mt, &s));
+    *sz = s ? strlen(s) : 0;
+    *tmp = calloc(*sz + 1, 1);
+    if (*tmp && s) memcpy(*tmp, s, *sz);
+    H5free_memory(s);
+    if (!*tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
+done:
+    return rc;
+}
+
+/* Read a fixed-length string attribute (file type ft) into a fresh *tmp of *sz bytes and
+ * a NUL: a size over 1 MiB is refused before anything is allocated. *mt as above. */
+static int str_attr_read_fixed(hid_t a, hid_t ft, const char *lab, size_t len, hid_t *mt, char **tmp, size_t *sz,
+                               h5ctx *cx) {
+    int rc = PL_OK;
+    *sz = H5Tget_size(ft); /* 0 on failure */
+    if (*sz == 0) {
+        rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(ft)");
+        goto done;
+    }
+    if (*sz > 1u << 20) {
+        rc = fail_msg(cx, PL_EIO, "attribute %s is a string of %zu bytes, at most %zu expected", lab, *sz, len - 1);
+        goto done;
+    }
+    *tmp = calloc(*sz + 1, 1);
+    if (!*tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
+    CKPT_H5(*mt = H5Tcopy(H5T_C_S1));
+    CKPT_H5(H5Tset_size(*mt, *sz + 1)); /* room for a NUL HDF5 adds to a full-width string */
+    CKPT_H5(H5Tset_strpad(*mt, H5T_STR_NULLTERM));
+    CKPT_H5(H5Aread(a, *mt, *tmp));
+done:
+    return rc;
+}
+
+/* Check the sz bytes read (tmp, NUL-terminated): nothing after the terminating NUL, fewer
+ * than len characters, and no control character. No HDF5 call. */
+static int str_attr_check(const char *tmp, size_t sz, const char *lab, size_t len, h5ctx *cx) {
+    size_t n = strlen(tmp);
+    for (size_t i = n; i < sz; i++)
+        if (tmp[i]) return fail_msg(cx, PL_EIO, "attribute %s holds bytes after its terminating NUL", lab);
+    if (n >= len)
+        return fail_msg(cx, PL_EIO, "attribute %s is a string of %zu characters, at most %zu expected", lab, n,
+                        len - 1);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)tmp[i] < 0x20 || tmp[i] == 0x7f)
+            return fail_msg(cx, PL_EIO, "attribute %s holds a control character (\\x%02x at %zu)", lab,
+                            (unsigned char)tmp[i], i);
+    return PL_OK;
+}
+
 /* Read a string attribute into buf: refused if it is not a string, is len or more bytes
- * long, or holds a control character or a byte after its terminating NUL. */
+ * long, or holds a control character or a byte after its terminating NUL. The handles are
+ * owned here and closed in one place, in the same order on every path. */
 static int attr_get_str(hid_t loc, const char *grp, const char *name, char *buf, size_t len, h5ctx *cx) {
     int rc = PL_OK;
     hid_t a = -1, ft = -1, mt = -1, sp = -1;
@@ -337,73 +426,13 @@ static int attr_get_str(hid_t loc, const char *grp, const char *name, char *buf,
     attr_label(grp, name, lab, sizeof lab);
     snprintf(cx->obj, sizeof cx->obj, "attribute %s", lab);
     buf[0] = 0;
-    htri_t there;
-    CKPT_H5(there = H5Aexists(loc, name));
-    if (!there) {
-        rc = fail_msg(cx, PL_EIO, "attribute %s is missing (not a pipelm checkpoint, or damaged)", lab);
-        goto done;
-    }
-    CKPT_H5(a = H5Aopen(loc, name, H5P_DEFAULT));
-    CKPT_H5(ft = H5Aget_type(a));
-    H5T_class_t cls;
-    CKPT_H5(cls = H5Tget_class(ft));
-    if (cls != H5T_STRING) {
-        rc = fail_msg(cx, PL_EIO, "attribute %s is not a string", lab);
-        goto done;
-    }
-    CKPT_H5(sp = H5Aget_space(a));
-    hssize_t np;
-    CKPT_H5(np = H5Sget_simple_extent_npoints(sp));
-    if (np != 1) {
-        rc = fail_msg(cx, PL_EIO, "attribute %s holds %lld strings, one expected", lab, (long long)np);
-        goto done;
-    }
+    if ((rc = str_attr_open(loc, name, lab, &a, &ft, &sp, cx))) goto done;
     htri_t vl;
     CKPT_H5(vl = H5Tis_variable_str(ft));
-    if (vl) {
-        char *s = NULL;
-        CKPT_H5(mt = H5Tcopy(H5T_C_S1));
-        CKPT_H5(H5Tset_size(mt, H5T_VARIABLE));
-        CKPT_H5(H5Aread(a, mt, &s));
-        sz = s ? strlen(s) : 0;
-        tmp = calloc(sz + 1, 1);
-        if (tmp && s) memcpy(tmp, s, sz);
-        H5free_memory(s);
-        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
-    } else {
-        sz = H5Tget_size(ft); /* 0 on failure */
-        if (sz == 0) {
-            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, "H5Tget_size(ft)");
-            goto done;
-        }
-        if (sz > 1u << 20) {
-            rc = fail_msg(cx, PL_EIO, "attribute %s is a string of %zu bytes, at most %zu expected", lab, sz, len - 1);
-            goto done;
-        }
-        tmp = calloc(sz + 1, 1);
-        if (!tmp) { rc = fail_msg(cx, PL_ENOMEM, "out of memory reading attribute %s", lab); goto done; }
-        CKPT_H5(mt = H5Tcopy(H5T_C_S1));
-        CKPT_H5(H5Tset_size(mt, sz + 1)); /* room for a NUL HDF5 adds to a full-width string */
-        CKPT_H5(H5Tset_strpad(mt, H5T_STR_NULLTERM));
-        CKPT_H5(H5Aread(a, mt, tmp));
-    }
-    size_t n = strlen(tmp);
-    for (size_t i = n; i < sz; i++)
-        if (tmp[i]) {
-            rc = fail_msg(cx, PL_EIO, "attribute %s holds bytes after its terminating NUL", lab);
-            goto done;
-        }
-    if (n >= len) {
-        rc = fail_msg(cx, PL_EIO, "attribute %s is a string of %zu characters, at most %zu expected", lab, n, len - 1);
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)tmp[i] < 0x20 || tmp[i] == 0x7f) {
-            rc = fail_msg(cx, PL_EIO, "attribute %s holds a control character (\\x%02x at %zu)", lab,
-                          (unsigned char)tmp[i], i);
-            goto done;
-        }
-    memcpy(buf, tmp, n + 1);
+    if (vl) rc = str_attr_read_vl(a, lab, &mt, &tmp, &sz, cx);
+    else rc = str_attr_read_fixed(a, ft, lab, len, &mt, &tmp, &sz, cx);
+    if (rc || (rc = str_attr_check(tmp, sz, lab, len, cx))) goto done;
+    memcpy(buf, tmp, strlen(tmp) + 1);
 done:
     free(tmp);
     if (sp >= 0) H5Sclose(sp);
@@ -1406,58 +1435,79 @@ static int validate_meta(const meta_all *a, const long long *tr, h5ctx *cx) {
     return PL_OK;
 }
 
-/* Check the root attributes (format, version), read /config and the metadata, check every
- * value's type and range, and verify meta_crc32c where the file has one. */
-int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
+/* The root attributes: format and format_version must be this pipelm's; pipelm_version,
+ * step and created are read for the checksum (step is range-checked by validate_meta). */
+static int read_meta_root(hid_t f, meta_all *a, h5ctx *cx) {
+    PL_TRY(attr_get_str(f, "/", "format", a->format, sizeof a->format, cx));
+    if (strcmp(a->format, CKPT_FORMAT) != 0)
+        return fail_msg(cx, PL_EIO, "format is '%s', not '%s'", a->format, CKPT_FORMAT);
+    PL_TRY(attr_get_i64(f, "/", "format_version", &a->format_version, cx));
+    if (a->format_version != CKPT_FORMAT_VERSION)
+        return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", a->format_version,
+                        CKPT_FORMAT_VERSION);
+    PL_TRY(attr_get_str(f, "/", "pipelm_version", a->version, sizeof a->version, cx));
+    PL_TRY(attr_get_i64(f, "/", "step", &a->root_step, cx));
+    PL_TRY(attr_get_str(f, "/", "created", a->created, sizeof a->created, cx));
+    return PL_OK;
+}
+
+/* /config: 64-bit, range-checked by gpt2_config_make before anything narrows them; the
+ * model it describes goes to *cfg. */
+static int read_meta_config(hid_t f, meta_all *a, gpt2_config *cfg, h5ctx *cx) {
     static const char *const cn[6] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
     int rc = PL_OK;
     hid_t g = -1;
-    meta_all a;
-    memset(&a, 0, sizeof a);
-    ckpt_meta *m = &a.m;
-    long long tr[8] = {0}; /* /train step, warmup_steps, total_steps, batch, seq_len, microbatches, nstages, markov_branch */
-    gpt2_config cfg;
-    PL_TRY(attr_get_str(f, "/", "format", a.format, sizeof a.format, cx));
-    if (strcmp(a.format, CKPT_FORMAT) != 0)
-        return fail_msg(cx, PL_EIO, "format is '%s', not '%s'", a.format, CKPT_FORMAT);
-    PL_TRY(attr_get_i64(f, "/", "format_version", &a.format_version, cx));
-    if (a.format_version != CKPT_FORMAT_VERSION)
-        return fail_msg(cx, PL_EIO, "format_version is %lld; this pipelm reads version %d", a.format_version,
-                        CKPT_FORMAT_VERSION);
-    PL_TRY(attr_get_str(f, "/", "pipelm_version", a.version, sizeof a.version, cx));
-    PL_TRY(attr_get_i64(f, "/", "step", &a.root_step, cx));
-    PL_TRY(attr_get_str(f, "/", "created", a.created, sizeof a.created, cx));
-    /* /config: 64-bit, range-checked by gpt2_config_make before anything narrows them */
     if ((rc = group_open(f, "config", &g, cx))) goto done;
     for (int i = 0; i < 6; i++)
-        if ((rc = attr_get_i64(g, "/config", cn[i], &a.cfg[i], cx))) goto done;
+        if ((rc = attr_get_i64(g, "/config", cn[i], &a->cfg[i], cx))) goto done;
     for (int i = 0; i < 6; i++)
-        if (a.cfg[i] < 1 || a.cfg[i] > INT_MAX) {
-            rc = fail_msg(cx, PL_EIO, "attribute /config/%s = %lld is out of range (1..%d)", cn[i], a.cfg[i], INT_MAX);
+        if (a->cfg[i] < 1 || a->cfg[i] > INT_MAX) {
+            rc = fail_msg(cx, PL_EIO, "attribute /config/%s = %lld is out of range (1..%d)", cn[i], a->cfg[i], INT_MAX);
             goto done;
         }
     char e2[256];
-    if (gpt2_config_make(&cfg, (int)a.cfg[0], (int)a.cfg[2], (int)a.cfg[3], (int)a.cfg[4], (int)a.cfg[5], e2,
+    if (gpt2_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->cfg[5], e2,
                          sizeof e2) != PL_OK) {
         rc = fail_msg(cx, PL_EIO, "bad /config: %s", e2);
         goto done;
     }
-    if (cfg.Vp != a.cfg[1]) {
-        rc = fail_msg(cx, PL_EIO, "padded_vocab_size %lld is not vocab_size %lld rounded up to 128", a.cfg[1], a.cfg[0]);
+    if (cfg->Vp != a->cfg[1]) {
+        rc = fail_msg(cx, PL_EIO, "padded_vocab_size %lld is not vocab_size %lld rounded up to 128", a->cfg[1],
+                      a->cfg[0]);
         goto done;
     }
-    if ((rc = obj_close(&g, cx))) goto done;
-    /* /optim */
+    rc = obj_close(&g, cx);
+done:
+    if (g >= 0) H5Gclose(g);
+    return rc;
+}
+
+/* /optim: the AdamW settings and the optimizer's own lr and step (checked by validate_meta). */
+static int read_meta_optim(hid_t f, meta_all *a, h5ctx *cx) {
+    ckpt_meta *m = &a->m;
+    int rc = PL_OK;
+    hid_t g = -1;
     if ((rc = group_open(f, "optim", &g, cx))) goto done;
-    if ((rc = attr_get_str(g, "/optim", "name", a.optim_name, sizeof a.optim_name, cx)) ||
+    if ((rc = attr_get_str(g, "/optim", "name", a->optim_name, sizeof a->optim_name, cx)) ||
         (rc = attr_get_f64(g, "/optim", "beta1", &m->beta1, cx)) ||
         (rc = attr_get_f64(g, "/optim", "beta2", &m->beta2, cx)) || (rc = attr_get_f64(g, "/optim", "eps", &m->eps, cx)) ||
         (rc = attr_get_f64(g, "/optim", "weight_decay", &m->weight_decay, cx)) ||
-        (rc = attr_get_f64(g, "/optim", "lr", &a.optim_lr, cx)) ||
-        (rc = attr_get_i64(g, "/optim", "step", &a.optim_step, cx)))
+        (rc = attr_get_f64(g, "/optim", "lr", &a->optim_lr, cx)) ||
+        (rc = attr_get_i64(g, "/optim", "step", &a->optim_step, cx)))
         goto done;
-    if ((rc = obj_close(&g, cx)) || (rc = group_open(f, "train", &g, cx))) goto done;
-    /* /train */
+    rc = obj_close(&g, cx);
+done:
+    if (g >= 0) H5Gclose(g);
+    return rc;
+}
+
+/* The scalar attributes of the open /train group g, in a fixed order (the same on every
+ * rank), and the optional markov_branch (a->has_branch says whether it is there). The
+ * int-valued ones land in tr[] as 64-bit values (see ckpt_read_meta), so that they are
+ * range-checked before anything narrows them. */
+static int read_meta_train_scalars(hid_t g, meta_all *a, long long *tr, h5ctx *cx) {
+    ckpt_meta *m = &a->m;
+    int rc = PL_OK;
     if ((rc = attr_get_i64(g, "/train", "step", &tr[0], cx)) ||
         (rc = attr_get_i64(g, "/train", "tokens_seen", &m->tokens_seen, cx)) ||
         (rc = attr_get_i64(g, "/train", "data_pos", &m->data_pos, cx)) ||
@@ -1477,39 +1527,51 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
     htri_t hb;
     snprintf(cx->obj, sizeof cx->obj, "attribute /train/markov_branch");
     CKPT_H5(hb = H5Aexists(g, "markov_branch"));
-    a.has_branch = hb > 0;
-    if (a.has_branch && (rc = attr_get_i64(g, "/train", "markov_branch", &tr[7], cx))) goto done;
+    a->has_branch = hb > 0;
+    if (a->has_branch && (rc = attr_get_i64(g, "/train", "markov_branch", &tr[7], cx))) goto done;
     cx->obj[0] = 0;
-    /* everything that is narrowed to int is range-checked first */
-    long long maxst = a.cfg[3] + 2 < CKPT_MAX_STAGES ? a.cfg[3] + 2 : CKPT_MAX_STAGES; /* middle stages hold a block */
-    if (tr[6] < 1 || tr[6] > maxst) {
-        rc = fail_msg(cx, PL_EIO, "attribute /train/nstages = %lld is out of range (1..%lld for n_layer %lld)", tr[6],
-                      maxst, a.cfg[3]);
-        goto done;
-    }
+done:
+    return rc;
+}
+
+/* /train/split of the open group g: nstages (tr[6]) is range-checked first, since it sizes
+ * the read, then each stage's block count against n_layer, before they narrow to int. */
+static int read_meta_split(hid_t g, meta_all *a, const long long *tr, h5ctx *cx) {
+    ckpt_meta *m = &a->m;
+    long long maxst = a->cfg[3] + 2 < CKPT_MAX_STAGES ? a->cfg[3] + 2 : CKPT_MAX_STAGES; /* middle stages hold a block */
+    if (tr[6] < 1 || tr[6] > maxst)
+        return fail_msg(cx, PL_EIO, "attribute /train/nstages = %lld is out of range (1..%lld for n_layer %lld)", tr[6],
+                        maxst, a->cfg[3]);
     m->nstages = (int)tr[6];
-    {
-        long long sp[CKPT_MAX_STAGES];
-        if ((rc = attr_read(g, "/train", "split", H5T_NATIVE_LLONG, m->nstages, sp, cx))) goto done;
-        for (int s = 0; s < m->nstages; s++) {
-            if (sp[s] < 0 || sp[s] > a.cfg[3]) {
-                rc = fail_msg(cx, PL_EIO, "attribute /train/split: stage %d holds %lld blocks (0..%lld)", s, sp[s],
-                              a.cfg[3]);
-                goto done;
-            }
-            m->split[s] = (int)sp[s];
-        }
+    long long sp[CKPT_MAX_STAGES];
+    PL_TRY(attr_read(g, "/train", "split", H5T_NATIVE_LLONG, m->nstages, sp, cx));
+    for (int s = 0; s < m->nstages; s++) {
+        if (sp[s] < 0 || sp[s] > a->cfg[3])
+            return fail_msg(cx, PL_EIO, "attribute /train/split: stage %d holds %lld blocks (0..%lld)", s, sp[s],
+                            a->cfg[3]);
+        m->split[s] = (int)sp[s];
     }
-    if ((rc = obj_close(&g, cx))) goto done;
-    if ((rc = validate_meta(&a, tr, cx))) goto done;
-    m->step = a.root_step;
-    m->warmup_steps = (int)tr[1];
-    m->total_steps = (int)tr[2];
-    m->batch = (int)tr[3];
-    m->seq_len = (int)tr[4];
-    m->microbatches = (int)tr[5];
-    m->markov_branch = a.has_branch ? (int)tr[7] : -1;
-    /* the checksum over all of it */
+    return PL_OK;
+}
+
+/* /train: the run's state (read_meta_train_scalars) and its split (read_meta_split). */
+static int read_meta_train(hid_t f, meta_all *a, long long *tr, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t g = -1;
+    if ((rc = group_open(f, "train", &g, cx))) goto done;
+    if ((rc = read_meta_train_scalars(g, a, tr, cx)) || (rc = read_meta_split(g, a, tr, cx))) goto done;
+    rc = obj_close(&g, cx);
+done:
+    if (g >= 0) H5Gclose(g);
+    return rc;
+}
+
+/* The checksum over all of the metadata: verified against the root meta_crc32c where the
+ * file has one (m.meta_verified = 1); a file without one (an older pipelm's) is noted on
+ * rank 0 and accepted on its range checks alone. a must be complete (see meta_canon). */
+static int check_meta_crc(hid_t f, meta_all *a, h5ctx *cx) {
+    ckpt_meta *m = &a->m;
+    int rc = PL_OK;
     htri_t hc;
     snprintf(cx->obj, sizeof cx->obj, "attribute /meta_crc32c");
     CKPT_H5(hc = H5Aexists(f, "meta_crc32c"));
@@ -1517,7 +1579,7 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
     if (hc > 0) {
         long long stored;
         if ((rc = attr_get_i64(f, "/", "meta_crc32c", &stored, cx))) goto done;
-        uint32_t computed = meta_crc(&a);
+        uint32_t computed = meta_crc(a);
         if (stored < 0 || stored > 0xffffffffLL || (uint32_t)stored != computed) {
             rc = fail_msg(cx, PL_EIO, "metadata checksum mismatch: meta_crc32c is 0x%08llx but the attributes give "
                           "0x%08x (an attribute was changed after the save, or the file is damaged)",
@@ -1531,10 +1593,35 @@ int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
             fprintf(stderr, "pipelm: rank 0: note: checkpoint %s has no meta_crc32c attribute (saved by an older "
                     "pipelm): its metadata is range-checked but cannot be verified\n", cx->file);
     }
+done:
+    return rc;
+}
+
+/* Check the root attributes (format, version), read /config and the metadata, check every
+ * value's type and range, and verify meta_crc32c where the file has one. Every rank makes
+ * the same HDF5 calls in the same order: root, /config, /optim, /train, meta_crc32c. */
+int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
+    int rc = PL_OK;
+    meta_all a;
+    memset(&a, 0, sizeof a);
+    ckpt_meta *m = &a.m;
+    long long tr[8] = {0}; /* /train step, warmup_steps, total_steps, batch, seq_len, microbatches, nstages, markov_branch */
+    gpt2_config cfg;
+    PL_TRY(read_meta_root(f, &a, cx));
+    if ((rc = read_meta_config(f, &a, &cfg, cx)) || (rc = read_meta_optim(f, &a, cx)) ||
+        (rc = read_meta_train(f, &a, tr, cx)) || (rc = validate_meta(&a, tr, cx)))
+        goto done;
+    m->step = a.root_step;
+    m->warmup_steps = (int)tr[1];
+    m->total_steps = (int)tr[2];
+    m->batch = (int)tr[3];
+    m->seq_len = (int)tr[4];
+    m->microbatches = (int)tr[5];
+    m->markov_branch = a.has_branch ? (int)tr[7] : -1;
+    if ((rc = check_meta_crc(f, &a, cx))) goto done;
     if (cfg_out) *cfg_out = cfg;
     if (m_out) *m_out = *m;
 done:
-    if (g >= 0) H5Gclose(g);
     if (rc == PL_OK) cx->obj[0] = 0;
     return rc;
 }

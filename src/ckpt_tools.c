@@ -185,7 +185,9 @@ static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, vo
     H5T_class_t cls;
     CKPT_H5(cls = H5Tget_class(t));
     fprintf(out, "  %-18s ", name);
-    if (cls == H5T_STRING) {
+    if (cls == H5T_STRING && n != 1) { /* one buffer is read below: never more than one string */
+        fprintf(out, "(%lld strings: pipelm writes one)", (long long)n);
+    } else if (cls == H5T_STRING) {
         htri_t vl;
         CKPT_H5(vl = H5Tis_variable_str(t));
         CKPT_H5(mt = H5Tcopy(H5T_C_S1));
@@ -398,11 +400,110 @@ done:
     return rc != PL_OK || !has_sum;
 }
 
-/* `pipelm inspect FILE`: metadata, a table of every dataset read back, and a verdict. */
-int ckpt_inspect_main(int argc, char **argv, int first) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) return 0;
+/* The names of every dataset a checkpoint of model cfg must hold ("/model/...", then
+ * "/optim/m/...", "/optim/v/..."), in schema order: the rows of the table that must be
+ * there, and the sort order of the rest. Out of memory, *nexp stays 0: nothing expected. */
+static void schema_datasets(const gpt2_config *cfg, char (**expect)[64], const char ***order, int *nexp) {
+    int n = 4 + 12 * cfg->L;
+    ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+    *expect = calloc(3 * (size_t)n, sizeof **expect);
+    *order = calloc(3 * (size_t)n, sizeof **order);
+    if (gt && *expect && *order) {
+        n = ckpt_global_tensors(cfg, gt);
+        static const char *const sec[3] = {"model", "optim/m", "optim/v"};
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < n; i++) {
+                snprintf((*expect)[*nexp], sizeof (*expect)[*nexp], "/%s/%s", sec[s], gt[i].path);
+                (*order)[*nexp] = (*expect)[*nexp];
+                (*nexp)++;
+            }
+    }
+    free(gt);
+}
+
+/* Read and check the metadata as a load would (into its own context cq, whose message lands
+ * in e2: a failure is reported in the output, not fatal) and print its verdict. If it
+ * holds, the schema's datasets of its model go to *expect / *order. Returns whether it holds. */
+static int inspect_meta(hid_t f, const char *path, char *e2, size_t e2len, char (**expect)[64], const char ***order,
+                        int *nexp) {
+    FILE *out = pl_out ? pl_out : stdout;
+    gpt2_config cfg;
+    ckpt_meta meta;
+    h5ctx cq = {path, "", e2, e2len, 0};
+    int meta_ok = ckpt_read_meta(f, &cfg, &meta, &cq) == PL_OK;
+    if (meta_ok)
+        fprintf(out, "metadata: every attribute in range; %s\n", meta.meta_verified ? "meta_crc32c OK"
+                : "no meta_crc32c (an older checkpoint): not verified");
+    else
+        fprintf(out, "metadata: FAILED: %s\n", e2);
+    if (meta_ok) schema_datasets(&cfg, expect, order, nexp);
+    return meta_ok;
+}
+
+/* The dataset table: a header, one row per dataset of the (sorted) list L, each read back
+ * and verified, then a MISSING row for each schema dataset (g_order) not in the file.
+ * Returns the number of bad rows, missing ones included; *missing counts those alone,
+ * *first_bad names the first bad row, *total adds up the bytes of tensor data. */
+static int inspect_table(hid_t f, const name_list *L, int *missing, const char **first_bad, double *total,
+                         h5ctx *cx) {
+    FILE *out = pl_out ? pl_out : stdout;
+    int bad = 0;
+    int width = 7;
+    for (size_t i = 0; i < L->n; i++) width = (int)strlen(L->names[i]) > width ? (int)strlen(L->names[i]) : width;
+    fprintf(out, "datasets\n  %-*s  %-14s %11s  %s\n", width, "name", "shape", "size", "checksum");
+    double b;
+    for (size_t i = 0; i < L->n; i++) {
+        b = 0.0;
+        if (inspect_dataset(f, L->names[i], width, &b, cx)) {
+            bad++;
+            if (!*first_bad) *first_bad = L->names[i];
+        }
+        *total += b;
+    }
+    for (int i = 0; i < g_norder; i++) {
+        int found = 0;
+        for (size_t k = 0; k < L->n && !found; k++) found = strcmp(L->names[k], g_order[i]) == 0;
+        if (!found) {
+            fprintf(out, "  %-*s  %-14s %11s  %s\n", width, g_order[i], "-", "-", "MISSING");
+            if (!*first_bad) *first_bad = g_order[i];
+            (*missing)++;
+        }
+    }
+    return bad + *missing;
+}
+
+/* The closing lines: the checksum verdict over the table (bad rows, missing among them), an
+ * incomplete listing, and the metadata's failure (e2) again. Returns bad plus each further
+ * failure it reports. */
+static int inspect_verdict(const name_list *L, int bad, int missing, const char *first_bad, double total,
+                           int meta_ok, const char *e2) {
+    FILE *out = pl_out ? pl_out : stdout;
+    char tot[32];
+    human(total, tot, sizeof tot);
+    if (L->oom) {
+        fprintf(out, "out of memory listing the datasets: the table is incomplete\n");
+        bad++;
+    }
+    if (L->n == 0) {
+        fprintf(out, "no datasets: not a pipelm checkpoint\n");
+        bad++;
+    } else if (bad == 0) {
+        fprintf(out, "all %zu checksums OK (%s of tensor data)\n", L->n, tot);
+    } else if (bad > 0) {
+        fprintf(out, "CHECKSUM FAILED or missing for %d of %zu datasets (first: %s)\n", bad,
+                L->n + (size_t)missing, first_bad ? first_bad : "?");
+    }
+    if (!meta_ok) {
+        fprintf(out, "METADATA FAILED: %s\n", e2);
+        bad++;
+    }
+    return bad;
+}
+
+/* The arguments of `pipelm inspect`: --help (or -h) prints the usage; anything but one
+ * argument is a usage error. Returns the exit code for those (0, 2), or -1 to go on and
+ * inspect the one file argv[first]. */
+static int inspect_args(int argc, char **argv, int first) {
     FILE *out = pl_out ? pl_out : stdout;
     if (argc - first == 1 && (strcmp(argv[first], "--help") == 0 || strcmp(argv[first], "-h") == 0)) {
         fprintf(out, "usage: pipelm inspect FILE\n"
@@ -415,6 +516,17 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
         pl_error("inspect: expected one checkpoint file (see pipelm inspect --help)");
         return 2;
     }
+    return -1;
+}
+
+/* `pipelm inspect FILE`: metadata, a table of every dataset read back, and a verdict. */
+int ckpt_inspect_main(int argc, char **argv, int first) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) return 0;
+    FILE *out = pl_out ? pl_out : stdout;
+    int ac = inspect_args(argc, argv, first);
+    if (ac >= 0) return ac;
     const char *path = argv[first];
     ckpt_h5_quiet();
     char err[2048] = "";
@@ -442,78 +554,15 @@ int ckpt_inspect_main(int argc, char **argv, int first) {
     int nexp = 0;
     CKPT_H5(H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &L));
     /* a pipelm checkpoint lists in schema order and every schema dataset must be there */
-    gpt2_config cfg;
-    ckpt_meta meta;
     char e2[1024];
-    h5ctx cq = {path, "", e2, sizeof e2, 0};
-    int meta_ok = ckpt_read_meta(f, &cfg, &meta, &cq) == PL_OK;
-    if (meta_ok)
-        fprintf(out, "metadata: every attribute in range; %s\n", meta.meta_verified ? "meta_crc32c OK"
-                : "no meta_crc32c (an older checkpoint): not verified");
-    else
-        fprintf(out, "metadata: FAILED: %s\n", e2);
-    if (meta_ok) {
-        int n = 4 + 12 * cfg.L;
-        ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
-        expect = calloc(3 * (size_t)n, sizeof *expect);
-        order = calloc(3 * (size_t)n, sizeof *order);
-        if (gt && expect && order) {
-            n = ckpt_global_tensors(&cfg, gt);
-            static const char *const sec[3] = {"model", "optim/m", "optim/v"};
-            for (int s = 0; s < 3; s++)
-                for (int i = 0; i < n; i++) {
-                    snprintf(expect[nexp], sizeof expect[nexp], "/%s/%s", sec[s], gt[i].path);
-                    order[nexp] = expect[nexp];
-                    nexp++;
-                }
-        }
-        free(gt);
-    }
+    int meta_ok = inspect_meta(f, path, e2, sizeof e2, &expect, &order, &nexp);
     g_order = order;
     g_norder = order ? nexp : 0;
     qsort(L.names, L.n, sizeof *L.names, dataset_cmp);
-    int width = 7;
-    for (size_t i = 0; i < L.n; i++) width = (int)strlen(L.names[i]) > width ? (int)strlen(L.names[i]) : width;
-    fprintf(out, "datasets\n  %-*s  %-14s %11s  %s\n", width, "name", "shape", "size", "checksum");
-    double total = 0.0, b;
+    double total = 0.0;
     const char *first_bad = NULL;
-    for (size_t i = 0; i < L.n; i++) {
-        b = 0.0;
-        if (inspect_dataset(f, L.names[i], width, &b, cx)) {
-            bad++;
-            if (!first_bad) first_bad = L.names[i];
-        }
-        total += b;
-    }
-    for (int i = 0; i < g_norder; i++) {
-        int found = 0;
-        for (size_t k = 0; k < L.n && !found; k++) found = strcmp(L.names[k], g_order[i]) == 0;
-        if (!found) {
-            fprintf(out, "  %-*s  %-14s %11s  %s\n", width, g_order[i], "-", "-", "MISSING");
-            if (!first_bad) first_bad = g_order[i];
-            missing++;
-        }
-    }
-    bad += missing;
-    char tot[32];
-    human(total, tot, sizeof tot);
-    if (L.oom) {
-        fprintf(out, "out of memory listing the datasets: the table is incomplete\n");
-        bad++;
-    }
-    if (L.n == 0) {
-        fprintf(out, "no datasets: not a pipelm checkpoint\n");
-        bad++;
-    } else if (bad == 0) {
-        fprintf(out, "all %zu checksums OK (%s of tensor data)\n", L.n, tot);
-    } else if (bad > 0) {
-        fprintf(out, "CHECKSUM FAILED or missing for %d of %zu datasets (first: %s)\n", bad,
-                L.n + (size_t)missing, first_bad ? first_bad : "?");
-    }
-    if (!meta_ok) {
-        fprintf(out, "METADATA FAILED: %s\n", e2);
-        bad++;
-    }
+    bad = inspect_table(f, &L, &missing, &first_bad, &total, cx);
+    bad = inspect_verdict(&L, bad, missing, first_bad, total, meta_ok, e2);
 done:
     if (rc != PL_OK) {
         pl_error("inspect: %s", err);
