@@ -22,7 +22,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/schedules.XXXXXX") || exit 0
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 over=""
-[ "$NP" -gt "$(nproc)" ] && over=" (oversubscribed: $NP ranks on $(nproc) cores)"
+cores=$(getconf _NPROCESSORS_ONLN)
+[ "$NP" -gt "$cores" ] && over=" (oversubscribed: $NP ranks on $cores cores)"
 echo "== schedules on $NP ranks x 1 thread, preset $PRESET$over"
 for m in $MS; do
     for s in $SCHEDS; do

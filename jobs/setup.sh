@@ -36,7 +36,12 @@ fi
 build=${PIPELM_BUILD:-build}
 mkdir -p "$build"
 cd "$build"
-[ -f Makefile ] || ../configure
+# the CUDA backend is built wherever the toolkit is (CUDA_HOME, default /usr/local/cuda): a
+# machine without a GPU refuses --backend cuda at run time and skips its tests
+cuda=${CUDA_HOME:-/usr/local/cuda}
+cuda_flag=
+[ -x "$cuda/bin/nvcc" ] && [ "${PIPELM_CUDA:-1}" != 0 ] && cuda_flag="--with-cuda=$cuda"
+[ -f Makefile ] || ../configure $cuda_flag
 make -j"$(nproc)"
 
 # logs DIR: the summary lines of each test's log; counts DIR: "N passed, N failed, N skipped"

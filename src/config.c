@@ -94,7 +94,7 @@ static const opt_desc options[] = {
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
-             "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; needs --backend onednn)"),
+             "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; --backend onednn or cuda)"),
     O_INT("threads", threads, "CPU threads per rank (0: cores / ranks on the node)"),
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),

@@ -41,7 +41,7 @@ expect "ambiguous prefix is unknown" 2 "unknown option '--val'" run train --val 
 expect "bench option in train" 2 "unknown option '--warmup' for train (it is a bench option)" run train --warmup 1
 expect "single-dash word refused" 2 "unexpected argument '-s'" run train -s 3
 expect "underscores as dashes" 0 "step     1/1" run train --steps=1 --batch 4 --seq_len 16 --progress 0
-expect "train --help lists --precision" 0 "--precision S .*bf16 inputs, fp32 accumulation; needs --backend onednn" run train --help
+expect "train --help lists --precision" 0 "--precision S .*bf16 inputs, fp32 accumulation; --backend onednn or cuda" run train --help
 expect "--backend help names the built ones" 0 "--backend S .*compute backend: cpu" run train --help
 expect "--precision fp32 runs" 0 "step     1/1" run train --precision fp32 --steps 1 --batch 4 --seq-len 16 --progress 0 --metrics p.jsonl
 grep -q '"backend":"cpu","precision":"fp32"' p.jsonl && ok "--precision in the metrics run line" \

@@ -1,0 +1,1339 @@
+/*
+ * backend_cuda.cu — the CUDA backend ("cuda"): every tensor in device memory, cuBLAS for every
+ * matrix product, CUDA kernels for everything else, all on one stream of one device per rank.
+ *
+ * Device: opt->device when >= 0, else the node-local rank that the launcher exports
+ *   (MPI_LOCALRANKID from MPICH's hydra, OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK,
+ *   SLURM_LOCALID, in that order; 0 when none is set). More local ranks than devices is refused
+ *   unless PIPELM_CUDA_SHARE=1 (then rank r uses device r % count). No device, or no driver,
+ *   is a clean init failure: "no CUDA device: cudaGetDeviceCount: <CUDA's error string>".
+ * Precision: fp32 products through cublasGemmEx with CUBLAS_COMPUTE_32F (TF32 only when
+ *   PIPELM_CUDA_TF32=1: CUBLAS_COMPUTE_32F_FAST_TF32); bf16: both inputs of every product
+ *   (matmuls and the four attention products) converted on the GPU from the fp32 tensors, round
+ *   to nearest even with denormals flushed to zero exactly as backend_onednn's f32_to_bf16, fp32
+ *   accumulation (CUBLAS_COMPUTE_32F) and fp32 output. Softmax, LayerNorm, loss, AdamW: fp32.
+ * Memory: cudaMalloc, zero-filled; map/unmap stage through pinned host buffers kept in a small
+ *   pool (an unmap(WRITE) copies host -> device on the stream and records an event that a later
+ *   map of the same buffer waits for). to_host/from_host/map(READ)/sumsq synchronise the stream;
+ *   copy/zero and every op are queued on it (stream order), so a failure of a queued kernel is
+ *   reported by the next synchronising call (PIPELM_CUDA_SYNC=1 synchronises after every op).
+ * Determinism (same bits run after run on the same GPU type; no atomics anywhere):
+ *   - products: cuBLAS on one stream with its default CUBLAS_ATOMICS_NOT_ALLOWED;
+ *   - row reductions (LayerNorm, softmax, cross-entropy): one block per row, a fixed block size,
+ *     per-thread strided sums then a fixed shuffle tree;
+ *   - column sums over rows (LayerNorm dw/db, matmul db): fixed chunks of CS_ROWS rows summed in
+ *     a fixed order into partials, then the partials of each column added in chunk order;
+ *   - embedding gradient: dwpe per (t, c) adds rows t, t+T, ... in order; dwte sorts the token
+ *     ids with their row numbers (CUB's radix sort: stable, so the result is unique), then one
+ *     block per distinct token adds its rows in increasing row order, as backend_cpu does
+ *     (bit-identical to it);
+ *   - sum of squares: chunks of 16384 values in double (fixed per-thread order, fixed tree),
+ *     then the chunk sums in one block in a fixed order; no launch parameter depends on the
+ *     device (SM count) or the timing.
+ * Error text: every CUDA and cuBLAS call is checked; error() names the op, its shape, the call
+ *   and CUDA's / cuBLAS's own string.
+ * Not thread-safe: one caller thread per process, as every backend here.
+ * Host code of this file sees only plain C headers (backend.h): no MPI.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifndef PIPELM_CUDA_EMU
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cub/device/device_radix_sort.cuh>
+/* A kernel launch on the backend's stream. */
+#define LAUNCH(kern, grid, block, ...) kern<<<(grid), (block), 0, S.st>>>(__VA_ARGS__)
+#endif
+#include "pipelm/backend.h"
+
+/* pipelm/common.h's status codes (that header includes mpi.h, which must stay out of nvcc's
+ * view); tests/test_cuda.c checks that they agree. */
+enum { CU_EINVAL = 1, CU_ENOMEM = 3, CU_EBACKEND = 11 };
+
+#define LN_EPS 1e-5f
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+#define SUMSQ_CHUNK 16384              /* values per partial sum of sumsq (as backend_cpu) */
+#define CS_ROWS 64                     /* rows per partial of the column sums */
+#define CS_TY 8                        /* row lanes per column in the column-sum blocks */
+#define EW_THREADS 256                 /* elementwise kernels */
+#define LN_THREADS 256                 /* LayerNorm: one block per row */
+#define SM_THREADS 128                 /* causal softmax: one block per row */
+#define CE_THREADS 512                 /* cross-entropy: one block per row */
+#define SQ_THREADS 256                 /* sum of squares */
+#define POOL_MAX_BYTES ((size_t)1 << 30) /* pinned staging kept for reuse, at most */
+
+/* ======================================================================================== */
+/* device code                                                                              */
+/* ======================================================================================== */
+
+/* backend_cpu's exp_fast: x = k ln2 + r, degree-6 polynomial for exp(r), 2^k in the exponent
+ * bits; inputs clamped to the finite range, a NaN keeps k = 0 (result NaN). */
+__device__ __forceinline__ float d_exp_fast(float x) {
+    x = x > 88.3f ? 88.3f : x;
+    x = x < -87.3f ? -87.3f : x;
+    float t = x * 1.44269504088896341f;
+    float fk = (t + 12582912.0f) - 12582912.0f;
+    int k = (int)(fk == fk ? fk : 0.0f);
+    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * __int_as_float((k + 127) << 23);
+}
+__device__ __forceinline__ float d_tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + d_exp_fast(2.0f * u)); }
+
+/* fp32 -> bf16 bits, round to nearest even; denormals flushed to a signed zero and NaN kept
+ * quiet, exactly as backend_onednn's f32_to_bf16 (VCVTNEPS2BF16). */
+__device__ __forceinline__ uint16_t d_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ void store_cvt(float *d, float v) { *d = v; }
+__device__ __forceinline__ void store_cvt(uint16_t *d, float v) { *d = d_bf16(v); }
+
+/* Sums over a warp and over a block (blockDim.x a multiple of 32, every thread calling): a
+ * fixed shuffle tree, so the result depends only on the values and the block size. sh: 32
+ * slots of shared memory; safe to call repeatedly with the same sh. */
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+template <typename T> __device__ T block_sum(T v, T *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* the previous call's readers of sh[0] are done */
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        T r = lane < nw ? sh[lane] : (T)0;
+        r = warp_sum(r);
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_down_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+__device__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        float r = lane < nw ? sh[lane] : sh[0];
+        r = warp_max(r);
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+#define GRID_STRIDE(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void k_cvt_bf16(uint16_t *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = d_bf16(src[i]);
+}
+
+/* out(N,OC) = b broadcast, or 0 (a product with C = 0). */
+__global__ void k_fill_bias(float *out, const float *b, size_t n, int OC) {
+    GRID_STRIDE(i, n) out[i] = b ? b[i % (size_t)OC] : 0.0f;
+}
+__global__ void k_add_bias(float *out, const float *b, size_t n, int OC) {
+    GRID_STRIDE(i, n) out[i] += b[i % (size_t)OC];
+}
+
+__global__ void k_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
+    size_t n = (size_t)N * C;
+    GRID_STRIDE(i, n) {
+        size_t r = i / C, c = i % C;
+        out[i] = wte[(size_t)tok[r] * C + c] + wpe[(r % T) * C + c];
+    }
+}
+
+/* dwpe(t, c) += dout rows t, t+T, t+2T, ... in that order (backend_cpu's order). */
+__global__ void k_encoder_bwd_wpe(float *dwpe, const float *dout, int N, int T, int C) {
+    size_t n = (size_t)T * C;
+    GRID_STRIDE(i, n) {
+        size_t t = i / C, c = i % C;
+        float acc = dwpe[i];
+        for (size_t r = t; r < (size_t)N; r += T) acc += dout[r * C + c];
+        dwpe[i] = acc;
+    }
+}
+
+__global__ void k_iota(int *v, int n) {
+    GRID_STRIDE(i, (size_t)n) v[i] = (int)i;
+}
+
+/* One block per position k of the token ids sorted with their rows (stable): the block at the
+ * first position of each distinct id owns that row of dwte and adds the id's rows in increasing
+ * row order; the other blocks do nothing. */
+__global__ void k_encoder_bwd_wte(float *dwte, const float *dout, const int *keys, const int *rows, int N, int C) {
+    int k = blockIdx.x;
+    int v = keys[k];
+    if (k > 0 && keys[k - 1] == v) return; /* whole block: no barrier below */
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float *dst = dwte + (size_t)v * C + c;
+        float acc = *dst;
+        for (int j = k; j < N && keys[j] == v; j++) acc += dout[(size_t)rows[j] * C + c];
+        *dst = acc;
+    }
+}
+
+/* One block per row: mean, biased variance (two passes, as backend_cpu), y = xhat * w + b. */
+__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, int C) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    const float *x = inp + row * C;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+    float m = block_sum(s, sh) / (float)C;
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float d = x[c] - m;
+        v += d * d;
+    }
+    v = block_sum(v, sh) / (float)C;
+    float r = 1.0f / sqrtf(v + LN_EPS);
+    float *o = out + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (x[c] - m) * r * w[c] + b[c];
+    if (threadIdx.x == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+/* dx += rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = w dy; one block per row. */
+__global__ void k_layernorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                      const float *mean, const float *rstd, int C) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    const float *dy = dout + row * C, *x = inp + row * C;
+    float m = mean[row], s = rstd[row];
+    float a = 0.0f, bs = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xh = (x[c] - m) * s, dn = w[c] * dy[c];
+        a += dn;
+        bs += dn * xh;
+    }
+    a = block_sum(a, sh) / (float)C;
+    bs = block_sum(bs, sh) / (float)C;
+    float *dx = dinp + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xh = (x[c] - m) * s, dn = w[c] * dy[c];
+        dx[c] += (dn - a - xh * bs) * s;
+    }
+}
+
+/* Column sums, step 1: block (p, tile) sums rows [p*CS_ROWS, (p+1)*CS_ROWS) of 32 columns;
+ * lane y takes rows r0+y, r0+y+CS_TY, ... in order, then lane 0 adds the CS_TY lanes in order.
+ * pdb[p*C + c] = sum dy; with LN also pdw[p*C + c] = sum dy * xhat. blockDim (32, CS_TY). */
+template <int LN>
+__global__ void k_colsum_part(float *pdw, float *pdb, const float *dout, const float *inp, const float *mean,
+                              const float *rstd, int N, int C) {
+    __shared__ float sdb[CS_TY][33];
+    __shared__ float sdw[CS_TY][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int c = blockIdx.y * 32 + tx;
+    int p = blockIdx.x;
+    float adb = 0.0f, adw = 0.0f;
+    if (c < C) {
+        int r0 = p * CS_ROWS, r1 = r0 + CS_ROWS < N ? r0 + CS_ROWS : N;
+        for (int i = r0 + ty; i < r1; i += CS_TY) {
+            float dy = dout[(size_t)i * C + c];
+            adb += dy;
+            if (LN) adw += dy * ((inp[(size_t)i * C + c] - mean[i]) * rstd[i]);
+        }
+    }
+    sdb[ty][tx] = adb;
+    sdw[ty][tx] = adw;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float s = 0.0f, w = 0.0f;
+        for (int k = 0; k < CS_TY; k++) {
+            s += sdb[k][tx];
+            w += sdw[k][tx];
+        }
+        pdb[(size_t)p * C + c] = s;
+        if (LN) pdw[(size_t)p * C + c] = w;
+    }
+}
+/* Step 2: dst[c] += sum of the R partials of column c, in chunk order. */
+__global__ void k_colsum_final(float *dst, const float *part, int R, int C) {
+    GRID_STRIDE(c, (size_t)C) {
+        float acc = 0.0f;
+        for (int p = 0; p < R; p++) acc += part[(size_t)p * C + c];
+        dst[c] += acc;
+    }
+}
+
+/* dst (B, NH, T, hs) <- src (B, T, *) with row stride ld, head h at column h*hs (src already
+ * offset to q, k or v), converted to the product's input type. */
+template <typename TT>
+__global__ void k_permute(TT *dst, const float *src, int ld, int B, int T, int C, int NH) {
+    size_t n = (size_t)B * T * C;
+    int hs = C / NH;
+    GRID_STRIDE(i, n) {
+        size_t bt = i / C;
+        int c = (int)(i % C), h = c / hs, d = c % hs;
+        size_t b = bt / T, t = bt % T;
+        store_cvt(dst + (((b * NH + h) * T + t) * hs + d), src[bt * ld + c]);
+    }
+}
+/* dst (B, T, *) with row stride ld (offset to its column block) <- src (B, NH, T, hs). */
+__global__ void k_unpermute(float *dst, int ld, const float *src, int B, int T, int C, int NH) {
+    size_t n = (size_t)B * T * C;
+    int hs = C / NH;
+    GRID_STRIDE(i, n) {
+        size_t bt = i / C;
+        int c = (int)(i % C), h = c / hs, d = c % hs;
+        size_t b = bt / T, t = bt % T;
+        dst[bt * ld + c] = src[((b * NH + h) * T + t) * hs + d];
+    }
+}
+
+/* Causal softmax of one row of att (B*NH*T rows of T) per block, in place; row t keeps columns
+ * 0..t, the rest zeroed. */
+__global__ void k_softmax_causal(float *att, int T) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    int t = (int)(row % T);
+    float *a = att + row * T;
+    float mx = a[0];
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = a[j] > mx ? a[j] : mx;
+    mx = block_max(mx, sh);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+        float e = d_exp_fast(a[j] - mx);
+        a[j] = e;
+        s += e;
+    }
+    float inv = 1.0f / block_sum(s, sh);
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) a[j] *= inv; /* this thread's own values */
+    for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) a[j] = 0.0f;
+}
+/* dpre = a (datt - sum_j a datt), in place on datt, one row per block; masked columns 0. */
+__global__ void k_softmax_causal_bwd(float *datt, const float *att, int T) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    int t = (int)(row % T);
+    const float *a = att + row * T;
+    float *d = datt + row * T;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) s += a[j] * d[j];
+    float dot = block_sum(s, sh);
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
+    for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) d[j] = 0.0f;
+}
+
+__global__ void k_gelu_fwd(float *out, const float *inp, size_t n) {
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + d_tanh_fast(u));
+    }
+}
+/* dinp may alias dout: each element read before it is written, by the same thread. */
+__global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+    GRID_STRIDE(i, n) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = d_tanh_fast(u);
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+__global__ void k_residual(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+__global__ void k_add_inplace(float *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] += src[i];
+}
+__global__ void k_scale(float *x, float s, size_t n) {
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+/* c1, c2: the bias corrections 1 - b^t, computed on the host as backend_cpu does. Every product
+ * and sum rounded on its own (no fused multiply-add), in backend_cpu's order: the same formula
+ * operation by operation (division and sqrtf are IEEE-rounded without --use_fast_math). */
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                        float eps, float wd, float c1, float c2) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i];
+        float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(1.0f - b1, gi));
+        float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(1.0f - b2, gi), gi));
+        m[i] = mi;
+        v[i] = vi;
+        float mh = mi / c1, vh = vi / c2;
+        float pi = p[i];
+        float upd = __fadd_rn(mh / (sqrtf(vh) + eps), __fmul_rn(wd, pi));
+        p[i] = __fsub_rn(pi, __fmul_rn(lr, upd));
+    }
+}
+
+/* Softmax over the first V of Vp columns of one row per block, in place; padded columns 0;
+ * losses[row] = -log p[target] (NaN for a target outside [0, V)). */
+__global__ void k_ce_fwd(float *losses, float *logits, const int *targets, int V, int Vp) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    float *r = logits + row * Vp;
+    float mx = r[0];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = r[j] > mx ? r[j] : mx;
+    mx = block_max(mx, sh);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float e = d_exp_fast(r[j] - mx);
+        r[j] = e;
+        s += e;
+    }
+    float inv = 1.0f / block_sum(s, sh);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) r[j] *= inv;
+    for (int j = V + threadIdx.x; j < Vp; j += blockDim.x) r[j] = 0.0f;
+    __syncthreads(); /* r[target] was written by some thread of this block */
+    if (threadIdx.x == 0) {
+        int tg = targets[row];
+        losses[row] = tg >= 0 && tg < V ? -logf(r[tg]) : __int_as_float(0x7fc00000);
+    }
+}
+/* probs -> (probs - onehot) * dloss over the first V columns; padded columns untouched (0). The
+ * product is rounded before the subtraction, as backend_cpu's two statements. */
+__global__ void k_ce_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
+    size_t n = (size_t)N * Vp;
+    GRID_STRIDE(i, n) {
+        size_t row = i / Vp;
+        int j = (int)(i % Vp);
+        if (j >= V) continue;
+        float g = __fmul_rn(probs[i], dloss);
+        if (j == targets[row]) g -= dloss;
+        probs[i] = g;
+    }
+}
+
+/* Sum of squares, step 1: block k sums values [k*SUMSQ_CHUNK, ...) in double. */
+__global__ void k_sumsq_part(double *part, const float *x, size_t n) {
+    __shared__ double sh[32];
+    size_t i0 = (size_t)blockIdx.x * SUMSQ_CHUNK;
+    size_t i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
+    double s = 0.0;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += (double)x[i] * (double)x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+/* Step 2, one block: thread j adds partials j, j+blockDim, ... in order, then the tree. */
+__global__ void k_sumsq_final(double *out, const double *part, size_t nchunk) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (size_t k = threadIdx.x; k < nchunk; k += blockDim.x) s += part[k];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) *out = s;
+}
+
+/* ======================================================================================== */
+/* host side: state, errors                                                                 */
+/* ======================================================================================== */
+
+/* Scratch slots (device memory grown on demand, freed by finalize). */
+enum {
+    SCR_A, SCR_B,                      /* bf16 inputs of a matmul */
+    SCR_Q, SCR_K, SCR_V, SCR_DY,       /* attention: permuted q, k, v, dout (fp32 or bf16) */
+    SCR_ATT_T,                         /* attention: att, then dpre, in bf16 */
+    SCR_DATT,                          /* attention backward: datt -> dpre (fp32) */
+    SCR_Y, SCR_DK, SCR_DV,             /* attention: permuted fp32 results */
+    SCR_PART,                          /* column-sum partials */
+    SCR_SUMSQ,                         /* sum-of-squares partials */
+    SCR_SORT, SCR_KEYS, SCR_ROWS_IN, SCR_ROWS_OUT, /* embedding backward */
+    SCR_COPY,                          /* an overlapping copy */
+    NSCR
+};
+
+typedef struct {
+    void *h;          /* pinned host buffer */
+    size_t cap;
+    int busy;         /* handed out by map, not yet unmapped */
+    int pending;      /* ev recorded after a host -> device copy from it */
+    cudaEvent_t ev;
+} pinned_buf;
+
+static struct {
+    int inited;
+    int dev, ndev, local_rank, local_size, shared;
+    int prec;
+    int tf32;
+    int sync_each;
+    int threads;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    cudaDeviceProp prop;
+    double *hd;                        /* pinned double for sumsq */
+    void *scr[NSCR];
+    size_t scr_bytes[NSCR];
+    pinned_buf *pool;
+    int npool, cappool;
+    size_t pool_bytes;
+} S;
+
+/* What the current call is (for messages): op name and its shape, formatted only on failure. */
+static struct {
+    const char *op;
+    const char *fmt;
+    long long a, b, c, d;
+} ctx;
+
+static char cu_errbuf[1024];
+static const char *cu_error(void) { return cu_errbuf; }
+
+static int cu_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cu_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cu_errbuf, sizeof cu_errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* "op (shape, precision)" of the current call. */
+static void ctx_text(char *buf, size_t len) {
+    char shape[160] = "";
+    if (ctx.fmt) {
+        /* ctx.fmt is one of this file's literal formats of %lld conversions */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(shape, sizeof shape, ctx.fmt, ctx.a, ctx.b, ctx.c, ctx.d);
+#pragma GCC diagnostic pop
+    }
+    snprintf(buf, len, "%s (%s%s%s)", ctx.op ? ctx.op : "?", shape, shape[0] ? ", " : "",
+             S.prec == PL_PREC_BF16 ? "bf16" : S.tf32 ? "fp32, tf32" : "fp32");
+}
+
+static int fail_cuda(cudaError_t e, const char *call) {
+    char where[256];
+    ctx_text(where, sizeof where);
+    (void)cudaGetLastError(); /* clear a non-sticky error */
+    return cu_fail(e == cudaErrorMemoryAllocation ? CU_ENOMEM : CU_EBACKEND, "cuda backend: %s: %s: %s (%s)",
+                   where, call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+static int fail_blas(cublasStatus_t s, const char *call) {
+    char where[256];
+    ctx_text(where, sizeof where);
+    return cu_fail(s == CUBLAS_STATUS_ALLOC_FAILED ? CU_ENOMEM : CU_EBACKEND, "cuda backend: %s: %s: %s (status %d)",
+                   where, call, cublasGetStatusString(s), (int)s);
+}
+static int fail_shape(void) {
+    char where[256];
+    ctx_text(where, sizeof where);
+    return cu_fail(CU_EBACKEND, "cuda backend: %s: invalid shape", where);
+}
+
+#define CU_TRY(call)                                              \
+    do {                                                          \
+        cudaError_t cu_e_ = (call);                               \
+        if (cu_e_ != cudaSuccess) return fail_cuda(cu_e_, #call); \
+    } while (0)
+#define BLAS_TRY(call)                                                      \
+    do {                                                                    \
+        cublasStatus_t cu_s_ = (call);                                      \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS) return fail_blas(cu_s_, #call); \
+    } while (0)
+#define TRY(call)                      \
+    do {                               \
+        int cu_rc_ = (call);           \
+        if (cu_rc_) return cu_rc_;     \
+    } while (0)
+
+/* Start of every entry point: initialised, and what it is for messages. */
+#define OP(name, f, x0, x1, x2, x3)                                                          \
+    do {                                                                                     \
+        ctx.op = (name);                                                                     \
+        ctx.fmt = (f);                                                                       \
+        ctx.a = (long long)(x0);                                                             \
+        ctx.b = (long long)(x1);                                                             \
+        ctx.c = (long long)(x2);                                                             \
+        ctx.d = (long long)(x3);                                                             \
+        if (!S.inited) return cu_fail(CU_EBACKEND, "cuda backend: %s before init", (name)); \
+    } while (0)
+
+/* After a launch: the launch's own error; with PIPELM_CUDA_SYNC=1 also the kernel's. */
+static int launched(const char *kern) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail_cuda(e, kern);
+    if (S.sync_each) {
+        e = cudaStreamSynchronize(S.st);
+        if (e != cudaSuccess) return fail_cuda(e, kern);
+    }
+    return 0;
+}
+#define KERNEL(kern, grid, block, ...)             \
+    do {                                           \
+        LAUNCH(kern, grid, block, __VA_ARGS__);    \
+        TRY(launched(#kern));                      \
+    } while (0)
+
+/* Blocks for n elements of a grid-stride kernel (n > 0). */
+static unsigned ew_grid(size_t n) {
+    size_t g = (n + EW_THREADS - 1) / EW_THREADS;
+    return (unsigned)(g > ((size_t)1 << 20) ? ((size_t)1 << 20) : g);
+}
+
+/* Scratch slot k of at least bytes. */
+static int scratch(int k, size_t bytes, void **p) {
+    if (bytes == 0) bytes = 256;
+    if (S.scr_bytes[k] < bytes) {
+        if (S.scr[k]) CU_TRY(cudaFree(S.scr[k])); /* synchronises: no queued user left */
+        S.scr[k] = NULL;
+        S.scr_bytes[k] = 0;
+        size_t r = (bytes + 255) / 256 * 256;
+        cudaError_t e = cudaMalloc(&S.scr[k], r);
+        if (e != cudaSuccess) {
+            S.scr[k] = NULL;
+            char where[256];
+            ctx_text(where, sizeof where);
+            (void)cudaGetLastError();
+            return cu_fail(e == cudaErrorMemoryAllocation ? CU_ENOMEM : CU_EBACKEND,
+                           "cuda backend: %s: cudaMalloc of %zu bytes of scratch: %s (%s)", where, r,
+                           cudaGetErrorString(e), cudaGetErrorName(e));
+        }
+        S.scr_bytes[k] = r;
+    }
+    *p = S.scr[k];
+    return 0;
+}
+
+/* ======================================================================================== */
+/* init, finalize, describe, threads                                                        */
+/* ======================================================================================== */
+
+/* A non-negative integer environment variable: 1 and *v, or 0 when unset or malformed. */
+static int env_int(const char *name, int *v) {
+    const char *s = getenv(name);
+    if (!s || !*s) return 0;
+    char *end = NULL;
+    long x = strtol(s, &end, 10);
+    if (*end || x < 0 || x > 1 << 20) return 0;
+    *v = (int)x;
+    return 1;
+}
+static int env_flag(const char *name) {
+    const char *s = getenv(name);
+    return s && strcmp(s, "1") == 0;
+}
+
+/* The node-local rank and size the launcher exported (-1 when unknown), and from where. */
+static const char *local_rank_of_env(int *lr, int *ls) {
+    static const char *const rank_vars[] = {"MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                            "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+    static const char *const size_vars[] = {"MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                            "MV2_COMM_WORLD_LOCAL_SIZE", NULL};
+    *lr = -1;
+    *ls = -1;
+    for (int i = 0; i < 4; i++)
+        if (env_int(rank_vars[i], lr)) {
+            if (size_vars[i]) env_int(size_vars[i], ls);
+            return rank_vars[i];
+        }
+    return NULL;
+}
+
+static void pool_release_all(void) {
+    for (int i = 0; i < S.npool; i++) {
+        if (S.pool[i].pending) cudaEventSynchronize(S.pool[i].ev);
+        cudaEventDestroy(S.pool[i].ev);
+        cudaFreeHost(S.pool[i].h);
+    }
+    free(S.pool);
+    S.pool = NULL;
+    S.npool = S.cappool = 0;
+    S.pool_bytes = 0;
+}
+
+static void cu_finalize(void) {
+    if (!S.inited) return;
+    cudaStreamSynchronize(S.st);
+    for (int k = 0; k < NSCR; k++) {
+        if (S.scr[k]) cudaFree(S.scr[k]);
+        S.scr[k] = NULL;
+        S.scr_bytes[k] = 0;
+    }
+    pool_release_all();
+    if (S.hd) cudaFreeHost(S.hd);
+    S.hd = NULL;
+    cublasDestroy(S.blas);
+    cudaStreamDestroy(S.st);
+    S.inited = 0;
+}
+
+/* Device, stream, cuBLAS handle. May be called again (another precision): the device set-up
+ * is kept when the device is the same. */
+static int cu_init(const backend_options *opt, char *err, size_t errlen) {
+    int prec = opt ? opt->precision : PL_PREC_FP32;
+    if (prec != PL_PREC_FP32 && prec != PL_PREC_BF16) {
+        snprintf(err, errlen, "backend cuda: unknown precision %d (fp32 or bf16)", prec);
+        return CU_EINVAL;
+    }
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "no CUDA device: cudaGetDeviceCount: %s (%s)%s", cudaGetErrorString(e),
+                 cudaGetErrorName(e),
+                 e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                     ? "; no NVIDIA GPU or driver is visible to this process"
+                     : "");
+        return CU_EINVAL;
+    }
+    if (n <= 0) {
+        snprintf(err, errlen, "no CUDA device: cudaGetDeviceCount found none");
+        return CU_EINVAL;
+    }
+    int lr = 0, ls = -1, dev = 0, share = env_flag("PIPELM_CUDA_SHARE");
+    const char *from = NULL;
+    if (opt && opt->device >= 0) {
+        if (opt->device >= n) {
+            snprintf(err, errlen, "backend cuda: device %d asked for, but this node has %d CUDA device%s", opt->device,
+                     n, n == 1 ? "" : "s");
+            return CU_EINVAL;
+        }
+        dev = opt->device;
+        from = "requested";
+    } else {
+        from = local_rank_of_env(&lr, &ls);
+        if (!from) {
+            lr = 0;
+            from = "no launcher variable: local rank 0";
+        }
+        int need = ls > lr ? ls : lr + 1;
+        if (need > n && !share) {
+            snprintf(err, errlen,
+                     "backend cuda: %d rank%s on this node (local rank %d, from %s%s) but %d CUDA device%s: one device "
+                     "per rank, or PIPELM_CUDA_SHARE=1 to let ranks share devices",
+                     need, need == 1 ? "" : "s", lr, from, ls >= 0 ? " and its size variable" : "", n,
+                     n == 1 ? "" : "s");
+            return CU_EINVAL;
+        }
+        dev = lr % n;
+    }
+    if (S.inited && S.dev != dev) cu_finalize();
+    if (!S.inited) {
+        memset(&S.prop, 0, sizeof S.prop);
+        e = cudaSetDevice(dev);
+        if (e == cudaSuccess) e = cudaGetDeviceProperties(&S.prop, dev);
+        if (e == cudaSuccess) e = cudaStreamCreate(&S.st);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(err, errlen, "backend cuda: setting up device %d: %s (%s)", dev, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+            return CU_EINVAL;
+        }
+        e = cudaMallocHost((void **)&S.hd, sizeof(double));
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaStreamDestroy(S.st);
+            snprintf(err, errlen, "backend cuda: cudaMallocHost on device %d: %s", dev, cudaGetErrorString(e));
+            return CU_EINVAL;
+        }
+        cublasStatus_t s = cublasCreate(&S.blas);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(S.blas, S.st);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(S.blas, CUBLAS_DEFAULT_MATH);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetAtomicsMode(S.blas, CUBLAS_ATOMICS_NOT_ALLOWED);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cudaFreeHost(S.hd);
+            S.hd = NULL;
+            cudaStreamDestroy(S.st);
+            snprintf(err, errlen, "backend cuda: cuBLAS on device %d: %s (status %d)", dev, cublasGetStatusString(s),
+                     (int)s);
+            return CU_EINVAL;
+        }
+        S.dev = dev;
+        S.ndev = n;
+        S.local_rank = lr;
+        S.local_size = ls;
+        S.shared = share && (ls > n || lr >= n);
+        S.inited = 1;
+    }
+    S.prec = prec;
+    S.tf32 = env_flag("PIPELM_CUDA_TF32");
+    S.sync_each = env_flag("PIPELM_CUDA_SYNC");
+    if (opt && opt->threads > 0) S.threads = opt->threads;
+    cu_errbuf[0] = 0;
+    return 0;
+}
+
+static void cu_describe(char *buf, size_t len) {
+    if (!S.inited) {
+        snprintf(buf, len, "cuda (not initialised)");
+        return;
+    }
+    int rt = 0, drv = 0, bv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    cublasGetVersion(S.blas, &bv);
+    snprintf(buf, len,
+             "cuda: device %d of %d %s (sm_%d%d, %d SMs, %.1f GiB)%s, CUDA runtime %d.%d driver %d.%d, cuBLAS %d.%d.%d, "
+             "precision %s%s",
+             S.dev, S.ndev, S.prop.name, S.prop.major, S.prop.minor, S.prop.multiProcessorCount,
+             (double)S.prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), S.shared ? " shared" : "", rt / 1000,
+             rt % 1000 / 10, drv / 1000, drv % 1000 / 10, bv / 10000, bv / 100 % 100, bv % 100,
+             backend_precision_name(S.prec),
+             S.prec == PL_PREC_BF16 ? " (bf16 inputs, fp32 accumulation)" : S.tf32 ? " (TF32 allowed)" : "");
+}
+
+/* Host threads play no part in this backend: kept for get_threads. */
+static int cu_set_threads(int n) {
+    S.threads = n < 1 ? 1 : n;
+    return 0;
+}
+static int cu_get_threads(void) { return S.threads > 0 ? S.threads : 1; }
+
+/* ======================================================================================== */
+/* memory                                                                                   */
+/* ======================================================================================== */
+
+static int cu_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (backend_alloc_should_fail())
+        return cu_fail(CU_ENOMEM, "cuda backend: cudaMalloc of %zu bytes failed (injected by PIPELM_FAIL_ALLOC)", bytes);
+    OP("alloc", "%lld bytes", bytes, 0, 0, 0);
+    if (bytes == 0) bytes = 256;
+    if (bytes > SIZE_MAX - 256) return cu_fail(CU_ENOMEM, "cuda backend: allocation of %zu bytes: too large", bytes);
+    size_t r = (bytes + 255) / 256 * 256;
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, r);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        (void)cudaGetLastError();
+        return cu_fail(e == cudaErrorMemoryAllocation ? CU_ENOMEM : CU_EBACKEND,
+                       "cuda backend: cudaMalloc of %zu bytes on device %d: %s (%s; %zu of %zu MiB free)", bytes, S.dev,
+                       cudaGetErrorString(e), cudaGetErrorName(e), fr >> 20, tot >> 20);
+    }
+    e = cudaMemsetAsync(q, 0, r, S.st);
+    if (e != cudaSuccess) {
+        cudaFree(q);
+        return fail_cuda(e, "cudaMemsetAsync");
+    }
+    *p = q;
+    return 0;
+}
+
+static void cu_free(void *p) {
+    if (!p || !S.inited) return;
+    cudaError_t e = cudaFree(p); /* synchronises the device first */
+    if (e != cudaSuccess) { /* nothing to return: the message stays for error() */
+        ctx.op = "free";
+        ctx.fmt = NULL;
+        fail_cuda(e, "cudaFree");
+    }
+}
+
+static int cu_to_host(void *dst, const void *src, size_t bytes) {
+    OP("to_host", "%lld bytes", bytes, 0, 0, 0);
+    if (!bytes) return 0;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S.st));
+    CU_TRY(cudaStreamSynchronize(S.st));
+    return 0;
+}
+static int cu_from_host(void *dst, const void *src, size_t bytes) {
+    OP("from_host", "%lld bytes", bytes, 0, 0, 0);
+    if (!bytes) return 0;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, S.st));
+    CU_TRY(cudaStreamSynchronize(S.st)); /* the caller may reuse its buffer at once */
+    return 0;
+}
+/* Device to device, stream-ordered; overlapping ranges go through scratch (memmove). */
+static int cu_copy(void *dst, const void *src, size_t bytes) {
+    OP("copy", "%lld bytes", bytes, 0, 0, 0);
+    if (!bytes || dst == src) return 0;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + bytes && s < d + bytes) {
+        void *tmp = NULL;
+        TRY(scratch(SCR_COPY, bytes, &tmp));
+        CU_TRY(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, S.st));
+        src = tmp;
+    }
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S.st));
+    return launched("copy");
+}
+static int cu_zero(void *p, size_t bytes) {
+    OP("zero", "%lld bytes", bytes, 0, 0, 0);
+    if (!bytes) return 0;
+    CU_TRY(cudaMemsetAsync(p, 0, bytes, S.st));
+    return launched("zero");
+}
+
+/* A pinned buffer of at least bytes from the pool (the smallest free one that fits), else a
+ * new one. A buffer whose last host -> device copy may still run is waited for. */
+static int pool_get(size_t bytes, void **host) {
+    int best = -1;
+    for (int i = 0; i < S.npool; i++)
+        if (!S.pool[i].busy && S.pool[i].cap >= bytes && (best < 0 || S.pool[i].cap < S.pool[best].cap)) best = i;
+    if (best >= 0) {
+        pinned_buf *b = &S.pool[best];
+        if (b->pending) {
+            CU_TRY(cudaEventSynchronize(b->ev));
+            b->pending = 0;
+        }
+        b->busy = 1;
+        *host = b->h;
+        return 0;
+    }
+    if (S.npool == S.cappool) {
+        int nc = S.cappool ? 2 * S.cappool : 16;
+        pinned_buf *np = (pinned_buf *)realloc(S.pool, sizeof(pinned_buf) * (size_t)nc);
+        if (!np) return cu_fail(CU_ENOMEM, "cuda backend: map: out of host memory for the staging pool");
+        S.pool = np;
+        S.cappool = nc;
+    }
+    size_t cap = bytes < 4096 ? 4096 : (bytes + 4095) / 4096 * 4096;
+    pinned_buf nb;
+    memset(&nb, 0, sizeof nb);
+    cudaError_t e = cudaMallocHost(&nb.h, cap);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cu_fail(CU_ENOMEM, "cuda backend: map of %zu bytes: cudaMallocHost: %s (%s)", bytes,
+                       cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    e = cudaEventCreateWithFlags(&nb.ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cudaFreeHost(nb.h);
+        return fail_cuda(e, "cudaEventCreateWithFlags");
+    }
+    nb.cap = cap;
+    nb.busy = 1;
+    S.pool[S.npool++] = nb;
+    S.pool_bytes += cap;
+    *host = nb.h;
+    return 0;
+}
+/* Back to the pool; after a host -> device copy (copied = 1) its event marks when the buffer is
+ * free again. Beyond POOL_MAX_BYTES of pinned memory the buffer is released instead. */
+static int pool_put(void *host, int copied) {
+    for (int i = 0; i < S.npool; i++) {
+        pinned_buf *b = &S.pool[i];
+        if (b->h != host) continue;
+        if (!b->busy) return cu_fail(CU_EBACKEND, "cuda backend: unmap of a staging buffer that is not mapped");
+        b->busy = 0;
+        if (S.pool_bytes > POOL_MAX_BYTES) {
+            if (copied) CU_TRY(cudaStreamSynchronize(S.st));
+            CU_TRY(cudaEventDestroy(b->ev));
+            CU_TRY(cudaFreeHost(b->h));
+            S.pool_bytes -= b->cap;
+            S.pool[i] = S.pool[--S.npool];
+            return 0;
+        }
+        if (copied) {
+            CU_TRY(cudaEventRecord(b->ev, S.st));
+            b->pending = 1;
+        }
+        return 0;
+    }
+    return cu_fail(CU_EBACKEND, "cuda backend: unmap of %p: not a buffer handed out by map", host);
+}
+
+/* READ: a pinned copy of the device bytes; WRITE: a pinned buffer that unmap copies in. */
+static int cu_map(void **host, void *p, size_t bytes, int mode) {
+    *host = NULL;
+    OP("map", "%lld bytes, mode %lld", bytes, mode, 0, 0);
+    if (!(mode & (PL_MAP_READ | PL_MAP_WRITE))) return fail_shape();
+    void *h = NULL;
+    TRY(pool_get(bytes, &h));
+    if ((mode & PL_MAP_READ) && bytes) {
+        cudaError_t e = cudaMemcpyAsync(h, p, bytes, cudaMemcpyDeviceToHost, S.st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(S.st);
+        if (e != cudaSuccess) {
+            pool_put(h, 0);
+            return fail_cuda(e, "cudaMemcpyAsync device -> pinned host");
+        }
+    }
+    *host = h;
+    return 0;
+}
+static int cu_unmap(void *host, void *p, size_t bytes, int mode) {
+    OP("unmap", "%lld bytes, mode %lld", bytes, mode, 0, 0);
+    if (!host) return 0;
+    int copied = 0;
+    if ((mode & PL_MAP_WRITE) && bytes) {
+        cudaError_t e = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, S.st);
+        if (e != cudaSuccess) {
+            pool_put(host, 0);
+            return fail_cuda(e, "cudaMemcpyAsync pinned host -> device");
+        }
+        copied = 1;
+    }
+    return pool_put(host, copied);
+}
+
+/* ======================================================================================== */
+/* matrix products                                                                          */
+/* ======================================================================================== */
+
+/* Row-major C(M,N) = alpha op(A)(M,K) op(B)(K,N) + beta C, as cblas_sgemm(CblasRowMajor, ...),
+ * batch times with element strides sA, sB, sC. cuBLAS is column-major: the row-major C is the
+ * column-major C^T = op(B)^T op(A)^T, i.e. the same call with A and B (and M and N) swapped and
+ * the same transpose flags. bf16: A and B hold bf16 bits. Output and accumulation fp32. */
+static int gemm(int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, long long sA,
+                const void *B, int ldb, long long sB, float beta, float *C, int ldc, long long sC, int batch, int bf16) {
+    cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasComputeType_t ct = !bf16 && S.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (batch == 1)
+        BLAS_TRY(cublasGemmEx(S.blas, ob, oa, N, M, K, &alpha, B, dt, ldb, A, dt, lda, &beta, C, CUDA_R_32F, ldc, ct,
+                              CUBLAS_GEMM_DEFAULT));
+    else
+        BLAS_TRY(cublasGemmStridedBatchedEx(S.blas, ob, oa, N, M, K, &alpha, B, dt, ldb, sB, A, dt, lda, sA, &beta, C,
+                                            CUDA_R_32F, ldc, sC, batch, ct, CUBLAS_GEMM_DEFAULT));
+    return S.sync_each ? launched("cublas") : 0;
+}
+
+/* bf16 copy of n floats in scratch slot k. */
+static int to_bf16(int k, const float *src, size_t n, const void **out) {
+    void *p = NULL;
+    TRY(scratch(k, n * sizeof(uint16_t), &p));
+    if (n) KERNEL(k_cvt_bf16, ew_grid(n), EW_THREADS, (uint16_t *)p, src, n);
+    *out = p;
+    return 0;
+}
+
+/* dst[c] += column sums of dout (N, C) (and, with LN, dw[c] += sum dout * xhat). */
+static int colsum(float *dw, float *db, const float *dout, const float *inp, const float *mean, const float *rstd,
+                  int N, int C, int ln) {
+    if (N == 0 || C == 0) return 0;
+    int R = (N + CS_ROWS - 1) / CS_ROWS, tiles = (C + 31) / 32;
+    if (tiles > 65535) return fail_shape();
+    void *pv = NULL;
+    TRY(scratch(SCR_PART, sizeof(float) * (size_t)R * C * (ln ? 2 : 1), &pv));
+    float *pdb = (float *)pv, *pdw = ln ? pdb + (size_t)R * C : NULL;
+    dim3 grid((unsigned)R, (unsigned)tiles), block(32, CS_TY);
+    if (ln)
+        KERNEL(k_colsum_part<1>, grid, block, pdw, pdb, dout, inp, mean, rstd, N, C);
+    else
+        KERNEL(k_colsum_part<0>, grid, block, (float *)NULL, pdb, dout, (const float *)NULL, (const float *)NULL,
+               (const float *)NULL, N, C);
+    KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, db, pdb, R, C);
+    if (ln) KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, dw, pdw, R, C);
+    return 0;
+}
+
+static int cu_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
+    OP("matmul_fwd", "N=%lld C=%lld OC=%lld", N, C, OC, 0);
+    if (N < 0 || C < 0 || OC < 0) return fail_shape();
+    if (N == 0 || OC == 0) return 0;
+    size_t no = (size_t)N * OC;
+    if (C == 0) {
+        KERNEL(k_fill_bias, ew_grid(no), EW_THREADS, out, b, no, OC);
+        return 0;
+    }
+    int bf = S.prec == PL_PREC_BF16;
+    const void *A = inp, *B = w;
+    if (bf) {
+        TRY(to_bf16(SCR_A, inp, (size_t)N * C, &A));
+        TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+    }
+    TRY(gemm(0, 1, N, OC, C, 1.0f, A, C, 0, B, C, 0, 0.0f, out, OC, 0, 1, bf));
+    if (b) KERNEL(k_add_bias, ew_grid(no), EW_THREADS, out, b, no, OC);
+    return 0;
+}
+
+static int cu_matmul_bwd_input(float *dinp, const float *dout, const float *w, int N, int C, int OC) {
+    OP("matmul_bwd_input", "N=%lld C=%lld OC=%lld", N, C, OC, 0);
+    if (N < 0 || C < 0 || OC < 0) return fail_shape();
+    if (N == 0 || C == 0) return 0;
+    if (OC == 0) {
+        CU_TRY(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)N * C, S.st));
+        return 0;
+    }
+    int bf = S.prec == PL_PREC_BF16;
+    const void *A = dout, *B = w;
+    if (bf) {
+        TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+        TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+    }
+    return gemm(0, 0, N, C, OC, 1.0f, A, OC, 0, B, C, 0, 0.0f, dinp, C, 0, 1, bf);
+}
+
+static int cu_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
+    OP("matmul_bwd_weight", "N=%lld C=%lld OC=%lld", N, C, OC, 0);
+    if (N < 0 || C < 0 || OC < 0) return fail_shape();
+    if (N == 0 || OC == 0) return 0;
+    if (C > 0) {
+        int bf = S.prec == PL_PREC_BF16;
+        const void *A = dout, *B = inp;
+        if (bf) {
+            TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+            TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
+        }
+        TRY(gemm(1, 0, OC, C, N, 1.0f, A, OC, 0, B, C, 0, 1.0f, dw, C, 0, 1, bf));
+    }
+    if (db) TRY(colsum(NULL, db, dout, NULL, NULL, NULL, N, OC, 0));
+    return 0;
+}
+
+/* ======================================================================================== */
+/* attention: q, k, v permuted to (B, NH, T, hs), batched strided products over the B*NH     */
+/* pairs, the causal softmax kernel, results permuted back                                   */
+/* ======================================================================================== */
+
+static int att_shape_ok(int B, int T, int C, int NH) {
+    return B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0 && (long long)B * NH * T <= 0x7fffffffLL;
+}
+
+/* dst (B,NH,T,hs) in the product's input type from src with row stride ld. */
+static int permute_in(void *dst, const float *src, int ld, int B, int T, int C, int NH, int bf) {
+    size_t n = (size_t)B * T * C;
+    if (bf)
+        KERNEL(k_permute<uint16_t>, ew_grid(n), EW_THREADS, (uint16_t *)dst, src, ld, B, T, C, NH);
+    else
+        KERNEL(k_permute<float>, ew_grid(n), EW_THREADS, (float *)dst, src, ld, B, T, C, NH);
+    return 0;
+}
+
+static int cu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    OP("attention_fwd", "B=%lld T=%lld C=%lld NH=%lld", B, T, C, NH);
+    if (!att_shape_ok(B, T, C, NH)) return fail_shape();
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16, hs = C / NH, BH = B * NH;
+    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
+    long long THS = (long long)T * hs, TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    void *q, *k, *v, *y;
+    TRY(scratch(SCR_Q, n1 * es, &q));
+    TRY(scratch(SCR_K, n1 * es, &k));
+    TRY(scratch(SCR_V, n1 * es, &v));
+    TRY(scratch(SCR_Y, n1 * sizeof(float), &y));
+    TRY(permute_in(q, qkv, 3 * C, B, T, C, NH, bf));
+    TRY(permute_in(k, qkv + C, 3 * C, B, T, C, NH, bf));
+    TRY(permute_in(v, qkv + 2 * C, 3 * C, B, T, C, NH, bf));
+    /* att = scale q k^T */
+    TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
+    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
+    const void *a = att;
+    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
+    /* y = att v */
+    TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)y, B, T, C, NH);
+    return 0;
+}
+
+/* datt = dy v^T; dv = att^T dy; dpre = att (datt - rowsum(att datt)); dq = s dpre k;
+ * dk = s dpre^T q; dqkv overwritten. */
+static int cu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
+                            int NH) {
+    OP("attention_bwd", "B=%lld T=%lld C=%lld NH=%lld", B, T, C, NH);
+    if (!att_shape_ok(B, T, C, NH)) return fail_shape();
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16, hs = C / NH, BH = B * NH;
+    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
+    long long THS = (long long)T * hs, TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    void *q, *k, *v, *dy, *datt, *dq, *dk, *dv;
+    TRY(scratch(SCR_Q, n1 * es, &q));
+    TRY(scratch(SCR_K, n1 * es, &k));
+    TRY(scratch(SCR_V, n1 * es, &v));
+    TRY(scratch(SCR_DY, n1 * es, &dy));
+    TRY(scratch(SCR_DATT, sizeof(float) * (size_t)BH * TT, &datt));
+    TRY(scratch(SCR_Y, n1 * sizeof(float), &dq));
+    TRY(scratch(SCR_DK, n1 * sizeof(float), &dk));
+    TRY(scratch(SCR_DV, n1 * sizeof(float), &dv));
+    TRY(permute_in(q, qkv, 3 * C, B, T, C, NH, bf));
+    TRY(permute_in(k, qkv + C, 3 * C, B, T, C, NH, bf));
+    TRY(permute_in(v, qkv + 2 * C, 3 * C, B, T, C, NH, bf));
+    TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
+    const void *a = att;
+    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
+    /* datt = dy v^T */
+    TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
+    /* dv = att^T dy */
+    TRY(gemm(1, 0, T, hs, T, 1.0f, a, T, TT, dy, hs, THS, 0.0f, (float *)dv, hs, THS, BH, bf));
+    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T);
+    const void *dp = datt;
+    /* bf16: dpre into SCR_ATT_T, which the dv product (queued before) has finished reading */
+    if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
+    /* dq = s dpre k; dk = s dpre^T q */
+    TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));
+    TRY(gemm(1, 0, T, hs, T, scale, dp, T, TT, q, hs, THS, 0.0f, (float *)dk, hs, THS, BH, bf));
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv, 3 * C, (const float *)dq, B, T, C, NH);
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv + C, 3 * C, (const float *)dk, B, T, C, NH);
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv + 2 * C, 3 * C, (const float *)dv, B, T, C, NH);
+    return 0;
+}
+
+/* ======================================================================================== */
+/* the other ops                                                                            */
+/* ======================================================================================== */
+
+static int cu_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
+    OP("encoder_fwd", "N=%lld T=%lld C=%lld", N, T, C, 0);
+    if (N < 0 || T <= 0 || C < 0) return fail_shape();
+    size_t n = (size_t)N * C;
+    if (n) KERNEL(k_encoder_fwd, ew_grid(n), EW_THREADS, out, tok, wte, wpe, N, T, C);
+    return 0;
+}
+
+static int cu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
+    OP("encoder_bwd", "N=%lld T=%lld C=%lld", N, T, C, 0);
+    if (N < 0 || T <= 0 || C < 0) return fail_shape();
+    if (N == 0 || C == 0) return 0;
+    KERNEL(k_encoder_bwd_wpe, ew_grid((size_t)T * C), EW_THREADS, dwpe, dout, N, T, C);
+    void *keys, *rin, *rout, *tmp;
+    size_t tmp_bytes = 0;
+    CU_TRY(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, tok, (int *)NULL, (const int *)NULL, (int *)NULL, N, 0,
+                                           32, S.st));
+    TRY(scratch(SCR_SORT, tmp_bytes, &tmp));
+    TRY(scratch(SCR_KEYS, sizeof(int) * (size_t)N, &keys));
+    TRY(scratch(SCR_ROWS_IN, sizeof(int) * (size_t)N, &rin));
+    TRY(scratch(SCR_ROWS_OUT, sizeof(int) * (size_t)N, &rout));
+    KERNEL(k_iota, ew_grid((size_t)N), EW_THREADS, (int *)rin, N);
+    CU_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, tok, (int *)keys, (const int *)rin, (int *)rout, N, 0, 32,
+                                           S.st));
+    TRY(launched("cub::DeviceRadixSort::SortPairs"));
+    KERNEL(k_encoder_bwd_wte, (unsigned)N, 128, dwte, dout, (const int *)keys, (const int *)rout, N, C);
+    return 0;
+}
+
+static int cu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                            int N, int C) {
+    OP("layernorm_fwd", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C <= 0) return fail_shape();
+    if (N) KERNEL(k_layernorm_fwd, (unsigned)N, LN_THREADS, out, mean, rstd, inp, w, b, C);
+    return 0;
+}
+static int cu_layernorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
+                                  const float *rstd, int N, int C) {
+    OP("layernorm_bwd_input", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C <= 0) return fail_shape();
+    if (N) KERNEL(k_layernorm_bwd_input, (unsigned)N, LN_THREADS, dinp, dout, inp, w, mean, rstd, C);
+    return 0;
+}
+static int cu_layernorm_bwd_weight(float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                                   const float *rstd, int N, int C) {
+    OP("layernorm_bwd_weight", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C < 0) return fail_shape();
+    return colsum(dw, db, dout, inp, mean, rstd, N, C, 1);
+}
+
+static int cu_gelu_fwd(float *out, const float *inp, size_t n) {
+    OP("gelu_fwd", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_gelu_fwd, ew_grid(n), EW_THREADS, out, inp, n);
+    return 0;
+}
+static int cu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+    OP("gelu_bwd", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_gelu_bwd, ew_grid(n), EW_THREADS, dinp, inp, dout, n);
+    return 0;
+}
+static int cu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+    OP("residual_fwd", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_residual, ew_grid(n), EW_THREADS, out, a, b, n);
+    return 0;
+}
+static int cu_add_inplace(float *dst, const float *src, size_t n) {
+    OP("add_inplace", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_add_inplace, ew_grid(n), EW_THREADS, dst, src, n);
+    return 0;
+}
+static int cu_scale(float *x, float s, size_t n) {
+    OP("scale", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_scale, ew_grid(n), EW_THREADS, x, s, n);
+    return 0;
+}
+
+static int cu_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
+    OP("crossentropy_fwd", "N=%lld V=%lld Vp=%lld", N, V, Vp, 0);
+    if (N < 0 || V <= 0 || Vp < V) return fail_shape();
+    if (N) KERNEL(k_ce_fwd, (unsigned)N, CE_THREADS, losses, logits, targets, V, Vp);
+    return 0;
+}
+static int cu_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
+    OP("crossentropy_bwd", "N=%lld V=%lld Vp=%lld", N, V, Vp, 0);
+    if (N < 0 || V <= 0 || Vp < V) return fail_shape();
+    size_t n = (size_t)N * Vp;
+    if (n) KERNEL(k_ce_bwd, ew_grid(n), EW_THREADS, probs, targets, dloss, N, V, Vp);
+    return 0;
+}
+
+static int cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int t) {
+    OP("adamw", "n=%lld t=%lld", n, t, 0, 0);
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    if (n) KERNEL(k_adamw, ew_grid(n), EW_THREADS, p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2);
+    return 0;
+}
+
+static int cu_sumsq(const float *x, size_t n, double *out) {
+    OP("sumsq", "n=%lld", n, 0, 0, 0);
+    if (n == 0) {
+        *out = 0.0;
+        return 0;
+    }
+    size_t nchunk = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nchunk > 0x7fffffffu) return fail_shape();
+    void *pv = NULL;
+    TRY(scratch(SCR_SUMSQ, sizeof(double) * (nchunk + 1), &pv));
+    double *res = (double *)pv, *part = res + 1;
+    KERNEL(k_sumsq_part, (unsigned)nchunk, SQ_THREADS, part, x, n);
+    KERNEL(k_sumsq_final, 1, SQ_THREADS, res, (const double *)part, nchunk);
+    CU_TRY(cudaMemcpyAsync(S.hd, res, sizeof(double), cudaMemcpyDeviceToHost, S.st));
+    CU_TRY(cudaStreamSynchronize(S.st));
+    *out = *S.hd;
+    return 0;
+}
+
+extern "C" const backend backend_cuda;
+extern "C" const backend backend_cuda = {
+    .name = "cuda",
+    .host_memory = 0,
+    .init = cu_init,
+    .finalize = cu_finalize,
+    .error = cu_error,
+    .describe = cu_describe,
+    .set_threads = cu_set_threads,
+    .get_threads = cu_get_threads,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .to_host = cu_to_host,
+    .from_host = cu_from_host,
+    .copy = cu_copy,
+    .zero = cu_zero,
+    .map = cu_map,
+    .unmap = cu_unmap,
+    .encoder_fwd = cu_encoder_fwd,
+    .encoder_bwd = cu_encoder_bwd,
+    .layernorm_fwd = cu_layernorm_fwd,
+    .layernorm_bwd_input = cu_layernorm_bwd_input,
+    .layernorm_bwd_weight = cu_layernorm_bwd_weight,
+    .matmul_fwd = cu_matmul_fwd,
+    .matmul_bwd_input = cu_matmul_bwd_input,
+    .matmul_bwd_weight = cu_matmul_bwd_weight,
+    .attention_fwd = cu_attention_fwd,
+    .attention_bwd = cu_attention_bwd,
+    .gelu_fwd = cu_gelu_fwd,
+    .gelu_bwd = cu_gelu_bwd,
+    .residual_fwd = cu_residual_fwd,
+    .add_inplace = cu_add_inplace,
+    .crossentropy_fwd = cu_crossentropy_fwd,
+    .crossentropy_bwd = cu_crossentropy_bwd,
+    .adamw = cu_adamw,
+    .sumsq = cu_sumsq,
+    .scale = cu_scale,
+};

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Run tests/test_cuda.c against src/backend_cuda.cu compiled for the host with the CUDA
+# emulation of tests/cuda_emu.h (every kernel thread a real thread, cuBLAS as loops, device
+# memory as NaN-filled host memory), under AddressSanitizer and UBSan. For a machine without a
+# GPU: it checks the kernels' indexing, barriers and reductions, the row-major -> cuBLAS
+# mapping, staging and error paths, and the test itself; not speed, not the real cuBLAS/CUB.
+#
+#   tests/cuda_emu.sh [BUILD_DIR]    (a configured build: its config.h; default ./build)
+#   CUDA_EMU_SRC=FILE: test another copy of backend_cuda.cu (mutation checks of the test)
+#
+# Runs twice: EMU_NDEV=0 (no driver: must exit 77) and EMU_NDEV=1 (must pass). Needs g++ with
+# C++20 (std::barrier), mpicc, Check, OpenBLAS. Takes a few minutes (thousands of threads per
+# launch). Not part of `make check`.
+set -eu
+top=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$top/build}" && pwd)
+out=$(mktemp -d "${TMPDIR:-/tmp}/cuda_emu.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+blas_cflags=$(pkg-config --cflags openblas)
+blas_libs=$(pkg-config --libs openblas)
+
+set -x
+g++ -std=c++20 -O1 -g -Wall -Wextra $san -pthread -DPIPELM_CUDA_EMU -include "$top/tests/cuda_emu.h" \
+    -x c++ -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend_cuda.cu}" -o "$out/backend_cuda.o"
+# the registry with the cuda backend only (not the build's config.h: it may name others)
+mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"
+for f in src/backend_cpu.c src/blas.c; do
+    mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
+        -c "$top/$f" -o "$out/$(basename "$f" .c).o"
+done
+mpicc -std=gnu11 -O1 -g -Wall -Wextra $san $(pkg-config --cflags check) -I"$top/include" \
+    -c "$top/tests/test_cuda.c" -o "$out/test_cuda.o"
+mpicc $san -fopenmp -pthread -o "$out/test_cuda_emu" "$out"/*.o $blas_libs $(pkg-config --libs check) -lstdc++ -lm
+set +x
+
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 CK_FORK=no
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+rc=0
+EMU_NDEV=0 "$out/test_cuda_emu" || rc=$?
+if [ "$rc" != 77 ]; then echo "cuda_emu: EMU_NDEV=0 (no driver): exit $rc, want 77"; exit 1; fi
+echo "cuda_emu: EMU_NDEV=0: skipped as it should (77)"
+rc=0
+EMU_NDEV=1 TEST_CUDA_VERBOSE=${TEST_CUDA_VERBOSE:-0} "$out/test_cuda_emu" || rc=$?
+if [ "$rc" != 0 ]; then echo "cuda_emu: EMU_NDEV=1: exit $rc"; exit 1; fi
+echo "cuda_emu: EMU_NDEV=1: passed"
