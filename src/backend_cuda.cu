@@ -2,7 +2,8 @@
  * backend_cuda.cu — the CUDA backend ("cuda"): every tensor in device memory, cuBLAS for every
  * matrix product, CUDA kernels for everything else, all on one stream of one device per rank.
  *
- * Device: opt->device when >= 0, else the node-local rank that the launcher exports
+ * Device: opt->device when >= 0, else opt->local_rank of opt->local_ranks (the trainer's
+ *   MPI_Comm_split_type) when given, else the node-local rank that the launcher exports
  *   (MPI_LOCALRANKID from MPICH's hydra, OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK,
  *   SLURM_LOCALID, in that order; 0 when none is set). More local ranks than devices is refused
  *   unless PIPELM_CUDA_SHARE=1 (then rank r uses device r % count). No device, or no driver,
@@ -716,6 +717,17 @@ static int cu_init(const backend_options *opt, char *err, size_t errlen) {
         }
         dev = opt->device;
         from = "requested";
+    } else if (opt && opt->local_ranks > 0) { /* the trainer's MPI_Comm_split_type(SHARED) */
+        lr = opt->local_rank;
+        ls = opt->local_ranks;
+        from = "MPI_Comm_split_type";
+        if (ls > n && !share) {
+            snprintf(err, errlen,
+                     "backend cuda: %d ranks on this node (local rank %d, from %s) but %d CUDA device%s: one device "
+                     "per rank, or PIPELM_CUDA_SHARE=1 to let ranks share devices", ls, lr, from, n, n == 1 ? "" : "s");
+            return CU_EINVAL;
+        }
+        dev = lr % n;
     } else {
         from = local_rank_of_env(&lr, &ls);
         if (!from) {

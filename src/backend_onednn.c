@@ -472,7 +472,7 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
             return PL_EBACKEND;
         }
     }
-    backend_options co = {PL_PREC_FP32, opt ? opt->threads : 0, -1};
+    backend_options co = {PL_PREC_FP32, opt ? opt->threads : 0, -1, 0, 0};
     int rc = backend_cpu.init(&co, err, errlen);
     if (rc) return rc;
     rc = dn_set_threads(opt && opt->threads > 0 ? opt->threads : cur_threads());

@@ -56,7 +56,7 @@ double bench_matmul_shape_gflops(const char *backend_name, int precision, int N,
         snprintf(matmul_info, sizeof matmul_info, "bad shape %d x %d x %d", N, C, OC);
         return -1.0;
     }
-    backend_options opt = {precision, threads, -1};
+    backend_options opt = {precision, threads, -1, 0, 0};
     char err[512] = "";
     if (be->init(&opt, err, sizeof err) != 0) {
         snprintf(matmul_info, sizeof matmul_info, "%s", err);
@@ -146,7 +146,7 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
             br->peak_what ? br->peak_what : "sgemm");
     pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
     pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
-    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB  sgemm GF/s\n");
+    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s\n");
     for (int r = 0; r < P; r++) {
         const double *s = br->stage_stats + 8 * r;
         double idle = s[3] - s[0] - s[1] - s[2];

@@ -95,7 +95,7 @@ static int check_outputs(const run *R, char *err, size_t errlen) {
 /* The backend named by --backend, set up with --precision and this rank's threads. */
 static int setup_backend(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    backend_options bo = {PL_PREC_FP32, R->lay.threads, -1};
+    backend_options bo = {PL_PREC_FP32, R->lay.threads, -1, R->lay.local_rank, R->lay.local_ranks};
     if (backend_parse_precision(o->precision, &bo.precision) != 0) {
         snprintf(err, errlen, "--precision %s: not fp32 or bf16", o->precision);
         return PL_EINVAL;

@@ -138,7 +138,7 @@ static float *dget(const float *d, size_t n) {
 
 /* The CUDA backend in precision prec (init again). */
 static void use_prec(int prec) {
-    backend_options o = {prec, 1, -1};
+    backend_options o = {prec, 1, -1, 0, 0};
     char err[512] = "";
     int rc = gpu->init(&o, err, sizeof err);
     ck_assert_msg(rc == 0, "cuda init %s: %s", backend_precision_name(prec), err);
@@ -288,12 +288,12 @@ START_TEST(test_nodevice) {
     ck_assert_msg(strstr(gpu->error(), "injected") != NULL, "error() = '%s'", gpu->error());
     backend_fail_alloc_after(0);
     /* unknown precision: refused whether or not there is a device */
-    backend_options bad = {7, 1, -1};
+    backend_options bad = {7, 1, -1, 0, 0};
     char err[512] = "";
     ck_assert_int_ne(gpu->init(&bad, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "precision") != NULL, "init(precision 7): '%s'", err);
     /* back to what main found: a device, or the message of its absence */
-    backend_options o = {PL_PREC_FP32, 1, -1};
+    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0};
     err[0] = 0;
     int rc = gpu->init(&o, err, sizeof err);
     ck_assert_int_eq(rc == 0, have_device);
@@ -442,7 +442,7 @@ START_TEST(test_failures) {
     env_set("MPI_LOCALRANKID", "999");
     env_set("MPI_LOCALNRANKS", "1000");
     env_set("PIPELM_CUDA_SHARE", NULL);
-    backend_options o = {PL_PREC_FP32, 1, -1};
+    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0};
     char err[512] = "";
     int rc = gpu->init(&o, err, sizeof err);
     if (verbose) printf("  1000 local ranks: %s\n", err);
@@ -455,7 +455,7 @@ START_TEST(test_failures) {
     OK(gpu->alloc(&p, 64));
     gpu->free(p);
     /* a device ordinal that does not exist */
-    backend_options od = {PL_PREC_FP32, 1, 1 << 20};
+    backend_options od = {PL_PREC_FP32, 1, 1 << 20, 0, 0};
     ck_assert_int_ne(gpu->init(&od, err, sizeof err), 0);
     for (int i = 0; i < 3; i++) {
         env_set(vars[i], saved[i]);
@@ -1125,12 +1125,12 @@ int main(void) {
     verbose = vb && *vb && strcmp(vb, "0") != 0;
     unsetenv("PIPELM_CUDA_TF32"); /* fp32 means fp32 here; test_tf32 sets it itself */
     char err[512] = "";
-    backend_options co = {PL_PREC_FP32, 1, -1};
+    backend_options co = {PL_PREC_FP32, 1, -1, 0, 0};
     if (cpu->init(&co, err, sizeof err) != 0) {
         fprintf(stderr, "test_cuda: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;
     }
-    backend_options go = {PL_PREC_FP32, 1, -1};
+    backend_options go = {PL_PREC_FP32, 1, -1, 0, 0};
     int rc = gpu->init(&go, init_err, sizeof init_err);
     have_device = rc == 0;
     if (!have_device && strncmp(init_err, "no CUDA device", 14) != 0) {

@@ -91,7 +91,7 @@ static float *fclone(const float *src, size_t n) {
 
 /* Set the oneDNN backend's precision (init again). */
 static void use_prec(int prec) {
-    backend_options o = {prec, default_threads, -1};
+    backend_options o = {prec, default_threads, -1, 0, 0};
     char err[512] = "";
     int rc = dn->init(&o, err, sizeof err);
     ck_assert_msg(rc == 0, "onednn init %s: %s", backend_precision_name(prec), err);
@@ -209,7 +209,7 @@ START_TEST(test_init_describe) {
     ck_assert_ptr_eq(backend_find("onednn"), dn);
     ck_assert_msg(strstr(backend_list(), "onednn") != NULL, "backend_list: %s", backend_list());
     ck_assert_int_eq(dn->get_threads(), default_threads);
-    backend_options bad = {7, 1, -1};
+    backend_options bad = {7, 1, -1, 0, 0};
     char err[256] = "";
     ck_assert_int_ne(dn->init(&bad, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "precision"), "bad precision message: %s", err);
@@ -731,12 +731,12 @@ int main(void) {
     default_threads = omp_get_max_threads();
 #endif
     char err[512] = "";
-    backend_options o32 = {PL_PREC_FP32, default_threads, -1};
+    backend_options o32 = {PL_PREC_FP32, default_threads, -1, 0, 0};
     if (dn->init(&o32, err, sizeof err) != 0) {
         fprintf(stderr, "test_onednn: onednn init (fp32) failed: %s\n", err);
         return EXIT_FAILURE;
     }
-    backend_options o16 = {PL_PREC_BF16, default_threads, -1};
+    backend_options o16 = {PL_PREC_BF16, default_threads, -1, 0, 0};
     if (dn->init(&o16, bf16_why, sizeof bf16_why) == 0) bf16_ok = 1;
     else if (!strstr(bf16_why, "no native bf16 support")) {
         fprintf(stderr, "test_onednn: onednn init (bf16) failed, not for want of a CPU feature: %s\n", bf16_why);

@@ -901,7 +901,7 @@ START_TEST(test_backend_failures) {
     be->free(p);
     ck_assert_int_eq(be->alloc(&p, SIZE_MAX - 8), PL_ENOMEM);
     ck_assert_msg(strstr(be->error(), "too large") != NULL, "error() = '%s'", be->error());
-    backend_options bo = {PL_PREC_BF16, 0, -1};
+    backend_options bo = {PL_PREC_BF16, 0, -1, 0, 0};
     char err[256] = "";
     ck_assert_int_ne(be->init(&bo, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "fp32 only") != NULL, "init(bf16): '%s'", err);
@@ -947,7 +947,7 @@ int main(void) {
     default_threads = omp_get_max_threads();
 #endif
     char err[256] = "";
-    backend_options bo = {PL_PREC_FP32, 0, -1};
+    backend_options bo = {PL_PREC_FP32, 0, -1, 0, 0};
     if (be->init(&bo, err, sizeof(err)) != 0) {
         fprintf(stderr, "test_ops: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;

@@ -38,6 +38,8 @@ typedef struct {
     int precision;   /* PL_PREC_* */
     int threads;     /* host threads for the backend's own loops and libraries */
     int device;      /* accelerator ordinal for device backends (-1: the local rank's) */
+    int local_rank;  /* this rank's index among the job's ranks on its node, when local_ranks > 0 */
+    int local_ranks; /* the job's ranks on this node (MPI_Comm_split_type); 0: unknown, ask the launcher */
 } backend_options;
 
 typedef struct backend {

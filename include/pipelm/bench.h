@@ -13,7 +13,7 @@
 
 /* What a benchmark run measured, gathered on rank 0. stage_stats holds 8 doubles per rank:
  * compute ms, MPI-wait ms, optimizer ms, step ms (per timed step), peak RSS MB, blocks,
- * measured sgemm GFLOP/s with the rank's threads, threads. */
+ * the measured matmul peak GFLOP/s with the rank's threads (sgemm on the cpu backend, the backend's own in its precision otherwise), threads. */
 typedef struct {
     int P, M, B, T;
     char schedule[32];
