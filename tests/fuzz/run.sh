@@ -34,8 +34,9 @@ cflags=(-g -O1 -fopenmp -Wno-pass-failed $san "-DPACKAGE_VERSION=\"${version:-0}
 libs="$(pkg-config --libs hdf5-mpich inih openblas mpich) -lm"
 mkdir -p "$out/obj" "$out/artifacts" "$out/corpus"
 
-# the library, without main.c, compiled once with coverage instrumentation (fuzzer-no-link)
-srcs=$(sed -n '/^libpipelm_a_SOURCES/,/^[^\t]/p' "$top/Makefile.am" | grep -o 'src/[a-z0-9_]*\.c')
+# the library, without main.c, compiled once with coverage instrumentation (fuzzer-no-link):
+# the core sources only (the optional backends, added under `if`, are not parsers of input)
+srcs=$(sed -n '/^libpipelm_a_SOURCES =/,/^[^\t]/p' "$top/Makefile.am" | grep -oE 'src/[a-z0-9_]+\.c( |$)')
 build_start=$(date +%s)
 stale=""
 objs=()
