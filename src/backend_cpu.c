@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "pipelm/backend.h"
+#include "pipelm/backend_host.h"
 #include "pipelm/blas.h"
 #include "pipelm/common.h"
 
@@ -91,18 +92,11 @@ static void cpu_describe(char *buf, size_t len) {
     snprintf(buf, len, "cpu: OpenBLAS %s, kernel %s, fp32", blas_flavour(), blas_kernel());
 }
 
-/* 64-byte aligned, zero-filled. */
+/* 64-byte aligned, zero-filled (backend_host.c). */
 static int cpu_alloc(void **p, size_t bytes) {
-    *p = NULL;
-    if (backend_alloc_should_fail())
-        return cpu_fail(PL_ENOMEM, "allocation of %zu bytes failed (injected by PIPELM_FAIL_ALLOC)", bytes);
-    if (bytes == 0) bytes = 64;
-    if (bytes > SIZE_MAX - 64) return cpu_fail(PL_ENOMEM, "allocation of %zu bytes: too large", bytes);
-    size_t rounded = (bytes + 63) / 64 * 64;
-    *p = aligned_alloc(64, rounded);
-    if (!*p) return cpu_fail(PL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
-    memset(*p, 0, rounded);
-    return 0;
+    char why[200];
+    int rc = host_alloc(p, bytes, why, sizeof why);
+    return rc ? cpu_fail(rc, "%s", why) : 0;
 }
 static void cpu_free(void *p) { free(p); }
 static int cpu_copy(void *dst, const void *src, size_t bytes) {
@@ -237,16 +231,7 @@ static int cpu_matmul_bwd_input(float *dinp, const float *dout, const float *w, 
 /* dW(OC,C) += dout^T inp; db += column sums of dout (rows in order per chunk). */
 static int cpu_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
-    if (!db) return 0;
-    int nchunk = (OC + 255) / 256;
-    #pragma omp parallel for schedule(static)
-    for (int k = 0; k < nchunk; k++) {
-        int j0 = k * 256, j1 = j0 + 256 < OC ? j0 + 256 : OC;
-        for (int i = 0; i < N; i++) {
-            const float *d = dout + (size_t)i * OC;
-            for (int j = j0; j < j1; j++) db[j] += d[j];
-        }
-    }
+    if (db) host_colsum(db, dout, N, OC);
     return 0;
 }
 

@@ -44,6 +44,7 @@
 #include <dnnl.h>
 #include <dnnl_debug.h>
 #include "pipelm/backend.h"
+#include "pipelm/backend_host.h"
 #include "pipelm/common.h"
 
 #define MM_CACHE 64
@@ -513,16 +514,9 @@ static void dn_describe(char *buf, size_t len) {
 /* memory: our own allocations (fault injection), copies delegated */
 
 static int dn_alloc(void **p, size_t bytes) {
-    *p = NULL;
-    if (backend_alloc_should_fail())
-        return dn_fail(PL_ENOMEM, "oneDNN backend: allocation of %zu bytes failed (injected by PIPELM_FAIL_ALLOC)", bytes);
-    if (bytes == 0) bytes = 64;
-    if (bytes > SIZE_MAX - 64) return dn_fail(PL_ENOMEM, "oneDNN backend: allocation of %zu bytes: too large", bytes);
-    size_t r = (bytes + 63) / 64 * 64;
-    *p = aligned_alloc(64, r);
-    if (!*p) return dn_fail(PL_ENOMEM, "oneDNN backend: out of host memory allocating %zu bytes", bytes);
-    memset(*p, 0, r);
-    return 0;
+    char why[200];
+    int rc = host_alloc(p, bytes, why, sizeof why);
+    return rc ? dn_fail(rc, "oneDNN backend: %s", why) : 0;
 }
 static void dn_free(void *p) { free(p); }
 
@@ -591,19 +585,6 @@ static int dn_matmul_bwd_input(float *dinp, const float *dout, const float *w, i
     return mm_run(&k, A, B, dinp, NULL, what);
 }
 
-/* db[j] += sum_i dout[i][j]: threads split the columns (chunks of 256), rows in order. */
-static void colsum(float *db, const float *dout, int N, int OC) {
-    int nchunk = (OC + 255) / 256;
-    #pragma omp parallel for schedule(static)
-    for (int k = 0; k < nchunk; k++) {
-        int j0 = k * 256, j1 = j0 + 256 < OC ? j0 + 256 : OC;
-        for (int i = 0; i < N; i++) {
-            const float *d = dout + (size_t)i * OC;
-            for (int j = j0; j < j1; j++) db[j] += d[j];
-        }
-    }
-}
-
 /* dW(OC,C) += dout^T inp: A = dout^T viewed (OC,N) with strides (1, OC), sum post-op. */
 static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
     NEED_INIT("matmul_bwd_weight");
@@ -623,7 +604,7 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
         key_2d(&k, OC, N, C, 1, OC, C, 1, C);
         PL_TRY(mm_run(&k, A, B, dw, NULL, what));
     }
-    if (db) colsum(db, dout, N, OC);
+    if (db) host_colsum(db, dout, N, OC); /* the CPU backend's own order: the same bits */
     return 0;
 }
 
