@@ -436,6 +436,206 @@ static int cpu_scale(float *x, float s, size_t n) {
 }
 
 
+/* ---------------------------------------------------------------------------------------- */
+/* Llama ops: RMSNorm, RoPE, grouped-query attention, SwiGLU                                  */
+
+/* RMSNorm (Zhang & Sennrich 2019): y = x / sqrt(mean(x^2) + eps) * w, per row; rstd saved. */
+static int cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / C + eps);
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * s * w[c];
+        rstd[i] = s;
+    }
+    return 0;
+}
+
+/* dx += rstd (dn - x rstd^2 mean(dn x)), dn = w dy (d rstd/dx_j = -rstd^3 x_j / C); rows in
+ * parallel, each row's sums in order. */
+static int cpu_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
+        float s = rstd[i];
+        float a = 0.0f;
+        for (int c = 0; c < C; c++) a += w[c] * dy[c] * x[c];
+        a = a / C * s * s;
+        float *dx = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) dx[c] += (w[c] * dy[c] - x[c] * a) * s;
+    }
+    return 0;
+}
+
+/* dw += sum_i dy x rstd: threads split the channels in chunks of 64, rows in order (as
+ * layernorm's dw), so the sum does not depend on the thread count. */
+static int cpu_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    int nchunk = (C + 63) / 64;
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < nchunk; k++) {
+        int c0 = k * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (int i = 0; i < N; i++) {
+            const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
+            float s = rstd[i];
+            for (int c = c0; c < c1; c++) dw[c] += dy[c] * (x[c] * s);
+        }
+    }
+    return 0;
+}
+
+/* RoPE (Su et al. 2021, RoFormer) on the q and k heads of each fused row, interleaved pairs:
+ * (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) at angle theta_{t,i}; dir = -1 applies the
+ * inverse rotation (sin -> -sin), which is the transpose: the backward. v is copied. */
+static void rope_rotate(float *out, const float *inp, const float *fcos, const float *fsin,
+                        int N, int T, int NH, int NKV, int HS, float dir) {
+    int nrot = (NH + NKV) * HS, W = (NH + 2 * NKV) * HS, half = HS / 2;
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; r++) {
+        const float *x = inp + (size_t)r * W, *cs = fcos + (size_t)(r % T) * half;
+        const float *sn = fsin + (size_t)(r % T) * half;
+        float *o = out + (size_t)r * W;
+        for (int j = 0; j < nrot; j += 2) {
+            int i = (j % HS) / 2;
+            float c = cs[i], s = dir * sn[i], x0 = x[j], x1 = x[j + 1];
+            o[j] = x0 * c - x1 * s;
+            o[j + 1] = x0 * s + x1 * c;
+        }
+        for (int j = nrot; j < W; j++) o[j] = x[j];
+    }
+}
+static int cpu_rope_fwd(float *out, const float *inp, const float *fcos, const float *fsin,
+                        int N, int T, int NH, int NKV, int HS) {
+    if (HS % 2) return cpu_fail(PL_EBACKEND, "rope_fwd: head size %d is odd", HS);
+    rope_rotate(out, inp, fcos, fsin, N, T, NH, NKV, HS, 1.0f);
+    return 0;
+}
+static int cpu_rope_bwd(float *dinp, const float *dout, const float *fcos, const float *fsin,
+                        int N, int T, int NH, int NKV, int HS) {
+    if (HS % 2) return cpu_fail(PL_EBACKEND, "rope_bwd: head size %d is odd", HS);
+    rope_rotate(dinp, dout, fcos, fsin, N, T, NH, NKV, HS, -1.0f);
+    return 0;
+}
+
+/* One (b, h) pair of grouped-query attention (Ainslie et al. 2023): q, k, v are views with
+ * leading dimension W = (NH + 2 NKV) HS, o has leading dimension NH HS. The same three steps
+ * as attention_fwd_head, so NKV == NH gives the same bits as attention_fwd. */
+static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, const float *v,
+                         int T, int W, int ldo, int hs) {
+    float scale = 1.0f / sqrtf((float)hs);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, W, k, W, 0.0f, a, T);
+    for (int t = 0; t < T; t++) {
+        float *r = a + (size_t)t * T;
+        float mx = r[0];
+        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++) r[j] *= inv;
+        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, W, 0.0f, o, ldo);
+}
+
+/* a = softmax_causal(q_h k_g^T / sqrt(HS)), o_h = a v_g with g = h / (NH / NKV); parallel over
+ * the B*NH (b, h) pairs, each pair's products on one thread. */
+static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    if (NKV < 1 || NH % NKV)
+        return cpu_fail(PL_EBACKEND, "attention_gqa_fwd: %d query heads do not divide into %d kv heads", NH, NKV);
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
+    int changed = blas_threads_outside();
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH, g = h / G;
+        const float *row = qkv + (size_t)b * T * W;
+        gqa_fwd_head(out + (size_t)b * T * CO + h * HS, att + (size_t)bh * T * T, row + h * HS,
+                     row + (NH + g) * HS, row + (NH + NKV + g) * HS, T, W, CO, HS);
+    }
+    blas_threads_restore(changed);
+    return 0;
+}
+
+/* One query head's backward into its kv head's gradients: datt = dy v^T; dv (+)= a^T dy;
+ * dpre = a (datt - rowsum(a datt)); dq = s dpre k; dk (+)= s dpre^T q. beta 0 for the first
+ * query head of the group (overwrite), 1 for the rest (accumulate in h order). */
+static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const float *dy, const float *q,
+                         const float *k, const float *v, const float *a, int T, int W, int ldo, int hs,
+                         float beta) {
+    float scale = 1.0f / sqrtf((float)hs);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, ldo, v, W, 0.0f, datt, T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, ldo, beta, dv, W);
+    for (int t = 0; t < T; t++) {
+        const float *ar = a + (size_t)t * T;
+        float *dr = datt + (size_t)t * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, W, 0.0f, dq, W);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, W, beta, dk, W);
+}
+
+/* The backward of cpu_attention_gqa_fwd, in parallel over the B*NKV (b, kv head) pairs: each
+ * pair runs its G query heads in ascending order on one thread, so dk and dv are summed in a
+ * fixed order whatever the thread count; dqkv is overwritten. */
+static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int NH, int NKV, int HS) {
+    if (NKV < 1 || NH % NKV)
+        return cpu_fail(PL_EBACKEND, "attention_gqa_bwd: %d query heads do not divide into %d kv heads", NH, NKV);
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    float *datt = malloc(sizeof(float) * (size_t)T * T * nt);
+    if (!datt) return cpu_fail(PL_ENOMEM, "attention_gqa backward: out of memory for %d x %d scratch", nt, T);
+    int changed = blas_threads_outside();
+    #pragma omp parallel for schedule(static)
+    for (int bg = 0; bg < B * NKV; bg++) {
+        int b = bg / NKV, g = bg % NKV, me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        const float *row = qkv + (size_t)b * T * W;
+        float *drow = dqkv + (size_t)b * T * W;
+        for (int h = g * G; h < (g + 1) * G; h++)
+            gqa_bwd_head(drow + h * HS, drow + (NH + g) * HS, drow + (NH + NKV + g) * HS, datt + (size_t)me * T * T,
+                         dout + (size_t)b * T * CO + h * HS, row + h * HS, row + (NH + g) * HS,
+                         row + (NH + NKV + g) * HS, att + ((size_t)b * NH + h) * T * T, T, W, CO, HS,
+                         h == g * G ? 0.0f : 1.0f);
+    }
+    blas_threads_restore(changed);
+    free(datt);
+    return 0;
+}
+
+/* SwiGLU (Shazeer 2020): out = up * silu(gate), silu(g) = g sigma(g), sigma(g) = 1/(1+exp(-g)). */
+static int cpu_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = up[i] * (g / (1.0f + exp_fast(-g)));
+    }
+    return 0;
+}
+
+/* silu'(g) = sigma(g) (1 + g (1 - sigma(g))); every input is read before either output is
+ * written, so dup or dgate may alias dout. */
+static int cpu_swiglu_bwd(float *dup, float *dgate, const float *dout, const float *up, const float *gate, size_t n) {
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i], u = up[i], d = dout[i];
+        float sg = 1.0f / (1.0f + exp_fast(-g));
+        dup[i] = d * (g * sg);
+        dgate[i] = d * u * (sg * (1.0f + g * (1.0f - sg)));
+    }
+    return 0;
+}
+
+
 /* Sets the OpenMP and OpenBLAS thread counts together. */
 static int cpu_set_threads(int n) {
     if (n < 1) n = 1;
@@ -485,4 +685,13 @@ const backend backend_cpu = {
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd_input = cpu_rmsnorm_bwd_input,
+    .rmsnorm_bwd_weight = cpu_rmsnorm_bwd_weight,
+    .rope_fwd = cpu_rope_fwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attention_gqa_fwd = cpu_attention_gqa_fwd,
+    .attention_gqa_bwd = cpu_attention_gqa_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
 };

@@ -28,6 +28,10 @@
  *     ids with their row numbers (CUB's radix sort: stable, so the result is unique), then one
  *     block per distinct token adds its rows in increasing row order, as backend_cpu does
  *     (bit-identical to it);
+ *   - Llama ops: RMSNorm as LayerNorm (a block per row; dw through the same fixed-chunk column
+ *     sums); grouped-query attention repeats each kv head for its query heads, runs the
+ *     multi-head products, and sums each kv head's dk, dv over its query heads in ascending h
+ *     in one kernel (no atomics); RoPE and SwiGLU are elementwise;
  *   - sum of squares: chunks of 16384 values in double (fixed per-thread order, fixed tree),
  *     then the chunk sums in one block in a fixed order; no launch parameter depends on the
  *     device (SM count) or the timing.
@@ -449,6 +453,128 @@ __global__ void k_sumsq_final(double *out, const double *part, size_t nchunk) {
     for (size_t k = threadIdx.x; k < nchunk; k += blockDim.x) s += part[k];
     s = block_sum(s, sh);
     if (threadIdx.x == 0) *out = s;
+}
+
+/* ---- Llama ops ---- */
+
+/* RMSNorm, one block per row: rstd = 1/sqrt(mean(x^2) + eps), y = x rstd w. */
+__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    const float *x = inp + row * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    float r = 1.0f / sqrtf(block_sum(ss, sh) / (float)C + eps);
+    float *o = out + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = x[c] * r * w[c];
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+
+/* dx += rstd (dn - x rstd^2 mean(dn x)), dn = w dy; one block per row. */
+__global__ void k_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                    const float *rstd, int C) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    const float *dy = dout + row * C, *x = inp + row * C;
+    float s = rstd[row];
+    float a = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) a += w[c] * dy[c] * x[c];
+    a = block_sum(a, sh) / (float)C * s * s;
+    float *dx = dinp + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] += (w[c] * dy[c] - x[c] * a) * s;
+}
+
+/* The RMSNorm weight gradient's column-sum partials, as k_colsum_part: block (p, tile) sums
+ * dy x rstd over rows [p*CS_ROWS, (p+1)*CS_ROWS) of 32 columns, lanes in a fixed order;
+ * k_colsum_final then adds the partials in chunk order. blockDim (32, CS_TY). */
+__global__ void k_rms_colsum_part(float *pdw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    __shared__ float sdw[CS_TY][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int c = blockIdx.y * 32 + tx;
+    int p = blockIdx.x;
+    float adw = 0.0f;
+    if (c < C) {
+        int r0 = p * CS_ROWS, r1 = r0 + CS_ROWS < N ? r0 + CS_ROWS : N;
+        for (int i = r0 + ty; i < r1; i += CS_TY) adw += dout[(size_t)i * C + c] * (inp[(size_t)i * C + c] * rstd[i]);
+    }
+    sdw[ty][tx] = adw;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float w = 0.0f;
+        for (int k = 0; k < CS_TY; k++) w += sdw[k][tx];
+        pdw[(size_t)p * C + c] = w;
+    }
+}
+
+/* RoPE on the pairs of a fused row (N, W), W = (NH + 2 NKV) HS: the first nrot = (NH + NKV) HS
+ * columns (q and k heads) are rotated by theta_{t,i}, t = row % T, i = pair within the head;
+ * dir = -1 is the inverse rotation (the backward); v is copied. */
+__global__ void k_rope(float *out, const float *inp, const float *fcos, const float *fsin, int N, int T, int W,
+                       int nrot, int HS, float dir) {
+    size_t np = (size_t)N * (W / 2);
+    GRID_STRIDE(k, np) {
+        size_t r = k / (W / 2);
+        int j = (int)(k % (W / 2)) * 2;
+        const float *x = inp + r * W + j;
+        float *o = out + r * W + j;
+        float x0 = x[0], x1 = x[1];
+        if (j < nrot) {
+            size_t ti = (r % T) * (HS / 2) + (j % HS) / 2;
+            float c = fcos[ti], s = dir * fsin[ti];
+            o[0] = x0 * c - x1 * s;
+            o[1] = x0 * s + x1 * c;
+        } else {
+            o[0] = x0;
+            o[1] = x1;
+        }
+    }
+}
+
+/* dst (B, NHd, T, hs) <- src (B, T, *) with row stride ld, destination head h reading source
+ * head h / G at column (h / G) hs (src offset to k or v): the kv heads repeated for their query
+ * heads. G = 1 is k_permute. */
+template <typename TT>
+__global__ void k_permute_rep(TT *dst, const float *src, int ld, int B, int T, int NHd, int G, int hs) {
+    size_t C = (size_t)NHd * hs, n = (size_t)B * T * C;
+    GRID_STRIDE(i, n) {
+        size_t bt = i / C;
+        int c = (int)(i % C), h = c / hs, d = c % hs;
+        size_t b = bt / T, t = bt % T;
+        store_cvt(dst + (((b * NHd + h) * T + t) * hs + d), src[bt * ld + (size_t)(h / G) * hs + d]);
+    }
+}
+/* dst (B, T, *) with row stride ld (offset to the k or v block) <- the sum over the G query
+ * heads j = 0..G-1 of kv head g of src (B, NH, T, hs), j ascending (G = 1: a copy). */
+__global__ void k_unpermute_sum(float *dst, int ld, const float *src, int B, int T, int NKV, int G, int hs) {
+    size_t C = (size_t)NKV * hs, n = (size_t)B * T * C;
+    int NH = NKV * G;
+    GRID_STRIDE(i, n) {
+        size_t bt = i / C;
+        int c = (int)(i % C), g = c / hs, d = c % hs;
+        size_t b = bt / T, t = bt % T;
+        const float *p = src + ((b * NH + (size_t)g * G) * T + t) * hs + d;
+        float acc = p[0];
+        for (int j = 1; j < G; j++) acc += p[(size_t)j * T * hs];
+        dst[bt * ld + c] = acc;
+    }
+}
+
+/* SwiGLU: out = up silu(gate), silu(g) = g / (1 + exp(-g)). */
+__global__ void k_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
+    GRID_STRIDE(i, n) {
+        float g = gate[i];
+        out[i] = up[i] * (g / (1.0f + d_exp_fast(-g)));
+    }
+}
+/* dup = dout silu(g), dgate = dout up sigma(g) (1 + g (1 - sigma(g))); inputs read first. */
+__global__ void k_swiglu_bwd(float *dup, float *dgate, const float *dout, const float *up, const float *gate,
+                             size_t n) {
+    GRID_STRIDE(i, n) {
+        float g = gate[i], u = up[i], d = dout[i];
+        float sg = 1.0f / (1.0f + d_exp_fast(-g));
+        dup[i] = d * (g * sg);
+        dgate[i] = d * u * (sg * (1.0f + g * (1.0f - sg)));
+    }
 }
 
 /* ======================================================================================== */
@@ -1311,6 +1437,148 @@ static int cu_sumsq(const float *x, size_t n, double *out) {
     return 0;
 }
 
+/* ======================================================================================== */
+/* Llama ops                                                                                */
+/* ======================================================================================== */
+
+static int cu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    OP("rmsnorm_fwd", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C <= 0) return fail_shape();
+    if (N) KERNEL(k_rmsnorm_fwd, (unsigned)N, LN_THREADS, out, rstd, inp, w, C, eps);
+    return 0;
+}
+static int cu_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                                int N, int C) {
+    OP("rmsnorm_bwd_input", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C <= 0) return fail_shape();
+    if (N) KERNEL(k_rmsnorm_bwd_input, (unsigned)N, LN_THREADS, dinp, dout, inp, w, rstd, C);
+    return 0;
+}
+/* dw += sum_rows dy x rstd: fixed chunks of CS_ROWS rows into partials, then chunk order. */
+static int cu_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    OP("rmsnorm_bwd_weight", "N=%lld C=%lld", N, C, 0, 0);
+    if (N < 0 || C < 0) return fail_shape();
+    if (N == 0 || C == 0) return 0;
+    int R = (N + CS_ROWS - 1) / CS_ROWS, tiles = (C + 31) / 32;
+    if (tiles > 65535) return fail_shape();
+    void *pv = NULL;
+    TRY(scratch(SCR_PART, sizeof(float) * (size_t)R * C, &pv));
+    dim3 grid((unsigned)R, (unsigned)tiles), block(32, CS_TY);
+    KERNEL(k_rms_colsum_part, grid, block, (float *)pv, dout, inp, rstd, N, C);
+    KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, dw, (const float *)pv, R, C);
+    return 0;
+}
+
+static int rope(const char *name, float *out, const float *inp, const float *fcos, const float *fsin, int N, int T,
+                int NH, int NKV, int HS, float dir) {
+    OP(name, "N=%lld T=%lld heads=%lld HS=%lld", N, T, (long long)NH * 1000 + NKV, HS);
+    if (N < 0 || T <= 0 || NH < 0 || NKV < 0 || HS <= 0 || HS % 2) return fail_shape();
+    int W = (NH + 2 * NKV) * HS;
+    size_t np = (size_t)N * (W / 2);
+    if (np) KERNEL(k_rope, ew_grid(np), EW_THREADS, out, inp, fcos, fsin, N, T, W, (NH + NKV) * HS, HS, dir);
+    return 0;
+}
+static int cu_rope_fwd(float *out, const float *inp, const float *fcos, const float *fsin, int N, int T, int NH,
+                       int NKV, int HS) {
+    return rope("rope_fwd", out, inp, fcos, fsin, N, T, NH, NKV, HS, 1.0f);
+}
+static int cu_rope_bwd(float *dinp, const float *dout, const float *fcos, const float *fsin, int N, int T, int NH,
+                       int NKV, int HS) {
+    return rope("rope_bwd", dinp, dout, fcos, fsin, N, T, NH, NKV, HS, -1.0f);
+}
+
+/* Grouped-query attention: q permuted to (B, NH, T, HS), k and v permuted with each kv head
+ * repeated for its G = NH / NKV query heads, then exactly cu_attention_fwd's batched products
+ * over the B*NH pairs (NKV == NH is the same computation as attention_fwd with C = NH HS). */
+static int gqa_shape_ok(int B, int T, int NH, int NKV, int HS) {
+    return B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0 && (long long)B * NH * T <= 0x7fffffffLL;
+}
+
+static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    OP("attention_gqa_fwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
+    if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16, hs = HS, BH = B * NH, G = NH / NKV, C = NH * HS, W = (NH + 2 * NKV) * HS;
+    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
+    long long THS = (long long)T * hs, TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    void *q, *k, *v, *y;
+    TRY(scratch(SCR_Q, n1 * es, &q));
+    TRY(scratch(SCR_K, n1 * es, &k));
+    TRY(scratch(SCR_V, n1 * es, &v));
+    TRY(scratch(SCR_Y, n1 * sizeof(float), &y));
+    TRY(permute_in(q, qkv, W, B, T, C, NH, bf));
+    if (bf) {
+        KERNEL(k_permute_rep<uint16_t>, ew_grid(n1), EW_THREADS, (uint16_t *)k, qkv + C, W, B, T, NH, G, hs);
+        KERNEL(k_permute_rep<uint16_t>, ew_grid(n1), EW_THREADS, (uint16_t *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
+    } else {
+        KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)k, qkv + C, W, B, T, NH, G, hs);
+        KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
+    }
+    TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
+    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
+    const void *a = att;
+    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
+    TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)y, B, T, C, NH);
+    return 0;
+}
+
+/* cu_attention_bwd on the repeated k, v; the per-query-head dk, dv are then summed over each
+ * group in ascending h (k_unpermute_sum): no atomics, a fixed order. dqkv overwritten. */
+static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
+                                int NH, int NKV, int HS) {
+    OP("attention_gqa_bwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
+    if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16, hs = HS, BH = B * NH, G = NH / NKV, C = NH * HS, W = (NH + 2 * NKV) * HS;
+    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C, nkv = (size_t)B * T * NKV * HS;
+    long long THS = (long long)T * hs, TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    void *q, *k, *v, *dy, *datt, *dq, *dk, *dv;
+    TRY(scratch(SCR_Q, n1 * es, &q));
+    TRY(scratch(SCR_K, n1 * es, &k));
+    TRY(scratch(SCR_V, n1 * es, &v));
+    TRY(scratch(SCR_DY, n1 * es, &dy));
+    TRY(scratch(SCR_DATT, sizeof(float) * (size_t)BH * TT, &datt));
+    TRY(scratch(SCR_Y, n1 * sizeof(float), &dq));
+    TRY(scratch(SCR_DK, n1 * sizeof(float), &dk));
+    TRY(scratch(SCR_DV, n1 * sizeof(float), &dv));
+    TRY(permute_in(q, qkv, W, B, T, C, NH, bf));
+    if (bf) {
+        KERNEL(k_permute_rep<uint16_t>, ew_grid(n1), EW_THREADS, (uint16_t *)k, qkv + C, W, B, T, NH, G, hs);
+        KERNEL(k_permute_rep<uint16_t>, ew_grid(n1), EW_THREADS, (uint16_t *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
+    } else {
+        KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)k, qkv + C, W, B, T, NH, G, hs);
+        KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
+    }
+    TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
+    const void *a = att;
+    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
+    TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
+    TRY(gemm(1, 0, T, hs, T, 1.0f, a, T, TT, dy, hs, THS, 0.0f, (float *)dv, hs, THS, BH, bf));
+    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T);
+    const void *dp = datt;
+    if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
+    TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));
+    TRY(gemm(1, 0, T, hs, T, scale, dp, T, TT, q, hs, THS, 0.0f, (float *)dk, hs, THS, BH, bf));
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv, W, (const float *)dq, B, T, C, NH);
+    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C, W, (const float *)dk, B, T, NKV, G, hs);
+    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C + NKV * HS, W, (const float *)dv, B, T, NKV, G, hs);
+    return 0;
+}
+
+static int cu_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
+    OP("swiglu_fwd", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_swiglu_fwd, ew_grid(n), EW_THREADS, out, up, gate, n);
+    return 0;
+}
+static int cu_swiglu_bwd(float *dup, float *dgate, const float *dout, const float *up, const float *gate, size_t n) {
+    OP("swiglu_bwd", "n=%lld", n, 0, 0, 0);
+    if (n) KERNEL(k_swiglu_bwd, ew_grid(n), EW_THREADS, dup, dgate, dout, up, gate, n);
+    return 0;
+}
+
 extern "C" const backend backend_cuda;
 extern "C" const backend backend_cuda = {
     .name = "cuda",
@@ -1348,4 +1616,13 @@ extern "C" const backend backend_cuda = {
     .adamw = cu_adamw,
     .sumsq = cu_sumsq,
     .scale = cu_scale,
+    .rmsnorm_fwd = cu_rmsnorm_fwd,
+    .rmsnorm_bwd_input = cu_rmsnorm_bwd_input,
+    .rmsnorm_bwd_weight = cu_rmsnorm_bwd_weight,
+    .rope_fwd = cu_rope_fwd,
+    .rope_bwd = cu_rope_bwd,
+    .attention_gqa_fwd = cu_attention_gqa_fwd,
+    .attention_gqa_bwd = cu_attention_gqa_bwd,
+    .swiglu_fwd = cu_swiglu_fwd,
+    .swiglu_bwd = cu_swiglu_bwd,
 };

@@ -12,8 +12,12 @@
  *     strided views of qkv (B,T,3C) (q, k, v at column offsets 0, C, 2C, head h at h*hs, leading
  *     dimension 3C); the causal softmax and its backward are fp32 loops of our own, parallel over
  *     rows (each row's arithmetic fixed, so thread-count independent).
- *   everything else (encoder, layernorm, GELU, residual, cross-entropy, AdamW, sumsq, scale,
- *     copies, map/unmap) is delegated to backend_cpu: the memory is host memory in both.
+ *   attention_gqa_fwd / attention_gqa_bwd: the same, as G = NH/NKV batched matmuls over the
+ *     (B, NKV) pairs (one per query head of a group); dk and dv accumulate over the group's query
+ *     heads in ascending order through the sum post-op. NKV == NH is exactly attention_fwd/bwd.
+ *   everything else (encoder, layernorm, RMSNorm, RoPE, GELU, SwiGLU, residual, cross-entropy,
+ *     AdamW, sumsq, scale, copies, map/unmap) is delegated to backend_cpu: the memory is host
+ *     memory in both.
  * bf16: the two inputs of every product are converted fp32 -> bf16 (round to nearest even,
  *   AVX512-BF16 VCVTNEPS2BF16 when the CPU has it, an equivalent scalar loop otherwise) into
  *   scratch owned by this file, on every call (no weight cache: no invalidation to get wrong).
@@ -758,6 +762,118 @@ static int dn_attention_bwd(float *dqkv, const float *dout, const float *qkv, co
     return mm_run(&k, dp, q, dqkv + C, NULL, what);
 }
 
+/* Grouped-query attention on a fused qkv (B, T, W), W = (NH + 2 NKV) HS: query head h = g G + j
+ * (G = NH / NKV) reads kv head g. For each j the G-th query heads form a 4-D batch (B, NKV) of
+ * products against the kv heads (query head stride G HS, kv head stride HS), so the products
+ * are G batched matmuls; the softmax loops are the ones above. NKV == NH (G = 1) builds exactly
+ * dn_attention_fwd's primitives, so the two give the same bits. */
+static int check_gqa(const char *op, int B, int T, int NH, int NKV, int HS) {
+    if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || NH % NKV != 0)
+        return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape B=%d T=%d NH=%d NKV=%d HS=%d "
+                       "(query heads must divide into kv heads)", op, B, T, NH, NKV, HS);
+    return 0;
+}
+
+/* att = softmax_causal(q_h k_g^T / sqrt(HS)); out_h = att v_g. */
+static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    NEED_INIT("attention_gqa_fwd");
+    PL_TRY(check_gqa("attention_gqa_fwd", B, T, NH, NKV, HS));
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16;
+    int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
+    int64_t sbw = (int64_t)T * W;
+    char what[128];
+    snprintf(what, sizeof what, "attention_gqa_fwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
+             NKV, HS);
+    const void *base = qkv;
+    size_t es = bf ? 2 : 4;
+    if (bf) PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * W, &base));
+    const char *q = base, *kk = (const char *)base + es * NH * HS, *v = (const char *)base + es * (NH + NKV) * HS;
+    mm_key k;
+    for (int64_t j = 0; j < G; j++) {
+        key_init(&k, 4, bf, 0, 0, 1.0f / sqrtf((float)hs));
+        view4(k.ad, k.as, B, NKV, T, hs, sbw, G * hs, W, 1);      /* q_h (T, hs) */
+        view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);          /* k_g^T (hs, T) */
+        view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h (T, T) */
+        PL_TRY(mm_run(&k, q + es * j * hs, kk, att + j * TT, NULL, what));
+    }
+    softmax_causal(att, B * NH, T);
+    const void *a = att;
+    if (bf) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
+    for (int64_t j = 0; j < G; j++) {
+        key_init(&k, 4, bf, 0, 0, 1.0f);
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h */
+        view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);          /* v_g (T, hs) */
+        view4(k.cd, k.cs, B, NKV, T, hs, T * CO, G * hs, CO, 1);  /* out_h (T, hs) of (B,T,NH HS) */
+        PL_TRY(mm_run(&k, (const char *)a + es * j * TT, v, out + j * hs, NULL, what));
+    }
+    return 0;
+}
+
+/* datt_h = dy_h v_g^T; dv_g (+)= att_h^T dy_h; dpre = softmax backward; dq_h = s dpre_h k_g;
+ * dk_g (+)= s dpre_h^T q_h. j = 0 overwrites dk, dv; j > 0 accumulates (sum post-op), so each kv
+ * head's gradient sums its query heads in ascending h. */
+static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
+                                int NH, int NKV, int HS) {
+    NEED_INIT("attention_gqa_bwd");
+    PL_TRY(check_gqa("attention_gqa_bwd", B, T, NH, NKV, HS));
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16;
+    int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
+    int64_t sbw = (int64_t)T * W, sbo = (int64_t)T * CO;
+    float scale = 1.0f / sqrtf((float)hs);
+    char what[128];
+    snprintf(what, sizeof what, "attention_gqa_bwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
+             NKV, HS);
+    size_t es = bf ? 2 : 4;
+    const void *base = qkv, *dyv = dout, *av = att;
+    void *datt_v = NULL;
+    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, &datt_v));
+    float *datt = datt_v;
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * W, &base));
+        PL_TRY(to_bf16(SCR_B, dout, (size_t)B * T * CO, &dyv));
+        PL_TRY(to_bf16(SCR_C, att, (size_t)B * NH * TT, &av));
+    }
+    const char *q = base, *kk = (const char *)base + es * NH * HS, *v = (const char *)base + es * (NH + NKV) * HS;
+    const char *dy = dyv, *a = av;
+    float *dq = dqkv, *dk = dqkv + (size_t)NH * HS, *dv = dqkv + (size_t)(NH + NKV) * HS;
+    mm_key k;
+    for (int64_t j = 0; j < G; j++) {
+        /* datt_h = dy_h v_g^T */
+        key_init(&k, 4, bf, 0, 0, 1.0f);
+        view4(k.ad, k.as, B, NKV, T, hs, sbo, G * hs, CO, 1);
+        view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);
+        view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);
+        PL_TRY(mm_run(&k, dy + es * j * hs, v, datt + j * TT, NULL, what));
+        /* dv_g (+)= att_h^T dy_h */
+        key_init(&k, 4, bf, j > 0, 0, 1.0f);
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbo, G * hs, CO, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
+        PL_TRY(mm_run(&k, a + es * j * TT, dy + es * j * hs, dv, NULL, what));
+    }
+    softmax_causal_bwd(datt, att, B * NH, T);
+    const void *dpv = datt;
+    if (bf) PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dpv));
+    const char *dp = dpv;
+    for (int64_t j = 0; j < G; j++) {
+        /* dq_h = s dpre_h k_g */
+        key_init(&k, 4, bf, 0, 0, scale);
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, G * hs, W, 1);
+        PL_TRY(mm_run(&k, dp + es * j * TT, kk, dq + j * hs, NULL, what));
+        /* dk_g (+)= s dpre_h^T q_h */
+        key_init(&k, 4, bf, j > 0, 0, scale);
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbw, G * hs, W, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
+        PL_TRY(mm_run(&k, dp + es * j * TT, q + es * j * hs, dk, NULL, what));
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* delegated ops */
 
@@ -799,6 +915,31 @@ static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
 }
 static int dn_sumsq(const float *x, size_t n, double *out) { CPU(sumsq(x, n, out), "sumsq"); }
 static int dn_scale(float *x, float s, size_t n) { CPU(scale(x, s, n), "scale"); }
+/* The Llama family's norm, rotation and gate: fp32 loops, the CPU backend's (the same bits). */
+static int dn_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    CPU(rmsnorm_fwd(out, rstd, inp, w, N, C, eps), "rmsnorm_fwd");
+}
+static int dn_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                                int N, int C) {
+    CPU(rmsnorm_bwd_input(dinp, dout, inp, w, rstd, N, C), "rmsnorm_bwd_input");
+}
+static int dn_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    CPU(rmsnorm_bwd_weight(dw, dout, inp, rstd, N, C), "rmsnorm_bwd_weight");
+}
+static int dn_rope_fwd(float *out, const float *inp, const float *fcos, const float *fsin, int N, int T, int NH,
+                       int NKV, int HS) {
+    CPU(rope_fwd(out, inp, fcos, fsin, N, T, NH, NKV, HS), "rope_fwd");
+}
+static int dn_rope_bwd(float *dinp, const float *dout, const float *fcos, const float *fsin, int N, int T, int NH,
+                       int NKV, int HS) {
+    CPU(rope_bwd(dinp, dout, fcos, fsin, N, T, NH, NKV, HS), "rope_bwd");
+}
+static int dn_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
+    CPU(swiglu_fwd(out, up, gate, n), "swiglu_fwd");
+}
+static int dn_swiglu_bwd(float *dup, float *dgate, const float *dout, const float *up, const float *gate, size_t n) {
+    CPU(swiglu_bwd(dup, dgate, dout, up, gate, n), "swiglu_bwd");
+}
 
 /* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
 long onednn_primitives_created(void);
@@ -840,4 +981,13 @@ const backend backend_onednn = {
     .adamw = dn_adamw,
     .sumsq = dn_sumsq,
     .scale = dn_scale,
+    .rmsnorm_fwd = dn_rmsnorm_fwd,
+    .rmsnorm_bwd_input = dn_rmsnorm_bwd_input,
+    .rmsnorm_bwd_weight = dn_rmsnorm_bwd_weight,
+    .rope_fwd = dn_rope_fwd,
+    .rope_bwd = dn_rope_bwd,
+    .attention_gqa_fwd = dn_attention_gqa_fwd,
+    .attention_gqa_bwd = dn_attention_gqa_bwd,
+    .swiglu_fwd = dn_swiglu_fwd,
+    .swiglu_bwd = dn_swiglu_bwd,
 };

@@ -67,6 +67,25 @@ TIMED(adamw, PROF_OPTIMIZER, (float *p, const float *g, float *m, float *v, size
       float eps, float wd, int t), (p, g, m, v, n, lr, b1, b2, eps, wd, t))
 TIMED(sumsq, PROF_OPTIMIZER, (const float *x, size_t n, double *out), (x, n, out))
 TIMED(scale, PROF_OPTIMIZER, (float *x, float s, size_t n), (x, s, n))
+/* the Llama ops: RMSNorm, RoPE (an elementwise rotation) and SwiGLU with the norms and GELU,
+ * grouped-query attention with attention */
+TIMED(rmsnorm_fwd, PROF_ELEMENTWISE, (float *o, float *r, const float *x, const float *w, int N, int C, float eps),
+      (o, r, x, w, N, C, eps))
+TIMED(rmsnorm_bwd_input, PROF_ELEMENTWISE, (float *dx, const float *d, const float *x, const float *w, const float *r,
+      int N, int C), (dx, d, x, w, r, N, C))
+TIMED(rmsnorm_bwd_weight, PROF_ELEMENTWISE, (float *dw, const float *d, const float *x, const float *r, int N, int C),
+      (dw, d, x, r, N, C))
+TIMED(rope_fwd, PROF_ELEMENTWISE, (float *o, const float *x, const float *fc, const float *fs, int N, int T, int NH,
+      int NKV, int HS), (o, x, fc, fs, N, T, NH, NKV, HS))
+TIMED(rope_bwd, PROF_ELEMENTWISE, (float *dx, const float *d, const float *fc, const float *fs, int N, int T, int NH,
+      int NKV, int HS), (dx, d, fc, fs, N, T, NH, NKV, HS))
+TIMED(attention_gqa_fwd, PROF_ATTENTION, (float *o, float *a, const float *q, int B, int T, int NH, int NKV, int HS),
+      (o, a, q, B, T, NH, NKV, HS))
+TIMED(attention_gqa_bwd, PROF_ATTENTION, (float *dq, const float *d, const float *q, const float *a, int B, int T,
+      int NH, int NKV, int HS), (dq, d, q, a, B, T, NH, NKV, HS))
+TIMED(swiglu_fwd, PROF_ELEMENTWISE, (float *o, const float *u, const float *g, size_t n), (o, u, g, n))
+TIMED(swiglu_bwd, PROF_ELEMENTWISE, (float *du, float *dg, const float *d, const float *u, const float *g, size_t n),
+      (du, dg, d, u, g, n))
 
 const backend *backend_profiled(const backend *inner) {
     in = inner;
@@ -94,6 +113,15 @@ const backend *backend_profiled(const backend *inner) {
     prof.adamw = prof_adamw;
     prof.sumsq = prof_sumsq;
     prof.scale = prof_scale;
+    prof.rmsnorm_fwd = prof_rmsnorm_fwd;
+    prof.rmsnorm_bwd_input = prof_rmsnorm_bwd_input;
+    prof.rmsnorm_bwd_weight = prof_rmsnorm_bwd_weight;
+    prof.rope_fwd = prof_rope_fwd;
+    prof.rope_bwd = prof_rope_bwd;
+    prof.attention_gqa_fwd = prof_attention_gqa_fwd;
+    prof.attention_gqa_bwd = prof_attention_gqa_bwd;
+    prof.swiglu_fwd = prof_swiglu_fwd;
+    prof.swiglu_bwd = prof_swiglu_bwd;
     backend_prof_reset();
     return &prof;
 }

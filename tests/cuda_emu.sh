@@ -25,7 +25,7 @@ g++ -std=c++20 -O1 -g -Wall -Wextra $san -pthread -DPIPELM_CUDA_EMU -include "$t
     -x c++ -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend_cuda.cu}" -o "$out/backend_cuda.o"
 # the registry with the cuda backend only (not the build's config.h: it may name others)
 mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"
-for f in src/backend_cpu.c src/blas.c; do
+for f in src/backend_cpu.c src/backend_host.c src/blas.c; do
     mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done

@@ -28,6 +28,12 @@
  *     qkv), out and dv max-rel <= TOL32; dq, dk l2-rel <= 1e-4 (their reference rounds a double
  *     dpre, the backend its fp32 dpre: a value on a rounding boundary may go the other way);
  *   TF32 (PIPELM_CUDA_TF32=1) matmul vs fp32:  max-rel <= 5e-3.
+ * Llama ops (RMSNorm N=21 C=24 and N=300 C=203; RoPE HS=6 T=5; grouped-query attention B2 T5
+ *   NH6 NKV2 HS6, B2 T13 NH8 NKV1 HS8, B3 T7 NH4 NKV4 HS6; SwiGLU n=1031): fp32 against
+ *   backend_cpu max-rel <= TOL32 (the reductions and the products differ from the CPU's only
+ *   in summation order, and a GPU may fuse a multiply-add); gqa bf16 as attention above
+ *   (l2-rel <= 2e-2, cos >= 0.9998); with NKV == NH gqa is bit-identical to this backend's
+ *   attention_fwd/bwd (the same kernels and products); every op twice bit-identical.
  * Determinism: every op twice on the same inputs is bit-identical (fp32 and bf16).
  * Failures: an injected allocation failure, a too-large and an impossible allocation return
  *   PL_ENOMEM with a message; a bad shape PL_EBACKEND naming the op; more local ranks than
@@ -1082,6 +1088,191 @@ START_TEST(test_sumsq) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// 10. Llama ops: RMSNorm, RoPE, grouped-query attention, SwiGLU
+
+static void rmsnorm_case(int N, int C) {
+    char what[128];
+    size_t nc = (size_t)N * C;
+    float *inp = hrand(nc, -2, 3), *w = hrand(C, -1.5, 1.5), *dout = hrand(nc, -1, 1);
+    float *dinp0 = hrand(nc, -0.5, 0.5), *dw0 = hrand(C, -0.5, 0.5);
+    float *out = hconst(nc, 0), *rstd = hconst(N, 0), *dinp = hdup(dinp0, nc), *dw = hdup(dw0, C);
+    CPU_OK(cpu->rmsnorm_fwd(out, rstd, inp, w, N, C, 1e-5f));
+    CPU_OK(cpu->rmsnorm_bwd_input(dinp, dout, inp, w, rstd, N, C));
+    CPU_OK(cpu->rmsnorm_bwd_weight(dw, dout, inp, rstd, N, C));
+    float *g_inp = dput(inp, nc), *g_w = dput(w, C), *g_dout = dput(dout, nc);
+    float *first[4] = {NULL, NULL, NULL, NULL};
+    for (int rep = 0; rep < 2; rep++) {
+        float *g_out = dconst(nc, 999.0f), *g_rstd = dconst(N, 999.0f), *g_dinp = dput(dinp0, nc), *g_dw = dput(dw0, C);
+        OK(gpu->rmsnorm_fwd(g_out, g_rstd, g_inp, g_w, N, C, 1e-5f));
+        OK(gpu->rmsnorm_bwd_input(g_dinp, g_dout, g_inp, g_w, g_rstd, N, C));
+        OK(gpu->rmsnorm_bwd_weight(g_dw, g_dout, g_inp, g_rstd, N, C));
+        float *res[4] = {dget(g_out, nc), dget(g_rstd, N), dget(g_dinp, nc), dget(g_dw, C)};
+        static const char *names[4] = {"out", "rstd", "dinp (accum)", "dw (accum)"};
+        size_t sizes[4] = {nc, (size_t)N, nc, (size_t)C};
+        const float *refs[4] = {out, rstd, dinp, dw}, *bases[4] = {NULL, NULL, dinp0, dw0};
+        for (int i = 0; i < 4; i++) {
+            if (rep == 0) {
+                snprintf(what, sizeof what, "rmsnorm %s N=%d C=%d", names[i], N, C);
+                check32(what, res[i], refs[i], bases[i], sizes[i]);
+                first[i] = res[i];
+            } else {
+                snprintf(what, sizeof what, "rmsnorm %s twice N=%d C=%d", names[i], N, C);
+                check_same(what, res[i], first[i], sizes[i]);
+                free(res[i]);
+                free(first[i]);
+            }
+        }
+        gpu->free(g_out); gpu->free(g_rstd); gpu->free(g_dinp); gpu->free(g_dw);
+    }
+    gpu->free(g_inp); gpu->free(g_w); gpu->free(g_dout);
+    free(inp); free(w); free(dout); free(dinp0); free(dw0); free(out); free(rstd); free(dinp); free(dw);
+}
+
+START_TEST(test_rmsnorm) {
+    rng_seed(12);
+    rmsnorm_case(21, 24);
+    rmsnorm_case(300, 203);
+}
+END_TEST
+
+START_TEST(test_rope) {
+    enum { B = 2, T = 5, N = B * T, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS };
+    rng_seed(13);
+    float *fc = xmalloc(sizeof(float) * T * HS / 2), *fs = xmalloc(sizeof(float) * T * HS / 2);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < HS / 2; i++) {
+            double a = t * pow(10000.0, -2.0 * i / HS);
+            fc[t * (HS / 2) + i] = (float)cos(a);
+            fs[t * (HS / 2) + i] = (float)sin(a);
+        }
+    float *x = hrand((size_t)N * W, -1.5, 1.5), *rf = hconst((size_t)N * W, 0), *rb = hconst((size_t)N * W, 0);
+    CPU_OK(cpu->rope_fwd(rf, x, fc, fs, N, T, NH, NKV, HS));
+    CPU_OK(cpu->rope_bwd(rb, x, fc, fs, N, T, NH, NKV, HS));
+    float *g_x = dput(x, (size_t)N * W), *g_c = dput(fc, T * HS / 2), *g_s = dput(fs, T * HS / 2);
+    float *g_y = dconst((size_t)N * W, 999.0f);
+    OK(gpu->rope_fwd(g_y, g_x, g_c, g_s, N, T, NH, NKV, HS));
+    float *y = dget(g_y, (size_t)N * W);
+    check32("rope_fwd", y, rf, NULL, (size_t)N * W);
+    for (int r = 0; r < N; r++) /* v is copied */
+        for (int j = (NH + NKV) * HS; j < W; j++) ck_assert(y[r * W + j] == x[r * W + j]);
+    OK(gpu->rope_bwd(g_y, g_x, g_c, g_s, N, T, NH, NKV, HS));
+    float *yb = dget(g_y, (size_t)N * W);
+    check32("rope_bwd", yb, rb, NULL, (size_t)N * W);
+    ck_assert_int_eq(gpu->rope_fwd(g_y, g_x, g_c, g_s, N, T, NH, NKV, 5), PL_EBACKEND); /* odd HS */
+    ck_assert_msg(strstr(gpu->error(), "rope_fwd"), "error(): %s", gpu->error());
+    gpu->free(g_x); gpu->free(g_c); gpu->free(g_s); gpu->free(g_y);
+    free(fc); free(fs); free(x); free(rf); free(rb); free(y); free(yb);
+}
+END_TEST
+
+static att_res gpu_gqa(const float *qkv, const float *dout, int B, int T, int NH, int NKV, int HS) {
+    size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
+    float *g_qkv = dput(qkv, n3), *g_dout = dput(dout, n1);
+    float *g_out = dconst(n1, 999.0f), *g_att = dconst(na, 999.0f), *g_dqkv = dconst(n3, 777.0f);
+    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NKV, HS));
+    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NKV, HS));
+    att_res r = {dget(g_out, n1), dget(g_att, na), dget(g_dqkv, n3)};
+    gpu->free(g_qkv); gpu->free(g_dout); gpu->free(g_out); gpu->free(g_att); gpu->free(g_dqkv);
+    return r;
+}
+
+static void gqa_case(int B, int T, int NH, int NKV, int HS) {
+    char what[128];
+    size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
+    float *qkv = hrand(n3, -1, 1), *dout = hrand(n1, -1, 1);
+    att_res ref = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
+    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS));
+    static const char *nm[3] = {"out", "att", "dqkv"};
+    size_t ns[3] = {n1, na, n3};
+
+    use_prec(PL_PREC_FP32);
+    att_res g = gpu_gqa(qkv, dout, B, T, NH, NKV, HS), g2 = gpu_gqa(qkv, dout, B, T, NH, NKV, HS);
+    const float *gv[3] = {g.out, g.att, g.dqkv}, *g2v[3] = {g2.out, g2.att, g2.dqkv}, *rv[3] = {ref.out, ref.att, ref.dqkv};
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "fp32 gqa %s B=%d T=%d NH=%d NKV=%d HS=%d", nm[i], B, T, NH, NKV, HS);
+        check32(what, gv[i], rv[i], NULL, ns[i]);
+        snprintf(what, sizeof what, "fp32 gqa %s twice", nm[i]);
+        check_same(what, g2v[i], gv[i], ns[i]);
+    }
+    for (size_t r = 0; r < (size_t)B * NH * T; r++)
+        for (int j = (int)(r % T) + 1; j < T; j++) ck_assert(g.att[r * T + j] == 0.0f);
+    if (NKV == NH) { /* the same kernels and products as this backend's attention: the same bits */
+        att_res m = gpu_attention(qkv, dout, B, T, NH * HS, NH);
+        const float *mv[3] = {m.out, m.att, m.dqkv};
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "fp32 gqa NKV=NH %s vs attention", nm[i]);
+            check_same(what, gv[i], mv[i], ns[i]);
+        }
+        att_free(&m);
+    }
+    att_free(&g2);
+
+    use_prec(PL_PREC_BF16);
+    att_res h = gpu_gqa(qkv, dout, B, T, NH, NKV, HS), h2 = gpu_gqa(qkv, dout, B, T, NH, NKV, HS);
+    const float *hv[3] = {h.out, h.att, h.dqkv}, *h2v[3] = {h2.out, h2.att, h2.dqkv};
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "bf16 gqa %s B=%d T=%d NH=%d NKV=%d HS=%d", nm[i], B, T, NH, NKV, HS);
+        check16(what, hv[i], rv[i], NULL, ns[i], 1);
+        snprintf(what, sizeof what, "bf16 gqa %s twice", nm[i]);
+        check_same(what, h2v[i], hv[i], ns[i]);
+    }
+    att_free(&h); att_free(&h2);
+    use_prec(PL_PREC_FP32);
+    att_free(&ref); att_free(&g);
+    free(qkv); free(dout);
+}
+
+START_TEST(test_attention_gqa) {
+    rng_seed(14);
+    gqa_case(2, 5, 6, 2, 6);
+    gqa_case(2, 13, 8, 1, 8);
+    gqa_case(3, 7, 4, 4, 6);
+    float *x = dconst(1024, 0.0f);
+    ck_assert_int_eq(gpu->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_msg(strstr(gpu->error(), "attention_gqa_fwd") && strstr(gpu->error(), "invalid shape"), "error(): %s",
+                  gpu->error());
+    ck_assert_int_eq(gpu->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    gpu->free(x);
+}
+END_TEST
+
+START_TEST(test_swiglu) {
+    enum { n = 1031 };
+    rng_seed(15);
+    float *up = hrand(n, -2, 2), *gate = hrand(n, -8, 8), *dout = hrand(n, -1, 1);
+    float *o = hconst(n, 0), *du = hconst(n, 0), *dg = hconst(n, 0);
+    CPU_OK(cpu->swiglu_fwd(o, up, gate, n));
+    CPU_OK(cpu->swiglu_bwd(du, dg, dout, up, gate, n));
+    float *g_u = dput(up, n), *g_g = dput(gate, n), *g_d = dput(dout, n);
+    float *first[3] = {NULL, NULL, NULL};
+    for (int rep = 0; rep < 2; rep++) {
+        float *g_o = dconst(n, 999.0f), *g_du = dconst(n, 999.0f), *g_dg = dconst(n, 999.0f);
+        OK(gpu->swiglu_fwd(g_o, g_u, g_g, n));
+        OK(gpu->swiglu_bwd(g_du, g_dg, g_d, g_u, g_g, n));
+        float *res[3] = {dget(g_o, n), dget(g_du, n), dget(g_dg, n)};
+        static const char *names[3] = {"swiglu_fwd", "swiglu_bwd dup", "swiglu_bwd dgate"};
+        const float *refs[3] = {o, du, dg};
+        for (int i = 0; i < 3; i++) {
+            char what[64];
+            if (rep == 0) {
+                check32(names[i], res[i], refs[i], NULL, n);
+                first[i] = res[i];
+            } else {
+                snprintf(what, sizeof what, "%s twice", names[i]);
+                check_same(what, res[i], first[i], n);
+                free(res[i]);
+                free(first[i]);
+            }
+        }
+        gpu->free(g_o); gpu->free(g_du); gpu->free(g_dg);
+    }
+    gpu->free(g_u); gpu->free(g_g); gpu->free(g_d);
+    free(up); free(gate); free(dout); free(o); free(du); free(dg);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 
 static Suite *nodev_suite(void) {
     Suite *su = suite_create("cuda (no device needed)");
@@ -1100,7 +1291,8 @@ static Suite *cuda_suite(void) {
         {"memory", test_memory},       {"failures", test_failures},       {"encoder", test_encoder},
         {"layernorm", test_layernorm}, {"matmul", test_matmul},           {"tf32", test_tf32},
         {"attention", test_attention}, {"elementwise", test_elementwise}, {"crossentropy", test_crossentropy},
-        {"adamw", test_adamw},         {"sumsq", test_sumsq},
+        {"adamw", test_adamw},         {"sumsq", test_sumsq},             {"rmsnorm", test_rmsnorm},
+        {"rope", test_rope},           {"attention_gqa", test_attention_gqa}, {"swiglu", test_swiglu},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -21,6 +21,10 @@
  *     backend_cpu's fp32 matmul on the exactly representable values): max rel <= TOL32: proves
  *     round-to-nearest-even conversion and fp32 accumulation (measured <= 2.1e-7).
  *   db (bias gradient) and the delegated ops: bit-identical to backend_cpu.
+ * Llama ops: attention_gqa (B3 T13 NH6 NKV2 HS8, B2 T40 NH8 NKV1 HS12, B2 T17 NH4 NKV4 HS6) to
+ *   the attention tolerances above in both precisions, twice the same bits, and with NKV == NH
+ *   bit-identical to this backend's attention_fwd/bwd (the same primitives); RMSNorm, RoPE and
+ *   SwiGLU are delegated: bit-identical to backend_cpu in either precision.
  * Determinism: every oneDNN op twice on the same inputs is bit-identical (fp32 and bf16). With 1
  *   vs 2 threads: db, the causal softmax and every delegated op are thread-count independent
  *   by construction and checked bit-identical; oneDNN's own products are compared as well on
@@ -545,6 +549,129 @@ START_TEST(test_delegated) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// Llama ops: grouped-query attention (oneDNN products) against backend_cpu's; RMSNorm, RoPE
+// and SwiGLU (delegated) bit-identical to it
+
+typedef struct { int B, T, NH, NKV, HS; } gqa_shape;
+static const gqa_shape gqa_shapes[] = {{3, 13, 6, 2, 8}, {2, 40, 8, 1, 12}, {2, 17, 4, 4, 6}};
+
+static void gqa_case(const gqa_shape *s, int bf) {
+    int B = s->B, T = s->T, NH = s->NH, NKV = s->NKV, HS = s->HS, W = (NH + 2 * NKV) * HS;
+    size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T;
+    char what[96];
+    float *qkv = falloc(nqkv), *dout = falloc(nout);
+    fill_rand(qkv, nqkv, -1, 1);
+    fill_rand(dout, nout, -1, 1);
+    float *out = falloc(nout), *att = falloc(natt), *dqkv = falloc(nqkv);
+    float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
+    for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS));
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++)
+            for (int j = t + 1; j < T; j++)
+                ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att above the diagonal");
+    const char *names[3] = {"gqa out", "gqa att", "gqa dqkv"};
+    const float *got[3] = {out, att, dqkv}, *ref[3] = {out_r, att_r, dqkv_r};
+    size_t ns[3] = {nout, natt, nqkv};
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "%s B%d T%d NH%d NKV%d HS%d", names[i], B, T, NH, NKV, HS);
+        if (bf) check16(what, got[i], ref[i], NULL, ns[i], 1); else check32(what, got[i], ref[i], NULL, ns[i]);
+    }
+    /* twice: the same bits */
+    float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
+    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS));
+    check_same("gqa out repeated", out, out2, sizeof(float) * nout);
+    check_same("gqa dqkv repeated", dqkv, dqkv2, sizeof(float) * nqkv);
+    if (NKV == NH) { /* G = 1: oneDNN's own multi-head attention, the same primitives, the same bits */
+        OK(dn->attention_fwd(out2, att2, qkv, B, T, NH * HS, NH));
+        OK(dn->attention_bwd(dqkv2, dout, qkv, att2, B, T, NH * HS, NH));
+        check_same("gqa NKV=NH out vs attention_fwd", out, out2, sizeof(float) * nout);
+        check_same("gqa NKV=NH att vs attention_fwd", att, att2, sizeof(float) * natt);
+        check_same("gqa NKV=NH dqkv vs attention_bwd", dqkv, dqkv2, sizeof(float) * nqkv);
+    }
+    float *bufs[] = {qkv, dout, out, att, dqkv, out_r, att_r, dqkv_r, out2, att2, dqkv2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dn->free(bufs[i]);
+}
+
+START_TEST(test_gqa_fp32) {
+    use_prec(PL_PREC_FP32);
+    rng_seed(21);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 0);
+    float *x = falloc(1024);
+    ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    dn->free(x);
+}
+END_TEST
+
+START_TEST(test_gqa_bf16) {
+    if (!bf16_ok) return;
+    use_prec(PL_PREC_BF16);
+    rng_seed(22);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 1);
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+START_TEST(test_llama_delegated) {
+    enum { N = 37, T = 13, C = 24, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS };
+    rng_seed(23);
+    for (int bf = 0; bf <= bf16_ok; bf++) { /* fp32 loops in either precision */
+        use_prec(bf ? PL_PREC_BF16 : PL_PREC_FP32);
+        size_t nc = (size_t)N * C, nq = (size_t)N * W;
+        float *inp = falloc(nc), *dout = falloc(nc), *w = falloc(C), *up = falloc(nc);
+        fill_rand(inp, nc, -2, 2);
+        fill_rand(dout, nc, -1, 1);
+        fill_rand(w, C, 0.5, 1.5);
+        fill_rand(up, nc, -2, 2);
+        float *o1 = falloc(nc), *o2 = falloc(nc), *r1 = falloc(N), *r2 = falloc(N);
+        OK(dn->rmsnorm_fwd(o1, r1, inp, w, N, C, 1e-5f));
+        CPU_OK(cpu->rmsnorm_fwd(o2, r2, inp, w, N, C, 1e-5f));
+        check_same("rmsnorm_fwd", o1, o2, sizeof(float) * nc);
+        check_same("rmsnorm_fwd rstd", r1, r2, sizeof(float) * N);
+        fill_rand(o1, nc, -1, 1);
+        memcpy(o2, o1, sizeof(float) * nc);
+        OK(dn->rmsnorm_bwd_input(o1, dout, inp, w, r1, N, C));
+        CPU_OK(cpu->rmsnorm_bwd_input(o2, dout, inp, w, r1, N, C));
+        check_same("rmsnorm_bwd_input", o1, o2, sizeof(float) * nc);
+        float *dw1 = fclone(w, C), *dw2 = fclone(w, C);
+        OK(dn->rmsnorm_bwd_weight(dw1, dout, inp, r1, N, C));
+        CPU_OK(cpu->rmsnorm_bwd_weight(dw2, dout, inp, r1, N, C));
+        check_same("rmsnorm_bwd_weight", dw1, dw2, sizeof(float) * C);
+        float *g1 = falloc(nc), *g2 = falloc(nc);
+        OK(dn->swiglu_fwd(o1, up, inp, nc));
+        CPU_OK(cpu->swiglu_fwd(o2, up, inp, nc));
+        check_same("swiglu_fwd", o1, o2, sizeof(float) * nc);
+        OK(dn->swiglu_bwd(o1, g1, dout, up, inp, nc));
+        CPU_OK(cpu->swiglu_bwd(o2, g2, dout, up, inp, nc));
+        check_same("swiglu_bwd dup", o1, o2, sizeof(float) * nc);
+        check_same("swiglu_bwd dgate", g1, g2, sizeof(float) * nc);
+        float *fc = falloc(T * HS / 2), *fs = falloc(T * HS / 2), *x = falloc(nq), *y1 = falloc(nq), *y2 = falloc(nq);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < HS / 2; i++) {
+                double a = t * pow(10000.0, -2.0 * i / HS);
+                fc[t * (HS / 2) + i] = (float)cos(a);
+                fs[t * (HS / 2) + i] = (float)sin(a);
+            }
+        fill_rand(x, nq, -1, 1);
+        OK(dn->rope_fwd(y1, x, fc, fs, N, T, NH, NKV, HS));
+        CPU_OK(cpu->rope_fwd(y2, x, fc, fs, N, T, NH, NKV, HS));
+        check_same("rope_fwd", y1, y2, sizeof(float) * nq);
+        OK(dn->rope_bwd(y1, x, fc, fs, N, T, NH, NKV, HS));
+        CPU_OK(cpu->rope_bwd(y2, x, fc, fs, N, T, NH, NKV, HS));
+        check_same("rope_bwd", y1, y2, sizeof(float) * nq);
+        float *bufs[] = {inp, dout, w, up, o1, o2, r1, r2, dw1, dw2, g1, g2, fc, fs, x, y1, y2};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dn->free(bufs[i]);
+    }
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 // determinism
 
 /* All the oneDNN ops of one precision on one matmul and one attention shape; results into r[]
@@ -713,7 +840,8 @@ static Suite *onednn_suite(void) {
         {"matmul_bf16", test_matmul_bf16}, {"matmul_edges", test_matmul_edges},
         {"attention_fp32", test_attention_fp32}, {"attention_bf16", test_attention_bf16},
         {"delegated", test_delegated}, {"repeat", test_repeat}, {"threads", test_threads},
-        {"cache", test_cache}, {"failures", test_failures},
+        {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
+        {"gqa_bf16", test_gqa_bf16}, {"llama_delegated", test_llama_delegated},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -1,7 +1,8 @@
 /*
  * test_ops.c: Check tests for the CPU compute backend (src/backend_cpu.c), one test case per
  * op family: sgemm, encoder, layernorm, matmul, attention, GELU, the elementwise ops and
- * sumsq, cross-entropy, AdamW, and thread-count determinism.
+ * sumsq, cross-entropy, AdamW, thread-count determinism, and the Llama ops (RMSNorm, RoPE,
+ * grouped-query attention, SwiGLU).
  *
  * Forward ops are compared with double-precision references written out here. Backward ops
  * are compared with double-precision central finite differences through the float forward
@@ -883,6 +884,370 @@ START_TEST(test_attention_threads) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// 11. Llama ops: RMSNorm, RoPE, grouped-query attention, SwiGLU
+
+typedef struct {
+    float *out, *rstd, *inp, *w; const float *R; int N, C; float eps;
+} rms_ctx;
+static double rms_obj(void *p) {
+    rms_ctx *c = p;
+    be->rmsnorm_fwd(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps);
+    return dot_fd(c->out, c->R, (size_t)c->N * c->C);
+}
+
+START_TEST(test_rmsnorm) {
+    enum { N = 7, C = 10 };
+    const float eps = 1e-5f;
+    rng_seed(12);
+    float *inp = falloc(N * C), *w = falloc(C), *out = falloc(N * C), *rstd = falloc(N), *dout = falloc(N * C);
+    for (int i = 0; i < N; i++) /* per-row offsets and spreads, so rstd differs by row */
+        fill_rand(inp + i * C, C, 0.3 * i - 1.5, 0.3 * i - 1.5 + 0.6 + 0.3 * i);
+    fill_rand(w, C, -1.5, 1.5);
+    fill_rand(dout, N * C, -1, 1);
+    fill_const(out, N * C, 999.0f);
+    fill_const(rstd, N, 999.0f);
+
+    ck_assert_int_eq(be->rmsnorm_fwd(out, rstd, inp, w, N, C, eps), 0);
+    double *rout = dalloc(N * C), *rrstd = dalloc(N);
+    for (int i = 0; i < N; i++) { /* y = x / sqrt(mean(x^2) + eps) * w */
+        double ms = 0.0;
+        for (int c = 0; c < C; c++) ms += (double)inp[i * C + c] * inp[i * C + c];
+        double s = 1.0 / sqrt(ms / C + eps);
+        for (int c = 0; c < C; c++) rout[i * C + c] = inp[i * C + c] * s * w[c];
+        rrstd[i] = s;
+    }
+    check_close("rmsnorm_fwd out", out, rout, N * C, TOL_FWD);
+    check_close("rmsnorm_fwd rstd", rstd, rrstd, N, TOL_FWD);
+
+    /* the backward accumulates: zeroed buffers, then pre-filled ones (must be the first + K) */
+    const float KX = 0.25f, KW = -0.5f;
+    float *dinp0 = falloc(N * C), *dw0 = falloc(C), *dinp = falloc(N * C), *dw = falloc(C);
+    ck_assert_int_eq(be->rmsnorm_bwd_input(dinp0, dout, inp, w, rstd, N, C), 0);
+    ck_assert_int_eq(be->rmsnorm_bwd_weight(dw0, dout, inp, rstd, N, C), 0);
+    fill_const(dinp, N * C, KX);
+    fill_const(dw, C, KW);
+    ck_assert_int_eq(be->rmsnorm_bwd_input(dinp, dout, inp, w, rstd, N, C), 0);
+    ck_assert_int_eq(be->rmsnorm_bwd_weight(dw, dout, inp, rstd, N, C), 0);
+    for (int i = 0; i < N * C; i++)
+        ck_assert_msg(fabsf(dinp[i] - (dinp0[i] + KX)) <= 1e-6f, "rmsnorm_bwd_input does not accumulate");
+    for (int c = 0; c < C; c++)
+        ck_assert_msg(fabsf(dw[c] - (dw0[c] + KW)) <= 1e-5f, "rmsnorm_bwd_weight does not accumulate");
+
+    /* the exact formulas in double: dw = sum_i dy x rstd; dx = rstd (dn - x rstd^2 mean(dn x)) */
+    double *rdx = dalloc(N * C), *rdw = dalloc(C);
+    for (int i = 0; i < N; i++) {
+        double s = rrstd[i], a = 0.0;
+        for (int c = 0; c < C; c++) a += (double)w[c] * dout[i * C + c] * inp[i * C + c];
+        a /= C;
+        for (int c = 0; c < C; c++) {
+            rdx[i * C + c] = s * (w[c] * (double)dout[i * C + c] - inp[i * C + c] * s * s * a);
+            rdw[c] += (double)dout[i * C + c] * inp[i * C + c] * s;
+        }
+    }
+    check_close("rmsnorm_bwd_input formula", dinp0, rdx, N * C, TOL_FWD);
+    check_close("rmsnorm_bwd_weight formula", dw0, rdw, C, TOL_FWD);
+
+    float *sout = falloc(N * C), *srstd = falloc(N);
+    rms_ctx ctx = {sout, srstd, inp, w, dout, N, C, eps};
+    double *ninp = dalloc(N * C), *nw = dalloc(C);
+    fd_grad(inp, N * C, rms_obj, &ctx, ninp);
+    fd_grad(w, C, rms_obj, &ctx, nw);
+    double *ainp = minus_const(dinp, N * C, KX), *aw = minus_const(dw, C, KW);
+    check_grad("rmsnorm dinp", ainp, ninp, N * C);
+    check_grad("rmsnorm dw", aw, nw, C);
+
+    free(rout); free(rrstd); free(rdx); free(rdw); free(ninp); free(nw); free(ainp); free(aw);
+    be->free(inp); be->free(w); be->free(out); be->free(rstd); be->free(dout); be->free(dinp0);
+    be->free(dw0); be->free(dinp); be->free(dw); be->free(sout); be->free(srstd);
+}
+END_TEST
+
+/* The model's tables: theta_i = 10000^(-2i/HS), angle t theta_i (Llama), (T, HS/2) each. */
+static void rope_tables(float *fcos, float *fsin, int T, int HS) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < HS / 2; i++) {
+            double ang = t * pow(10000.0, -2.0 * i / HS);
+            fcos[t * (HS / 2) + i] = (float)cos(ang);
+            fsin[t * (HS / 2) + i] = (float)sin(ang);
+        }
+}
+
+typedef struct {
+    float *out, *inp; const float *fc, *fs, *R; int N, T, NH, NKV, HS;
+} rope_ctx;
+static double rope_obj(void *p) {
+    rope_ctx *c = p;
+    be->rope_fwd(c->out, c->inp, c->fc, c->fs, c->N, c->T, c->NH, c->NKV, c->HS);
+    return dot_fd(c->out, c->R, (size_t)c->N * (c->NH + 2 * c->NKV) * c->HS);
+}
+
+START_TEST(test_rope) {
+    enum { B = 2, T = 5, N = B * T, NH = 4, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS };
+    rng_seed(13);
+    float *fc = falloc(T * HS / 2), *fs = falloc(T * HS / 2);
+    rope_tables(fc, fs, T, HS);
+    float *inp = falloc(N * W), *out = falloc(N * W), *dout = falloc(N * W), *dinp = falloc(N * W);
+    fill_rand(inp, N * W, -1.5, 1.5);
+    fill_rand(dout, N * W, -1, 1);
+    fill_const(out, N * W, 999.0f);
+    fill_const(dinp, N * W, 999.0f);
+
+    ck_assert_int_eq(be->rope_fwd(out, inp, fc, fs, N, T, NH, NKV, HS), 0);
+    double *ref = dalloc(N * W);
+    for (int r = 0; r < N; r++) {
+        int t = r % T;
+        for (int h = 0; h < NH + 2 * NKV; h++)
+            for (int i = 0; i < HS / 2; i++) {
+                size_t j = (size_t)r * W + h * HS + 2 * i;
+                double x0 = inp[j], x1 = inp[j + 1];
+                if (h >= NH + NKV) { ref[j] = x0; ref[j + 1] = x1; continue; } /* v */
+                double c = fc[t * (HS / 2) + i], s = fs[t * (HS / 2) + i];
+                ref[j] = x0 * c - x1 * s;
+                ref[j + 1] = x0 * s + x1 * c;
+            }
+    }
+    check_close("rope_fwd", out, ref, N * W, TOL_FWD);
+    for (int r = 0; r < N; r++) /* v copied exactly; position 0 is the identity rotation */
+        for (int j = (NH + NKV) * HS; j < W; j++) ck_assert(out[r * W + j] == inp[r * W + j]);
+    for (int j = 0; j < W; j++) ck_assert(out[j] == inp[j]);
+
+    /* the backward is the transpose: an exact formula, and finite differences */
+    ck_assert_int_eq(be->rope_bwd(dinp, dout, fc, fs, N, T, NH, NKV, HS), 0);
+    for (int r = 0; r < N; r++) {
+        int t = r % T;
+        for (int h = 0; h < NH + 2 * NKV; h++)
+            for (int i = 0; i < HS / 2; i++) {
+                size_t j = (size_t)r * W + h * HS + 2 * i;
+                double d0 = dout[j], d1 = dout[j + 1];
+                if (h >= NH + NKV) { ref[j] = d0; ref[j + 1] = d1; continue; }
+                double c = fc[t * (HS / 2) + i], s = fs[t * (HS / 2) + i];
+                ref[j] = d0 * c + d1 * s;
+                ref[j + 1] = -d0 * s + d1 * c;
+            }
+    }
+    check_close("rope_bwd transpose", dinp, ref, N * W, TOL_FWD);
+    float *sout = falloc(N * W);
+    rope_ctx ctx = {sout, inp, fc, fs, dout, N, T, NH, NKV, HS};
+    double *num = dalloc(N * W);
+    fd_grad(inp, N * W, rope_obj, &ctx, num);
+    double *ana = minus_const(dinp, N * W, 0.0);
+    check_grad("rope dinp", ana, num, N * W);
+
+    /* rope_bwd(rope_fwd(x)) = x to rounding (cos^2 + sin^2 = 1 in float: a few ulp) */
+    float *back = falloc(N * W);
+    ck_assert_int_eq(be->rope_bwd(back, out, fc, fs, N, T, NH, NKV, HS), 0);
+    double *rin = minus_const(inp, N * W, 0.0);
+    check_close("rope_bwd o rope_fwd = id", back, rin, N * W, 1e-6);
+
+    /* an odd head size has no pairs: refused with a message */
+    ck_assert_int_eq(be->rope_fwd(back, inp, fc, fs, 1, 1, 1, 0, 5), PL_EBACKEND);
+    ck_assert_msg(strstr(be->error(), "odd") != NULL, "error() = '%s'", be->error());
+
+    free(ref); free(num); free(ana); free(rin);
+    be->free(fc); be->free(fs); be->free(inp); be->free(out); be->free(dout); be->free(dinp);
+    be->free(sout); be->free(back);
+}
+END_TEST
+
+typedef struct {
+    float *out, *att, *qkv; const float *R; int B, T, NH, NKV, HS;
+} gqa_ctx;
+static double gqa_obj(void *p) {
+    gqa_ctx *c = p;
+    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NKV, c->HS);
+    return dot_fd(c->out, c->R, (size_t)c->B * c->T * c->NH * c->HS);
+}
+
+/* naive causal grouped-query attention in double: query head h reads kv head h / (NH/NKV) */
+static void attention_gqa_ref(double *out, double *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    int W = (NH + 2 * NKV) * HS, G = NH / NKV;
+    double scale = 1.0 / sqrt((double)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                int g = h / G;
+                const float *q = qkv + ((size_t)b * T + t) * W + h * HS;
+                double *a = att + (((size_t)b * NH + h) * T + t) * T;
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < T; j++) {
+                    if (j > t) { a[j] = 0.0; continue; }
+                    const float *k = qkv + ((size_t)b * T + j) * W + (NH + g) * HS;
+                    double s = 0.0;
+                    for (int d = 0; d < HS; d++) s += (double)q[d] * k[d];
+                    a[j] = s * scale;
+                    mx = a[j] > mx ? a[j] : mx;
+                }
+                for (int j = 0; j <= t; j++) { a[j] = exp(a[j] - mx); sum += a[j]; }
+                for (int j = 0; j <= t; j++) a[j] /= sum;
+                for (int d = 0; d < HS; d++) {
+                    double s = 0.0;
+                    for (int j = 0; j <= t; j++) s += a[j] * qkv[((size_t)b * T + j) * W + (NH + NKV + g) * HS + d];
+                    out[((size_t)b * T + t) * NH * HS + h * HS + d] = s;
+                }
+            }
+}
+
+START_TEST(test_attention_gqa) {
+    enum { B = 2, T = 5, NH = 6, HS = 6 };
+    static const int nkvs[3] = {2, 6, 1};
+    rng_seed(14);
+    for (int k = 0; k < 3; k++) {
+        int NKV = nkvs[k], W = (NH + 2 * NKV) * HS;
+        size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T;
+        float *qkv = falloc(nqkv), *out = falloc(nout), *att = falloc(natt), *dout = falloc(nout);
+        fill_rand(qkv, nqkv, -1.5, 1.5);
+        fill_rand(dout, nout, -1, 1);
+        fill_const(out, nout, 999.0f);
+        fill_const(att, natt, 7.0f); /* the masked triangle must be written as 0 */
+        ck_assert_int_eq(be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS), 0);
+        double *rout = dalloc(nout), *ratt = dalloc(natt);
+        attention_gqa_ref(rout, ratt, qkv, B, T, NH, NKV, HS);
+        char what[64];
+        snprintf(what, sizeof(what), "attention_gqa_fwd out NKV=%d", NKV);
+        check_close(what, out, rout, nout, TOL_FWD);
+        snprintf(what, sizeof(what), "attention_gqa_fwd att NKV=%d", NKV);
+        check_close(what, att, ratt, natt, TOL_FWD);
+        for (int bh = 0; bh < B * NH; bh++)
+            for (int t = 0; t < T; t++)
+                for (int j = t + 1; j < T; j++)
+                    ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att above diagonal not 0");
+
+        float *dqkv = falloc(nqkv);
+        fill_const(dqkv, nqkv, 1000.0f); /* overwritten */
+        ck_assert_int_eq(be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS), 0);
+        float *sout = falloc(nout), *satt = falloc(natt);
+        gqa_ctx ctx = {sout, satt, qkv, dout, B, T, NH, NKV, HS};
+        double *nq = dalloc(nqkv);
+        fd_grad(qkv, nqkv, gqa_obj, &ctx, nq);
+        double *aq = minus_const(dqkv, nqkv, 0.0);
+        snprintf(what, sizeof(what), "attention_gqa dqkv NKV=%d", NKV);
+        check_grad(what, aq, nq, nqkv);
+
+        if (NKV == NH) { /* ordinary multi-head attention: the same bits as attention_fwd/bwd */
+            float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
+            be->attention_fwd(out2, att2, qkv, B, T, NH * HS, NH);
+            be->attention_bwd(dqkv2, dout, qkv, att2, B, T, NH * HS, NH);
+            ck_assert_msg(memcmp(out, out2, sizeof(float) * nout) == 0, "gqa NKV=NH out != attention_fwd");
+            ck_assert_msg(memcmp(att, att2, sizeof(float) * natt) == 0, "gqa NKV=NH att != attention_fwd");
+            ck_assert_msg(memcmp(dqkv, dqkv2, sizeof(float) * nqkv) == 0, "gqa NKV=NH dqkv != attention_bwd");
+            be->free(out2); be->free(att2); be->free(dqkv2);
+        }
+        free(rout); free(ratt); free(nq); free(aq);
+        be->free(qkv); be->free(out); be->free(att); be->free(dout); be->free(dqkv);
+        be->free(sout); be->free(satt);
+    }
+    /* NH not a multiple of NKV is refused with a message */
+    float *x = falloc(1024);
+    ck_assert_int_eq(be->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_msg(strstr(be->error(), "kv heads") != NULL, "error() = '%s'", be->error());
+    ck_assert_int_eq(be->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    be->free(x);
+}
+END_TEST
+
+typedef struct { float *out, *up, *gate; const float *R; size_t n; } swiglu_ctx;
+static double swiglu_obj(void *p) {
+    swiglu_ctx *c = p;
+    be->swiglu_fwd(c->out, c->up, c->gate, c->n);
+    return dot_fd(c->out, c->R, c->n);
+}
+
+START_TEST(test_swiglu) {
+    enum { n = 101 };
+    rng_seed(15);
+    float *up = falloc(n), *gate = falloc(n), *out = falloc(n), *dout = falloc(n);
+    float *dup = falloc(n), *dgate = falloc(n);
+    for (int i = 0; i < n; i++) gate[i] = (float)(-8.0 + 16.0 * i / (n - 1)); /* includes 0 */
+    for (int i = 0; i < n; i += 3) gate[i] += (float)(0.05 * (2 * rng_u01() - 1));
+    fill_rand(up, n, -2, 2);
+    fill_rand(dout, n, -1, 1);
+    fill_const(out, n, 999.0f);
+    fill_const(dup, n, 999.0f);
+    fill_const(dgate, n, 999.0f);
+
+    ck_assert_int_eq(be->swiglu_fwd(out, up, gate, n), 0);
+    double *ref = dalloc(n), *rup = dalloc(n), *rgate = dalloc(n);
+    for (int i = 0; i < n; i++) {
+        double g = gate[i], sg = 1.0 / (1.0 + exp(-g));
+        ref[i] = up[i] * g * sg;
+        rup[i] = dout[i] * g * sg;
+        rgate[i] = dout[i] * up[i] * sg * (1.0 + g * (1.0 - sg));
+    }
+    check_close("swiglu_fwd", out, ref, n, TOL_FWD);
+    ck_assert_int_eq(be->swiglu_bwd(dup, dgate, dout, up, gate, n), 0);
+    check_close("swiglu_bwd dup formula", dup, rup, n, TOL_FWD);
+    check_close("swiglu_bwd dgate formula", dgate, rgate, n, TOL_FWD);
+
+    float *sout = falloc(n);
+    swiglu_ctx ctx = {sout, up, gate, dout, n};
+    double *nup = dalloc(n), *ngate = dalloc(n);
+    fd_grad(up, n, swiglu_obj, &ctx, nup);
+    fd_grad(gate, n, swiglu_obj, &ctx, ngate);
+    double *aup = minus_const(dup, n, 0.0), *agate = minus_const(dgate, n, 0.0);
+    check_grad("swiglu dup", aup, nup, n);
+    check_grad("swiglu dgate", agate, ngate, n);
+
+    free(ref); free(rup); free(rgate); free(nup); free(ngate); free(aup); free(agate);
+    be->free(up); be->free(gate); be->free(out); be->free(dout); be->free(dup); be->free(dgate);
+    be->free(sout);
+}
+END_TEST
+
+/* The Llama ops with 1 and 2 threads: the same bits. rmsnorm_bwd_weight sums over rows
+ * (C = 203 spans 4 chunks of 64, none full at the end); attention_gqa_bwd sums dk, dv over the
+ * query heads of a group; the others are per row or per element but are checked as well. */
+START_TEST(test_llama_threads) {
+    enum { N = 67, C = 203, B = 3, T = 33, NH = 8, NKV = 2, HS = 6, W = (NH + 2 * NKV) * HS };
+    rng_seed(16);
+    float *inp = falloc(N * C), *w = falloc(C), *dout = falloc(N * C);
+    fill_rand(inp, N * C, -2, 3);
+    fill_rand(w, C, -1, 1);
+    fill_rand(dout, N * C, -1, 1);
+    size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T;
+    float *qkv = falloc(nqkv), *gdout = falloc(nout), *fc = falloc(T * HS / 2), *fs = falloc(T * HS / 2);
+    fill_rand(qkv, nqkv, -1, 1);
+    fill_rand(gdout, nout, -1, 1);
+    rope_tables(fc, fs, T, HS);
+    enum { K = 10 };
+    static const char *names[K] = {"rmsnorm_fwd out", "rmsnorm_fwd rstd", "rmsnorm_bwd_input", "rmsnorm_bwd_weight",
+                                   "rope_fwd", "rope_bwd", "attention_gqa_fwd out", "attention_gqa_fwd att",
+                                   "attention_gqa_bwd", "swiglu_bwd dgate"};
+    const size_t sizes[K] = {N * C, N, N * C, C, nqkv, nqkv, nout, natt, nqkv, N * C};
+    float *res[2][K];
+    for (int r = 0; r < 2; r++) {
+        be->set_threads(r + 1);
+        for (int i = 0; i < K; i++) res[r][i] = falloc(sizes[i]);
+        be->rmsnorm_fwd(res[r][0], res[r][1], inp, w, N, C, 1e-5f);
+        fill_const(res[r][2], N * C, 0.5f);
+        fill_const(res[r][3], C, 0.5f);
+        be->rmsnorm_bwd_input(res[r][2], dout, inp, w, res[r][1], N, C);
+        be->rmsnorm_bwd_weight(res[r][3], dout, inp, res[r][1], N, C);
+        be->rope_fwd(res[r][4], qkv, fc, fs, B * T, T, NH, NKV, HS);
+        be->rope_bwd(res[r][5], qkv, fc, fs, B * T, T, NH, NKV, HS);
+        be->attention_gqa_fwd(res[r][6], res[r][7], qkv, B, T, NH, NKV, HS);
+        be->attention_gqa_bwd(res[r][8], gdout, qkv, res[r][7], B, T, NH, NKV, HS);
+        float *dup = falloc(N * C);
+        be->swiglu_bwd(dup, res[r][9], dout, inp, dout, (size_t)N * C);
+        be->free(dup);
+    }
+    be->set_threads(default_threads);
+    char bad[768] = "";
+    for (int i = 0; i < K; i++) {
+        size_t ndiff = 0;
+        for (size_t j = 0; j < sizes[i]; j++) ndiff += memcmp(&res[0][i][j], &res[1][i][j], sizeof(float)) != 0;
+        if (ndiff) {
+            size_t l = strlen(bad);
+            snprintf(bad + l, sizeof(bad) - l, " [%s: %zu of %zu differ]", names[i], ndiff, sizes[i]);
+        }
+        be->free(res[0][i]);
+        be->free(res[1][i]);
+    }
+    be->free(inp); be->free(w); be->free(dout); be->free(qkv); be->free(gdout); be->free(fc); be->free(fs);
+    ck_assert_msg(bad[0] == '\0', "Llama ops not bit-identical with 1 and 2 threads:%s", bad);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 
 /* one test case per op family */
 // ----------------------------------------------------------------------------
@@ -928,6 +1293,11 @@ static Suite *ops_suite(void) {
         {"adamw", test_adamw},
         {"determinism", test_determinism},
         {"attention threads", test_attention_threads},
+        {"rmsnorm", test_rmsnorm},
+        {"rope", test_rope},
+        {"attention gqa", test_attention_gqa},
+        {"swiglu", test_swiglu},
+        {"llama threads", test_llama_threads},
         {"backend failures", test_backend_failures},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -117,6 +117,38 @@ typedef struct backend {
     int (*sumsq)(const float *x, size_t n, double *out);
     /* x *= s. */
     int (*scale)(float *x, float s, size_t n);
+
+    /* ---- Llama ops ---- */
+    /* RMSNorm: out = x * rstd * w per row, rstd = 1/sqrt(mean_c(x^2) + eps), saved (N). */
+    int (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    /* Input part: dinp += dL/dx (accumulating, like layernorm_bwd_input). */
+    int (*rmsnorm_bwd_input)(float *dinp, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int C);
+    /* Weight part: dw += sum over rows (in order) of dout * x * rstd. */
+    int (*rmsnorm_bwd_weight)(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C);
+    /* Rotary position embedding (Meta Llama / llm.c train_llama3.py: interleaved pairs) on a fused
+     * row qkv (N, (NH + 2 NKV) HS) = [q (NH heads) | k (NKV heads) | v (NKV heads)]: in every q and k
+     * head, the pair (x[2i], x[2i+1]) at position t = row % T becomes
+     * (x0 cos - x1 sin, x0 sin + x1 cos) with cos = fcos[t*(HS/2)+i], sin = fsin[t*(HS/2)+i]
+     * (backend memory, T x HS/2, filled by the model); v is copied. out != inp. */
+    int (*rope_fwd)(float *out, const float *inp, const float *fcos, const float *fsin,
+                    int N, int T, int NH, int NKV, int HS);
+    /* Its backward: the inverse rotation of the q and k parts of dout (the transpose), v copied;
+     * dinp overwritten, dinp != dout. */
+    int (*rope_bwd)(float *dinp, const float *dout, const float *fcos, const float *fsin,
+                    int N, int T, int NH, int NKV, int HS);
+    /* Causal grouped-query attention over a fused qkv (B, T, (NH + 2 NKV) HS) laid out as above:
+     * query head h reads kv head h / (NH / NKV); att (B, NH, T, T) softmax probabilities kept for
+     * the backward; out (B, T, NH HS); scale 1/sqrt(HS). NKV == NH is ordinary multi-head attention. */
+    int (*attention_gqa_fwd)(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS);
+    /* dqkv (overwrites; the k and v gradients of a shared kv head sum over its query heads in a
+     * fixed order, h ascending) from dout, given qkv and att. */
+    int (*attention_gqa_bwd)(float *dqkv, const float *dout, const float *qkv, const float *att,
+                             int B, int T, int NH, int NKV, int HS);
+    /* SwiGLU: out = up * silu(gate), silu(g) = g / (1 + exp(-g)), elementwise over n. */
+    int (*swiglu_fwd)(float *out, const float *up, const float *gate, size_t n);
+    /* dup = dout * silu(gate), dgate = dout * up * silu'(gate) (both overwritten). */
+    int (*swiglu_bwd)(float *dup, float *dgate, const float *dout, const float *up, const float *gate, size_t n);
 } backend;
 
 /* The CPU backend (always built). */
