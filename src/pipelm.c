@@ -75,10 +75,18 @@ static void print_schedule_summary(const sched *s) {
         int k = sched_max_inflight(s, r);
         peak = k > peak ? k : peak;
     }
-    pl_info("schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n"
-            "bubble: %.2f%%; max in-flight micro-batches on any stage: %d (first stage %d, last %d)\n",
-            s->name, s->P, s->M, sim.makespan, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W,
-            100.0 * sim.bubble, peak, sched_max_inflight(s, 0), sched_max_inflight(s, s->P - 1));
+    if (s->V > 1)
+        pl_info("schedule %s: P=%d ranks x V=%d chunks = %d stages, M=%d micro-batches, makespan %d units "
+                "(F=%d, B=%d, I=%d, W=%d per stage, comm=0)\nbubble: %.2f%% (interleaved theory (P-1)/(V*M+P-1) = "
+                "%.2f%%); max in-flight micro-batches on any rank, all its chunks: %d (rank 0 %d, last %d)\n",
+                s->name, s->P, s->V, s->P * s->V, s->M, sim.makespan, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I,
+                SCHED_COST_W, 100.0 * sim.bubble, 100.0 * (s->P - 1) / ((double)s->V * s->M + s->P - 1), peak,
+                sched_max_inflight(s, 0), sched_max_inflight(s, s->P - 1));
+    else
+        pl_info("schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n"
+                "bubble: %.2f%%; max in-flight micro-batches on any stage: %d (first stage %d, last %d)\n",
+                s->name, s->P, s->M, sim.makespan, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W,
+                100.0 * sim.bubble, peak, sched_max_inflight(s, 0), sched_max_inflight(s, s->P - 1));
     sched_sim_free(&sim);
 }
 
@@ -111,9 +119,14 @@ static int predict_with_costs(const sched *s, const char *path) {
     return 0;
 }
 
-/* The schedule to show: read from --load, else built by name. 0, or the exit status. */
-static int schedule_get(const char *in, const char *name, int P, int M, sched *s) {
+/* The schedule to show: read from --load (V = 0: as the file says), else built by name
+   with V chunks per rank. 0, or the exit status. */
+static int schedule_get(const char *in, const char *name, int P, int V, int M, sched *s) {
     char err[1024];
+    if (V < 0) {
+        pl_error("schedule: --chunks-per-rank must be a positive integer");
+        return 2;
+    }
     if (in) {
         FILE *f = NULL;
         if (pl_open_input(in, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, sizeof err) != PL_OK) {
@@ -123,31 +136,44 @@ static int schedule_get(const char *in, const char *name, int P, int M, sched *s
         int rc = sched_read_csv(f, in, s, err, sizeof err);
         fclose(f);
         if (rc) { pl_error("schedule %s: %s", in, err); return 1; }
+        if (V > 0 && s->V != V) {
+            pl_error("schedule %s: the file has %d chunk(s) per rank, --chunks-per-rank says %d", in, s->V, V);
+            sched_free(s);
+            return 1;
+        }
         return 0;
     }
     if (P <= 0 || M <= 0) {
         pl_error("schedule: --stages and --microbatches must be positive integers");
         return 2;
     }
-    if (sched_build(name, P, M, s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
+    if (sched_build_chunks(name, P, V > 0 ? V : 1, M, s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
     return 0;
 }
 
-/* `pipelm schedule --stages P --microbatches M --schedule NAME [--csv FILE]` */
+/* `pipelm schedule --stages P --microbatches M --schedule NAME [--chunks-per-rank V] [--csv FILE]` */
 static int schedule_main(int argc, char **argv, int first, int rank) {
-    int P = 0, M = 0;
+    int P = 0, M = 0, V = 0;
     const char *name = "1f1b", *csv = NULL, *in = NULL, *costs = NULL, *grid = "auto";
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
-            if (rank == 0)
-                printf("usage: pipelm schedule --stages P --microbatches M [--schedule 1f1b|gpipe|zb-h1] "
-                       "[--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
+            if (rank == 0) {
+                printf("usage: pipelm schedule --stages P --microbatches M [--schedule NAME] [--chunks-per-rank V]\n"
+                       "       [--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
                        "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
                        "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
-                       "--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
-                       "per-rank compute and wait from measured F/B/I/W seconds and message costs.\n"
+                       "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
+                       "model cut into P*V stages, stage s on rank s mod P (cells then read \"5F3\": stage 5's\n"
+                       "forward of micro-batch 3). Schedules and what they need of M (P ranks, V chunks):\n");
+                const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb" };
+                for (int k = 0; k < 6; k++)
+                    printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : "any V; ", sched_constraint(names[k]));
+                printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
+                       "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
+                       "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
                        "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n");
+            }
             return 0;
         }
         if (i + 1 >= argc) {
@@ -159,6 +185,10 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         if (strcmp(a, "--stages") == 0) { P = (int)strtol(v, &end, 10); if (*end || P < 1) P = -1; }
         else if (strcmp(a, "--microbatches") == 0) { M = (int)strtol(v, &end, 10); if (*end || M < 1) M = -1; }
         else if (strcmp(a, "--schedule") == 0) name = v;
+        else if (strcmp(a, "--chunks-per-rank") == 0 || strcmp(a, "--virtual-stages") == 0) {
+            V = (int)strtol(v, &end, 10);
+            if (*end || V < 1) V = -1;
+        }
         else if (strcmp(a, "--csv") == 0) csv = v;
         else if (strcmp(a, "--load") == 0) in = v;
         else if (strcmp(a, "--costs") == 0) costs = v;
@@ -171,7 +201,7 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     if (rank != 0) return 0;
     sched s;
     char err[1024];
-    int grc = schedule_get(in, name, P, M, &s);
+    int grc = schedule_get(in, name, P, V, M, &s);
     if (grc) return grc;
     if (sched_validate(&s, err, sizeof err)) {
         pl_error("schedule %s is invalid: %s", s.name, err);

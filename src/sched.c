@@ -81,11 +81,22 @@ static sched_op partner_op(sched_op op) {
     }
 }
 
-/* allocate an empty schedule shell with P ranks */
-static int sched_alloc(sched *s, const char *name, int P, int M) {
+/* chunks per rank: V, with 0 (a struct zeroed by hand) read as 1 */
+static int nchunks(const sched *s) {
+    return s->V > 1 ? s->V : 1;
+}
+
+/* the number of global stages S = P * V */
+int sched_nstages(const sched *s) {
+    return s == NULL ? 0 : s->P * nchunks(s);
+}
+
+/* allocate an empty schedule shell with P ranks of V chunks */
+static int sched_alloc(sched *s, const char *name, int P, int V, int M) {
     memset(s, 0, sizeof(*s));
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
     s->P = P;
+    s->V = V;
     s->M = M;
     s->n = calloc((size_t)P, sizeof(int));
     s->acts = calloc((size_t)P, sizeof(sched_action *));
@@ -93,28 +104,30 @@ static int sched_alloc(sched *s, const char *name, int P, int M) {
     return 0;
 }
 
-/* append one action to rank r (capacity was sized by the caller) */
-static void push(sched *s, int r, sched_op op, int mb) {
+/* append one action of global stage st to its rank st % P (capacity was sized by the
+   caller); with V = 1 the rank is the stage */
+static void push(sched *s, int st, sched_op op, int mb) {
+    int r = st % s->P;
     sched_action *a = &s->acts[r][s->n[r]++];
     a->op = op;
-    a->stage = r;
+    a->stage = st;
     a->mb = mb;
 }
 
-/* push the forward of mb with its receive (not on stage 0) and its send
+/* push the forward of mb on stage st with its receive (not on stage 0) and its send
    (not on the last stage); receive first, send right after the compute */
-static void push_fwd(sched *s, int r, int mb) {
-    if (r > 0) push(s, r, SCHED_RECV_F, mb);
-    push(s, r, SCHED_F, mb);
-    if (r < s->P - 1) push(s, r, SCHED_SEND_F, mb);
+static void push_fwd(sched *s, int st, int mb) {
+    if (st > 0) push(s, st, SCHED_RECV_F, mb);
+    push(s, st, SCHED_F, mb);
+    if (st < sched_nstages(s) - 1) push(s, st, SCHED_SEND_F, mb);
 }
 
-/* push the backward of mb with its receive (not on the last stage) and its
+/* push the backward of mb on stage st with its receive (not on the last stage) and its
    send (not on stage 0) */
-static void push_bwd(sched *s, int r, int mb) {
-    if (r < s->P - 1) push(s, r, SCHED_RECV_B, mb);
-    push(s, r, SCHED_B, mb);
-    if (r > 0) push(s, r, SCHED_SEND_B, mb);
+static void push_bwd(sched *s, int st, int mb) {
+    if (st < sched_nstages(s) - 1) push(s, st, SCHED_RECV_B, mb);
+    push(s, st, SCHED_B, mb);
+    if (st > 0) push(s, st, SCHED_SEND_B, mb);
 }
 
 // ----------------------------------------------------------------------------
@@ -151,10 +164,10 @@ static void gen_1f1b(sched *s) {
 }
 
 /* the input part of mb's backward (I) with its receive and send */
-static void push_bwd_input(sched *s, int r, int mb) {
-    if (r < s->P - 1) push(s, r, SCHED_RECV_B, mb);
-    push(s, r, SCHED_I, mb);
-    if (r > 0) push(s, r, SCHED_SEND_B, mb);
+static void push_bwd_input(sched *s, int st, int mb) {
+    if (st < sched_nstages(s) - 1) push(s, st, SCHED_RECV_B, mb);
+    push(s, st, SCHED_I, mb);
+    if (st > 0) push(s, st, SCHED_SEND_B, mb);
 }
 
 /* ZB-H1 as a list scheduler over the unit-cost model (F = I = W = 1, messages free): at
@@ -204,36 +217,212 @@ static int gen_zbh1(sched *s) {
     return 0;
 }
 
-/* build a named schedule; see header */
+/* The group size G of the interleaved orders: the forwards visit a rank's chunks G
+   micro-batches at a time, G = ceil(M / rounds) with rounds = max(1, floor(M / P)), so
+   P <= G < 2P once M >= P (torch's flexible form of Megatron's G = P; torch takes only the
+   M that are a multiple of their rounds, where G = M / rounds). */
+static int interleave_group(int P, int M) {
+    int rounds = M / P > 1 ? M / P : 1;
+    return (M + rounds - 1) / rounds;
+}
+
+/* The k-th forward (fwd = 1) or backward (fwd = 0) of rank r in the interleaved orders, as
+   its global stage and micro-batch: micro-batches in consecutive groups of G, each group
+   through the chunks 0..V-1 (forwards) or V-1..0 (backwards); within a chunk micro-batches
+   ascend. When G does not divide M the last group is short: the order is that of the next
+   multiple of G with the missing micro-batches left out. */
+static void interleave_op(int P, int V, int M, int G, int r, int k, int fwd, int *st, int *mb) {
+    int group = k / (G * V), within = k % (G * V);
+    int g = M - group * G < G ? M - group * G : G; /* the last group may be short */
+    int chunk = within / g;
+    if (!fwd) chunk = V - 1 - chunk;
+    *st = chunk * P + r;
+    *mb = group * G + within % g;
+}
+
+/* Interleaved-1F1B's warm-up on rank r, counted in the order padded to Mp = a multiple of
+   G micro-batches: (V-1)G forwards that fill the later chunks, plus two per hop to the
+   last rank (a backward costs two forwards), at most all V*Mp. */
+static int interleave_warmup(int P, int V, int Mp, int G, int r) {
+    long w = (long)(V - 1) * G + 2L * (P - 1 - r);
+    return w < (long)V * Mp ? (int)w : V * Mp;
+}
+
+/* push the k-th forward or backward of rank r in the order padded to a multiple of G,
+   unless it belongs to a padding micro-batch (mb >= M) */
+static void push_padded(sched *s, int G, int r, int k, int fwd) {
+    int P = s->P, V = s->V, group = k / (G * V), within = k % (G * V), chunk = within / G;
+    int st = (fwd ? chunk : V - 1 - chunk) * P + r, mb = group * G + within % G;
+    if (mb >= s->M) return;
+    if (fwd) push_fwd(s, st, mb);
+    else push_bwd(s, st, mb);
+}
+
+/* Interleaved 1F1B (Narayanan et al. 2021; torch's ScheduleInterleaved1F1B): warm-up
+   forwards in the interleaved order, then one forward and one backward in turn, then the
+   remaining backwards. Messages as in 1F1B: the receive right before the compute, the send
+   right after it, so a new forward's SEND_F precedes the RECV_B of the backward after it.
+   Where G does not divide M the lists are those of Mp = the next multiple of G without the
+   padding micro-batches: leaving whole micro-batches out of a deadlock-free schedule keeps
+   it deadlock-free (any wait cycle among what is left was one in the whole). */
+static void gen_interleaved(sched *s, int G) {
+    int P = s->P, V = s->V, Mp = (s->M + G - 1) / G * G, n = V * Mp;
+    for (int r = 0; r < P; r++) {
+        int w = interleave_warmup(P, V, Mp, G, r), f = 0, b = 0;
+        for (; f < w; f++) push_padded(s, G, r, f, 1);
+        for (; f < n; f++, b++) {
+            push_padded(s, G, r, f, 1);
+            push_padded(s, G, r, b, 0);
+        }
+        for (; b < n; b++) push_padded(s, G, r, b, 0);
+    }
+}
+
+/* Looped BFS (torch's ScheduleLoopedBFS): every forward of the rank's chunk 0, then of
+   chunk 1, ...; then the backwards from the last chunk down to chunk 0, each chunk's in
+   ascending micro-batch order (torch descends; the gradient-order rule wants them up). */
+static void gen_looped_bfs(sched *s) {
+    for (int r = 0; r < s->P; r++) {
+        for (int c = 0; c < s->V; c++)
+            for (int mb = 0; mb < s->M; mb++) push_fwd(s, c * s->P + r, mb);
+        for (int c = s->V - 1; c >= 0; c--)
+            for (int mb = 0; mb < s->M; mb++) push_bwd(s, c * s->P + r, mb);
+    }
+}
+
+/* Interleaved zero bubble (torch's ScheduleInterleavedZeroBubble, ZB1P in Qi et al.) as a
+   list scheduler over the unit-cost model, ZB-H1's rule on interleaved-1F1B's orders: at
+   each time unit a free rank runs its next I (in interleaved-1F1B's backward order) if the
+   gradient has arrived, else its next F (in the interleaved forward order) if its input has
+   arrived and the rank holds fewer micro-batches than interleaved-1F1B's peak, else its
+   oldest pending W (in I order, so ascending per stage). Every choice is made when its
+   data is there, so the lists replay without deadlock. -1 on OOM, -2 if it stalls. */
+static int gen_interleaved_zb(sched *s, int G) {
+    int P = s->P, V = s->V, M = s->M, S = P * V, n = V * M;
+    int *nf = calloc((size_t)P, sizeof(int)), *ni = calloc((size_t)P, sizeof(int));
+    int *nw = calloc((size_t)P, sizeof(int)), *busy = calloc((size_t)P, sizeof(int));
+    long *fdone = malloc(sizeof(long) * (size_t)S * M), *idone = malloc(sizeof(long) * (size_t)S * M);
+    int rc = 0;
+    if (!nf || !ni || !nw || !busy || !fdone || !idone) { rc = -1; goto out; }
+    for (size_t k = 0; k < (size_t)S * M; k++) fdone[k] = idone[k] = -1;
+#define AT(a, st, mb) (a)[(size_t)(st) * M + (mb)]
+#define ARRIVED(a, st, mb, t) (AT(a, st, mb) >= 0 && AT(a, st, mb) <= (t))
+    long left = 3L * S * M;
+    for (long t = 0; left > 0; t++) {
+        int acted = 0, waiting = 0;
+        for (int r = 0; r < P; r++) {
+            if (busy[r] > t) { waiting = 1; continue; }
+            int ist = -1, imb = 0, fst = -1, fmb = 0;
+            if (ni[r] < n) interleave_op(P, V, M, G, r, ni[r], 0, &ist, &imb);
+            if (nf[r] < n) interleave_op(P, V, M, G, r, nf[r], 1, &fst, &fmb);
+            int lim = interleave_warmup(P, V, (M + G - 1) / G * G, G, r) + 1;
+            if (lim > n) lim = n;
+            int grad = ist >= 0 && ARRIVED(fdone, ist, imb, t) &&
+                       (ist == S - 1 || ARRIVED(idone, ist + 1, imb, t));
+            int input = fst >= 0 && (fst == 0 || ARRIVED(fdone, fst - 1, fmb, t));
+            if (grad) {
+                push_bwd_input(s, ist, imb);
+                AT(idone, ist, imb) = t + 1;
+                ni[r]++;
+            } else if (input && nf[r] - nw[r] < lim) {
+                push_fwd(s, fst, fmb);
+                AT(fdone, fst, fmb) = t + 1;
+                nf[r]++;
+            } else if (nw[r] < ni[r]) {
+                int wst, wmb;
+                interleave_op(P, V, M, G, r, nw[r]++, 0, &wst, &wmb);
+                push(s, wst, SCHED_W, wmb);
+            } else {
+                continue;
+            }
+            busy[r] = (int)(t + 1);
+            acted = 1;
+            left--;
+        }
+        if (!acted && !waiting) { rc = -2; break; } /* nothing runs and nothing will arrive */
+    }
+#undef ARRIVED
+#undef AT
+out:
+    free(nf); free(ni); free(nw); free(busy); free(fdone); free(idone);
+    return rc;
+}
+
+/* the schedules sched_build_chunks knows, with the M they need, for messages and --help */
+static const struct { const char *name; int chunks; const char *rule; } known[] = {
+    { "gpipe", 0, "any M; holds M micro-batches per rank" },
+    { "1f1b", 0, "any M; bubble (P-1)/(M+P-1)" },
+    { "zb-h1", 0, "any M; 1f1b's memory, less bubble once M >= P" },
+    { "interleaved-1f1b", 1, "any M (torch: M < 2P or a multiple of floor(M/P)); the bubble is (P-1)/(V*M) "
+                             "of the ideal exactly when P divides M, and M = 1 gains nothing over 1f1b" },
+    { "looped-bfs", 1, "any M; holds V*M micro-batches per rank" },
+    { "interleaved-zb", 1, "any M (torch: as interleaved-1f1b); interleaved-1f1b's memory" },
+};
+#define NKNOWN (int)(sizeof(known) / sizeof(known[0]))
+
+/* the M rule of a schedule, or NULL if the name is unknown */
+const char *sched_constraint(const char *name) {
+    for (int k = 0; name && k < NKNOWN; k++)
+        if (strcmp(name, known[k].name) == 0) return known[k].rule;
+    return NULL;
+}
+
+/* build a named schedule with one chunk per rank; see header */
 int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen) {
+    return sched_build_chunks(name, P, 1, M, s, err, errlen);
+}
+
+/* build a named schedule; see header */
+int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen) {
     if (s == NULL) { set_err(err, errlen, "sched_build: NULL output"); return -1; }
     memset(s, 0, sizeof(*s));
     if (name == NULL) { set_err(err, errlen, "sched_build: no schedule name"); return -1; }
-    if (strcmp(name, "gpipe") != 0 && strcmp(name, "1f1b") != 0 && strcmp(name, "zb-h1") != 0) {
-        set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1)", name);
+    int k = 0;
+    while (k < NKNOWN && strcmp(name, known[k].name) != 0) k++;
+    if (k == NKNOWN) {
+        if (strcmp(name, "zb-v") == 0)
+            set_err(err, errlen, "sched_build: zb-v is not built: its V-shaped layout (stage 2P-1-r on rank r) "
+                    "is not the loop layout (stage s on rank s mod P); use interleaved-zb");
+        else
+            set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1; with chunks "
+                    "per rank interleaved-1f1b, looped-bfs or interleaved-zb)", name);
         return -1;
     }
     if (P < 1) { set_err(err, errlen, "sched_build: need at least 1 stage, got P=%d", P); return -1; }
     if (M < 1) { set_err(err, errlen, "sched_build: need at least 1 micro-batch, got M=%d", M); return -1; }
-    if (M > (1 << 24) || P > (1 << 16)) {
-        set_err(err, errlen, "sched_build: P=%d M=%d too large", P, M);
+    if (V < 1) { set_err(err, errlen, "sched_build: need at least 1 chunk per rank, got V=%d", V); return -1; }
+    if (M > (1 << 24) || P > (1 << 16) || V > (1 << 10) || (long)P * V > (1 << 16)) {
+        set_err(err, errlen, "sched_build: P=%d V=%d M=%d too large", P, V, M);
         return -1;
     }
-    if (sched_alloc(s, name, P, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return -1; }
-    // at most 7 actions per micro-batch per rank: F, I and W (or B), four comm actions
+    if (V > 1 && !known[k].chunks) {
+        set_err(err, errlen, "sched_build: %s runs one chunk per rank, got %d chunks per rank (the schedules that "
+                "take chunks: interleaved-1f1b, looped-bfs, interleaved-zb)", name, V);
+        return -1;
+    }
+    int G = interleave_group(P, M);
+    if (sched_alloc(s, name, P, V, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return -1; }
+    // at most 7 actions per micro-batch per chunk: F, I and W (or B), four comm actions
     for (int r = 0; r < P; r++) {
-        s->acts[r] = malloc((size_t)M * 7 * sizeof(sched_action));
+        s->acts[r] = malloc((size_t)M * (size_t)V * 7 * sizeof(sched_action));
         if (s->acts[r] == NULL) {
             sched_free(s);
             set_err(err, errlen, "sched_build: out of memory");
             return -1;
         }
     }
-    if (strcmp(name, "gpipe") == 0) gen_gpipe(s);
-    else if (strcmp(name, "1f1b") == 0) gen_1f1b(s);
-    else if (gen_zbh1(s) != 0) {
+    int rc = 0;
+    /* with one chunk the chunked schedules are the plain ones they generalise */
+    if (strcmp(name, "gpipe") == 0 || (V == 1 && strcmp(name, "looped-bfs") == 0)) gen_gpipe(s);
+    else if (strcmp(name, "1f1b") == 0 || (V == 1 && strcmp(name, "interleaved-1f1b") == 0)) gen_1f1b(s);
+    else if (strcmp(name, "zb-h1") == 0 || (V == 1 && strcmp(name, "interleaved-zb") == 0)) rc = gen_zbh1(s);
+    else if (strcmp(name, "looped-bfs") == 0) gen_looped_bfs(s);
+    else if (strcmp(name, "interleaved-1f1b") == 0) gen_interleaved(s, G);
+    else rc = gen_interleaved_zb(s, G);
+    if (rc != 0) {
         sched_free(s);
-        set_err(err, errlen, "sched_build: out of memory");
+        if (rc == -1) set_err(err, errlen, "sched_build: out of memory");
+        else set_err(err, errlen, "sched_build: %s P=%d V=%d M=%d stalls (no rank can move); report it", name, P, V, M);
         return -1;
     }
     return 0;
@@ -384,7 +573,8 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
     return 0;
 }
 
-/* read torch-style CSV: P = rows, M = largest mb + 1 */
+/* read torch-style CSV: P = rows, M = largest mb + 1, V = (largest stage + 1) / P when the
+   stages go beyond the rows (else 1, and any stage missing is the validator's to name) */
 int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen) {
     if (s == NULL) { set_err(err, errlen, "sched_read_csv: NULL output"); return -1; }
     memset(s, 0, sizeof(*s));
@@ -413,21 +603,38 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
     if (rc == 0 && ferror(f)) { set_err(err, errlen, "sched_read_csv: read error"); rc = -1; }
     if (rc == 0 && s->P == 0) { set_err(err, errlen, "sched_read_csv: empty file (no rows)"); rc = -1; }
     if (rc == 0) {
-        int maxmb = -1;
+        int maxmb = -1, maxst = -1;
         for (int r = 0; r < s->P; r++)
-            for (int i = 0; i < s->n[r]; i++)
+            for (int i = 0; i < s->n[r]; i++) {
                 if (s->acts[r][i].mb > maxmb) maxmb = s->acts[r][i].mb;
+                if (s->acts[r][i].stage > maxst) maxst = s->acts[r][i].stage;
+            }
         size_t total = 0;
         for (int r = 0; r < s->P; r++) total += (size_t)s->n[r];
+        /* stages beyond the rows are chunks: S = maxst + 1 stages, V = S / P per row */
+        size_t S = maxst >= s->P ? (size_t)maxst + 1 : (size_t)s->P;
         if (maxmb < 0) { set_err(err, errlen, "sched_read_csv: no actions in any row"); rc = -1; }
-        /* a schedule holds an F and a B of every micro-batch on every rank: refuse an M that
-           no row count can hold before anything sizes P x M tables by it (fuzz: big-mb) */
-        else if ((size_t)s->P * ((size_t)maxmb + 1) > total) {
-            set_err(err, errlen, "sched_read_csv: micro-batch %d on %d rank(s) needs at least %zu actions, "
-                    "the file has %zu", maxmb, s->P, (size_t)s->P * ((size_t)maxmb + 1), total);
+        else if (S % (size_t)s->P != 0) {
+            set_err(err, errlen, "sched_read_csv: stages 0..%d (%zu) on %d rows: with several chunks per rank "
+                    "the stage count must be a multiple of the row count (stage s runs on row s mod %d)",
+                    maxst, S, s->P, s->P);
             rc = -1;
         }
-        else s->M = maxmb + 1;
+        /* a schedule holds an F and a B of every micro-batch on every stage: refuse an M (or S)
+           that no file this size can hold before anything sizes S x M tables by it (fuzz: big-mb) */
+        else if (S * ((size_t)maxmb + 1) > total) {
+            if (S == (size_t)s->P)
+                set_err(err, errlen, "sched_read_csv: micro-batch %d on %d rank(s) needs at least %zu actions, "
+                        "the file has %zu", maxmb, s->P, (size_t)s->P * ((size_t)maxmb + 1), total);
+            else
+                set_err(err, errlen, "sched_read_csv: micro-batch %d on %zu stages (%d rows) needs at least %zu "
+                        "actions, the file has %zu", maxmb, S, s->P, S * ((size_t)maxmb + 1), total);
+            rc = -1;
+        }
+        else {
+            s->M = maxmb + 1;
+            s->V = (int)(S / (size_t)s->P);
+        }
     }
     if (rc != 0) sched_free(s);
     return rc;
@@ -437,15 +644,17 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
 // simulation
 
 /* index of a sent message in the "issued at" table: kind 0 = forward
-   activations (SEND_F from stage), kind 1 = gradients (SEND_B from stage) */
-static size_t msg_index(int kind, int stage, int mb, int P, int M) {
-    return ((size_t)kind * (size_t)P + (size_t)stage) * (size_t)M + (size_t)mb;
+   activations (SEND_F from global stage), kind 1 = gradients (SEND_B from stage);
+   S is the number of global stages */
+static size_t msg_index(int kind, int stage, int mb, int S, int M) {
+    return ((size_t)kind * (size_t)S + (size_t)stage) * (size_t)M + (size_t)mb;
 }
 
 /* check the per-action facts the simulator relies on: known op, stage and
    mb in range, and a peer stage that exists for communication actions */
 static int check_actions(const sched *s, char *err, size_t errlen) {
     char b[64];
+    int S = sched_nstages(s);
     for (int r = 0; r < s->P; r++) {
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
@@ -453,9 +662,9 @@ static int check_actions(const sched *s, char *err, size_t errlen) {
                 set_err(err, errlen, "rank %d, action #%d: invalid op code %d", r, i, (int)a->op);
                 return -1;
             }
-            if (a->stage < 0 || a->stage >= s->P) {
+            if (a->stage < 0 || a->stage >= S) {
                 set_err(err, errlen, "rank %d, action #%d (%s): stage %d out of range 0..%d",
-                        r, i, act_str(a, b, sizeof(b)), a->stage, s->P - 1);
+                        r, i, act_str(a, b, sizeof(b)), a->stage, S - 1);
                 return -1;
             }
             if (a->mb < 0 || a->mb >= s->M) {
@@ -464,7 +673,7 @@ static int check_actions(const sched *s, char *err, size_t errlen) {
                 return -1;
             }
             int peer = peer_stage(a);
-            if (!is_compute(a->op) && (peer < 0 || peer >= s->P)) {
+            if (!is_compute(a->op) && (peer < 0 || peer >= S)) {
                 set_err(err, errlen, "rank %d, action #%d (%s): has no partner, stage %d is the %s stage",
                         r, i, act_str(a, b, sizeof(b)), a->stage, peer < 0 ? "first" : "last");
                 return -1;
@@ -486,13 +695,17 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
         set_err(err, errlen, "sched_simulate: empty or malformed schedule");
         return -1;
     }
+    if ((long)s->P * nchunks(s) > (1L << 30)) {
+        set_err(err, errlen, "sched_simulate: P=%d V=%d: too many stages", s->P, s->V);
+        return -1;
+    }
     if (check_actions(s, err, errlen) != 0) return -1;
-    int P = s->P, M = s->M;
+    int P = s->P, M = s->M, S = sched_nstages(s);
     out->P = P;
     out->off = malloc((size_t)(P + 1) * sizeof(int));
     int *pc = calloc((size_t)P, sizeof(int));
     int *clock = calloc((size_t)P, sizeof(int));
-    int *sent = malloc(2 * (size_t)P * (size_t)M * sizeof(int));
+    int *sent = malloc(2 * (size_t)S * (size_t)M * sizeof(int));
     if (out->off == NULL || pc == NULL || clock == NULL || sent == NULL) goto oom;
     out->off[0] = 0;
     for (int r = 0; r < P; r++) out->off[r + 1] = out->off[r] + s->n[r];
@@ -500,7 +713,7 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
     out->start = malloc((size_t)(total ? total : 1) * sizeof(int));
     out->end = malloc((size_t)(total ? total : 1) * sizeof(int));
     if (out->start == NULL || out->end == NULL) goto oom;
-    for (size_t k = 0; k < 2 * (size_t)P * (size_t)M; k++) sent[k] = -1;
+    for (size_t k = 0; k < 2 * (size_t)S * (size_t)M; k++) sent[k] = -1;
 
     int progress = 1;
     while (progress) {
@@ -511,12 +724,12 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
                 int t = clock[r];
                 if (a->op == SCHED_RECV_F || a->op == SCHED_RECV_B) {
                     int kind = a->op == SCHED_RECV_F ? 0 : 1;
-                    int t_sent = sent[msg_index(kind, peer_stage(a), a->mb, P, M)];
+                    int t_sent = sent[msg_index(kind, peer_stage(a), a->mb, S, M)];
                     if (t_sent < 0) break; // blocked
                     if (t_sent > t) t = t_sent;
                 } else if (a->op == SCHED_SEND_F || a->op == SCHED_SEND_B) {
                     int kind = a->op == SCHED_SEND_F ? 0 : 1;
-                    size_t k = msg_index(kind, a->stage, a->mb, P, M);
+                    size_t k = msg_index(kind, a->stage, a->mb, S, M);
                     if (sent[k] < 0) sent[k] = t;
                 }
                 int idx = out->off[r] + pc[r];
@@ -540,7 +753,7 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
             const sched_action *a = &s->acts[r][pc[r]];
             sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
             append_err(err, errlen, " rank %d blocked at action #%d %s (waiting for %s from rank %d);",
-                       r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), want.stage);
+                       r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), want.stage % P);
         }
         free(pc); free(clock); free(sent);
         sched_sim_free(out);
@@ -572,34 +785,44 @@ void sched_sim_free(sched_sim *sim) {
 
 /* check every rule in the header, in an order that gives the most specific
    message first: per-action sanity, duplicates, send/recv pairing across
-   ranks, per-rank completeness and ordering, and finally deadlock freedom */
-/* Position of each (rank, op, mb) in its rank's list, -1 if absent. */
-#define POS(r, op, mb) pos[((size_t)(r) * SCHED_NOPS + (size_t)(op)) * (size_t)s->M + (size_t)(mb)]
+   ranks, per-stage completeness and ordering, and finally deadlock freedom */
+/* Position of each (global stage, op, mb) in its rank's list, -1 if absent. */
+#define POS(st, op, mb) pos[((size_t)(st) * SCHED_NOPS + (size_t)(op)) * (size_t)s->M + (size_t)(mb)]
 
-/* 1. Rank r runs stage r only; then the position table, which catches duplicates. */
+/* 1. Stage s runs on rank s % P only (with V = 1: rank r runs stage r only); then the
+ * position table, which catches duplicates. */
 static int validate_positions(const sched *s, int *pos, char *err, size_t errlen) {
     char b1[64];
+    int V = nchunks(s);
     for (int r = 0; r < s->P; r++)
-        for (int i = 0; i < s->n[r]; i++)
-            if (s->acts[r][i].stage != r) {
+        for (int i = 0; i < s->n[r]; i++) {
+            int st = s->acts[r][i].stage;
+            if (st % s->P == r) continue;
+            if (V == 1)
                 set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, rank %d runs only stage %d",
                         r, i, act_str(&s->acts[r][i], b1, sizeof(b1)), r, r);
-                return -1;
-            }
+            else
+                set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, stage %d runs on rank %d (stage s "
+                        "on rank s mod %d: rank %d runs stages %d, %d, ..., %d)", r, i,
+                        act_str(&s->acts[r][i], b1, sizeof(b1)), st, st % s->P, s->P, r, r, r + s->P,
+                        r + (V - 1) * s->P);
+            return -1;
+        }
     for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
-            if (POS(r, a->op, a->mb) >= 0) {
+            if (POS(a->stage, a->op, a->mb) >= 0) {
                 set_err(err, errlen, "rank %d, action #%d (%s): duplicate of action #%d",
-                        r, i, act_str(a, b1, sizeof(b1)), POS(r, a->op, a->mb));
+                        r, i, act_str(a, b1, sizeof(b1)), POS(a->stage, a->op, a->mb));
                 return -1;
             }
-            POS(r, a->op, a->mb) = i;
+            POS(a->stage, a->op, a->mb) = i;
         }
     return 0;
 }
 
-/* 2. Every SEND meets its RECV on the peer and vice versa. */
+/* 2. Every SEND meets its RECV on the peer stage's rank and vice versa: SEND_F of stage s
+ * pairs with RECV_F of stage s+1, SEND_B of stage s with RECV_B of stage s-1. */
 static int validate_pairs(const sched *s, const int *pos, char *err, size_t errlen) {
     char b1[64], b2[64];
     for (int r = 0; r < s->P; r++)
@@ -611,21 +834,21 @@ static int validate_pairs(const sched *s, const int *pos, char *err, size_t errl
                 int is_send = a->op == SCHED_SEND_F || a->op == SCHED_SEND_B;
                 set_err(err, errlen, "rank %d, action #%d (%s): no matching %s on the peer (%s is missing from rank %d)",
                         r, i, act_str(a, b1, sizeof(b1)), is_send ? "RECV" : "SEND",
-                        act_str(&want, b2, sizeof(b2)), want.stage);
+                        act_str(&want, b2, sizeof(b2)), want.stage % s->P);
                 return -1;
             }
         }
     return 0;
 }
 
-/* 3. On rank r, micro-batch mb: one F and one B, F before B, the messages around them (the
- * engine's storage contract, sched.h: every value lives in its micro-batch's own buffer from
- * its producer to its last reader). */
-static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err, size_t errlen) {
-    int P = s->P;
+/* 3. On global stage st (rank st % P), micro-batch mb: one F and one B (or I and W), F before
+ * B, the messages around them (the engine's storage contract, sched.h: every value lives in
+ * its micro-batch's own buffer of that stage from its producer to its last reader). */
+static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err, size_t errlen) {
+    int S = sched_nstages(s), r = st % s->P;
     char b1[64], b2[64];
-    sched_action f = { SCHED_F, r, mb }, bw = { SCHED_B, r, mb }, in = { SCHED_I, r, mb }, wt = { SCHED_W, r, mb };
-    int pf = POS(r, SCHED_F, mb), pb = POS(r, SCHED_B, mb), pi = POS(r, SCHED_I, mb), pw = POS(r, SCHED_W, mb);
+    sched_action f = { SCHED_F, st, mb }, bw = { SCHED_B, st, mb }, in = { SCHED_I, st, mb }, wt = { SCHED_W, st, mb };
+    int pf = POS(st, SCHED_F, mb), pb = POS(st, SCHED_B, mb), pi = POS(st, SCHED_I, mb), pw = POS(st, SCHED_W, mb);
     if (pf < 0 || (pb < 0 && pi < 0 && pw < 0)) {
         set_err(err, errlen, "rank %d: missing %s (every micro-batch needs one %s on every stage)", r,
                 act_str(pf < 0 ? &f : &bw, b1, sizeof(b1)), pf < 0 ? "forward" : "backward (B, or I and W)");
@@ -642,8 +865,8 @@ static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err,
                 pi < 0 ? "input part" : "weight part");
         return -1;
     }
-    /* the input side of the backward (B or I) and the action that frees the slot (B or W) */
-    const sched_action *bin = pb >= 0 ? &bw : &in, *bfree = pb >= 0 ? &bw : &wt;
+    /* the input side of the backward (B or I) */
+    const sched_action *bin = pb >= 0 ? &bw : &in;
     int pin = pb >= 0 ? pb : pi;
     if (pin < pf) {
         set_err(err, errlen, "rank %d, action #%d (%s): backward before forward (%s is action #%d)",
@@ -655,20 +878,19 @@ static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err,
                 r, pw, act_str(&wt, b1, sizeof(b1)), act_str(&in, b2, sizeof(b2)), pi);
         return -1;
     }
-    (void)bfree;
     /* required comm actions and the compute they must precede/follow */
     struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
-        { r > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
-        { r < P - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
-        { r < P - 1, SCHED_SEND_F, 1, bin, "the forward output lives in the micro-batch's activation slot, "
-                                           "which its backward frees: send it before the backward" },
-        { r < P - 1, SCHED_RECV_B, 1, bin, "the output gradient must be received before the backward" },
-        { r > 0,     SCHED_SEND_B, 0, bin, "the input gradient must be sent to the previous stage after the backward" },
+        { st > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
+        { st < S - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
+        { st < S - 1, SCHED_SEND_F, 1, bin, "the forward output lives in the micro-batch's activation slot, "
+                                            "which its backward frees: send it before the backward" },
+        { st < S - 1, SCHED_RECV_B, 1, bin, "the output gradient must be received before the backward" },
+        { st > 0,     SCHED_SEND_B, 0, bin, "the input gradient must be sent to the previous stage after the backward" },
     };
     for (int q = 0; q < 5; q++) {
         if (!req[q].need) continue;
-        sched_action c = { req[q].op, r, mb };
-        int pc = POS(r, req[q].op, mb), pcomp = POS(r, req[q].c->op, mb);
+        sched_action c = { req[q].op, st, mb };
+        int pc = POS(st, req[q].op, mb), pcomp = POS(st, req[q].c->op, mb);
         if (pc < 0) {
             set_err(err, errlen, "rank %d: missing %s (%s)", r, act_str(&c, b1, sizeof(b1)), req[q].what);
             return -1;
@@ -684,25 +906,28 @@ static int validate_mb(const sched *s, const int *pos, int r, int mb, char *err,
     return 0;
 }
 
-/* 4. The gradient accumulators: weight gradients are sums over micro-batches, and float sums
- * depend on their order, so every rank adds them in ascending micro-batch order (B
- * everywhere; F on the last stage, where the LM head's backward runs inside the forward). */
+/* 4. The gradient accumulators: each stage's weight gradients are sums over micro-batches,
+ * and float sums depend on their order, so every stage adds them in ascending micro-batch
+ * order (B or W everywhere; F on the last stage, where the LM head's backward runs inside the
+ * forward). Chunks of one rank have their own weights, so the order is per stage. */
 static int validate_accum_order(const sched *s, const int *pos, char *err, size_t errlen) {
     char b1[64], b2[64];
-    for (int r = 0; r < s->P; r++)
+    int S = sched_nstages(s);
+    for (int st = 0; st < S; st++)
         for (int k = 0; k < 2; k++) {
-            if (k && r != s->P - 1) continue;
+            if (k && st != S - 1) continue;
             for (int mb = 1; mb < s->M; mb++) {
                 /* the weight adder of mb: F on the last stage (k = 1), else its B or W */
-                sched_op op = k ? SCHED_F : POS(r, SCHED_B, mb) >= 0 ? SCHED_B : SCHED_W;
-                sched_op pop = k ? SCHED_F : POS(r, SCHED_B, mb - 1) >= 0 ? SCHED_B : SCHED_W;
-                if (POS(r, op, mb) > POS(r, pop, mb - 1)) continue;
-                sched_action a = { op, r, mb }, prev = { pop, r, mb - 1 };
+                sched_op op = k ? SCHED_F : POS(st, SCHED_B, mb) >= 0 ? SCHED_B : SCHED_W;
+                sched_op pop = k ? SCHED_F : POS(st, SCHED_B, mb - 1) >= 0 ? SCHED_B : SCHED_W;
+                if (POS(st, op, mb) > POS(st, pop, mb - 1)) continue;
+                sched_action a = { op, st, mb }, prev = { pop, st, mb - 1 };
                 set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); %s add to the "
-                        "gradients in ascending micro-batch order, so that every schedule sums them as one "
-                        "process does (bit-identical results)", r, POS(r, op, mb), act_str(&a, b1, sizeof(b1)),
-                        act_str(&prev, b2, sizeof(b2)), POS(r, pop, mb - 1),
-                        k == 0 ? "backwards (B or W)" : "the last stage's forwards (they run the LM head's backward)");
+                        "gradients in ascending micro-batch order%s, so that every schedule sums them as one "
+                        "process does (bit-identical results)", st % s->P, POS(st, op, mb),
+                        act_str(&a, b1, sizeof(b1)), act_str(&prev, b2, sizeof(b2)), POS(st, pop, mb - 1),
+                        k == 0 ? "backwards (B or W)" : "the last stage's forwards (they run the LM head's backward)",
+                        nchunks(s) > 1 ? " on each stage" : "");
                 return -1;
             }
         }
@@ -713,12 +938,14 @@ static int validate_accum_order(const sched *s, const int *pos, char *err, size_
 /* Sections 1-4 over the position table. */
 static int validate_table(const sched *s, int *pos, char *err, size_t errlen) {
     if (validate_positions(s, pos, err, errlen) != 0 || validate_pairs(s, pos, err, errlen) != 0) return -1;
-    for (int r = 0; r < s->P; r++)
+    int S = sched_nstages(s);
+    for (int st = 0; st < S; st++)
         for (int mb = 0; mb < s->M; mb++)
-            if (validate_mb(s, pos, r, mb, err, errlen) != 0) return -1;
+            if (validate_mb(s, pos, st, mb, err, errlen) != 0) return -1;
     return validate_accum_order(s, pos, err, errlen);
 }
 
+/* validate; see header */
 int sched_validate(const sched *s, char *err, size_t errlen) {
     if (s == NULL || s->n == NULL || s->acts == NULL) {
         set_err(err, errlen, "invalid schedule: empty");
@@ -728,9 +955,13 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
         set_err(err, errlen, "invalid schedule: P=%d M=%d (both must be >= 1)", s->P, s->M);
         return -1;
     }
+    if ((long)s->P * nchunks(s) > (1L << 30)) {
+        set_err(err, errlen, "invalid schedule: P=%d V=%d: too many stages", s->P, s->V);
+        return -1;
+    }
     /* ranges and partner existence first, so the table below is indexed in range */
     if (check_actions(s, err, errlen) != 0) return -1;
-    size_t npos = (size_t)s->P * SCHED_NOPS * (size_t)s->M;
+    size_t npos = (size_t)sched_nstages(s) * SCHED_NOPS * (size_t)s->M;
     int *pos = malloc(npos * sizeof(int));
     if (pos == NULL) { set_err(err, errlen, "sched_validate: out of memory"); return -1; }
     for (size_t k = 0; k < npos; k++) pos[k] = -1;
@@ -747,7 +978,7 @@ int sched_validate(const sched *s, char *err, size_t errlen) {
 // ----------------------------------------------------------------------------
 // inspection and printing
 
-/* walk rank `stage` counting F minus B and keep the maximum */
+/* walk rank `stage` counting F minus B (or W) over all its chunks and keep the maximum */
 int sched_max_inflight(const sched *s, int stage) {
     if (s == NULL || s->n == NULL || s->acts == NULL || stage < 0 || stage >= s->P) return -1;
     int cur = 0, best = 0;
@@ -760,16 +991,53 @@ int sched_max_inflight(const sched *s, int stage) {
     return best;
 }
 
-/* walk rank `stage`: does an I or B start while another micro-batch's W is pending? */
-int sched_defers_weights(const sched *s, int stage) {
-    if (s == NULL || s->n == NULL || s->acts == NULL || stage < 0 || stage >= s->P) return 0;
-    int pending = 0;
-    for (int i = 0; i < s->n[stage]; i++) {
-        sched_op op = s->acts[stage][i].op;
+/* walk the rank of global stage `stage` counting only that stage's F minus B (or W) */
+int sched_max_inflight_stage(const sched *s, int stage) {
+    if (s == NULL || s->n == NULL || s->acts == NULL || s->P < 1 || stage < 0 || stage >= sched_nstages(s))
+        return -1;
+    int r = stage % s->P, cur = 0, best = 0;
+    for (int i = 0; i < s->n[r]; i++) {
+        const sched_action *a = &s->acts[r][i];
+        if (a->stage != stage) continue;
+        if (a->op == SCHED_F) cur++;
+        else if (a->op == SCHED_B || a->op == SCHED_W) cur--;
+        if (cur > best) best = cur;
+    }
+    return best;
+}
+
+/* walk the rank of global stage `stage`: does an I or B of that stage start while another
+   micro-batch's W of that stage is pending? */
+int sched_defers_weights_stage(const sched *s, int stage) {
+    if (s == NULL || s->n == NULL || s->acts == NULL || s->P < 1 || stage < 0 || stage >= sched_nstages(s))
+        return 0;
+    int r = stage % s->P, pending = 0;
+    for (int i = 0; i < s->n[r]; i++) {
+        if (s->acts[r][i].stage != stage) continue;
+        sched_op op = s->acts[r][i].op;
         if ((op == SCHED_I || op == SCHED_B) && pending) return 1;
         if (op == SCHED_I) pending++;
         else if (op == SCHED_W) pending--;
     }
+    return 0;
+}
+
+/* rank `stage` defers weights if any of its chunks does (with V = 1: its one stage; the
+   walk then sees every action of the rank, as before chunks existed) */
+int sched_defers_weights(const sched *s, int stage) {
+    if (s == NULL || s->n == NULL || s->acts == NULL || stage < 0 || stage >= s->P) return 0;
+    if (nchunks(s) == 1) {
+        int pending = 0;
+        for (int i = 0; i < s->n[stage]; i++) {
+            sched_op op = s->acts[stage][i].op;
+            if ((op == SCHED_I || op == SCHED_B) && pending) return 1;
+            if (op == SCHED_I) pending++;
+            else if (op == SCHED_W) pending--;
+        }
+        return 0;
+    }
+    for (int c = 0; c < nchunks(s); c++)
+        if (sched_defers_weights_stage(s, c * s->P + stage)) return 1;
     return 0;
 }
 
@@ -780,8 +1048,28 @@ static int ndigits(int v) {
     return d;
 }
 
+/* the chunked summary: per rank its peak in-flight activations (all chunks together, then
+   each chunk's peak) and its own bubble 1 - busy / makespan; the interleaved theory */
+static void print_chunk_summary(const sched *s, const sched_sim *sim, FILE *out) {
+    int V = nchunks(s), rw = ndigits(s->P - 1);
+    for (int r = 0; r < s->P; r++) {
+        long busy = 0;
+        for (int i = 0; i < s->n[r]; i++) busy += sim->end[sim->off[r] + i] - sim->start[sim->off[r] + i];
+        fprintf(out, "rank %*d: peak in-flight %d (stages", rw, r, sched_max_inflight(s, r));
+        for (int c = 0; c < V; c++)
+            fprintf(out, " %d:%d", c * s->P + r, sched_max_inflight_stage(s, c * s->P + r));
+        fprintf(out, "), bubble %.2f%%\n", sim->makespan > 0 ? 100.0 * (1.0 - (double)busy / sim->makespan) : 0.0);
+    }
+    double vm = (double)V * s->M;
+    fprintf(out, "interleaved theory (Narayanan et al.): bubble (P-1)/(V*M) = %.2f%% of the ideal time, "
+            "a fraction (P-1)/(V*M+P-1) = %.2f%% of the step%s\n", 100.0 * (s->P - 1) / vm,
+            100.0 * (s->P - 1) / (vm + s->P - 1), strcmp(s->name, "interleaved-1f1b") == 0 && s->M % s->P == 0
+            ? " (exact for interleaved-1f1b when P divides M)" : "");
+}
+
 /* rank x time grid from the unit-cost simulation, then a summary. A cell
-   is the compute action occupying that time unit ("F3", "B3") or '.' */
+   is the compute action occupying that time unit ("F3", "B3"; with chunks
+   "5F3", the global stage first, as torch writes it) or '.' */
 void sched_print_grid(const sched *s, FILE *out) {
     if (out == NULL) return;
     if (s == NULL) { fprintf(out, "(no schedule)\n"); return; }
@@ -791,8 +1079,9 @@ void sched_print_grid(const sched *s, FILE *out) {
         fprintf(out, "schedule %s P=%d M=%d cannot be simulated: %s\n", s->name, s->P, s->M, err);
         return;
     }
-    int T = sim.makespan;
-    int cw = 1 + ndigits(s->M > 0 ? s->M - 1 : 0);  // cell width: "F" + mb digits
+    int T = sim.makespan, V = nchunks(s), S = sched_nstages(s);
+    int sw = V > 1 ? ndigits(S - 1) : 0;            // stage digits in a chunked cell
+    int cw = sw + 1 + ndigits(s->M > 0 ? s->M - 1 : 0);  // cell width: [stage] "F" + mb digits
     int rw = ndigits(s->P - 1);
     const sched_action **cell = malloc((size_t)(T ? T : 1) * sizeof(*cell));
     if (cell == NULL) { sched_sim_free(&sim); fprintf(out, "(out of memory)\n"); return; }
@@ -807,17 +1096,31 @@ void sched_print_grid(const sched *s, FILE *out) {
         for (int t = 0; t < T; t++) {
             int w = t < T - 1 ? cw : 1;
             if (cell[t] == NULL) fprintf(out, " %-*s", w, ".");
-            else fprintf(out, " %s%-*d", op_names[cell[t]->op], w > 1 ? w - 1 : 1, cell[t]->mb);
+            else if (V == 1) fprintf(out, " %s%-*d", op_names[cell[t]->op], w > 1 ? w - 1 : 1, cell[t]->mb);
+            else {
+                char b[64];
+                snprintf(b, sizeof b, "%d%s%d", cell[t]->stage, op_names[cell[t]->op], cell[t]->mb);
+                fprintf(out, " %-*s", t < T - 1 ? cw : 1, b);
+            }
         }
         fputc('\n', out);
     }
     free(cell);
-    fprintf(out, "schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n",
-            s->name, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
-    fprintf(out, "bubble: %.2f%% (GPipe formula (P-1)/(M+P-1) = %.2f%%)\n",
-            100.0 * sim.bubble, 100.0 * (double)(s->P - 1) / (double)(s->M + s->P - 1));
-    fprintf(out, "max in-flight micro-batches per stage:");
-    for (int r = 0; r < s->P; r++) fprintf(out, " %d", sched_max_inflight(s, r));
-    fputc('\n', out);
+    if (V == 1) {
+        fprintf(out, "schedule %s: P=%d stages, M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d, comm=0)\n",
+                s->name, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
+        fprintf(out, "bubble: %.2f%% (GPipe formula (P-1)/(M+P-1) = %.2f%%)\n",
+                100.0 * sim.bubble, 100.0 * (double)(s->P - 1) / (double)(s->M + s->P - 1));
+        fprintf(out, "max in-flight micro-batches per stage:");
+        for (int r = 0; r < s->P; r++) fprintf(out, " %d", sched_max_inflight(s, r));
+        fputc('\n', out);
+    } else {
+        fprintf(out, "schedule %s: P=%d ranks x V=%d chunks = %d stages (stage s on rank s mod %d), M=%d "
+                "micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d per stage, comm=0)\n", s->name, s->P, V,
+                S, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
+        fprintf(out, "bubble: %.2f%% (GPipe formula over the ranks (P-1)/(M+P-1) = %.2f%%)\n",
+                100.0 * sim.bubble, 100.0 * (double)(s->P - 1) / (double)(s->M + s->P - 1));
+        print_chunk_summary(s, &sim, out);
+    }
     sched_sim_free(&sim);
 }

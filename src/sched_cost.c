@@ -132,30 +132,50 @@ void sched_pred_free(sched_pred *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Seconds of one action on stage s (0 for messages: their cost is the transfer). */
-static double action_cost(const sched_costs *c, const sched_action *a) {
+/* The costs of global stage st: the file's own line when it has one per stage (c->P = S);
+ * for a file measured with one chunk per rank (c->P = P ranks) on a V > 1 schedule, scaled:
+ * the model is cut into S = P*V stages in order, so stage st holds 1/V of the layers of the
+ * V = 1 stage st / V, and costs 1/V of it (the embedding and head make this approximate).
+ * k: 0 F, 1 B, 2 I, 3 W, 4 O. */
+static double stage_cost(const sched_costs *c, int S, int st, int k) {
+    const double *v = k == 0 ? c->f : k == 1 ? c->b : k == 2 ? c->i : k == 3 ? c->w : c->opt;
+    if (v == NULL) return 0.0;
+    if (c->P == S) return v[st];
+    int V = S / c->P;
+    return v[st / V] / V;
+}
+
+/* Seconds of one action (0 for messages: their cost is the transfer). */
+static double action_cost(const sched_costs *c, int S, const sched_action *a) {
     switch (a->op) {
-    case SCHED_F: return c->f[a->stage];
-    case SCHED_B: return c->b[a->stage];
-    case SCHED_I: return c->i[a->stage];
-    case SCHED_W: return c->w[a->stage];
+    case SCHED_F: return stage_cost(c, S, a->stage, 0);
+    case SCHED_B: return stage_cost(c, S, a->stage, 1);
+    case SCHED_I: return stage_cost(c, S, a->stage, 2);
+    case SCHED_W: return stage_cost(c, S, a->stage, 3);
     default: return 0.0;
     }
 }
 
 /* As sched_simulate, with seconds: each rank keeps its clock, a SEND stamps its message with
  * its arrival time (send time + transfer), a RECV waits for the stamp. Sweeps until no rank
- * can move; the times do not depend on the sweep order. */
+ * can move; the times do not depend on the sweep order. Messages are indexed by the global
+ * stage that sent them; a rank's optimizer step is the sum over its chunks. */
 int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    if (!s || !c || s->P != c->P) {
-        set_err(err, errlen, "costs are for %d stages, the schedule has %d", c ? c->P : 0, s ? s->P : 0);
+    int S = s && (long)s->P * (s->V > 1 ? s->V : 1) <= (1L << 30) ? sched_nstages(s) : -1;
+    if (!s || !c || (c->P != S && c->P != s->P)) {
+        if (s && s->V > 1)
+            set_err(err, errlen, "costs are for %d stages, the schedule has %d ranks x %d chunks = %d stages "
+                    "(a costs file has one line per stage, or one per rank measured with one chunk, then scaled)",
+                    c ? c->P : 0, s->P, s->V, S);
+        else
+            set_err(err, errlen, "costs are for %d stages, the schedule has %d", c ? c->P : 0, s ? s->P : 0);
         return -1;
     }
     int P = s->P, M = s->M;
     double xfer = c->latency_s + (c->bytes_per_s > 0 ? c->msg_bytes / c->bytes_per_s : 0.0);
     int *pc = calloc((size_t)P, sizeof(int));
-    double *clock = calloc((size_t)P, sizeof(double)), *arrive = malloc(2 * sizeof(double) * (size_t)P * M);
+    double *clock = calloc((size_t)P, sizeof(double)), *arrive = malloc(2 * sizeof(double) * (size_t)S * M);
     out->P = P;
     out->busy_s = calloc((size_t)P, sizeof(double));
     out->wait_s = calloc((size_t)P, sizeof(double));
@@ -165,21 +185,24 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
         set_err(err, errlen, "sched_predict: out of memory");
         return -1;
     }
-    for (size_t k = 0; k < 2 * (size_t)P * M; k++) arrive[k] = -1;
-#define MSG(kind, stage, mb) arrive[((size_t)(kind) * P + (size_t)(stage)) * M + (size_t)(mb)]
+    for (size_t k = 0; k < 2 * (size_t)S * M; k++) arrive[k] = -1;
+#define MSG(kind, stage, mb) arrive[((size_t)(kind) * S + (size_t)(stage)) * M + (size_t)(mb)]
     for (int progress = 1; progress;) {
         progress = 0;
         for (int r = 0; r < P; r++)
             for (; pc[r] < s->n[r]; pc[r]++, progress = 1) {
                 const sched_action *a = &s->acts[r][pc[r]];
+                if (a->stage < 0 || a->stage >= S || a->mb < 0 || a->mb >= M) break; /* malformed: stuck */
                 if (a->op == SCHED_RECV_F || a->op == SCHED_RECV_B) {
-                    double t = MSG(a->op == SCHED_RECV_B, a->op == SCHED_RECV_F ? r - 1 : r + 1, a->mb);
+                    int from = a->op == SCHED_RECV_F ? a->stage - 1 : a->stage + 1;
+                    if (from < 0 || from >= S) break;
+                    double t = MSG(a->op == SCHED_RECV_B, from, a->mb);
                     if (t < 0) break; /* not sent yet */
                     if (t > clock[r]) { out->wait_s[r] += t - clock[r]; clock[r] = t; }
                 } else if (a->op == SCHED_SEND_F || a->op == SCHED_SEND_B) {
-                    MSG(a->op == SCHED_SEND_B, r, a->mb) = clock[r] + xfer;
+                    MSG(a->op == SCHED_SEND_B, a->stage, a->mb) = clock[r] + xfer;
                 } else {
-                    double d = action_cost(c, a);
+                    double d = action_cost(c, S, a);
                     clock[r] += d;
                     out->busy_s[r] += d;
                 }
@@ -201,7 +224,11 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
     }
     out->bubble = out->makespan_s > 0 ? 1.0 - busy / (P * out->makespan_s) : 0.0;
     double opt = 0;
-    for (int r = 0; r < P; r++) opt = c->opt && c->opt[r] > opt ? c->opt[r] : opt;
+    for (int r = 0; r < P; r++) {
+        double o = 0;
+        for (int st = r; st < S; st += P) o += stage_cost(c, S, st, 4);
+        opt = o > opt ? o : opt;
+    }
     out->step_s = out->makespan_s + opt;
     return 0;
 }

@@ -15,7 +15,20 @@
  * one-process run (--reference writes those). It also draws schedules without the
  * gradient-order rule and requires the validator to refuse every one that breaks it.
  *
+ * --chunks-only (no training, no MPI ranks needed: --ranks P sets P) checks the validator
+ * alone on schedules with V = 1, 2, 3 chunks per rank (S = P*V stages, stage s on rank
+ * s % P, so activations wrap from the last rank to rank 0), with about half the backwards
+ * split into I and W: (a) a global interleaving that obeys every rule must be accepted;
+ * (b) one without the gradient-order rule must be refused, by name, exactly when some
+ * stage adds its weight gradients out of micro-batch order; (c) one drawn per rank without
+ * looking at the peers (each RECV may come before its SEND was issued, with a random
+ * probability per draw) must be accepted exactly when it cannot deadlock, which an
+ * independent oracle decides: the graph of program order plus SEND -> RECV edges has no
+ * cycle (Kahn's algorithm). The dry run must agree too, and every drawn CSV must read back
+ * with the same V.
+ *
  * usage: mpiexec -n P sched_random --dir DIR [--reference] [--count N] [--seed S]
+ *        mpiexec -n 1 sched_random --chunks-only [--ranks P] [--count N] [--seed S]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,24 +42,24 @@
 #define NLAYER 4
 
 typedef struct {
-    int P, M;
-    int *n, *done;          /* per rank: actions placed; done[r][op][mb] */
-    unsigned char *split;   /* split[r][mb]: this backward is an I and a W */
-    sched_action **acts;
+    int S, M;               /* global stages (P * V), micro-batches */
+    int *done;              /* done[stage][op][mb] */
+    unsigned char *split;   /* split[stage][mb]: this backward is an I and a W */
 } gen;
 
 #define DONE(g, r, op, mb) (g)->done[((r) * SCHED_NOPS + (op)) * (g)->M + (mb)]
 #define SPLIT(g, r, mb) (g)->split[(r) * (g)->M + (mb)]
-/* the weight gradients of mb have been added on rank r (its B or its W ran) */
+/* the weight gradients of mb have been added on stage r (its B or its W ran) */
 #define WDONE(g, r, mb) (DONE(g, r, SCHED_B, mb) || DONE(g, r, SCHED_W, mb))
 
-/* Is action (op, mb) on rank r ready: its local producers placed, a RECV's SEND issued? */
-static int ready(const gen *g, int r, sched_op op, int mb, int ordered) {
-    int P = g->P, last = r == P - 1;
+/* Is action (op, mb) on global stage r ready: its local producers placed, a RECV's SEND
+ * issued (unless peers = 0: a draw that looks at its own rank only)? */
+static int ready(const gen *g, int r, sched_op op, int mb, int ordered, int peers) {
+    int last = r == g->S - 1;
     if (DONE(g, r, op, mb)) return 0;
     switch (op) {
-    case SCHED_RECV_F: return r > 0 && DONE(g, r - 1, SCHED_SEND_F, mb);
-    case SCHED_RECV_B: return !last && DONE(g, r + 1, SCHED_SEND_B, mb);
+    case SCHED_RECV_F: return r > 0 && (!peers || DONE(g, r - 1, SCHED_SEND_F, mb));
+    case SCHED_RECV_B: return !last && (!peers || DONE(g, r + 1, SCHED_SEND_B, mb));
     case SCHED_F:
         return (r == 0 || DONE(g, r, SCHED_RECV_F, mb)) && (!ordered || !last || mb == 0 || DONE(g, r, SCHED_F, mb - 1));
     case SCHED_SEND_F: return !last && DONE(g, r, SCHED_F, mb);
@@ -62,32 +75,175 @@ static int ready(const gen *g, int r, sched_op op, int mb, int ordered) {
     return 0;
 }
 
-/* Draw one schedule into s (P ranks, M micro-batches); ordered: obey the gradient order. */
-static void draw(rng_state *rng, int P, int M, int ordered, sched *s) {
-    gen g = {P, M, calloc(P, sizeof(int)), calloc((size_t)P * SCHED_NOPS * M, sizeof(int)), calloc((size_t)P * M, 1),
-             NULL};
-    for (int k = 0; k < P * M; k++) g.split[k] = rng_u64(rng) & 1;
+/* Draw one schedule into s (P ranks of V chunks, M micro-batches) as one global interleaving
+ * of the actions of all stages, each appended to its rank's list (stage st on rank st % P);
+ * ordered: obey the gradient order. early: the chance (in 1/1000) that a RECV whose SEND
+ * has not been issued is a candidate anyway (0: never, so the draw cannot deadlock). With
+ * V = 1 and early = 0 this is the draw the training part has always used. */
+static void draw_chunks(rng_state *rng, int P, int V, int M, int ordered, int early, sched *s) {
+    int S = P * V;
+    gen g = {S, M, calloc((size_t)S * SCHED_NOPS * M, sizeof(int)), calloc((size_t)S * M, 1)};
+    for (int k = 0; k < S * M; k++) g.split[k] = rng_u64(rng) & 1;
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "random");
     s->P = P;
+    s->V = V;
     s->M = M;
-    s->n = g.n;
+    s->n = calloc(P, sizeof(int));
     s->acts = calloc(P, sizeof *s->acts);
-    for (int r = 0; r < P; r++) s->acts[r] = calloc((size_t)SCHED_NOPS * M, sizeof(sched_action));
-    sched_action cand[4 * SCHED_NOPS * MAXM];
+    for (int r = 0; r < P; r++) s->acts[r] = calloc((size_t)SCHED_NOPS * M * V, sizeof(sched_action));
+    sched_action *cand = malloc(sizeof(sched_action) * (size_t)S * SCHED_NOPS * M);
     for (;;) {
         int nc = 0;
-        for (int r = 0; r < P; r++)
+        for (int r = 0; r < S; r++)
             for (int op = 0; op < SCHED_NOPS; op++)
                 for (int mb = 0; mb < M; mb++)
-                    if (ready(&g, r, (sched_op)op, mb, ordered)) cand[nc++] = (sched_action){(sched_op)op, r, mb};
+                    if (ready(&g, r, (sched_op)op, mb, ordered, 1) ||
+                        (early && ready(&g, r, (sched_op)op, mb, ordered, 0) && (int)(rng_u64(rng) % 1000) < early))
+                        cand[nc++] = (sched_action){(sched_op)op, r, mb};
         if (nc == 0) break;
         sched_action a = cand[rng_u64(rng) % (uint64_t)nc];
-        s->acts[a.stage][g.n[a.stage]++] = a;
+        int rk = a.stage % P;
+        s->acts[rk][s->n[rk]++] = a;
         DONE(&g, a.stage, a.op, a.mb) = 1;
     }
+    free(cand);
     free(g.done);
     free(g.split);
+}
+
+/* Draw one schedule into s (P ranks, M micro-batches); ordered: obey the gradient order. */
+static void draw(rng_state *rng, int P, int M, int ordered, sched *s) {
+    draw_chunks(rng, P, 1, M, ordered, 0, s);
+}
+
+/* The oracle of deadlock freedom under blocking receives and non-blocking sends: every
+ * action is a node, with an edge to the next action of its rank and from each SEND to its
+ * RECV; the schedule completes iff this graph has no cycle. Kahn's algorithm. 1 = completes. */
+static int acyclic(const sched *s) {
+    int P = s->P, S = P * s->V, M = s->M, total = 0;
+    int *off = malloc(sizeof(int) * (P + 1));
+    off[0] = 0;
+    for (int r = 0; r < P; r++) off[r + 1] = off[r] + s->n[r];
+    total = off[P];
+    int *recv = malloc(sizeof(int) * 2 * (size_t)S * M), *indeg = calloc(total ? total : 1, sizeof(int));
+    int *queue = malloc(sizeof(int) * (total ? total : 1));
+    for (int k = 0; k < 2 * S * M; k++) recv[k] = -1;
+    /* recv[kind][sender stage][mb] = the node of the RECV that takes that message */
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < s->n[r]; i++) {
+            const sched_action *a = &s->acts[r][i];
+            if (a->op == SCHED_RECV_F) recv[((size_t)0 * S + a->stage - 1) * M + a->mb] = off[r] + i;
+            if (a->op == SCHED_RECV_B) recv[((size_t)1 * S + a->stage + 1) * M + a->mb] = off[r] + i;
+            if (i > 0) indeg[off[r] + i]++;
+        }
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < s->n[r]; i++) {
+            const sched_action *a = &s->acts[r][i];
+            int kind = a->op == SCHED_SEND_F ? 0 : a->op == SCHED_SEND_B ? 1 : -1;
+            if (kind >= 0 && recv[((size_t)kind * S + a->stage) * M + a->mb] >= 0)
+                indeg[recv[((size_t)kind * S + a->stage) * M + a->mb]]++;
+        }
+    int head = 0, tail = 0;
+    for (int v = 0; v < total; v++) if (indeg[v] == 0) queue[tail++] = v;
+    while (head < tail) {
+        int v = queue[head++], r = 0;
+        while (off[r + 1] <= v) r++;
+        const sched_action *a = &s->acts[r][v - off[r]];
+        if (v + 1 < off[r + 1] && --indeg[v + 1] == 0) queue[tail++] = v + 1;
+        int kind = a->op == SCHED_SEND_F ? 0 : a->op == SCHED_SEND_B ? 1 : -1;
+        int to = kind >= 0 ? recv[((size_t)kind * S + a->stage) * M + a->mb] : -1;
+        if (to >= 0 && --indeg[to] == 0) queue[tail++] = to;
+    }
+    free(off); free(recv); free(indeg); free(queue);
+    return tail == total;
+}
+
+/* Does some stage add its weight gradients (B or W; F on the last stage) out of order? */
+static int order_broken(const sched *s) {
+    int P = s->P, S = P * s->V, broken = 0;
+    int *nb = calloc(S, sizeof(int)), nf = 0;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < s->n[r]; i++) {
+            const sched_action *a = &s->acts[r][i];
+            if (a->op == SCHED_B || a->op == SCHED_W) broken |= a->mb != nb[a->stage]++;
+            if (a->op == SCHED_F && a->stage == S - 1) broken |= a->mb != nf++;
+        }
+    free(nb);
+    return broken;
+}
+
+/* The validator-only property over chunks (see the top): returns the number of failures
+ * and prints one summary line. */
+static int chunk_property(int P, int count, unsigned long long seed) {
+    rng_state rng;
+    rng_seed(&rng, seed, 5000 + (uint64_t)P);
+    char err[1024];
+    int fails = 0, accepted = 0, deadlocked = 0, free_ok = 0, unordered = 0, named = 0, draws = 0;
+    const int early[4] = {5, 30, 200, 1000};
+    for (int k = 0; k < count; k++)
+        for (int V = 1; V <= 3; V++) {
+            int M = 1 + k % MAXM;
+            sched s;
+            for (int kind = 0; kind < 3; kind++) {
+                draw_chunks(&rng, P, V, M, kind != 1, kind == 2 ? early[k % 4] : 0, &s);
+                draws++;
+                int rc = sched_validate(&s, err, sizeof err), completes = acyclic(&s);
+                sched_sim sim;
+                int simok = sched_simulate(&s, &sim, err + 512, sizeof err - 512) == 0;
+                if (simok) sched_sim_free(&sim);
+                if (simok != completes) {
+                    fprintf(stderr, "P=%d V=%d M=%d: the dry run %s, the oracle says it %s\n", P, V, M,
+                            simok ? "completes" : "deadlocks", completes ? "completes" : "deadlocks");
+                    fails++;
+                }
+                if (kind == 0) { /* obeys every rule */
+                    if (rc != 0) { fprintf(stderr, "P=%d V=%d M=%d: refused a valid draw: %s\n", P, V, M, err); fails++; }
+                    free_ok += rc == 0;
+                } else if (kind == 1) { /* no gradient order; never deadlocks */
+                    int broken = order_broken(&s);
+                    unordered += broken;
+                    if (broken != (rc != 0)) {
+                        fprintf(stderr, "P=%d V=%d M=%d: order %s, validator %s: %s\n", P, V, M,
+                                broken ? "broken" : "kept", rc ? "refused" : "accepted", rc ? err : "");
+                        fails++;
+                    }
+                    if (broken && rc != 0) named += strstr(err, "ascending micro-batch order") != NULL;
+                } else { /* drawn without the peers: accepted exactly when it completes */
+                    if ((rc == 0) != completes ||
+                        (rc != 0 && strstr(err, "deadlock") == NULL)) {
+                        fprintf(stderr, "P=%d V=%d M=%d: oracle %s, validator: %s\n", P, V, M,
+                                completes ? "completes" : "deadlocks", rc ? err : "accepted");
+                        fails++;
+                    }
+                    accepted += rc == 0;
+                    deadlocked += !completes;
+                }
+                /* its CSV reads back with the same shape */
+                FILE *f = tmpfile();
+                sched t;
+                if (!f || sched_write_csv(&s, f) != 0) { fails++; sched_free(&s); if (f) fclose(f); continue; }
+                rewind(f);
+                if (sched_read_csv(f, "again", &t, err, sizeof err) != 0) {
+                    fprintf(stderr, "P=%d V=%d M=%d: the CSV does not read back: %s\n", P, V, M, err);
+                    fails++;
+                } else {
+                    if (t.P != P || t.V != V || t.M != M) {
+                        fprintf(stderr, "P=%d V=%d M=%d: the CSV reads back as P=%d V=%d M=%d\n", P, V, M, t.P, t.V,
+                                t.M);
+                        fails++;
+                    }
+                    sched_free(&t);
+                }
+                fclose(f);
+                sched_free(&s);
+                if (fails > 5) return fails;
+            }
+        }
+    printf("P=%d chunks V=1..3: %d draws; %d rule-abiding ones accepted; %d of %d drawn without the peers "
+           "deadlock and were refused, the other %d accepted; %d unordered draws broke the gradient order, %d refused "
+           "by name; %d failures\n", P, draws, free_ok, deadlocked, count * 3, accepted, unordered, named, fails);
+    return fails + (named != unordered);
 }
 
 /* A random split of NLAYER blocks over P stages, as "a,b,c" (the first and last stage may
@@ -160,13 +316,20 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     const char *dir = NULL;
-    int reference = 0, count = 50;
+    int reference = 0, count = 50, chunks_only = 0, ranks = 0;
     unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--reference")) reference = 1;
         else if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--chunks-only")) chunks_only = 1;
+        else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = atoi(argv[++i]);
+    }
+    if (chunks_only) {
+        int fails = rank == 0 ? chunk_property(ranks > 0 ? ranks : P, count, seed) : 0;
+        MPI_Finalize();
+        return fails ? 1 : 0;
     }
     if (!dir) {
         if (rank == 0) fprintf(stderr, "usage: sched_random --dir DIR [--reference] [--count N] [--seed S]\n");

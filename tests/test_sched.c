@@ -416,9 +416,20 @@ START_TEST(test_validate_wrong_stage) {
     // rank 1 claims to run a forward of stage 0
     expect_invalid("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,0F0,1B0,1SEND_B0\n", err, sizeof(err));
     ck_assert_msg(strstr(err, "rank 1") && strstr(err, "0F0") && strstr(err, "wrong stage"), "%s", err);
-    // a stage id beyond the pipeline
-    expect_invalid("0F0,0B0,5F0\n", err, sizeof(err));
-    ck_assert_msg(strstr(err, "stage 5 out of range"), "%s", err);
+    // a stage id beyond the pipeline (in memory: a CSV's stages beyond its rows are chunks)
+    sched s;
+    from_text("0F0,0B0\n", &s);
+    s.acts[0][1].stage = 5;
+    ck_assert_int_ne(sched_validate(&s, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(err, "stage 5 out of range 0..0"), "%s", err);
+    sched_free(&s);
+    // one row with stages up to 5 reads as 6 chunks, too few actions for them
+    FILE *f = tmpfile();
+    fputs("0F0,0B0,5F0\n", f);
+    rewind(f);
+    ck_assert_int_ne(sched_read_csv(f, "x", &s, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(err, "on 6 stages (1 rows) needs at least 6 actions"), "%s", err);
+    fclose(f);
 }
 END_TEST
 
@@ -613,6 +624,415 @@ START_TEST(test_print_grid) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// virtual stages (several chunks per rank)
+
+/* the chunked schedules, the sizes every chunk test runs over (M = 1 and the
+   non-multiples of P included: the builders take any M) */
+static const char *const chunked[3] = { "interleaved-1f1b", "looped-bfs", "interleaved-zb" };
+
+/* the M to try for P ranks: P, 2P, 3P, and 1, P+1, 2P-1 */
+static int chunk_ms(int P, int *ms) {
+    int n = 0;
+    ms[n++] = P; ms[n++] = 2 * P; ms[n++] = 3 * P; ms[n++] = 1; ms[n++] = P + 1;
+    if (2 * P - 1 != P + 1 && 2 * P - 1 != P) ms[n++] = 2 * P - 1;
+    return n;
+}
+
+/* build by name with chunks or fail the test */
+static void build_chunks(const char *name, int P, int V, int M, sched *s) {
+    char err[512];
+    ck_assert_msg(sched_build_chunks(name, P, V, M, s, err, sizeof err) == 0, "%s P=%d V=%d M=%d: %s", name, P, V,
+                  M, err);
+}
+
+/* the CSV text of a schedule (caller frees) */
+static char *csv_text(const sched *s) {
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(sched_write_csv(s, f), 0);
+    long len = ftell(f);
+    rewind(f);
+    char *buf = calloc((size_t)len + 1, 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq((long)fread(buf, 1, (size_t)len, f), len);
+    fclose(f);
+    return buf;
+}
+
+/* every chunked builder for P in {2,3,4}, V in {2,3}: valid; stage s only on rank s % P;
+   each (stage, mb) one F and one B, or one I and one W; F and the weight adders of every
+   stage in ascending micro-batch order; the per-stage peaks add up to at least the rank's */
+START_TEST(test_chunks_builders_valid) {
+    char err[512];
+    for (int k = 0; k < 3; k++)
+        for (int P = 2; P <= 4; P++)
+            for (int V = 2; V <= 3; V++) {
+                int ms[6], nm = chunk_ms(P, ms);
+                for (int q = 0; q < nm; q++) {
+                    int M = ms[q], S = P * V;
+                    sched s;
+                    build_chunks(chunked[k], P, V, M, &s);
+                    ck_assert_int_eq(s.P, P);
+                    ck_assert_int_eq(s.V, V);
+                    ck_assert_int_eq(s.M, M);
+                    ck_assert_int_eq(sched_nstages(&s), S);
+                    ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s P=%d V=%d M=%d: %s", chunked[k], P, V,
+                                  M, err);
+                    int *cnt = calloc((size_t)S * M * SCHED_NOPS, sizeof(int));
+                    int *nextf = calloc((size_t)S, sizeof(int)), *nextw = calloc((size_t)S, sizeof(int));
+                    for (int r = 0; r < P; r++) {
+                        int sum = 0;
+                        for (int i = 0; i < s.n[r]; i++) {
+                            const sched_action *a = &s.acts[r][i];
+                            ck_assert_int_eq(a->stage % P, r);
+                            cnt[((size_t)a->stage * M + a->mb) * SCHED_NOPS + a->op]++;
+                            if (a->op == SCHED_F) ck_assert_int_eq(a->mb, nextf[a->stage]++);
+                            if (a->op == SCHED_B || a->op == SCHED_W) ck_assert_int_eq(a->mb, nextw[a->stage]++);
+                        }
+                        for (int c = 0; c < V; c++) sum += sched_max_inflight_stage(&s, c * P + r);
+                        ck_assert_int_le(sched_max_inflight(&s, r), sum);
+                        ck_assert_int_ge(sched_max_inflight(&s, r), 1);
+                    }
+                    for (int st = 0; st < S; st++)
+                        for (int mb = 0; mb < M; mb++) {
+                            const int *c = &cnt[((size_t)st * M + mb) * SCHED_NOPS];
+                            ck_assert_int_eq(c[SCHED_F], 1);
+                            ck_assert_msg((c[SCHED_B] == 1 && c[SCHED_I] == 0 && c[SCHED_W] == 0) ||
+                                          (c[SCHED_B] == 0 && c[SCHED_I] == 1 && c[SCHED_W] == 1),
+                                          "%s P=%d V=%d M=%d stage %d mb %d: B %d I %d W %d", chunked[k], P, V, M, st,
+                                          mb, c[SCHED_B], c[SCHED_I], c[SCHED_W]);
+                            ck_assert_int_eq(c[SCHED_B], k == 2 ? 0 : 1); /* only interleaved-zb splits */
+                        }
+                    for (int st = 0; st < S; st++) ck_assert(nextf[st] == M && nextw[st] == M);
+                    free(cnt); free(nextf); free(nextw);
+                    sched_free(&s);
+                }
+            }
+}
+END_TEST
+
+/* interleaved-1f1b's unit-cost bubble: exactly (P-1)/(V*M) of the ideal time 3*V*M when P
+   divides M (makespan 3(V*M + P - 1)), and strictly below 1f1b's at the same P and M for
+   every M > 1 (M = 1 cannot interleave); interleaved-zb never slower and never holding more
+   than interleaved-1f1b; looped-bfs holds V*M per rank */
+START_TEST(test_chunks_bubble) {
+    char err[512];
+    for (int P = 2; P <= 4; P++)
+        for (int V = 2; V <= 3; V++) {
+            int ms[6], nm = chunk_ms(P, ms);
+            for (int q = 0; q < nm; q++) {
+                int M = ms[q];
+                sched i, z, o, l;
+                sched_sim si, sz, so, sl;
+                build_chunks("interleaved-1f1b", P, V, M, &i);
+                build_chunks("interleaved-zb", P, V, M, &z);
+                build_chunks("looped-bfs", P, V, M, &l);
+                ck_assert_int_eq(sched_build("1f1b", P, M, &o, err, sizeof err), 0);
+                ck_assert_int_eq(sched_simulate(&i, &si, err, sizeof err), 0);
+                ck_assert_int_eq(sched_simulate(&z, &sz, err, sizeof err), 0);
+                ck_assert_int_eq(sched_simulate(&o, &so, err, sizeof err), 0);
+                ck_assert_int_eq(sched_simulate(&l, &sl, err, sizeof err), 0);
+                if (M % P == 0) {
+                    double want = (double)(P - 1) / (double)(V * M + P - 1);
+                    ck_assert_msg(si.makespan == 3 * (V * M + P - 1) && fabs(si.bubble - want) < 1e-12,
+                                  "P=%d V=%d M=%d: makespan %d bubble %.6f, theory %d %.6f", P, V, M, si.makespan,
+                                  si.bubble, 3 * (V * M + P - 1), want);
+                }
+                if (M % P == 0) /* Megatron's warm-up: (V-1)P + 2(P-1-r) forwards, then the first F, B pair */
+                    for (int r = 0; r < P; r++) {
+                        int w = (V - 1) * P + 2 * (P - 1 - r), nf = 0, want = w < V * M ? w + 1 : V * M;
+                        for (int x = 0; x < i.n[r] && i.acts[r][x].op != SCHED_B; x++) nf += i.acts[r][x].op == SCHED_F;
+                        ck_assert_msg(nf == want, "P=%d V=%d M=%d rank %d: %d forwards before the first backward, "
+                                      "want %d", P, V, M, r, nf, want);
+                        ck_assert_int_eq(sched_max_inflight(&i, r), want);
+                    }
+                if (M > 1) ck_assert_msg(si.bubble < so.bubble, "P=%d V=%d M=%d: interleaved %.6f, 1f1b %.6f", P, V,
+                                         M, si.bubble, so.bubble);
+                else ck_assert(fabs(si.bubble - so.bubble) < 1e-12);
+                ck_assert_int_le(sz.makespan, si.makespan);
+                for (int r = 0; r < P; r++) {
+                    ck_assert_int_le(sched_max_inflight(&z, r), sched_max_inflight(&i, r));
+                    ck_assert_int_eq(sched_max_inflight(&l, r), V * M);
+                    ck_assert_int_eq(sched_max_inflight_stage(&l, r), M);
+                    ck_assert_int_eq(sched_defers_weights(&i, r), 0);
+                }
+                sched_sim_free(&si); sched_sim_free(&sz); sched_sim_free(&so); sched_sim_free(&sl);
+                sched_free(&i); sched_free(&z); sched_free(&o); sched_free(&l);
+            }
+        }
+}
+END_TEST
+
+/* the exact lists of two small chunked schedules: the wrap from rank 1's stage 1 to rank 0's
+   stage 2, receives right before their compute, sends right after */
+START_TEST(test_chunks_exact_order) {
+    sched s;
+    build_chunks("interleaved-1f1b", 2, 2, 2, &s);
+    char *t = csv_text(&s);
+    ck_assert_str_eq(t,
+        "0F0,0SEND_F0,0F1,0SEND_F1,2RECV_F0,2F0,2SEND_F0,2RECV_F1,2F1,2SEND_F1,2RECV_B0,2B0,2SEND_B0,"
+        "2RECV_B1,2B1,2SEND_B1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+        "1RECV_F0,1F0,1SEND_F0,1RECV_F1,1F1,1SEND_F1,3RECV_F0,3F0,3B0,3SEND_B0,3RECV_F1,3F1,3B1,3SEND_B1,"
+        "1RECV_B0,1B0,1SEND_B0,1RECV_B1,1B1,1SEND_B1\n");
+    free(t);
+    sched_free(&s);
+    build_chunks("looped-bfs", 2, 2, 2, &s);
+    t = csv_text(&s);
+    ck_assert_str_eq(t,
+        "0F0,0SEND_F0,0F1,0SEND_F1,2RECV_F0,2F0,2SEND_F0,2RECV_F1,2F1,2SEND_F1,2RECV_B0,2B0,2SEND_B0,"
+        "2RECV_B1,2B1,2SEND_B1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+        "1RECV_F0,1F0,1SEND_F0,1RECV_F1,1F1,1SEND_F1,3RECV_F0,3F0,3RECV_F1,3F1,3B0,3SEND_B0,3B1,3SEND_B1,"
+        "1RECV_B0,1B0,1SEND_B0,1RECV_B1,1B1,1SEND_B1\n");
+    free(t);
+    sched_free(&s);
+}
+END_TEST
+
+/* FNV-1a 64 of a text, continuing from h */
+static unsigned long long fnv1a(const char *p, unsigned long long h) {
+    for (; *p; p++) { h ^= (unsigned char)*p; h *= 0x100000001b3ULL; }
+    return h;
+}
+
+/* V = 1 is bit-for-bit what it was before chunks: the CSV text of gpipe, 1f1b and zb-h1
+   over P in {1,2,3,4,5,8}, M in {1,2,3,4,7,8,12,16}, hashed as written by the build before
+   the change; and the chunked names with V = 1 build exactly those */
+START_TEST(test_chunks_v1_unchanged) {
+    const char *names[3] = { "gpipe", "1f1b", "zb-h1" };
+    const char *same[3] = { "looped-bfs", "interleaved-1f1b", "interleaved-zb" }; /* with V = 1 */
+    const unsigned long long want[3] = { 0x2e6cf67197ac046fULL, 0x1fcc30f96f736ff5ULL, 0x2e1ce8ec34ccecd4ULL };
+    const int Ps[6] = { 1, 2, 3, 4, 5, 8 }, Ms[8] = { 1, 2, 3, 4, 7, 8, 12, 16 };
+    for (int k = 0; k < 3; k++) {
+        unsigned long long h = 0xcbf29ce484222325ULL;
+        for (int a = 0; a < 6; a++)
+            for (int b = 0; b < 8; b++) {
+                sched s, c;
+                build_chunks(names[k], Ps[a], 1, Ms[b], &s);
+                ck_assert_int_eq(s.V, 1);
+                char *t = csv_text(&s);
+                h = fnv1a(t, h);
+                build_chunks(same[k], Ps[a], 1, Ms[b], &c);
+                char *u = csv_text(&c);
+                ck_assert_str_eq(t, u);
+                free(t); free(u);
+                sched_free(&s); sched_free(&c);
+            }
+        ck_assert_msg(h == want[k], "%s: CSV hash %llx, before chunks %llx", names[k], h, want[k]);
+    }
+}
+END_TEST
+
+/* refusals: the one-chunk schedules with V > 1 (naming those that take chunks), zb-v (its
+   layout is not s mod P), V < 1 */
+START_TEST(test_chunks_build_errors) {
+    sched s;
+    char err[512];
+    ck_assert_int_ne(sched_build_chunks("1f1b", 4, 2, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "1f1b runs one chunk per rank") && strstr(err, "interleaved-1f1b, looped-bfs, "
+                  "interleaved-zb"), "%s", err);
+    ck_assert_ptr_null(s.n);
+    ck_assert_int_ne(sched_build_chunks("zb-h1", 2, 3, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "zb-h1 runs one chunk per rank"), "%s", err);
+    ck_assert_int_ne(sched_build_chunks("zb-v", 4, 2, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "zb-v") && strstr(err, "s mod P"), "%s", err);
+    ck_assert_int_ne(sched_build_chunks("interleaved-1f1b", 4, 0, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "V=0"), "%s", err);
+    ck_assert_int_ne(sched_build_chunks("looped-bfs", 1 << 12, 1 << 5, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "too large"), "%s", err);
+    ck_assert_int_eq(sched_max_inflight_stage(&s, 0), -1);
+    ck_assert_int_eq(sched_defers_weights_stage(&s, 0), 0);
+    ck_assert_ptr_nonnull(sched_constraint("interleaved-1f1b"));
+    ck_assert_ptr_null(sched_constraint("zigzag"));
+    build_chunks("interleaved-zb", 3, 2, 6, &s);
+    ck_assert_int_eq(sched_max_inflight_stage(&s, 6), -1);
+    ck_assert_int_eq(sched_max_inflight_stage(&s, -1), -1);
+    int defers = 0;
+    for (int st = 0; st < 6; st++) defers += sched_defers_weights_stage(&s, st);
+    ck_assert_int_gt(defers, 0);
+    for (int r = 0; r < 3; r++)
+        ck_assert_int_eq(sched_defers_weights(&s, r), sched_defers_weights_stage(&s, r) ||
+                         sched_defers_weights_stage(&s, r + 3));
+    sched_free(&s);
+}
+END_TEST
+
+/* CSV round trip with chunks: V is inferred from the stages, the actions come back */
+START_TEST(test_chunks_csv_roundtrip) {
+    char err[512];
+    for (int k = 0; k < 3; k++)
+        for (int P = 2; P <= 4; P++)
+            for (int V = 2; V <= 3; V++) {
+                int M = 2 * P + 1;
+                sched a, b;
+                build_chunks(chunked[k], P, V, M, &a);
+                char *t = csv_text(&a);
+                FILE *f = tmpfile();
+                fputs(t, f);
+                rewind(f);
+                ck_assert_msg(sched_read_csv(f, chunked[k], &b, err, sizeof err) == 0, "%s", err);
+                fclose(f);
+                ck_assert(b.P == P && b.V == V && b.M == M);
+                for (int r = 0; r < P; r++) {
+                    ck_assert_int_eq(b.n[r], a.n[r]);
+                    ck_assert(memcmp(b.acts[r], a.acts[r], sizeof(sched_action) * (size_t)a.n[r]) == 0);
+                }
+                ck_assert_msg(sched_validate(&b, err, sizeof err) == 0, "%s", err);
+                char *u = csv_text(&b);
+                ck_assert_str_eq(t, u);
+                free(t); free(u);
+                sched_free(&a); sched_free(&b);
+            }
+}
+END_TEST
+
+/* hand-written chunked CSVs that break one rule each (P = 2 ranks, V = 2: stages 0..3) */
+START_TEST(test_chunks_invalid_csv) {
+    char err[512];
+    /* a valid one first: stage 1's output wraps to stage 2 on rank 0 */
+    const char *ok = "0F0,0SEND_F0,2RECV_F0,2F0,2SEND_F0,2RECV_B0,2I0,2SEND_B0,0RECV_B0,0I0,2W0,0W0\n"
+                     "1RECV_F0,1F0,1SEND_F0,3RECV_F0,3F0,3I0,3SEND_B0,1RECV_B0,1I0,1SEND_B0,3W0,1W0\n";
+    sched s;
+    from_text(ok, &s);
+    ck_assert_int_eq(s.V, 2);
+    ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(sched_max_inflight(&s, 0), 2);
+    ck_assert_int_eq(sched_max_inflight_stage(&s, 2), 1);
+    sched_free(&s);
+    /* stage 2 on row 1 (it runs on rank 0) */
+    expect_invalid("0F0,0SEND_F0,0RECV_B0,0B0,3RECV_F0,3F0,3B0,3SEND_B0\n"
+                   "1RECV_F0,1F0,1SEND_F0,2RECV_F0,2F0,2SEND_F0,2RECV_B0,2B0,2SEND_B0,1RECV_B0,1B0,1SEND_B0\n",
+                   err, sizeof err);
+    ck_assert_msg(strstr(err, "rank 0, action #4 (3RECV_F0): wrong stage, stage 3 runs on rank 1"), "%s", err);
+    /* stage 1 sends its output to stage 2, which lives on rank 0: rank 0 must receive it there */
+    char *t = strdup(ok);
+    drop_cell(t, "2RECV_F0");
+    expect_invalid(t, err, sizeof err);
+    ck_assert_msg(strstr(err, "rank 1, action #2 (1SEND_F0): no matching RECV on the peer (2RECV_F0 is missing "
+                  "from rank 0)"), "%s", err);
+    free(t);
+    /* the last stage (3) has nobody to send its output to */
+    expect_invalid("0F0,0SEND_F0,2RECV_F0,2F0,2SEND_F0,2RECV_B0,2B0,2SEND_B0,0RECV_B0,0B0\n"
+                   "1RECV_F0,1F0,1SEND_F0,3RECV_F0,3F0,3SEND_F0,3B0,3SEND_B0,1RECV_B0,1B0,1SEND_B0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "3SEND_F0") && strstr(err, "no partner, stage 3 is the last stage"), "%s", err);
+    /* a W before its I within a chunk */
+    expect_invalid("0F0,0SEND_F0,2RECV_F0,2F0,2SEND_F0,2RECV_B0,2W0,2I0,2SEND_B0,0RECV_B0,0I0,0W0\n"
+                   "1RECV_F0,1F0,1SEND_F0,3RECV_F0,3F0,3I0,3SEND_B0,1RECV_B0,1I0,1SEND_B0,3W0,1W0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "rank 0, action #6 (2W0): weight part before its input part"), "%s", err);
+    /* the weight order broken within stage 2 (across stages any order is fine: 3W0 after 1W0 below) */
+    const char *two = "0F0,0SEND_F0,0F1,0SEND_F1,2RECV_F0,2F0,2SEND_F0,2RECV_F1,2F1,2SEND_F1,"
+                      "2RECV_B0,2I0,2SEND_B0,2RECV_B1,2I1,2SEND_B1,%s,0RECV_B0,0B0,0RECV_B1,0B1\n"
+                      "1RECV_F0,1F0,1SEND_F0,1RECV_F1,1F1,1SEND_F1,3RECV_F0,3F0,3RECV_F1,3F1,3I0,3SEND_B0,"
+                      "3I1,3SEND_B1,1RECV_B0,1B0,1SEND_B0,1RECV_B1,1B1,1SEND_B1,3W0,3W1\n";
+    char buf[1024];
+    snprintf(buf, sizeof buf, two, "2W0,2W1");
+    from_text(buf, &s);
+    ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(sched_defers_weights_stage(&s, 2), 1);
+    ck_assert_int_eq(sched_defers_weights_stage(&s, 0), 0);
+    ck_assert_int_eq(sched_defers_weights(&s, 0), 1);
+    sched_free(&s);
+    snprintf(buf, sizeof buf, two, "2W1,2W0");
+    expect_invalid(buf, err, sizeof err);
+    ck_assert_msg(strstr(err, "rank 0, action #16 (2W1): comes before 2W0") && strstr(err, "ascending micro-batch "
+                  "order on each stage"), "%s", err);
+    /* a deadlock across the wrap: rank 0 waits for stage 1's output before sending stage 0's */
+    expect_invalid("2RECV_F0,0F0,0SEND_F0,2F0,2SEND_F0,2RECV_B0,2B0,2SEND_B0,0RECV_B0,0B0\n"
+                   "1RECV_F0,1F0,1SEND_F0,3RECV_F0,3F0,3B0,3SEND_B0,1RECV_B0,1B0,1SEND_B0\n", err, sizeof err);
+    ck_assert_msg(strstr(err, "deadlock") && strstr(err, "rank 0 blocked at action #0 2RECV_F0 (waiting for 1SEND_F0 "
+                  "from rank 1)"), "%s", err);
+    /* stages that are not a whole number of chunks per row */
+    FILE *f = tmpfile();
+    fputs("0F0,0B0,2F0,2B0,4F0,4B0\n1F0,1B0,3F0,3B0\n", f);
+    rewind(f);
+    ck_assert_int_ne(sched_read_csv(f, "x", &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "stages 0..4 (5) on 2 rows") && strstr(err, "multiple of the row count"), "%s", err);
+    fclose(f);
+}
+END_TEST
+
+/* the grid with chunks: cells carry the global stage, per-rank peaks and bubbles, the theory */
+START_TEST(test_chunks_print_grid) {
+    sched s;
+    build_chunks("interleaved-1f1b", 2, 2, 2, &s);
+    FILE *f = tmpfile();
+    sched_print_grid(&s, f);
+    rewind(f);
+    char line[1024], rest[4096] = "";
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_str_eq(line, "rank 0: 0F0 0F1 2F0 2F1 .   .   2B0 2B0 .   2B1 2B1 0B0 0B0 0B1 0B1\n");
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_str_eq(line, "rank 1: .   1F0 1F1 3F0 3B0 3B0 3F1 3B1 3B1 1B0 1B0 1B1 1B1 .   .\n");
+    while (fgets(line, sizeof line, f)) strncat(rest, line, sizeof rest - strlen(rest) - 1);
+    fclose(f);
+    ck_assert_msg(strstr(rest, "P=2 ranks x V=2 chunks = 4 stages") && strstr(rest, "makespan 15 units") &&
+                  strstr(rest, "bubble: 20.00%"), "%s", rest);
+    ck_assert_msg(strstr(rest, "rank 0: peak in-flight 4 (stages 0:2 2:2), bubble 20.00%\n") &&
+                  strstr(rest, "rank 1: peak in-flight 3 (stages 1:2 3:1), bubble 20.00%\n"), "%s", rest);
+    ck_assert_msg(strstr(rest, "(P-1)/(V*M) = 25.00% of the ideal time") && strstr(rest, "(P-1)/(V*M+P-1) = 20.00%"),
+                  "%s", rest);
+    sched_free(&s);
+}
+END_TEST
+
+/* measured costs on chunks: one line per global stage, or a per-rank (V = 1) file scaled by
+   1/V; unit costs give back the unit-cost makespan; other sizes are refused */
+START_TEST(test_chunks_costs) {
+    char err[512];
+    sched s;
+    sched_sim sim;
+    build_chunks("interleaved-1f1b", 2, 2, 4, &s);
+    ck_assert_int_eq(sched_simulate(&s, &sim, err, sizeof err), 0);
+    const char *per_stage = "stages 4\nstage 0 F 1 B 2 O 1\nstage 1 F 1 B 2 O 1\nstage 2 F 1 B 2 O 2\n"
+                            "stage 3 F 1 B 2 O 1\n";
+    const char *per_rank = "stages 2\nstage 0 F 2 B 4 O 2\nstage 1 F 2 B 4 O 2\n";
+    const char *texts[2] = { per_stage, per_rank };
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fmemopen((void *)texts[k], strlen(texts[k]), "r");
+        sched_costs c;
+        ck_assert_msg(sched_costs_read(f, &c, err, sizeof err) == 0, "%s", err);
+        fclose(f);
+        sched_pred p;
+        ck_assert_msg(sched_predict(&s, &c, &p, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(fabs(p.makespan_s - sim.makespan) < 1e-9 && fabs(p.bubble - sim.bubble) < 1e-9, "%g %g",
+                      p.makespan_s, p.bubble);
+        ck_assert_msg(fabs(p.step_s - p.makespan_s - (k == 0 ? 3.0 : 2.0)) < 1e-9, "%g", p.step_s); /* rank 0: 1 + 2 */
+        sched_pred_free(&p);
+        sched_costs_free(&c);
+    }
+    /* uneven: rank-file stage 0 (F 2, B 4) holds stages 0 and 1, its stage 1 (F 4, B 8)
+       holds stages 2 and 3, each at half the cost: the same as the per-stage file below */
+    const char *uneven[2] = { "stages 2\nstage 0 F 2 B 4\nstage 1 F 4 B 8\n",
+                              "stages 4\nstage 0 F 1 B 2\nstage 1 F 1 B 2\nstage 2 F 2 B 4\nstage 3 F 2 B 4\n" };
+    sched_pred up[2];
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fmemopen((void *)uneven[k], strlen(uneven[k]), "r");
+        sched_costs c;
+        ck_assert_msg(sched_costs_read(f, &c, err, sizeof err) == 0, "%s", err);
+        fclose(f);
+        ck_assert_msg(sched_predict(&s, &c, &up[k], err, sizeof err) == 0, "%s", err);
+        sched_costs_free(&c);
+    }
+    ck_assert_msg(fabs(up[0].makespan_s - up[1].makespan_s) < 1e-9 && up[0].makespan_s > sim.makespan, "%g %g",
+                  up[0].makespan_s, up[1].makespan_s);
+    for (int r = 0; r < 2; r++) ck_assert(fabs(up[0].busy_s[r] - up[1].busy_s[r]) < 1e-9);
+    ck_assert(fabs(up[0].busy_s[0] - 4 * 3.0 - 4 * 6.0) < 1e-9); /* rank 0: stages 0 (1+2) and 2 (2+4), M = 4 */
+    sched_pred_free(&up[0]);
+    sched_pred_free(&up[1]);
+    const char *three = "stages 3\nstage 0 F 1\n";
+    FILE *f = fmemopen((void *)three, strlen(three), "r");
+    sched_costs c;
+    ck_assert_int_eq(sched_costs_read(f, &c, err, sizeof err), 0);
+    fclose(f);
+    sched_pred p;
+    ck_assert_int_ne(sched_predict(&s, &c, &p, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "costs are for 3 stages, the schedule has 2 ranks x 2 chunks = 4 stages"), "%s", err);
+    sched_costs_free(&c);
+    sched_sim_free(&sim);
+    sched_free(&s);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 
 /* collect all cases into one suite */
 static Suite *sched_suite(void) {
@@ -641,6 +1061,15 @@ static Suite *sched_suite(void) {
     tcase_add_test(tc, test_validate_split_backward);
     tcase_add_test(tc, test_costs_predict);
     tcase_add_test(tc, test_print_grid);
+    tcase_add_test(tc, test_chunks_builders_valid);
+    tcase_add_test(tc, test_chunks_bubble);
+    tcase_add_test(tc, test_chunks_exact_order);
+    tcase_add_test(tc, test_chunks_v1_unchanged);
+    tcase_add_test(tc, test_chunks_build_errors);
+    tcase_add_test(tc, test_chunks_csv_roundtrip);
+    tcase_add_test(tc, test_chunks_invalid_csv);
+    tcase_add_test(tc, test_chunks_print_grid);
+    tcase_add_test(tc, test_chunks_costs);
     suite_add_tcase(su, tc);
     return su;
 }

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The schedule property test: random deadlock-free schedules that respect only the true data
 # dependencies train the tiny model bit-identically to one process, for P = 1..4 and
-# M = 1..8 (see tests/sched_random.c). COUNT schedules per P (default 130: 520 in all).
+# M = 1..8 (see tests/sched_random.c). COUNT schedules per P (default 130: 520 in all). Then the
+# validator on random schedules with chunks (--chunks-only), P = 1..6, 9 * COUNT draws each.
 source "$(dirname "$0")/lib.sh"
 DRIVER=${SCHED_RANDOM:-$(dirname "$PIPELM")/tests/sched_random}
 COUNT=${COUNT:-130}
@@ -12,6 +13,12 @@ for P in 2 3 4; do
     if timeout -k 5 400 "$MPIEXEC" -n $P "$DRIVER" --dir "$WORK" --count "$COUNT" --seed $P > p$P.out 2>&1; then
         ok "$(tail -n 1 p$P.out)"; else bad "P=$P" "$(tail -n 8 p$P.out)"; fi
 done
-echo "property test: $((4 * COUNT)) schedules in $(($(date +%s) - start)) s"
-rm -f p?.out
+# the validator alone on chunked schedules (V = 1..3 chunks per rank, stage s on rank s mod P),
+# rule-abiding, unordered and drawn without the peers (may deadlock), against the cycle oracle
+for P in 1 2 3 4 5 6; do
+    if timeout -k 5 120 "$MPIEXEC" -n 1 "$DRIVER" --chunks-only --ranks $P --count "$COUNT" --seed $P > c$P.out 2>&1; then
+        ok "$(tail -n 1 c$P.out)"; else bad "chunks P=$P" "$(tail -n 8 c$P.out)"; fi
+done
+echo "property test: $((4 * COUNT)) schedules trained, $((6 * 9 * COUNT)) chunked ones validated in $(($(date +%s) - start)) s"
+rm -f p?.out c?.out
 finish

@@ -1,17 +1,26 @@
 /*
  * sched: pipeline-parallel schedules for pipelm. A schedule says, for each
- * MPI rank (rank s runs pipeline stage s, P stages, M micro-batches per step),
- * the ordered list of actions it performs in one training step: forward and
- * full backward computations plus the explicit point-to-point communication
- * actions between neighbouring stages. Actions are written the way PyTorch's
- * torch.distributed.pipelining writes its _Action objects ("0F3", "1B3",
- * "2RECV_F0", "0SEND_F0", "1SEND_B2", "0RECV_B2"), and a schedule can be saved
- * and loaded as the same CSV torch's _dump_csv/_load_csv use: one row per
- * rank, comma-separated action strings, no header. The module builds the
- * "gpipe" and "1f1b" schedules, validates any schedule (ownership, ordering,
- * send/recv pairing, deadlock freedom under blocking receives and
- * non-blocking sends), simulates it with unit costs (F=1, B=2, comm=0) to get
- * the makespan and bubble fraction, and prints it as a rank x time grid.
+ * MPI rank (P ranks, M micro-batches per step), the ordered list of actions it
+ * performs in one training step: forward and backward computations plus the
+ * explicit point-to-point communication actions between neighbouring stages.
+ *
+ * Virtual stages: a rank may own V >= 1 model chunks. The model is then split
+ * into S = P * V stages and global stage s runs on rank s % P as that rank's
+ * chunk s / P (torch's and Megatron's loop layout), so activations wrap from
+ * the last rank back to rank 0. With V = 1 stage s is simply rank s.
+ * Every action names its GLOBAL stage.
+ *
+ * Actions are written the way PyTorch's torch.distributed.pipelining writes
+ * its _Action objects ("0F3", "1B3", "2RECV_F0", "0SEND_F0", "1SEND_B2",
+ * "0RECV_B2"; "5F3" = stage 5's forward of micro-batch 3), and a schedule can
+ * be saved and loaded as the same CSV torch's _dump_csv/_load_csv use: one row
+ * per rank, comma-separated action strings, no header. The module builds
+ * "gpipe", "1f1b", "zb-h1" (one chunk per rank) and "interleaved-1f1b",
+ * "looped-bfs", "interleaved-zb" (V chunks per rank), validates any schedule
+ * (ownership, ordering, send/recv pairing, storage lifetimes, deadlock freedom
+ * under blocking receives and non-blocking sends), simulates it with unit
+ * costs (F=1, B=2, I=W=1, comm=0) to get the makespan and bubble fraction, and
+ * prints it as a rank x time grid.
  * No MPI here: this is pure bookkeeping shared by the engine and the tools.
  */
 #ifndef PIPELM_SCHED_H
@@ -42,17 +51,51 @@ typedef struct {
 
 typedef struct {
     char name[32];         /* "gpipe", "1f1b", or whatever a CSV was called */
-    int P, M;              /* stages (= ranks), micro-batches per step */
+    int P, M;              /* ranks (rows), micro-batches per step */
     int *n;                /* n[r] = number of actions of rank r */
     sched_action **acts;   /* acts[r][0..n[r]-1], in execution order */
+    int V;                 /* chunks per rank: S = P * V global stages, stage s on rank s % P
+                              (chunk s / P). 0 is read as 1, so a struct zeroed by hand and
+                              filled with P, M, n, acts is a one-chunk schedule. */
 } sched;
 
-/* Build a named schedule ("gpipe", "1f1b" or "zb-h1") for P stages, M micro-batches.
-   zb-h1 (Qi et al., ICLR 2024, "H1" memory): 1F1B with every backward split into I and
-   W; in the cool-down the I's run as soon as their gradients arrive and the W's fill the
-   time the rank would have waited, so the last gradients reach stage 0 faster.
-   Returns 0 on success; on error fills err and leaves *s empty. */
+/* The number of global stages, P * V (V < 1 read as 1); 0 for NULL. */
+int sched_nstages(const sched *s);
+
+/* Build a named schedule for P ranks, M micro-batches, one chunk per rank:
+   sched_build_chunks(name, P, 1, M, ...). */
 int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen);
+
+/* Build a named schedule for P ranks with V chunks each (S = P*V stages), M micro-batches.
+     gpipe, 1f1b, zb-h1   V must be 1 (refused otherwise, naming the ones that take chunks).
+       zb-h1 (Qi et al., ICLR 2024, "H1" memory): 1F1B with every backward split into I
+       and W; in the cool-down the I's run as soon as their gradients arrive and the W's
+       fill the time the rank would have waited.
+     interleaved-1f1b     Narayanan et al. 2021 (Megatron's and torch's
+       ScheduleInterleaved1F1B order): the forwards visit the rank's chunks in groups of
+       G = ceil(M / rounds) micro-batches, rounds = max(1, floor(M / P)) (depth first),
+       warm-up (V-1)G + 2(P-1-r) forwards, then one F one B, then the cool-down. Any M:
+       torch takes only M < 2P or M a multiple of its rounds (G = M / rounds); for the
+       other M the lists are those of the next multiple of G with the padding micro-batches
+       left out, which stays deadlock-free. Unit-cost bubble exactly (P-1)/(V*M) of the
+       ideal time when P divides M; M = 1 cannot interleave (same bubble as 1f1b).
+     looped-bfs           torch's ScheduleLoopedBFS: every forward of chunk 0, then of
+       chunk 1, ...; then the backwards from the last chunk down. Any M; holds V*M.
+       The backwards of a stage run in ascending micro-batch order (torch runs them
+       descending), as the gradient-order rule below requires.
+     interleaved-zb       the zero-bubble form of interleaved-1f1b (torch's
+       ScheduleInterleavedZeroBubble, ZB1P): its forward and input-backward order, each
+       backward split into I and W, the W's filling the time a rank would wait, with no
+       more micro-batches held than interleaved-1f1b. Any M, as interleaved-1f1b.
+   With V = 1, interleaved-1f1b, looped-bfs and interleaved-zb are accepted and build
+   exactly 1f1b, gpipe and zb-h1 (under their own name). zb-v is refused: its V-shaped
+   layout (stage 2P-1-r on rank r) is not the loop layout s % P of this module.
+   Returns 0 on success; on error fills err and leaves *s empty. */
+int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen);
+
+/* The constraint a schedule puts on M (and what it costs), as one line of text for --help;
+   NULL for an unknown name. */
+const char *sched_constraint(const char *name);
 
 /* Release what sched_build/sched_read_csv allocated; safe on a zeroed sched. */
 void sched_free(sched *s);
@@ -77,12 +120,18 @@ int sched_write_csv(const sched *s, FILE *f);
 
 /* Read a schedule CSV (torch's format; '\r\n' line ends, blanks around
    cells and empty cells are tolerated). P = number of rows, M = max mb + 1.
-   The result is not validated; call sched_validate. 0 = ok. */
+   Stages beyond the rows are chunks: when max stage >= P, S = max stage + 1
+   must be a multiple of P (refused otherwise) and V = S / P; else V = 1.
+   The result is not validated (a stage on the wrong row is sched_validate's
+   to refuse); call sched_validate. 0 = ok. */
 int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen);
 
 /* Check that the schedule is complete, well ordered, has matched send/recv
-   pairs and cannot deadlock when receives block and sends do not.
-   0 = valid; otherwise err names the rank, the action and the reason.
+   pairs and cannot deadlock when receives block and sends do not. Every rule
+   holds per (global stage, micro-batch): stage s only on rank s % P; SEND_F of
+   stage s pairs with RECV_F of stage s+1 (on rank (s+1) % P), SEND_B of stage s
+   with RECV_B of stage s-1, same micro-batch.
+   0 = valid; otherwise err names the rank, the action (with its stage) and the reason.
 
    It also checks the engine's storage contract, so that every schedule it
    accepts computes exactly what one process computes. Every value that
@@ -100,9 +149,9 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
    A micro-batch's backward is either one B, or an I and a later W; wherever a rule
    names B, I takes its place for the input side (receive, send, the forward output
    sent first) and W for the weight side (the slot is freed by B or W).
-   The one value shared by micro-batches is the gradient accumulator, and a
-   float sum depends on its order: the weight adders, B or W (and, on the last
-   stage, F, which runs the LM head's backward), must come in ascending
+   The one value shared by micro-batches is a stage's gradient accumulator, and a
+   float sum depends on its order: on every stage the weight adders, B or W (and,
+   on the last stage, F, which runs the LM head's backward), must come in ascending
    micro-batch order. The
    engine checks the same order as it runs and refuses, naming the action. */
 int sched_validate(const sched *s, char *err, size_t errlen);
@@ -124,24 +173,38 @@ typedef struct {
 #define SCHED_COST_I 1
 #define SCHED_COST_W 1
 
-/* Play the schedule with F=1, B=2, I=1, W=1, communication instantaneous; a RECV
-   completes at the time its matching SEND was issued. Fails (with a message
-   naming each blocked rank) on deadlock or on malformed actions. 0 = ok. */
+/* Play the schedule with F=1, B=2, I=1, W=1 on every stage (a chunk costs what a
+   stage costs), communication instantaneous; a RECV completes at the time its
+   matching SEND was issued. busy and bubble are over the P ranks. Fails (with a
+   message naming each blocked rank) on deadlock or on malformed actions. 0 = ok. */
 int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen);
 
 /* Release a sched_sim; safe on a zeroed one. */
 void sched_sim_free(sched_sim *sim);
 
 /* Max number of micro-batches forwarded but whose slot is not yet freed (by B or W) at any point
-   on rank `stage`; -1 if stage is out of range. */
+   on RANK `stage` (the argument is a rank; with V = 1 rank = stage). With V > 1 it counts
+   the activations of all the rank's chunks together: the peak over its list of the sum over
+   its chunks (at most the sum of their sched_max_inflight_stage). -1 if out of range. */
 int sched_max_inflight(const sched *s, int stage);
 
-/* 1 if rank `stage` starts a backward while an earlier micro-batch's W is still
-   pending: its stage then needs deferred weight buffers (stage_init_deferred). */
+/* The same for one GLOBAL stage: the peak number of its slots (its micro-batches forwarded,
+   not yet freed by B or W). -1 if stage is outside 0..S-1. */
+int sched_max_inflight_stage(const sched *s, int stage);
+
+/* 1 if RANK `stage` has a chunk that starts a backward while an earlier micro-batch's W of
+   the same chunk is still pending: that chunk then needs deferred weight buffers
+   (stage_init_deferred). With V = 1 rank = stage. */
 int sched_defers_weights(const sched *s, int stage);
 
+/* The same for one GLOBAL stage (0 if out of range). */
+int sched_defers_weights_stage(const sched *s, int stage);
+
 /* Print the rank x time grid of the unit-cost simulation (a B fills two
-   columns, '.' is idle) and a summary: name, P, M, bubble, in-flight. */
+   columns, '.' is idle) and a summary: name, P, M, bubble, in-flight.
+   With V > 1 each cell carries its global stage ("5F3", torch's spelling), and
+   per rank the peak in-flight activations (all its chunks) and its own bubble
+   follow, with the theory of interleaved-1f1b. */
 void sched_print_grid(const sched *s, FILE *out);
 
 #endif /* PIPELM_SCHED_H */
