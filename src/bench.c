@@ -130,15 +130,18 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
      * spend not computing, summed over ranks — the quantity the schedule's theory predicts */
     double peak = 0, compute = 0, pipe = 0;
     for (int r = 0; r < P; r++) {
-        const double *s = br->stage_stats + 8 * r;
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
         peak += s[6];
         compute += s[0];
         pipe += s[3] - s[2];
     }
+    int D = br->D > 1 ? br->D : 1;
+    peak *= D; /* every replica's ranks compute: the peak of all W = D P ranks */
     double mfu = peak > 0 ? tflops * 1e3 / peak : 0;
     double bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
-    pl_info("\nbenchmark: %d stage%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
-            P, P > 1 ? "s" : "", br->schedule, br->M, br->B, br->T, br->nsteps);
+    pl_info("\nbenchmark: %d stage%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
+            P, P > 1 ? "s" : "", D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B, br->T,
+            br->nsteps);
     pl_info("  throughput      %10.1f tokens/s\n", tokens_per_s);
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * med, 1e3 * mn, 1e3 * mx);
     pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", tflops, br->flops_per_token);
@@ -146,13 +149,16 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
             br->peak_what ? br->peak_what : "sgemm");
     pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
     pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
-    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s\n");
+    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s  dp-wait ms  AdamW MB\n");
     for (int r = 0; r < P; r++) {
-        const double *s = br->stage_stats + 8 * r;
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
         double idle = s[3] - s[0] - s[1] - s[2];
-        pl_info("  %5d  %4d  %6.0f  %10.1f  %7.1f  %8.1f  %7.1f  %11.1f  %10.1f\n", r, r, s[5], s[0], s[1], s[2],
-                idle > 0 ? idle : 0, s[4], s[6]);
+        pl_info("  %5d  %4d  %6.0f  %10.1f  %7.1f  %8.1f  %7.1f  %11.1f  %10.1f  %10.2f  %8.1f\n", r, r * D, s[5], s[0],
+                s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], s[8], s[9]);
     }
+    if (D > 1)
+        pl_info("  (dp-wait: the replicas' gradient reduction not hidden behind the backward, per step; optim ms "
+                "includes it; AdamW MB: m and v on one rank)\n");
     int rc = 0;
     if (json && json[0]) {
         FILE *f = fopen(json, "w");
@@ -165,13 +171,15 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
                     P, br->schedule, br->M, br->B, br->T, br->nsteps, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx,
                     tflops, mfu, peak, br->flops_per_token, bubble, br->bubble_theoretical, blas_kernel());
             for (int r = 0; r < P; r++) {
-                const double *s = br->stage_stats + 8 * r;
+                const double *s = br->stage_stats + BENCH_NSTAT * r;
                 double idle = s[3] - s[0] - s[1] - s[2];
                 fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
-                           "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d}",
-                        r ? "," : "", r, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7]);
+                           "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
+                           "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f}",
+                        r ? "," : "", r * D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
+                        s[8], s[9]);
             }
-            fprintf(f, "]}\n");
+            fprintf(f, "],\"dp\":%d,\"zero\":%d}\n", D, br->zero);
             if (fclose(f) != 0) rc = PL_EIO;
         }
     }
@@ -180,9 +188,16 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
         if (!f) { pl_error("cannot write %s", csv); rc = PL_EIO; }
         else {
             fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
-                       "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical\n");
-            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f\n", br->schedule, P, br->M, br->B,
-                    br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble, br->bubble_theoretical);
+                       "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max\n");
+            double dw = 0, om = 0;
+            for (int r = 0; r < P; r++) {
+                const double *s = br->stage_stats + BENCH_NSTAT * r;
+                if (s[8] > dw) dw = s[8];
+                if (s[9] > om) om = s[9];
+            }
+            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f\n", br->schedule, P, br->M,
+                    br->B, br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble,
+                    br->bubble_theoretical, D, br->zero, dw, om);
             if (fclose(f) != 0) rc = PL_EIO;
         }
     }

@@ -208,10 +208,28 @@ uint32_t ckpt_crc_floats(const float *p, size_t n) {
  * lnf_w, lnf_b) with its shape: the sequence of datasets every rank walks in step. */
 int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g) {
     int n = 0, C = c->C;
+    if (c->arch == MODEL_LLAMA) { /* the model's own table of the whole model: its order is the schema's */
+        param_tensor *t = calloc((size_t)model_max_tensors(c, c->L), sizeof *t);
+        size_t total;
+        if (!t) return 0;
+        n = model_layout(c, 0, c->L, 1, 1, t, &total);
+        for (int i = 0; i < n; i++) {
+            g[i].kind = t[i].kind;
+            g[i].layer = t[i].layer;
+            g[i].ndim = t[i].ndim;
+            g[i].shape[0] = t[i].shape[0];
+            g[i].shape[1] = t[i].shape[1];
+            g[i].numel = t[i].numel;
+            if (t[i].layer >= 0) snprintf(g[i].path, sizeof g[i].path, "h.%d/%s", t[i].layer, param_kind_name[t[i].kind]);
+            else snprintf(g[i].path, sizeof g[i].path, "%s", param_kind_name[t[i].kind]);
+        }
+        free(t);
+        return n;
+    }
     /* per-kind shape: rows, cols (cols 0 = 1-D) */
-    int rows[P_NKINDS] = {c->Vp, c->maxT, C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C, C, C};
-    int cols[P_NKINDS] = {C, C, 0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0, 0, 0};
-    for (int k = 0; k < P_NKINDS; k++) {
+    int rows[P_NKINDS_GPT2] = {c->Vp, c->maxT, C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C, C, C};
+    int cols[P_NKINDS_GPT2] = {C, C, 0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0, 0, 0};
+    for (int k = 0; k < P_NKINDS_GPT2; k++) {
         int block = k >= P_LN1W && k <= P_FCPROJB;
         if (block && k != P_LN1W) continue; /* blocks are emitted layer by layer below */
         int nl = block ? c->L : 1;
@@ -629,9 +647,28 @@ typedef struct {
     long long format_version, root_step, optim_step;
     double optim_lr;
     long long cfg[6]; /* vocab_size, padded_vocab_size, max_seq_len, n_layer, n_head, n_embd */
+    int has_arch;     /* /config/arch present (a file of an older pipelm has none: gpt2) */
+    char arch[16];
+    /* /config, Llama only: n_kv_head, ffn_hidden, multiple_of, use_scaled_rope, llama_version_major,
+     * llama_version_minor; ffn_dim_multiplier, norm_eps, rope_theta */
+    long long lcfg[6];
+    double lf[3];
     ckpt_meta m;      /* /train (m.step is /train step) and /optim beta1.. */
     int has_branch;   /* /train markov_branch present */
 } meta_all;
+
+/* The Llama attributes of /config (docs/formats.md), in the order of meta_all.lcfg / lf. */
+static const char *const llama_int_attr[6] = {"n_kv_head", "ffn_hidden", "multiple_of", "use_scaled_rope",
+                                              "llama_version_major", "llama_version_minor"};
+static const char *const llama_f64_attr[3] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
+
+/* meta_all's Llama fields from a config (c->arch == MODEL_LLAMA). */
+static void llama_meta(const gpt2_config *c, meta_all *a) {
+    long long li[6] = {c->NKV, c->H, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor};
+    double lf[3] = {c->ffn_mult, c->norm_eps, c->rope_theta};
+    memcpy(a->lcfg, li, sizeof li);
+    memcpy(a->lf, lf, sizeof lf);
+}
 
 /* The canonical text of the metadata that meta_crc32c covers (docs/formats.md): one
  * "path=value\n" line per attribute in a fixed order; integers in decimal, floats as
@@ -645,6 +682,11 @@ static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
     CANON("format=%s\nformat_version=%lld\npipelm_version=%s\nstep=%lld\ncreated=%s\n", a->format,
           a->format_version, a->version, a->root_step, a->created);
     for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", cn[i], a->cfg[i]);
+    if (a->has_arch) CANON("/config/arch=%s\n", a->arch);
+    if (a->has_arch && strcmp(a->arch, "llama") == 0) {
+        for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", llama_int_attr[i], a->lcfg[i]);
+        for (int i = 0; i < 3; i++) CANON("/config/%s=%.17g\n", llama_f64_attr[i], a->lf[i]);
+    }
     CANON("/optim/name=%s\n/optim/beta1=%.17g\n/optim/beta2=%.17g\n/optim/eps=%.17g\n/optim/weight_decay=%.17g\n"
           "/optim/lr=%.17g\n/optim/step=%lld\n", a->optim_name, m->beta1, m->beta2, m->eps, m->weight_decay,
           a->optim_lr, a->optim_step);
@@ -690,6 +732,9 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
     all.optim_lr = m->lr;
     long long cv[6] = {c->V, c->Vp, c->maxT, c->L, c->NH, c->C};
     memcpy(all.cfg, cv, sizeof cv);
+    all.has_arch = 1;
+    snprintf(all.arch, sizeof all.arch, "%s", model_arch_name(c->arch));
+    if (c->arch == MODEL_LLAMA) llama_meta(c, &all);
     all.m = *m;
     all.m.nstages = m->nstages > 0 && m->nstages <= CKPT_MAX_STAGES ? m->nstages : 0;
     all.has_branch = m->markov_branch > 0; /* written only when the run says (<= 0: not known) */
@@ -704,8 +749,13 @@ static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const 
     PL_TRY(group_create(f, "config", &g, cx));
     if ((rc = attr_i64(g, "vocab_size", c->V, cx)) || (rc = attr_i64(g, "padded_vocab_size", c->Vp, cx)) ||
         (rc = attr_i64(g, "max_seq_len", c->maxT, cx)) || (rc = attr_i64(g, "n_layer", c->L, cx)) ||
-        (rc = attr_i64(g, "n_head", c->NH, cx)) || (rc = attr_i64(g, "n_embd", c->C, cx)))
+        (rc = attr_i64(g, "n_head", c->NH, cx)) || (rc = attr_i64(g, "n_embd", c->C, cx)) ||
+        (rc = attr_str(g, "arch", all.arch, cx)))
         goto done;
+    for (int i = 0; c->arch == MODEL_LLAMA && i < 6; i++)
+        if ((rc = attr_i64(g, llama_int_attr[i], all.lcfg[i], cx))) goto done;
+    for (int i = 0; c->arch == MODEL_LLAMA && i < 3; i++)
+        if ((rc = attr_f64(g, llama_f64_attr[i], all.lf[i], cx))) goto done;
     if ((rc = obj_close(&g, cx))) goto done;
     PL_TRY(group_create(f, "optim", &g, cx));
     if ((rc = attr_str(g, "name", "adamw", cx)) || (rc = attr_f64(g, "beta1", m->beta1, cx)) ||
@@ -747,9 +797,11 @@ static float *section_base(const stage *st, const optim *opt, int s) {
 
 /* The tensor of this stage that dataset g's data is written from: NULL where this rank
  * writes none (the tied wte is written from the first stage only). */
-static const param_tensor *written_tensor(const stage *st, const ckpt_gtensor *g) {
+static const param_tensor *written_tensor(const stage *st, const optim *opt, const ckpt_gtensor *g, int i) {
     const param_tensor *t = stage_find_tensor(st, g->kind, g->layer);
-    return t && (g->kind != P_WTE || st->has_embed) ? t : NULL;
+    /* data parallelism: the D replicas of a stage share its tensors out, tensor i to replica i mod D */
+    int D = opt && opt->dp_size > 1 ? opt->dp_size : 1, d = D > 1 ? opt->dp_rank : 0;
+    return t && (g->kind != P_WTE || st->has_embed) && i % D == d ? t : NULL;
 }
 
 /* A host view of one tensor of a section, for one dataset: map (mode PL_MAP_READ to write
@@ -818,15 +870,16 @@ static void *crc_worker(void *arg) {
 
 /* Check before any collective HDF5 call that every rank has the same model and that each
  * tensor has exactly one writer; otherwise the collective calls would not match. */
-static int check_ownership(const stage *st, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
-    int dims[6] = {st->cfg.V, st->cfg.maxT, st->cfg.L, st->cfg.NH, st->cfg.C, st->cfg.Vp}, lo[6], hi[6];
+static int check_ownership(const stage *st, const optim *opt, const ckpt_gtensor *gt, int n, MPI_Comm comm, h5ctx *cx) {
+    int dims[9] = {st->cfg.V, st->cfg.maxT, st->cfg.L, st->cfg.NH, st->cfg.C, st->cfg.Vp, st->cfg.arch,
+                   st->cfg.NKV, st->cfg.H}, lo[9], hi[9];
     int rc = PL_OK;
     int *cnt = calloc((size_t)n, sizeof(int)), *sum = calloc((size_t)n, sizeof(int));
     if (!cnt || !sum) { rc = fail_msg(cx, PL_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < n; i++)
-        cnt[i] = stage_find_tensor(st, gt[i].kind, gt[i].layer) && (gt[i].kind != P_WTE || st->has_embed);
-    if (MPI_Allreduce(dims, lo, 6, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS ||
-        MPI_Allreduce(dims, hi, 6, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
+        cnt[i] = written_tensor(st, opt, &gt[i], i) != NULL;
+    if (MPI_Allreduce(dims, lo, 9, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS ||
+        MPI_Allreduce(dims, hi, 9, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
         MPI_Allreduce(cnt, sum, n, MPI_INT, MPI_SUM, comm) != MPI_SUCCESS) {
         rc = fail_msg(cx, PL_EMPI, "MPI_Allreduce failed while checking the stages");
         goto done;
@@ -851,7 +904,7 @@ done:
  * moments) plus 2 KiB of HDF5 metadata per dataset (about 0.5 KiB are used: a contiguous
  * dataset has no chunk index) and 1 MiB. */
 static double space_needed(const gpt2_config *c, int ntensors) {
-    return 3.0 * 4.0 * (double)gpt2_num_params(c) + 3.0 * ntensors * 2048.0 + 1048576.0;
+    return 3.0 * 4.0 * (double)model_num_params(c) + 3.0 * ntensors * 2048.0 + 1048576.0;
 }
 
 /* PIPELM_CKPT_NO_SPACE_CHECK=1 turns off the free-space check and the reservation below
@@ -915,7 +968,7 @@ int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, 
     char scratch[1024];
     h5ctx later = {cxs.file, "", scratch, sizeof scratch, rank};
     err[0] = 0;
-    int rc = PL_OK, n = 4 + 12 * st->cfg.L, r2;
+    int rc = PL_OK, n = model_num_tensors(&st->cfg), r2;
     hid_t f = -1, sec = -1, sub = -1, lay = -1, dxpl = -1;
     const backend *be = st->be;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
@@ -951,12 +1004,12 @@ int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, 
                       "that stage's tensors)");
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
     n = ckpt_global_tensors(&st->cfg, gt);
-    rc = check_ownership(st, gt, n, comm, cx);
+    rc = check_ownership(st, opt, gt, n, comm, cx);
     int who, mode = fail_mode(size, &who, cx), xfer = xfer_mode(cx);
     if (mode < 0 || xfer < 0) rc = PL_EINVAL;
     for (int s = 0; eager && rc == PL_OK && s < 3; s++)
         for (int i = 0; i < n && rc == PL_OK; i++) {
-            const param_tensor *t = written_tensor(st, &gt[i]);
+            const param_tensor *t = written_tensor(st, opt, &gt[i], i);
             char dpath[96];
             dataset_path(s, &gt[i], dpath, sizeof dpath);
             if (t) rc = view_map(be, section_base(st, opt, s), t, PL_MAP_READ, dpath, &views[s * n + i], cx);
@@ -1005,7 +1058,7 @@ int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, 
             char dpath[96];
             dataset_path(s, g, dpath, sizeof dpath);
             /* a rank that has failed writes no more data */
-            const param_tensor *t = rc == PL_OK ? written_tensor(st, g) : NULL;
+            const param_tensor *t = rc == PL_OK ? written_tensor(st, opt, g, i) : NULL;
             if (t && !eager) FIRST_ERROR(view_map(be, section_base(st, opt, s), t, PL_MAP_READ, dpath, &views[k], use));
             const float *data = rc == PL_OK ? views[k].host : NULL;
             if (data && !threaded) vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(data, g->numel);
@@ -1451,6 +1504,45 @@ static int read_meta_root(hid_t f, meta_all *a, h5ctx *cx) {
     return PL_OK;
 }
 
+/* /config/arch of the open group g: "gpt2" or "llama"; absent (an older pipelm's file): gpt2. */
+static int read_meta_arch(hid_t g, meta_all *a, h5ctx *cx) {
+    int rc = PL_OK;
+    htri_t ha;
+    snprintf(cx->obj, sizeof cx->obj, "attribute /config/arch");
+    CKPT_H5(ha = H5Aexists(g, "arch"));
+    cx->obj[0] = 0;
+    a->has_arch = ha > 0;
+    snprintf(a->arch, sizeof a->arch, "gpt2");
+    if (a->has_arch && (rc = attr_get_str(g, "/config", "arch", a->arch, sizeof a->arch, cx))) goto done;
+    if (strcmp(a->arch, "gpt2") != 0 && strcmp(a->arch, "llama") != 0)
+        rc = fail_msg(cx, PL_EIO, "attribute /config/arch is '%s', not gpt2 or llama", a->arch);
+done:
+    return rc;
+}
+
+/* The Llama attributes of /config (every one required), each range-checked by name before
+ * anything narrows it. */
+static int read_meta_llama(hid_t g, meta_all *a, h5ctx *cx) {
+    long long lo[6] = {1, 1, 1, 0, 3, 0}, hi[6] = {a->cfg[4], INT_MAX, 1 << 20, 1, 3, 1000};
+    for (int i = 0; i < 6; i++) {
+        PL_TRY(attr_get_i64(g, "/config", llama_int_attr[i], &a->lcfg[i], cx));
+        if (a->lcfg[i] < lo[i] || a->lcfg[i] > hi[i])
+            return fail_msg(cx, PL_EIO, "attribute /config/%s = %lld is out of range (%lld..%lld)", llama_int_attr[i],
+                            a->lcfg[i], lo[i], hi[i]);
+    }
+    if (a->cfg[4] % a->lcfg[0] != 0)
+        return fail_msg(cx, PL_EIO, "attribute /config/n_kv_head = %lld does not divide /config/n_head = %lld",
+                        a->lcfg[0], a->cfg[4]);
+    static const double flo[3] = {0, 0, 1}, fhi[3] = {64, 1, 1e30};
+    for (int i = 0; i < 3; i++) {
+        PL_TRY(attr_get_f64(g, "/config", llama_f64_attr[i], &a->lf[i], cx));
+        if (!isfinite(a->lf[i]) || a->lf[i] < flo[i] || a->lf[i] > fhi[i] || (i > 0 && a->lf[i] <= flo[i]))
+            return fail_msg(cx, PL_EIO, "attribute /config/%s = %g is out of range (%s)", llama_f64_attr[i], a->lf[i],
+                            i == 0 ? "0..64, 0 = none" : i == 1 ? "> 0 and <= 1" : "> 1 and finite");
+    }
+    return PL_OK;
+}
+
 /* /config: 64-bit, range-checked by gpt2_config_make before anything narrows them; the
  * model it describes goes to *cfg. */
 static int read_meta_config(hid_t f, meta_all *a, gpt2_config *cfg, h5ctx *cx) {
@@ -1466,8 +1558,24 @@ static int read_meta_config(hid_t f, meta_all *a, gpt2_config *cfg, h5ctx *cx) {
             goto done;
         }
     char e2[256];
-    if (gpt2_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->cfg[5], e2,
-                         sizeof e2) != PL_OK) {
+    if ((rc = read_meta_arch(g, a, cx))) goto done;
+    if (a->has_arch && strcmp(a->arch, "llama") == 0) {
+        if ((rc = read_meta_llama(g, a, cx))) goto done;
+        if (llama_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->lcfg[0],
+                              (int)a->cfg[5], (int)a->lcfg[2], (float)a->lf[0], (float)a->lf[1], (float)a->lf[2],
+                              (int)a->lcfg[3], e2, sizeof e2) != PL_OK) {
+            rc = fail_msg(cx, PL_EIO, "bad /config (llama): %s", e2);
+            goto done;
+        }
+        if (cfg->H != a->lcfg[1]) {
+            rc = fail_msg(cx, PL_EIO, "attribute /config/ffn_hidden = %lld is not the MLP hidden size %d that "
+                          "n_embd, ffn_dim_multiplier and multiple_of give", a->lcfg[1], cfg->H);
+            goto done;
+        }
+        cfg->ver_major = (int)a->lcfg[4];
+        cfg->ver_minor = (int)a->lcfg[5];
+    } else if (gpt2_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->cfg[5], e2,
+                                sizeof e2) != PL_OK) {
         rc = fail_msg(cx, PL_EIO, "bad /config: %s", e2);
         goto done;
     }
@@ -1628,10 +1736,20 @@ done:
 
 /* The /config of the file must equal the run's model; name the first difference. */
 static int check_config(const gpt2_config *f, const gpt2_config *r, h5ctx *cx) {
-    const char *names[] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
-    int a[] = {f->V, f->Vp, f->maxT, f->L, f->NH, f->C}, b[] = {r->V, r->Vp, r->maxT, r->L, r->NH, r->C};
-    for (int i = 0; i < 6; i++)
+    if (f->arch != r->arch)
+        return fail_msg(cx, PL_EINVAL, "arch is %s in the file but %s in this run", model_arch_name(f->arch),
+                        model_arch_name(r->arch));
+    const char *names[] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd",
+                           "n_kv_head", "ffn_hidden", "use_scaled_rope"};
+    int a[] = {f->V, f->Vp, f->maxT, f->L, f->NH, f->C, f->NKV, f->H, f->use_scaled_rope};
+    int b[] = {r->V, r->Vp, r->maxT, r->L, r->NH, r->C, r->NKV, r->H, r->use_scaled_rope};
+    for (int i = 0; i < 9; i++)
         if (a[i] != b[i]) return fail_msg(cx, PL_EINVAL, "%s is %d in the file but %d in this run", names[i], a[i], b[i]);
+    if (f->norm_eps != r->norm_eps || f->rope_theta != r->rope_theta)
+        return fail_msg(cx, PL_EINVAL, "%s is %g in the file but %g in this run",
+                        f->norm_eps != r->norm_eps ? "norm_eps" : "rope_theta",
+                        (double)(f->norm_eps != r->norm_eps ? f->norm_eps : f->rope_theta),
+                        (double)(f->norm_eps != r->norm_eps ? r->norm_eps : r->rope_theta));
     return PL_OK;
 }
 
@@ -1765,7 +1883,7 @@ int ckpt_load(const char *path, stage *st, optim *opt, ckpt_meta *meta, MPI_Comm
     char scratch[1024]; /* the errors of a rank that has already failed */
     h5ctx later = {path, "", scratch, sizeof scratch, rank};
     err[0] = 0;
-    int rc = PL_OK, n = 4 + 12 * st->cfg.L;
+    int rc = PL_OK, n = model_num_tensors(&st->cfg);
     hid_t f = -1, dxpl = -1;
     const backend *be = st->be;
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);

@@ -31,7 +31,7 @@
 /* What a file is, from its first bytes. */
 enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5 };
 
-/* Sniff a file: llm.c model magic (int32 20240326) or the HDF5 signature. */
+/* Sniff a file: llm.c model magic (int32 20240326 GPT-2, 20240803 Llama 3) or the HDF5 signature. */
 static int file_kind(const char *path, char *err, size_t errlen) {
     unsigned char b[8] = {0};
     FILE *f = NULL;
@@ -41,7 +41,7 @@ static int file_kind(const char *path, char *err, size_t errlen) {
     static const unsigned char h5sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     if (got == 8 && memcmp(b, h5sig, 8) == 0) return KIND_HDF5;
     int32_t magic = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
-    if (got >= 4 && magic == LLMC_MODEL_MAGIC) return KIND_LLMC;
+    if (got >= 4 && (magic == LLMC_MODEL_MAGIC || magic == LLMC_LLAMA_MAGIC)) return KIND_LLMC;
     return KIND_UNKNOWN;
 }
 
@@ -106,8 +106,8 @@ static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errle
         double bytes;
         rc = ckpt_save_file(out, &st, &opt, &m, MPI_COMM_SELF, &bytes, err, errlen);
         if (rc == PL_OK)
-            printf("converted %s (llm.c %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
-                   version == 3 ? "fp32" : "bf16", gpt2_num_params(&cfg), out);
+            printf("converted %s (llm.c %s %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
+                   model_arch_name(cfg.arch), version == 3 ? "fp32" : "bf16", model_num_params(&cfg), out);
     }
     optim_free(&opt);
     stage_free(&st);
@@ -129,7 +129,7 @@ static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errle
         if (rc != PL_OK) snprintf(err, errlen, "writing %s failed (message above)", out);
         else
             printf("converted checkpoint %s (step %lld, %zu parameters) -> llm.c fp32 model file %s\n", in, m.step,
-                   gpt2_num_params(&cfg), out);
+                   model_num_params(&cfg), out);
     }
     optim_free(&opt);
     stage_free(&st);
@@ -158,8 +158,8 @@ int ckpt_convert_main(int argc, char **argv, int first) {
     else if (kind == KIND_LLMC) rc = llmc_to_ckpt(in, out, err, sizeof err);
     else if (kind == KIND_HDF5) rc = ckpt_to_llmc(in, out, err, sizeof err);
     else {
-        snprintf(err, sizeof err, "%s is neither an llm.c model file (magic %d) nor an HDF5 checkpoint", in,
-                 LLMC_MODEL_MAGIC);
+        snprintf(err, sizeof err, "%s is neither an llm.c model file (magic %d, or %d for Llama 3) nor an HDF5 "
+                 "checkpoint", in, LLMC_MODEL_MAGIC, LLMC_LLAMA_MAGIC);
         rc = PL_EINVAL;
     }
     if (rc != PL_OK) pl_error("convert: %s", err[0] ? err : "failed");
@@ -404,7 +404,7 @@ done:
  * "/optim/m/...", "/optim/v/..."), in schema order: the rows of the table that must be
  * there, and the sort order of the rest. Out of memory, *nexp stays 0: nothing expected. */
 static void schema_datasets(const gpt2_config *cfg, char (**expect)[64], const char ***order, int *nexp) {
-    int n = 4 + 12 * cfg->L;
+    int n = model_num_tensors(cfg);
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     *expect = calloc(3 * (size_t)n, sizeof **expect);
     *order = calloc(3 * (size_t)n, sizeof **order);

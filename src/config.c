@@ -56,13 +56,21 @@ typedef struct {
 #define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 1, NULL, NULL}
 
 static const opt_desc options[] = {
-    O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium (default tiny)"),
+    O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium | llama-tiny | llama-1b (default tiny)"),
     O_STR("config", config, "INI file of `name = value` settings (command line wins)"),
     O_INT("vocab-size", vocab_size, "vocabulary size V"),
     O_INT("max-seq-len", max_seq_len, "maximum sequence length (position table rows)"),
     O_INT("n-layer", n_layer, "transformer blocks L"),
     O_INT("n-head", n_head, "attention heads NH"),
     O_INT("n-embd", n_embd, "channels C"),
+    O_CHOICE("arch", arch, "gpt2|llama", "architecture: gpt2 (llm.c GPT-2) or llama (Llama 3: RMSNorm, RoPE, "
+             "grouped-query attention, SwiGLU, untied head)"),
+    O_INT("n-kv-head", n_kv_head, "(llama) key/value heads; n-head must be a multiple (0: n-head)"),
+    O_DBL("ffn-dim-multiplier", ffn_dim_multiplier, "(llama) MLP hidden size factor on int(8C/3) (0: none)"),
+    O_INT("multiple-of", multiple_of, "(llama) round the MLP hidden size up to a multiple of this"),
+    O_DBL("norm-eps", norm_eps, "(llama) RMSNorm epsilon"),
+    O_DBL("rope-theta", rope_theta, "(llama) rotary embedding base"),
+    O_INT("use-scaled-rope", use_scaled_rope, "(llama) 1: Llama 3.1's rotary frequency scaling"),
     O_INT("steps", steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
@@ -83,7 +91,7 @@ static const opt_desc options[] = {
     O_INT("markov-branch", markov_branch, "next tokens allowed per token in the Markov chain"),
     O_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
     O_INT("val-batches", val_batches, "batches per validation"),
-    O_STR("init", init, "start from an llm.c model file (fp32, version 3)"),
+    O_STR("init", init, "start from an llm.c model file, GPT-2 or Llama 3 (fp32 version 3 or bf16 version 5)"),
     O_STR("save-final", save_final, "write the final weights as an llm.c model file"),
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
     O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
@@ -92,6 +100,10 @@ static const opt_desc options[] = {
           "(whole blocks); or one per stage, comma-separated (default none)"),
     O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split)"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
+    O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1); "
+          "rank r runs stage r / D of replica r % D"),
+    O_INT("stages", stages, "pipeline stages P (0: world size / --dp); with both, D x P must be the world size"),
+    O_INT("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
              "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; --backend onednn or cuda)"),
@@ -141,6 +153,10 @@ void config_defaults(pl_options *o) {
     strcpy(o->backend, "cpu");
     strcpy(o->precision, "fp32");
     strcpy(o->recompute, "none");
+    strcpy(o->arch, "gpt2");
+    o->multiple_of = 256;
+    o->norm_eps = 1e-5;
+    o->rope_theta = 500000.0;
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
@@ -166,10 +182,24 @@ int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
         o->vocab_size = 50257; o->max_seq_len = 1024; o->n_layer = 24; o->n_head = 16; o->n_embd = 1024;
         o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 3e-4; o->min_lr = 3e-5;
         o->warmup_steps = 10; o->eval_every = 50;
+    } else if (strcmp(name, "llama-tiny") == 0) { /* tests: HS = 12, not a power of two */
+        o->vocab_size = 256; o->max_seq_len = 64; o->n_layer = 4; o->n_head = 6; o->n_embd = 72;
+        o->n_kv_head = 2; o->multiple_of = 32; o->ffn_dim_multiplier = 0; o->norm_eps = 1e-5;
+        o->rope_theta = 10000.0; o->use_scaled_rope = 0;
+        o->seq_len = 64; o->batch = 16; o->steps = 400; o->lr = 3e-3; o->min_lr = 3e-4;
+        o->warmup_steps = 20; o->eval_every = 100;
+    } else if (strcmp(name, "llama-1b") == 0) { /* Llama 3.2 1B's shape (benchmarks) */
+        o->vocab_size = 128256; o->max_seq_len = 8192; o->n_layer = 16; o->n_head = 32; o->n_embd = 2048;
+        o->n_kv_head = 8; o->multiple_of = 256; o->ffn_dim_multiplier = 1.5; o->norm_eps = 1e-5;
+        o->rope_theta = 500000.0; o->use_scaled_rope = 1;
+        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 3e-4; o->min_lr = 3e-5;
+        o->warmup_steps = 10; o->eval_every = 50;
     } else {
-        snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium)", name);
+        snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium, llama-tiny, llama-1b)",
+                 name);
         return PL_EINVAL;
     }
+    snprintf(o->arch, sizeof o->arch, "%s", strncmp(name, "llama", 5) == 0 ? "llama" : "gpt2");
     snprintf(o->preset, sizeof o->preset, "%s", name);
     return PL_OK;
 }
@@ -289,7 +319,8 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
     }
     if (d->offset == offsetof(pl_options, vocab_size)) o->set_vocab = 1;
     if (d->offset == offsetof(pl_options, max_seq_len) || d->offset == offsetof(pl_options, n_layer) ||
-        d->offset == offsetof(pl_options, n_head) || d->offset == offsetof(pl_options, n_embd))
+        d->offset == offsetof(pl_options, n_head) || d->offset == offsetof(pl_options, n_embd) ||
+        d->offset == offsetof(pl_options, n_kv_head) || d->offset == offsetof(pl_options, arch))
         o->set_dims = 1;
     return PL_OK;
 bad: {
@@ -618,6 +649,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->val_batches >= 1, "--val-batches must be >= 1 (got %d)", o->val_batches);
     REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);
     REQUIRE(o->timers_every >= 0, "--timers-every must be >= 0 (got %d)", o->timers_every);
+    REQUIRE(o->dp >= 0, "--dp must be >= 0 (got %d)", o->dp);
+    REQUIRE(o->stages >= 0, "--stages must be >= 0 (got %d)", o->stages);
+    REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
     REQUIRE(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %d)", o->ckpt_every);
     REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);

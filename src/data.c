@@ -18,6 +18,7 @@
 #include "pipelm/rng.h"
 
 #define TOKENS_MAGIC 20240520
+#define TOKENS32_MAGIC 20240801 /* llm.c's Llama 3 token files: uint32 tokens, version 7 */
 #define TOKENS_HEADER_BYTES 1024
 
 /* Build the chain: token i may be followed by (i+1), (i+2) mod V — which makes the chain
@@ -144,8 +145,9 @@ static int read_exact(const data_source *d, void *buf, size_t n, size_t off, cha
     return PL_OK;
 }
 
-/* Validate an llm.c token file: magic, version, size = 1024 + 2 ntok, every token < V
- * (read in chunks; nothing is kept in memory). */
+/* Validate an llm.c token file: magic and version (20240520 v1 uint16, or 20240801 v7
+ * uint32), size = 1024 + tok_bytes ntok, every token < V (read in chunks; nothing is kept in
+ * memory). */
 static int tokens_open(data_source *d, const char *path, char *err, size_t errlen) {
     PL_TRY(open_file(d, path, err, errlen));
     if (d->file_bytes < TOKENS_HEADER_BYTES) {
@@ -154,23 +156,27 @@ static int tokens_open(data_source *d, const char *path, char *err, size_t errle
     }
     int32_t h[3];
     PL_TRY(read_exact(d, h, sizeof h, 0, err, errlen));
-    if (h[0] != TOKENS_MAGIC) {
-        snprintf(err, errlen, "token file %s: bad magic %d (expected %d, an llm.c token file%s)",
-                 path, h[0], TOKENS_MAGIC, h[0] == 20240801 ? "; the llama-3 uint32 variant is not supported" : "");
+    if (h[0] != TOKENS_MAGIC && h[0] != TOKENS32_MAGIC) {
+        snprintf(err, errlen, "token file %s: bad magic %d (expected %d, an llm.c uint16 token file, or %d, "
+                 "a uint32 one)", path, h[0], TOKENS_MAGIC, TOKENS32_MAGIC);
         return PL_EIO;
     }
-    if (h[1] != 1) {
-        snprintf(err, errlen, "token file %s: unsupported version %d (expected 1)", path, h[1]);
+    int want = h[0] == TOKENS_MAGIC ? 1 : 7;
+    if (h[1] != want) {
+        snprintf(err, errlen, "token file %s: unsupported version %d (expected %d for magic %d)", path, h[1], want,
+                 h[0]);
         return PL_EIO;
     }
-    if (h[2] < 0 || d->file_bytes != TOKENS_HEADER_BYTES + 2 * (size_t)h[2]) {
+    size_t tb = h[0] == TOKENS_MAGIC ? 2 : 4;
+    if (h[2] < 0 || d->file_bytes != TOKENS_HEADER_BYTES + tb * (size_t)h[2]) {
         snprintf(err, errlen, "token file %s: header says %d tokens (%zu bytes) but the file has %zu bytes",
-                 path, h[2], TOKENS_HEADER_BYTES + 2 * (size_t)(h[2] < 0 ? 0 : h[2]), d->file_bytes);
+                 path, h[2], TOKENS_HEADER_BYTES + tb * (size_t)(h[2] < 0 ? 0 : h[2]), d->file_bytes);
         return PL_EIO;
     }
     d->ntok = (size_t)h[2];
+    d->tok_bytes = (int)tb;
     enum { CHUNK = 1 << 19 };
-    uint16_t *buf = malloc(CHUNK * sizeof *buf);
+    uint32_t *buf = malloc(CHUNK * sizeof *buf);
     if (!buf) {
         snprintf(err, errlen, "token file %s: out of memory", path);
         return PL_ENOMEM;
@@ -178,13 +184,20 @@ static int tokens_open(data_source *d, const char *path, char *err, size_t errle
     int rc = PL_OK;
     for (size_t i0 = 0; i0 < d->ntok && rc == PL_OK; i0 += CHUNK) {
         size_t n = d->ntok - i0 < CHUNK ? d->ntok - i0 : CHUNK;
-        rc = read_exact(d, buf, n * 2, TOKENS_HEADER_BYTES + 2 * i0, err, errlen);
-        for (size_t i = 0; i < n && rc == PL_OK; i++)
-            if (buf[i] >= d->V) {
+        rc = read_exact(d, buf, n * tb, TOKENS_HEADER_BYTES + tb * i0, err, errlen);
+        for (size_t i = 0; i < n && rc == PL_OK; i++) {
+            uint32_t t;
+            if (tb == 2) {
+                uint16_t u;
+                memcpy(&u, (const char *)buf + 2 * i, 2);
+                t = u;
+            } else t = buf[i];
+            if (t >= (uint32_t)d->V) {
                 snprintf(err, errlen, "token file %s: token %u at position %zu is >= the vocabulary size %d",
-                         path, buf[i], i0 + i, d->V);
+                         path, t, i0 + i, d->V);
                 rc = PL_EIO;
             }
+        }
     }
     free(buf);
     return rc;
@@ -277,7 +290,7 @@ int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs
                  d->file_bytes);
         return PL_EIO;
     }
-    size_t esz = d->kind == DATA_TEXT ? 1 : 2, off = d->kind == DATA_TEXT ? 0 : TOKENS_HEADER_BYTES;
+    size_t esz = d->kind == DATA_TEXT ? 1 : (size_t)d->tok_bytes, off = d->kind == DATA_TEXT ? 0 : TOKENS_HEADER_BYTES;
     unsigned char *raw = malloc((bt + 1) * esz);
     if (!raw) {
         snprintf(err, errlen, "data file %s: out of memory for a batch", d->path);
@@ -287,10 +300,14 @@ int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs
     for (size_t i = 0; i <= bt && rc == PL_OK; i++) {
         int t;
         if (esz == 1) t = raw[i];
-        else {
+        else if (esz == 2) {
             uint16_t u;
             memcpy(&u, raw + 2 * i, 2);
             t = u;
+        } else {
+            uint32_t u;
+            memcpy(&u, raw + 4 * i, 4);
+            t = u >= (uint32_t)d->V ? d->V : (int)u; /* refused below */
         }
         if (t >= d->V) {
             snprintf(err, errlen, "data file %s: token %d at position %zu is >= the vocabulary size %d (the file "
@@ -323,6 +340,18 @@ int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok) {
     h[1] = 1;
     h[2] = (int32_t)ntok;
     int ok = fwrite(h, sizeof h, 1, f) == 1 && fwrite(tok, 2, ntok, f) == ntok;
+    ok &= fclose(f) == 0;
+    return ok ? PL_OK : PL_EIO;
+}
+
+int data_write_tokens32(const char *path, const uint32_t *tok, size_t ntok) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return PL_EIO;
+    int32_t h[256] = {0};
+    h[0] = TOKENS32_MAGIC;
+    h[1] = 7;
+    h[2] = (int32_t)ntok;
+    int ok = fwrite(h, sizeof h, 1, f) == 1 && fwrite(tok, 4, ntok, f) == ntok;
     ok &= fclose(f) == 0;
     return ok ? PL_OK : PL_EIO;
 }

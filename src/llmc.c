@@ -17,11 +17,33 @@
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
 
-#define HEADER_BYTES 1024
+#define HEADER_BYTES 1024 /* GPT-2: 256 int32 */
+#define LLAMA_HEADER_BYTES 2048 /* Llama 3: 256 int32, then 256 float32 */
+
+/* The kinds of each architecture's file in file order (each block kind holds all layers). */
+static const int gpt2_order[] = {P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W,
+                                 P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB};
+static const int llama_order[] = {P_WTE, P_ATTNORMW, P_QKVW, P_ATTPROJW, P_MLPNORMW, P_FCW, P_FC2W, P_FCPROJW,
+                                  P_LNFW, P_LMHEAD};
+
+size_t llmc_header_bytes(const gpt2_config *c) { return c->arch == MODEL_LLAMA ? LLAMA_HEADER_BYTES : HEADER_BYTES; }
+
+/* Floats of one layer's slice of a Llama kind in the file (wte and lm_head unpadded: V rows). */
+static size_t llama_kind_numel(const gpt2_config *c, int kind) {
+    size_t C = c->C, H = c->H, QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
+    switch (kind) {
+    case P_WTE: case P_LMHEAD: return (size_t)c->V * C;
+    case P_QKVW: return QKV * C;
+    case P_ATTPROJW: return C * C;
+    case P_FCW: case P_FC2W: case P_FCPROJW: return H * C;
+    default: return C; /* the three norms */
+    }
+}
 
 /* Floats of one layer's slice of a kind (or of the whole tensor for non-block kinds). */
 static size_t kind_numel(const gpt2_config *c, int kind) {
     size_t C = c->C;
+    if (c->arch == MODEL_LLAMA) return llama_kind_numel(c, kind);
     switch (kind) {
     case P_WTE: return (size_t)c->Vp * C;
     case P_WPE: return (size_t)c->maxT * C;
@@ -34,14 +56,49 @@ static size_t kind_numel(const gpt2_config *c, int kind) {
     }
 }
 
-static int is_block_kind(int kind) { return kind >= P_LN1W && kind <= P_FCPROJB; }
+static int is_block_kind(int kind) {
+    return (kind >= P_LN1W && kind <= P_FCPROJB) || kind == P_ATTNORMW || kind == P_MLPNORMW || kind == P_FC2W;
+}
 
+/* In file order: the kinds before `kind`, all layers each, then `layer` slices of it. */
 size_t llmc_tensor_offset(const gpt2_config *c, int kind, int layer, size_t *numel) {
     size_t off = 0; /* in elements after the header */
-    for (int k = 0; k < kind; k++) off += kind_numel(c, k) * (is_block_kind(k) ? (size_t)c->L : 1);
+    const int *order = c->arch == MODEL_LLAMA ? llama_order : gpt2_order;
+    int n = c->arch == MODEL_LLAMA ? (int)(sizeof llama_order / sizeof *llama_order) : P_NKINDS_GPT2;
+    for (int i = 0; i < n && order[i] != kind; i++)
+        off += kind_numel(c, order[i]) * (is_block_kind(order[i]) ? (size_t)c->L : 1);
     if (is_block_kind(kind)) off += kind_numel(c, kind) * (size_t)layer;
     if (numel) *numel = kind_numel(c, kind);
     return off;
+}
+
+/* Elements of the whole file after the header. */
+static size_t file_elems(const gpt2_config *c) {
+    int last = c->arch == MODEL_LLAMA ? P_LMHEAD : P_LNFB;
+    return llmc_tensor_offset(c, last, -1, NULL) + kind_numel(c, last);
+}
+
+/* A Llama 3 header (ints h, floats f) into cfg; the message names the bad field. */
+static int llama_header(const char *path, const int32_t *h, const float *f, gpt2_config *cfg, char *err,
+                        size_t errlen) {
+    char e2[512];
+    if (h[9] != 0 && h[9] != 1) {
+        snprintf(err, errlen, "model file %s: bad header: use_scaled_rope is %d (0 or 1)", path, h[9]);
+        return PL_EIO;
+    }
+    if (h[10] != 3) {
+        snprintf(err, errlen, "model file %s: bad header: Llama version %d.%d (this pipelm reads Llama 3.x)", path,
+                 h[10], h[11]);
+        return PL_EIO;
+    }
+    if (llama_config_make(cfg, h[3], h[2], h[4], h[5], h[6], h[7], h[8], f[0], f[1], f[2], h[9], e2, sizeof e2)
+        != PL_OK) {
+        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->ver_major = h[10];
+    cfg->ver_minor = h[11];
+    return PL_OK;
 }
 
 int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen) {
@@ -49,7 +106,9 @@ int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err
     size_t fsize = 0;
     PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, &fsize, err, errlen));
     int32_t h[256];
+    float hf[256];
     ssize_t r = pread(fd, h, sizeof h, 0);
+    ssize_t rf = r == (ssize_t)sizeof h && h[0] == LLMC_LLAMA_MAGIC ? pread(fd, hf, sizeof hf, sizeof h) : 0;
     close(fd);
     size_t got = r > 0 ? (size_t)r / sizeof(int32_t) : 0;
     long long size = (long long)fsize;
@@ -57,9 +116,9 @@ int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err
         snprintf(err, errlen, "model file %s: shorter than the 1024-byte header", path);
         return PL_EIO;
     }
-    if (h[0] != LLMC_MODEL_MAGIC) {
-        snprintf(err, errlen, "model file %s: bad magic %d (expected %d, an llm.c model file)",
-                 path, h[0], LLMC_MODEL_MAGIC);
+    if (h[0] != LLMC_MODEL_MAGIC && h[0] != LLMC_LLAMA_MAGIC) {
+        snprintf(err, errlen, "model file %s: bad magic %d (expected %d, an llm.c GPT-2 model file, or %d, an llm.c "
+                 "Llama 3 one)", path, h[0], LLMC_MODEL_MAGIC, LLMC_LLAMA_MAGIC);
         return PL_EIO;
     }
     if (h[1] != 3 && h[1] != 5) {
@@ -67,20 +126,25 @@ int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err
         return PL_EIO;
     }
     char e2[512];
-    if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], e2, sizeof e2) != PL_OK) {
+    if (h[0] == LLMC_LLAMA_MAGIC) {
+        if (rf != (ssize_t)sizeof hf) {
+            snprintf(err, errlen, "model file %s: shorter than the 2048-byte Llama 3 header", path);
+            return PL_EIO;
+        }
+        PL_TRY(llama_header(path, h, hf, cfg, err, errlen));
+    } else if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], e2, sizeof e2) != PL_OK) {
         snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
         return PL_EIO;
     }
-    if (h[7] != cfg->Vp) {
+    if (h[0] == LLMC_MODEL_MAGIC && h[7] != cfg->Vp) {
         snprintf(err, errlen, "model file %s: padded vocab %d is not V=%d rounded up to 128 (%d)",
                  path, h[7], cfg->V, cfg->Vp);
         return PL_EIO;
     }
-    size_t elems = llmc_tensor_offset(cfg, P_NKINDS - 1, -1, NULL) + kind_numel(cfg, P_LNFB);
-    size_t expect = HEADER_BYTES + elems * (h[1] == 3 ? 4 : 2);
+    size_t expect = llmc_header_bytes(cfg) + file_elems(cfg) * (h[1] == 3 ? 4 : 2);
     if ((size_t)size != expect) {
-        snprintf(err, errlen, "model file %s: %lld bytes, but its header (V=%d L=%d C=%d, version %d) "
-                 "needs %zu", path, size, cfg->V, cfg->L, cfg->C, h[1], expect);
+        snprintf(err, errlen, "model file %s: %lld bytes, but its header (%s V=%d L=%d C=%d, version %d) "
+                 "needs %zu", path, size, model_arch_name(cfg->arch), cfg->V, cfg->L, cfg->C, h[1], expect);
         return PL_EIO;
     }
     *version = h[1];
@@ -101,10 +165,11 @@ static const char *backend_msg(const backend *be) {
     return m && m[0] ? m : "no message from the backend";
 }
 
-/* Read one tensor (numel values of version `version` at element offset off) into a host
- * view of its slice of the stage's parameters, and check it is finite. */
-static int load_tensor(int fd, const char *path, const param_tensor *t, int version, size_t off, size_t numel,
-                       float *host, char *err, size_t errlen) {
+/* Read one tensor (numel values of version `version` at element offset off after a header
+ * of hdr bytes) into a host view of its slice of the stage's parameters, and check it is
+ * finite. */
+static int load_tensor(int fd, const char *path, const param_tensor *t, int version, size_t hdr, size_t off,
+                       size_t numel, float *host, char *err, size_t errlen) {
     size_t esz = version == 3 ? 4 : 2;
     uint16_t *raw = NULL;
     void *dst = host;
@@ -117,7 +182,7 @@ static int load_tensor(int fd, const char *path, const param_tensor *t, int vers
         dst = raw;
     }
     int rc = PL_OK;
-    ssize_t got = pread(fd, dst, numel * esz, (off_t)(HEADER_BYTES + off * esz));
+    ssize_t got = pread(fd, dst, numel * esz, (off_t)(hdr + off * esz));
     if (got != (ssize_t)(numel * esz)) {
         snprintf(err, errlen, "model file %s: short read of %s", path, t->name);
         rc = PL_EIO;
@@ -144,9 +209,23 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
     PL_TRY(llmc_read_config(path, &fc, &version, err, errlen));
     const gpt2_config *c = &st->cfg;
     const backend *be = st->be;
-    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd"};
-    int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C}, b[] = {c->V, c->maxT, c->L, c->NH, c->C};
-    for (int i = 0; i < 5; i++)
+    if (fc.arch != c->arch) {
+        snprintf(err, errlen, "model file %s: a %s model, but this run trains %s", path, model_arch_name(fc.arch),
+                 model_arch_name(c->arch));
+        return PL_EINVAL;
+    }
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head",
+                           "MLP hidden size", "use-scaled-rope"};
+    int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C, fc.NKV, fc.H, fc.use_scaled_rope};
+    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV, c->H, c->use_scaled_rope};
+    if (fc.arch == MODEL_LLAMA && (fc.norm_eps != c->norm_eps || fc.rope_theta != c->rope_theta)) {
+        snprintf(err, errlen, "model file %s: %s is %g in the file but %g in this run", path,
+                 fc.norm_eps != c->norm_eps ? "norm-eps" : "rope-theta",
+                 (double)(fc.norm_eps != c->norm_eps ? fc.norm_eps : fc.rope_theta),
+                 (double)(fc.norm_eps != c->norm_eps ? c->norm_eps : c->rope_theta));
+        return PL_EINVAL;
+    }
+    for (int i = 0; i < 8; i++)
         if (a[i] != b[i]) {
             snprintf(err, errlen, "model file %s: %s is %d in the file but %d in this run",
                      path, names[i], a[i], b[i]);
@@ -161,17 +240,19 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
         size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
         float *p = st->params + t->offset;
         void *host = NULL;
-        if (be->map(&host, p, numel * sizeof(float), PL_MAP_WRITE) != PL_OK || !host) {
+        size_t bytes = t->numel * sizeof(float); /* Llama's wte, lm_head: the file holds V of Vp rows */
+        if (be->map(&host, p, bytes, PL_MAP_WRITE) != PL_OK || !host) {
             snprintf(err, errlen, "model file %s: backend %s: mapping tensor %s (%zu bytes) for reading failed: %s",
-                     path, be->name, t->name, numel * sizeof(float), backend_msg(be));
+                     path, be->name, t->name, bytes, backend_msg(be));
             rc = PL_EBACKEND;
             break;
         }
-        rc = load_tensor(fd, path, t, version, off, numel, host, err, errlen);
+        rc = load_tensor(fd, path, t, version, llmc_header_bytes(c), off, numel, host, err, errlen);
+        if (numel < t->numel) memset((float *)host + numel, 0, (t->numel - numel) * sizeof(float));
         /* unmapped even after a failed read (the stage's values are then unspecified) */
-        if (be->unmap(host, p, numel * sizeof(float), PL_MAP_WRITE) != PL_OK && rc == PL_OK) {
+        if (be->unmap(host, p, bytes, PL_MAP_WRITE) != PL_OK && rc == PL_OK) {
             snprintf(err, errlen, "model file %s: backend %s: copying tensor %s (%zu bytes) into the backend "
-                     "failed: %s", path, be->name, t->name, numel * sizeof(float), backend_msg(be));
+                     "failed: %s", path, be->name, t->name, bytes, backend_msg(be));
             rc = PL_EBACKEND;
         }
     }
@@ -197,7 +278,7 @@ static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
                      grads ? "the gradient of" : "tensor", t->name, numel * sizeof(float), backend_msg(be));
             return PL_EBACKEND;
         }
-        ssize_t put = pwrite(fd, host, numel * 4, (off_t)(HEADER_BYTES + off * 4));
+        ssize_t put = pwrite(fd, host, numel * 4, (off_t)(llmc_header_bytes(c) + off * 4));
         int perr = errno;
         int urc = be->unmap(host, p, numel * sizeof(float), PL_MAP_READ);
         if (put != (ssize_t)(numel * 4)) {
@@ -228,11 +309,20 @@ int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm) {
             rc = PL_EIO;
         } else {
             int32_t h[256] = {0};
-            h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L;
-            h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
-            size_t elems = llmc_tensor_offset(c, P_LNFB, -1, NULL) + c->C;
+            float hf[256] = {0};
+            if (c->arch == MODEL_LLAMA) { /* llm.c's Llama 3 header: ints, then floats */
+                h[0] = LLMC_LLAMA_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH;
+                h[6] = c->NKV; h[7] = c->C; h[8] = c->multiple_of; h[9] = c->use_scaled_rope;
+                h[10] = c->ver_major; h[11] = c->ver_minor;
+                hf[0] = c->ffn_mult; hf[1] = c->norm_eps; hf[2] = c->rope_theta;
+            } else {
+                h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L;
+                h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+            }
+            int llama = c->arch == MODEL_LLAMA;
             if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
-                ftruncate(fd, (off_t)(HEADER_BYTES + elems * 4)) != 0) {
+                (llama && pwrite(fd, hf, sizeof hf, sizeof h) != (ssize_t)sizeof hf) ||
+                ftruncate(fd, (off_t)(llmc_header_bytes(c) + file_elems(c) * 4)) != 0) {
                 snprintf(err, sizeof err, "%s", strerror(errno));
                 rc = PL_EIO;
             }

@@ -22,6 +22,7 @@
 const char *const param_kind_name[P_NKINDS] = {
     "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
     "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b", "lnf_w", "lnf_b",
+    "attn_norm_w", "mlp_norm_w", "fc2_w", "lm_head",
 };
 
 /* Limits on model dimensions: generous for any real GPT-2-style model, small enough that
@@ -68,12 +69,16 @@ int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, ch
                  "the %lld this build accepts", n, L, C, V, GPT2_MAX_PARAMS);
         return PL_EINVAL;
     }
+    memset(cfg, 0, sizeof *cfg);
     cfg->V = V;
     cfg->Vp = (int)Vp;
     cfg->maxT = maxT;
     cfg->L = L;
     cfg->NH = NH;
     cfg->C = C;
+    cfg->arch = MODEL_GPT2;
+    cfg->NKV = NH;
+    cfg->H = 4 * C;
     return PL_OK;
 }
 
@@ -96,7 +101,7 @@ double gpt2_head_flops(const gpt2_config *c) {
 }
 
 /* Append one tensor to the table, 64-byte aligned. */
-static void add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1) {
+void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1) {
     param_tensor *t = &out[(*n)++];
     memset(t, 0, sizeof *t);
     if (layer >= 0) snprintf(t->name, sizeof t->name, "h.%d.%s", layer, param_kind_name[kind]);
@@ -118,27 +123,27 @@ int gpt2_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_hea
     int C = c->C, n = 0;
     size_t off = 0;
     if (has_embed) {
-        add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);    // (Vp, C)
-        add_tensor(out, &n, &off, P_WPE, -1, 2, c->maxT, C);  // (maxT, C)
+        model_add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);    // (Vp, C)
+        model_add_tensor(out, &n, &off, P_WPE, -1, 2, c->maxT, C);  // (maxT, C)
     }
     for (int l = l0; l < l1; l++) {
-        add_tensor(out, &n, &off, P_LN1W, l, 1, C, 0);         // (C)
-        add_tensor(out, &n, &off, P_LN1B, l, 1, C, 0);         // (C)
-        add_tensor(out, &n, &off, P_QKVW, l, 2, 3 * C, C);     // (3C, C)
-        add_tensor(out, &n, &off, P_QKVB, l, 1, 3 * C, 0);     // (3C)
-        add_tensor(out, &n, &off, P_ATTPROJW, l, 2, C, C);     // (C, C)
-        add_tensor(out, &n, &off, P_ATTPROJB, l, 1, C, 0);     // (C)
-        add_tensor(out, &n, &off, P_LN2W, l, 1, C, 0);         // (C)
-        add_tensor(out, &n, &off, P_LN2B, l, 1, C, 0);         // (C)
-        add_tensor(out, &n, &off, P_FCW, l, 2, 4 * C, C);      // (4C, C)
-        add_tensor(out, &n, &off, P_FCB, l, 1, 4 * C, 0);      // (4C)
-        add_tensor(out, &n, &off, P_FCPROJW, l, 2, C, 4 * C);  // (C, 4C)
-        add_tensor(out, &n, &off, P_FCPROJB, l, 1, C, 0);      // (C)
+        model_add_tensor(out, &n, &off, P_LN1W, l, 1, C, 0);         // (C)
+        model_add_tensor(out, &n, &off, P_LN1B, l, 1, C, 0);         // (C)
+        model_add_tensor(out, &n, &off, P_QKVW, l, 2, 3 * C, C);     // (3C, C)
+        model_add_tensor(out, &n, &off, P_QKVB, l, 1, 3 * C, 0);     // (3C)
+        model_add_tensor(out, &n, &off, P_ATTPROJW, l, 2, C, C);     // (C, C)
+        model_add_tensor(out, &n, &off, P_ATTPROJB, l, 1, C, 0);     // (C)
+        model_add_tensor(out, &n, &off, P_LN2W, l, 1, C, 0);         // (C)
+        model_add_tensor(out, &n, &off, P_LN2B, l, 1, C, 0);         // (C)
+        model_add_tensor(out, &n, &off, P_FCW, l, 2, 4 * C, C);      // (4C, C)
+        model_add_tensor(out, &n, &off, P_FCB, l, 1, 4 * C, 0);      // (4C)
+        model_add_tensor(out, &n, &off, P_FCPROJW, l, 2, C, 4 * C);  // (C, 4C)
+        model_add_tensor(out, &n, &off, P_FCPROJB, l, 1, C, 0);      // (C)
     }
     if (has_head) {
-        add_tensor(out, &n, &off, P_LNFW, -1, 1, C, 0);        // (C)
-        add_tensor(out, &n, &off, P_LNFB, -1, 1, C, 0);        // (C)
-        if (!has_embed) add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);
+        model_add_tensor(out, &n, &off, P_LNFW, -1, 1, C, 0);        // (C)
+        model_add_tensor(out, &n, &off, P_LNFB, -1, 1, C, 0);        // (C)
+        if (!has_embed) model_add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);
     }
     *total = off;
     return n;
@@ -211,4 +216,81 @@ int gpt2_block_backward_weight(const backend *be, const block_dims *d, block_par
     PL_TRY(be->matmul_bwd_weight(g->attprojw, g->attprojb, dd->attproj, a->atty, N, C, C));
     PL_TRY(be->matmul_bwd_weight(g->qkvw, g->qkvb, dd->qkv, a->ln1, N, C, 3 * C));
     return be->layernorm_bwd_weight(g->ln1w, g->ln1b, dd->ln1, x, a->ln1_mean, a->ln1_rstd, N, C);
+}
+
+/* ---- both architectures: the entry points the stage, split, report and files call ---- */
+
+const char *model_arch_name(int arch) { return arch == MODEL_LLAMA ? "llama" : "gpt2"; }
+
+/* 16 + 12 per block (GPT-2) covers Llama's 3 + 7 per block too. */
+int model_max_tensors(const gpt2_config *c, int nb) {
+    (void)c;
+    return 16 + 12 * nb;
+}
+
+int model_num_tensors(const gpt2_config *c) {
+    return c->arch == MODEL_LLAMA ? 3 + 7 * c->L : 4 + 12 * c->L;
+}
+
+int model_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+                 size_t *total) {
+    if (c->arch == MODEL_LLAMA) return llama_layout(c, l0, l1, has_embed, has_head, out, total);
+    return gpt2_layout(c, l0, l1, has_embed, has_head, out, total);
+}
+
+void model_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host) {
+    if (c->arch == MODEL_LLAMA) llama_init_tensor(c, t, seed, host);
+    else gpt2_init_tensor(c, t, seed, host);
+}
+
+/* Llama block: norms 2C, qkv QKV C, attproj C^2, MLP 3 H C. */
+size_t model_block_params(const gpt2_config *c) {
+    size_t C = c->C;
+    if (c->arch != MODEL_LLAMA) return 12 * C * C + 13 * C;
+    size_t HS = C / c->NH, QKV = (size_t)(c->NH + 2 * c->NKV) * HS;
+    return 2 * C + QKV * C + C * C + 3 * (size_t)c->H * C;
+}
+
+size_t model_embed_params(const gpt2_config *c) {
+    size_t n = (size_t)c->Vp * c->C;
+    return c->arch == MODEL_LLAMA ? n : n + (size_t)c->maxT * c->C;
+}
+
+/* GPT-2: lnf w and b, plus the tied head's copy of wte unless the stage holds the embedding;
+ * Llama: the final norm and lm_head. */
+size_t model_head_params(const gpt2_config *c, int has_embed) {
+    size_t C = c->C, head = (size_t)c->Vp * C;
+    if (c->arch == MODEL_LLAMA) return C + head;
+    return 2 * C + (has_embed ? 0 : head);
+}
+
+/* The whole model, each tensor once (GPT-2's tied wte once), padded vocabulary included. */
+size_t model_num_params(const gpt2_config *c) {
+    if (c->arch != MODEL_LLAMA) return gpt2_num_params(c);
+    return model_embed_params(c) + (size_t)c->L * model_block_params(c) + model_head_params(c, 1);
+}
+
+/* 2 FLOPs per weight of the block's matmuls, plus attention's two products over the full T
+ * (NH heads of HS = C channels in total, as the kernels compute it). */
+double model_block_flops(const gpt2_config *c, int T) {
+    if (c->arch != MODEL_LLAMA) return gpt2_block_flops(c, T);
+    double C = c->C, HS = C / c->NH, QKV = (c->NH + 2.0 * c->NKV) * HS;
+    return 2.0 * (QKV * C + C * C + 3.0 * c->H * C) + 4.0 * T * C;
+}
+
+double model_head_flops(const gpt2_config *c) { return gpt2_head_flops(c); }
+
+/* Per token: GPT-2 16 C + 4 (stage_act_bytes_per_slot's count); Llama ln1, atty, res2, ln2,
+ * res3 (5 C), qkv (QKV), 3 H (up, gate, product) and 2 rstd. */
+size_t model_block_act_floats_per_token(const gpt2_config *c) {
+    size_t C = c->C;
+    if (c->arch != MODEL_LLAMA) return 16 * C + 4;
+    size_t QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
+    return 5 * C + QKV + 3 * (size_t)c->H + 2;
+}
+
+double model_train_flops_per_token(const gpt2_config *c, int T) {
+    double att = 6.0 * c->L * c->C * T;
+    if (c->arch != MODEL_LLAMA) return 6.0 * gpt2_num_params(c) + att;
+    return 6.0 * (double)(model_num_params(c) - (size_t)c->Vp * c->C) + att;
 }

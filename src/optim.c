@@ -19,6 +19,7 @@ int optim_init(optim *o, stage *st, const optim_hparams *h, char *err, size_t er
     o->st = st;
     o->be = st->be;
     o->h = *h;
+    o->dp_size = 1;
     size_t bytes = st->nparams * sizeof(float);
     void *m = NULL, *v = NULL;
     int rc = o->be->alloc(&m, bytes);
@@ -52,7 +53,9 @@ double optim_lr(const optim_hparams *h, int step) {
 }
 
 float *optim_buffer(const optim *o, int which) {
-    return which == OPTIM_PARAMS ? o->st->params : which == OPTIM_M ? o->m : which == OPTIM_V ? o->v : NULL;
+    if (which == OPTIM_PARAMS) return o->st->params;
+    if (which == OPTIM_M) return o->mfull ? o->mfull : o->m;
+    return which == OPTIM_V ? (o->vfull ? o->vfull : o->v) : NULL;
 }
 
 /* The all-reduce runs on a host view of dwte (the backend's own memory on a host backend). */
@@ -60,6 +63,7 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks) {
     stage *st = o->st;
     const backend *be = o->be;
     PL_TRY(stage_tied_grads_local(st));
+    if (st->cfg.arch == MODEL_LLAMA) return PL_OK; /* Llama's head is not tied to wte */
     if (nranks <= 1 || !(st->has_embed || st->has_head)) return PL_OK;
     size_t n = (size_t)st->cfg.Vp * st->cfg.C;
     void *host = NULL;

@@ -24,17 +24,42 @@
  * (as stage_act_bytes_per_slot counts them). */
 static double act_mb(const run *R, int s, int mode) {
     double N = (double)(R->B / R->M) * R->T, C = R->cfg.C, att = (double)(R->B / R->M) * R->cfg.NH * R->T * R->T;
-    double per_block = mode == STAGE_RECOMPUTE_FULL ? N * C : N * (16 * C + 4) + (mode ? 0 : att);
-    double n = N * C + R->sp.blocks[s] * per_block + (s == R->P - 1 ? N * (2 * C + 2) : 0);
+    double per_block = mode == STAGE_RECOMPUTE_FULL ? N * C
+                     : N * (double)model_block_act_floats_per_token(&R->cfg) + (mode ? 0 : att);
+    double head = R->cfg.arch == MODEL_LLAMA ? N * (2 * C + 1) : N * (2 * C + 2);
+    double n = N * C + R->sp.blocks[s] * per_block + (s == R->P - 1 ? head : 0);
     return n * sizeof(float) / 1048576.0;
+}
+
+int report_grid(run *R) {
+    if (R->D <= 1) return PL_OK;
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    char (*all)[64] = R->wrank == 0 ? calloc((size_t)R->W, 64) : NULL;
+    if (R->wrank == 0 && !all) return PL_ENOMEM;
+    PL_TRY(comm_gather(host, 64, MPI_CHAR, all, 0, R->world, "the gather of host names"));
+    if (R->wrank == 0) {
+        pl_info("data parallel: %d replicas x %d stages = %d ranks, batch %d = %d x %d sequences per replica%s\n",
+                R->D, R->P, R->W, R->Bg, R->D, R->B, R->o->zero ? ", AdamW moments sharded (ZeRO-1)" : "");
+        pl_info("  stage  replica  rank  host\n");
+        for (int r = 0; r < R->W; r++) pl_info("  %5d  %7d  %4d  %s\n", r / R->D, r % R->D, r, all[r]);
+    }
+    free(all);
+    return PL_OK;
 }
 
 /* Rank 0 prints the stage table: who owns what, and its estimated cost. */
 void report_stage_table(run *R) {
     const split *sp = &R->sp;
     int Bm = R->B / R->M;
-    pl_info("model: V=%d (padded %d) C=%d L=%d NH=%d maxT=%d, %zu parameters\n", R->cfg.V, R->cfg.Vp,
-            R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.maxT, gpt2_num_params(&R->cfg));
+    if (R->cfg.arch == MODEL_LLAMA)
+        pl_info("model: llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g, "
+                "%zu parameters\n", R->cfg.V, R->cfg.Vp, R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.NKV, R->cfg.H,
+                R->cfg.maxT, (double)R->cfg.rope_theta, R->cfg.use_scaled_rope ? " (scaled)" : "",
+                (double)R->cfg.norm_eps, model_num_params(&R->cfg));
+    else
+        pl_info("model: V=%d (padded %d) C=%d L=%d NH=%d maxT=%d, %zu parameters\n", R->cfg.V, R->cfg.Vp,
+                R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.maxT, gpt2_num_params(&R->cfg));
     char lay[512];
     layout_describe(&R->lay, lay, sizeof lay);
     pl_info("layout: %s\n", lay);
@@ -182,7 +207,7 @@ void report_run_line(run *R) {
     config_write_json(R->o, f);
     fprintf(f, ",\"model\":{\"vocab_size\":%d,\"padded_vocab_size\":%d,\"max_seq_len\":%d,\"n_layer\":%d,"
             "\"n_head\":%d,\"n_embd\":%d,\"params\":%zu}", R->cfg.V, R->cfg.Vp, R->cfg.maxT, R->cfg.L,
-            R->cfg.NH, R->cfg.C, gpt2_num_params(&R->cfg));
+            R->cfg.NH, R->cfg.C, model_num_params(&R->cfg));
     fprintf(f, ",\"ranks\":%d,\"stages\":%d,\"split\":", R->P, R->P);
     split_write_json(&R->sp, f);
     fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s}\n",
@@ -280,7 +305,7 @@ static int report_costs(run *R) {
 
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */
 int report_bench(run *R, const double *step_s, int nsteps) {
-    double mine[8];
+    double mine[BENCH_NSTAT];
     int k = R->tm_steps ? R->tm_steps : 1;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -299,21 +324,26 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     else if (strcmp(R->be->name, "cpu") == 0) mine[6] = bench_sgemm_gflops(1024, threads, 1.0);
     else mine[6] = bench_matmul_gflops(R->be->name, prec, 1024, threads, 1.0);
     mine[7] = threads;
+    /* data parallelism: the reduction wait the backward did not hide, and the optimizer state */
+    mine[8] = R->have_dp ? 1e3 * R->dp.t_hidden_wait / k : 0.0;
+    mine[9] = (R->have_dp ? (double)R->dp.moment_floats : (double)R->st.nparams) * 2 * sizeof(float) / 1048576.0;
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
-    PL_TRY(comm_gather(mine, 8, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
+    PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
     int rc = PL_OK;
     if (R->rank == 0) {
         bench_result br;
         memset(&br, 0, sizeof br);
         br.P = R->P;
         br.M = R->M;
-        br.B = R->B;
+        br.B = R->Bg;
+        br.D = R->D;
+        br.zero = R->o->zero && R->D > 1;
         br.T = R->T;
         snprintf(br.schedule, sizeof br.schedule, "%s", R->sc.name);
         br.nsteps = nsteps;
         br.step_s = step_s;
-        br.flops_per_token = 6.0 * gpt2_num_params(&R->cfg) + 6.0 * R->cfg.L * R->cfg.C * R->T;
+        br.flops_per_token = model_train_flops_per_token(&R->cfg, R->T);
         sched_sim sim;
         char err[512];
         br.bubble_theoretical = sched_simulate(&R->sc, &sim, err, sizeof err) == 0 ? sim.bubble : NAN;
@@ -332,6 +362,7 @@ int report_bench(run *R, const double *step_s, int nsteps) {
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {
     *same = 1;
+    if (R->cfg.arch == MODEL_LLAMA) return PL_OK; /* an untied head: nothing to compare */
     if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
         size_t n = (size_t)R->cfg.Vp * R->cfg.C;
         float *other = malloc(n * sizeof(float));
@@ -395,7 +426,7 @@ void report_step(run *R, int step, int first_step, int last_step, double loss, d
                         double secs, double t_start) {
     if (R->rank != 0) return;
     const pl_options *o = R->o;
-    double ms = 1e3 * secs, tps = R->B * R->T / secs;
+    double ms = 1e3 * secs, tps = (double)R->Bg * R->T / secs;
     if (step % o->log_every == 0 || step == last_step) {
         if (R->tty) fprintf(pl_out, "\r\033[K");
         pl_info("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s\n", step, last_step, loss,

@@ -14,24 +14,24 @@
 static double embed_flops(const gpt2_config *c) { return 2.0 * c->C; }
 
 double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T) {
-    double f = sp->blocks[s] * gpt2_block_flops(cfg, T);
+    double f = sp->blocks[s] * model_block_flops(cfg, T);
     if (s == 0) f += embed_flops(cfg);
-    if (s == sp->P - 1) f += gpt2_head_flops(cfg);
+    if (s == sp->P - 1) f += model_head_flops(cfg);
     return f;
 }
 
 size_t split_stage_params(const split *sp, const gpt2_config *c, int s) {
-    size_t C = c->C, n = (size_t)sp->blocks[s] * (12 * C * C + 13 * C);
-    if (s == 0) n += (size_t)c->Vp * C + (size_t)c->maxT * C;
-    if (s == sp->P - 1) n += 2 * C + (s == 0 ? 0 : (size_t)c->Vp * C);
+    size_t n = (size_t)sp->blocks[s] * model_block_params(c);
+    if (s == 0) n += model_embed_params(c);
+    if (s == sp->P - 1) n += model_head_params(c, s == 0);
     return n;
 }
 
 size_t split_stage_act_bytes(const split *sp, const gpt2_config *c, int s, int Bm, int T) {
     size_t N = (size_t)Bm * T, C = c->C;
-    size_t per_block = N * (16 * C + 4) + (size_t)Bm * c->NH * T * T;
+    size_t per_block = N * model_block_act_floats_per_token(c) + (size_t)Bm * c->NH * T * T;
     size_t n = N * C + (size_t)sp->blocks[s] * per_block;
-    if (s == sp->P - 1) n += N * (2 * C + 2);
+    if (s == sp->P - 1) n += N * (2 * C + (c->arch == MODEL_LLAMA ? 1 : 2));
     return n * sizeof(float);
 }
 

@@ -35,6 +35,7 @@ static void bind_pointers(stage *st) {
             case P_WPE: st->wpe = p; st->dwpe = g; break;
             case P_LNFW: st->lnfw = p; st->dlnfw = g; break;
             case P_LNFB: st->lnfb = p; st->dlnfb = g; break;
+            case P_LMHEAD: st->lmhead = p; st->dlmhead = g; break;
             }
             continue;
         }
@@ -53,6 +54,9 @@ static void bind_pointers(stage *st) {
         case P_FCB: pp = &bp->fcb; gg = &bg->fcb; break;
         case P_FCPROJW: pp = &bp->fcprojw; gg = &bg->fcprojw; break;
         case P_FCPROJB: pp = &bp->fcprojb; gg = &bg->fcprojb; break;
+        case P_ATTNORMW: pp = &bp->ln1w; gg = &bg->ln1w; break;
+        case P_MLPNORMW: pp = &bp->ln2w; gg = &bg->ln2w; break;
+        case P_FC2W: pp = &bp->fc2w; gg = &bg->fc2w; break;
         }
         *pp = p;
         *gg = g;
@@ -67,29 +71,41 @@ static void *balloc(stage *st, size_t bytes, int *rc) {
     return *rc ? NULL : p;
 }
 
-/* Activations of one slot: per block 16 C floats + NH T floats + 4 per token. */
+/* Widths of a block's fused qkv and MLP hidden layer: 3C and 4C for GPT-2. */
+static size_t qkv_width(const gpt2_config *c) {
+    return c->arch == MODEL_LLAMA ? (size_t)(c->NH + 2 * c->NKV) * (c->C / c->NH) : 3 * (size_t)c->C;
+}
+static size_t hidden_width(const gpt2_config *c) { return c->arch == MODEL_LLAMA ? (size_t)c->H : 4 * (size_t)c->C; }
+
+/* One block's activations (res3 too unless skip_res3); GPT-2 per token 16 C + 4 floats,
+ * Llama 5 C + QKV + 3 H + 2; plus the B NH T T probabilities. */
+static void alloc_acts(stage *st, block_acts *a, int skip_res3, int *rc) {
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float), Q = qkv_width(&st->cfg), H = hidden_width(&st->cfg);
+    int llama = st->cfg.arch == MODEL_LLAMA;
+    a->ln1 = balloc(st, N * C * F, rc);
+    a->ln1_mean = llama ? NULL : balloc(st, N * F, rc);
+    a->ln1_rstd = balloc(st, N * F, rc);
+    a->qkv = balloc(st, N * Q * F, rc);
+    a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, rc);
+    a->atty = balloc(st, N * C * F, rc);
+    a->res2 = balloc(st, N * C * F, rc);
+    a->ln2 = balloc(st, N * C * F, rc);
+    a->ln2_mean = llama ? NULL : balloc(st, N * F, rc);
+    a->ln2_rstd = balloc(st, N * F, rc);
+    a->fch = balloc(st, N * H * F, rc);
+    a->fch2 = llama ? balloc(st, N * H * F, rc) : NULL;
+    a->fch_gelu = balloc(st, N * H * F, rc);
+    a->res3 = skip_res3 ? NULL : balloc(st, N * C * F, rc);
+}
+
+/* Activations of one slot: its input, and per block alloc_acts'. */
 static void alloc_slot(stage *st, act_slot *s, int *rc) {
     size_t N = st->N, C = st->cfg.C, F = sizeof(float);
     s->x_in = balloc(st, N * C * F, rc);
     s->tok = st->has_embed ? balloc(st, N * sizeof(int), rc) : NULL;
     s->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_acts));
     if (!s->blocks) { if (!*rc) *rc = PL_ENOMEM; return; }
-    for (int b = 0; b < st->nb; b++) {
-        block_acts *a = &s->blocks[b];
-        a->ln1 = balloc(st, N * C * F, rc);
-        a->ln1_mean = balloc(st, N * F, rc);
-        a->ln1_rstd = balloc(st, N * F, rc);
-        a->qkv = balloc(st, N * 3 * C * F, rc);
-        a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, rc);
-        a->atty = balloc(st, N * C * F, rc);
-        a->res2 = balloc(st, N * C * F, rc);
-        a->ln2 = balloc(st, N * C * F, rc);
-        a->ln2_mean = balloc(st, N * F, rc);
-        a->ln2_rstd = balloc(st, N * F, rc);
-        a->fch = balloc(st, N * 4 * C * F, rc);
-        a->fch_gelu = balloc(st, N * 4 * C * F, rc);
-        a->res3 = balloc(st, N * C * F, rc);
-    }
+    for (int b = 0; b < st->nb; b++) alloc_acts(st, &s->blocks[b], 0, rc);
     if (st->has_head) {
         s->lnf = balloc(st, N * C * F, rc);
         s->lnf_mean = balloc(st, N * F, rc);
@@ -98,19 +114,21 @@ static void alloc_slot(stage *st, act_slot *s, int *rc) {
     }
 }
 
-/* One set of output gradients: per block 11 C floats per token, plus the embedding's. */
+/* One set of output gradients: per block 11 C floats per token (Llama 4 C + QKV + 2 H), plus
+ * the embedding's. */
 static int alloc_douts(stage *st, stage_douts *dd) {
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
+    size_t N = st->N, C = st->cfg.C, F = sizeof(float), Q = qkv_width(&st->cfg), H = hidden_width(&st->cfg);
     int rc = PL_OK;
     dd->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_douts));
     if (!dd->blocks) return PL_ENOMEM;
     for (int b = 0; b < st->nb; b++) {
         block_douts *d = &dd->blocks[b];
         d->fcproj = balloc(st, N * C * F, &rc);
-        d->fc = balloc(st, N * 4 * C * F, &rc);
+        d->fc = balloc(st, N * H * F, &rc);
+        d->fc2 = st->cfg.arch == MODEL_LLAMA ? balloc(st, N * H * F, &rc) : NULL;
         d->ln2 = balloc(st, N * C * F, &rc);
         d->attproj = balloc(st, N * C * F, &rc);
-        d->qkv = balloc(st, N * 3 * C * F, &rc);
+        d->qkv = balloc(st, N * Q * F, &rc);
         d->ln1 = balloc(st, N * C * F, &rc);
     }
     dd->embed = st->has_embed ? balloc(st, N * C * F, &rc) : NULL;
@@ -121,7 +139,7 @@ static void free_douts(stage *st, stage_douts *dd) {
     if (dd->blocks)
         for (int b = 0; b < st->nb; b++) {
             block_douts *d = &dd->blocks[b];
-            float *all[] = {d->fcproj, d->fc, d->ln2, d->attproj, d->qkv, d->ln1};
+            float *all[] = {d->fcproj, d->fc, d->ln2, d->attproj, d->qkv, d->ln1, d->fc2};
             for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) st->be->free(all[k]);
         }
     free(dd->blocks);
@@ -132,7 +150,7 @@ static void free_douts(stage *st, stage_douts *dd) {
 /* Free a block's activations, except those shared by every slot under recomputation. */
 static void free_block_acts(stage *st, block_acts *a) {
     float *all[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3, a->fch2};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
         float *p = all[k];
         if (p == st->att_shared) continue;
@@ -161,9 +179,10 @@ static void free_slot(stage *st, act_slot *s) {
 
 /* Refuse a micro-batch whose buffers would not fit (each fewer than 2^31 elements). */
 static int check_sizes(const gpt2_config *cfg, int has_head, int Bm, int T, char *err, size_t errlen) {
-    long long N = (long long)Bm * T, C = cfg->C;
+    long long N = (long long)Bm * T, W = (long long)(hidden_width(cfg) > qkv_width(cfg) ? hidden_width(cfg)
+                                                                                       : qkv_width(cfg));
     const char *what = NULL;
-    if (N > STAGE_MAX_TENSOR / 4 / (C > 0 ? C : 1)) what = "the (tokens, 4 n-embd) activations";
+    if (N > STAGE_MAX_TENSOR / (W > 0 ? W : 1)) what = "the (tokens, MLP hidden) activations";
     else if (has_head && N > STAGE_MAX_TENSOR / cfg->Vp) what = "the (tokens, padded vocab) logits";
     else if ((long long)Bm * cfg->NH > STAGE_MAX_TENSOR / ((long long)T * T)) what = "the (micro-batch, heads, T, T) attention";
     if (!what) return PL_OK;
@@ -178,8 +197,19 @@ static int alloc_buffers(stage *st) {
     int rc = PL_OK;
     st->params = balloc(st, pb, &rc);
     st->grads = balloc(st, pb, &rc);
+    if (st->cfg.arch == MODEL_LLAMA) { /* the rotary tables are filled by stage_init */
+        size_t half = (size_t)(C / st->cfg.NH) / 2, w = qkv_width(&st->cfg) > hidden_width(&st->cfg)
+                                                         ? qkv_width(&st->cfg) : hidden_width(&st->cfg);
+        st->rope_cos = balloc(st, (size_t)st->T * half * F, &rc);
+        st->rope_sin = balloc(st, (size_t)st->T * half * F, &rc);
+        st->blk_scratch = balloc(st, N * w * F, &rc);
+        if (st->has_embed) {
+            st->zero_pos = balloc(st, (size_t)st->T * C * F, &rc);
+            st->dzero_pos = balloc(st, (size_t)st->T * C * F, &rc);
+        }
+    }
     if (st->has_head) {
-        st->dwte_head = balloc(st, (size_t)st->cfg.Vp * C * F, &rc);
+        if (st->cfg.arch != MODEL_LLAMA) st->dwte_head = balloc(st, (size_t)st->cfg.Vp * C * F, &rc);
         st->logits = balloc(st, N * st->cfg.Vp * F, &rc);
         st->losses = balloc(st, N * F, &rc);
         st->tgt = balloc(st, N * sizeof(int), &rc);
@@ -192,6 +222,21 @@ static int alloc_buffers(stage *st) {
         alloc_slot(st, &st->slots[i], &rc);
         st->slots[i].dd = &st->shared_dd;
     }
+    return rc;
+}
+
+/* Llama: the cos/sin tables of positions 0..T-1, computed on the host in double, uploaded once. */
+static int upload_rope(stage *st) {
+    size_t n = (size_t)st->T * (size_t)(st->cfg.C / st->cfg.NH / 2);
+    float *c = malloc(n * sizeof(float)), *s = malloc(n * sizeof(float));
+    int rc = c && s ? PL_OK : PL_ENOMEM;
+    if (rc == PL_OK) {
+        llama_rope_tables(&st->cfg, st->T, c, s);
+        rc = st->be->from_host(st->rope_cos, c, n * sizeof(float));
+        if (rc == PL_OK) rc = st->be->from_host(st->rope_sin, s, n * sizeof(float));
+    }
+    free(c);
+    free(s);
     return rc;
 }
 
@@ -214,7 +259,7 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
     st->T = T;
     st->N = Bm * T;
     st->be = be;
-    st->tensors = calloc(16 + 12 * (size_t)st->nb, sizeof(param_tensor));
+    st->tensors = calloc((size_t)model_max_tensors(cfg, st->nb), sizeof(param_tensor));
     st->bp = calloc(st->nb ? st->nb : 1, sizeof(block_params));
     st->bg = calloc(st->nb ? st->nb : 1, sizeof(block_params));
     st->slots = calloc(nslots, sizeof(act_slot));
@@ -223,7 +268,7 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
         stage_free(st);
         return PL_ENOMEM;
     }
-    st->ntensors = gpt2_layout(cfg, l0, l1, has_embed, has_head, st->tensors, &st->nparams);
+    st->ntensors = model_layout(cfg, l0, l1, has_embed, has_head, st->tensors, &st->nparams);
     st->nslots = nslots;
     int rc = alloc_buffers(st);
     if (rc != PL_OK) {
@@ -234,26 +279,19 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
         return rc;
     }
     bind_pointers(st);
+    if (cfg->arch == MODEL_LLAMA && (rc = upload_rope(st)) != PL_OK) {
+        snprintf(err, errlen, "backend %s: %s, uploading the rotary tables", be->name, rc == PL_ENOMEM ?
+                 "out of host memory" : stage_error(st));
+        stage_free(st);
+        return rc;
+    }
     return PL_OK;
 }
 
 /* One block's activations into a (the shared set of full recomputation). */
 static int alloc_block_acts(stage *st, block_acts *a) {
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
     int rc = PL_OK;
-    a->ln1 = balloc(st, N * C * F, &rc);
-    a->ln1_mean = balloc(st, N * F, &rc);
-    a->ln1_rstd = balloc(st, N * F, &rc);
-    a->qkv = balloc(st, N * 3 * C * F, &rc);
-    a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, &rc);
-    a->atty = balloc(st, N * C * F, &rc);
-    a->res2 = balloc(st, N * C * F, &rc);
-    a->ln2 = balloc(st, N * C * F, &rc);
-    a->ln2_mean = balloc(st, N * F, &rc);
-    a->ln2_rstd = balloc(st, N * F, &rc);
-    a->fch = balloc(st, N * 4 * C * F, &rc);
-    a->fch_gelu = balloc(st, N * 4 * C * F, &rc);
-    a->res3 = NULL; /* every slot keeps its own block outputs */
+    alloc_acts(st, a, 1, &rc); /* res3: every slot keeps its own block outputs */
     return rc;
 }
 
@@ -304,8 +342,10 @@ int stage_init_recompute(stage *st, int mode, char *err, size_t errlen) {
 size_t stage_act_bytes_per_slot(const stage *st) {
     size_t N = st->N, C = st->cfg.C, att = (size_t)st->Bm * st->cfg.NH * st->T * st->T;
     size_t per_block = st->recompute == STAGE_RECOMPUTE_FULL ? N * C
-                     : N * (16 * C + 4) + (st->recompute == STAGE_RECOMPUTE_SELECTIVE ? 0 : att);
-    size_t n = N * C + (size_t)st->nb * per_block + (st->has_head ? N * (2 * C + 2) : 0);
+                     : N * model_block_act_floats_per_token(&st->cfg) +
+                       (st->recompute == STAGE_RECOMPUTE_SELECTIVE ? 0 : att);
+    size_t head = st->cfg.arch == MODEL_LLAMA ? N * (2 * C + 1) : N * (2 * C + 2);
+    size_t n = N * C + (size_t)st->nb * per_block + (st->has_head ? head : 0);
     return n * sizeof(float);
 }
 
@@ -340,7 +380,7 @@ void stage_free(stage *st) {
         free_block_acts(st, &keep);
     }
     float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres, st->att_shared,
-                     st->atty_scratch};
+                     st->atty_scratch, st->rope_cos, st->rope_sin, st->blk_scratch, st->zero_pos, st->dzero_pos};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
     be->free(st->tgt);
     free(st->host_losses);
@@ -355,7 +395,7 @@ int stage_init_params(stage *st, unsigned long long seed) {
         const param_tensor *t = &st->tensors[i];
         float *host = malloc(t->numel * sizeof(float));
         if (!host) return PL_ENOMEM;
-        gpt2_init_tensor(&st->cfg, t, seed, host);
+        model_init_tensor(&st->cfg, t, seed, host);
         int rc = st->be->from_host(st->params + t->offset, host, t->numel * sizeof(float));
         free(host);
         PL_TRY(rc);
@@ -370,8 +410,10 @@ const param_tensor *stage_find_tensor(const stage *st, int kind, int layer) {
 }
 
 int stage_zero_grads(stage *st) {
+    st->w_done = 0;
     PL_TRY(st->be->zero(st->grads, st->nparams * sizeof(float)));
     if (st->dwte_head) PL_TRY(st->be->zero(st->dwte_head, (size_t)st->cfg.Vp * st->cfg.C * sizeof(float)));
+    if (st->dzero_pos) PL_TRY(st->be->zero(st->dzero_pos, (size_t)st->T * st->cfg.C * sizeof(float)));
     return PL_OK;
 }
 
@@ -395,8 +437,27 @@ float *stage_output(stage *st, int slot) {
 float *stage_dinput(stage *st) { return st->dres; }
 
 static block_dims dims_of(const stage *st) {
-    block_dims d = {st->Bm, st->T, st->cfg.C, st->cfg.NH, st->N};
+    const gpt2_config *c = &st->cfg;
+    block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, (int)hidden_width(c),
+                    (int)qkv_width(c), c->norm_eps, st->rope_cos, st->rope_sin, st->blk_scratch};
     return d;
+}
+
+/* One block's math in the stage's architecture. */
+static int block_forward(const stage *st, const block_dims *d, const block_params *p, block_acts *a,
+                         const float *x) {
+    if (st->cfg.arch == MODEL_LLAMA) return llama_block_forward(st->be, d, p, a, x);
+    return gpt2_block_forward(st->be, d, p, a, x);
+}
+static int block_backward_input(const stage *st, const block_dims *d, const block_params *p,
+                                const block_acts *a, const float *x, float *dres, const block_douts *dd) {
+    if (st->cfg.arch == MODEL_LLAMA) return llama_block_backward_input(st->be, d, p, a, x, dres, dd);
+    return gpt2_block_backward_input(st->be, d, p, a, x, dres, dd);
+}
+static int block_backward_weight(const stage *st, const block_dims *d, block_params *g, const block_acts *a,
+                                 const float *x, const block_douts *dd) {
+    if (st->cfg.arch == MODEL_LLAMA) return llama_block_backward_weight(st->be, d, g, a, x, dd);
+    return gpt2_block_backward_weight(st->be, d, g, a, x, dd);
 }
 
 /* The last stage's head: logits = lnf(x) wte^T, the loss, and (dloss > 0) its backward to
@@ -404,9 +465,11 @@ static block_dims dims_of(const stage *st) {
 static int head_forward(stage *st, act_slot *s, const float *x, const int *targets, float dloss, double *loss_sum) {
     const backend *be = st->be;
     const gpt2_config *c = &st->cfg;
-    int N = st->N, C = c->C;
-    PL_TRY(be->layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, x, st->lnfw, st->lnfb, N, C));
-    PL_TRY(be->matmul_fwd(st->logits, s->lnf, st->wte, NULL, N, C, c->Vp));        // (N, Vp)
+    int N = st->N, C = c->C, llama = c->arch == MODEL_LLAMA;
+    const float *head = llama ? st->lmhead : st->wte; /* Llama's head is its own tensor */
+    if (llama) PL_TRY(be->rmsnorm_fwd(s->lnf, s->lnf_rstd, x, st->lnfw, N, C, c->norm_eps));
+    else PL_TRY(be->layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, x, st->lnfw, st->lnfb, N, C));
+    PL_TRY(be->matmul_fwd(st->logits, s->lnf, head, NULL, N, C, c->Vp));           // (N, Vp)
     PL_TRY(be->from_host(st->tgt, targets, (size_t)N * sizeof(int)));
     PL_TRY(be->crossentropy_fwd(st->losses, st->logits, st->tgt, N, c->V, c->Vp)); // (N)
     PL_TRY(be->to_host(st->host_losses, st->losses, (size_t)N * sizeof(float)));
@@ -416,8 +479,8 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     if (dloss <= 0.0f) return PL_OK;
     /* the head's backward, now that dL/dlogits is known: keep only dL/d(lnf) */
     PL_TRY(be->crossentropy_bwd(st->logits, st->tgt, dloss, N, c->V, c->Vp));
-    PL_TRY(be->matmul_bwd_input(s->dlnf, st->logits, st->wte, N, C, c->Vp));       // (N, C)
-    return be->matmul_bwd_weight(st->dwte_head, NULL, st->logits, s->lnf, N, C, c->Vp);
+    PL_TRY(be->matmul_bwd_input(s->dlnf, st->logits, head, N, C, c->Vp));          // (N, C)
+    return be->matmul_bwd_weight(llama ? st->dlmhead : st->dwte_head, NULL, st->logits, s->lnf, N, C, c->Vp);
 }
 
 int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
@@ -438,14 +501,15 @@ int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const in
     if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
     if (st->has_embed) {
         PL_TRY(be->from_host(s->tok, tok, (size_t)N * sizeof(int)));
-        PL_TRY(be->encoder_fwd(s->x_in, s->tok, st->wte, st->wpe, N, st->T, C));   // (N, C)
+        const float *pos = st->cfg.arch == MODEL_LLAMA ? st->zero_pos : st->wpe; /* Llama: x = wte[tok] */
+        PL_TRY(be->encoder_fwd(s->x_in, s->tok, st->wte, pos, N, st->T, C));       // (N, C)
     } else {
         PL_TRY(be->copy(s->x_in, x_in, (size_t)N * C * sizeof(float)));
     }
     block_dims d = dims_of(st);
     const float *x = s->x_in;
     for (int b = 0; b < st->nb; b++) {
-        PL_TRY(gpt2_block_forward(be, &d, &st->bp[b], &s->blocks[b], x));
+        PL_TRY(block_forward(st, &d, &st->bp[b], &s->blocks[b], x));
         x = s->blocks[b].res3;
     }
     if (st->has_head) PL_TRY(head_forward(st, s, x, targets, dloss, loss_sum));
@@ -472,22 +536,35 @@ static int backward_start(stage *st, act_slot *s, const float *dout) {
     if (!st->has_head) return be->copy(st->dres, dout, nc * sizeof(float));
     const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
     PL_TRY(be->zero(st->dres, nc * sizeof(float)));
+    if (st->cfg.arch == MODEL_LLAMA)
+        return be->rmsnorm_bwd_input(st->dres, s->dlnf, x_last, st->lnfw, s->lnf_rstd, st->N, st->cfg.C);
     return be->layernorm_bwd_input(st->dres, s->dlnf, x_last, st->lnfw, s->lnf_mean, s->lnf_rstd, st->N, st->cfg.C);
 }
 
 /* The weight ops outside the blocks: the final norm's (last stage). */
 static int head_weight(stage *st, act_slot *s) {
     const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+    if (st->cfg.arch == MODEL_LLAMA)
+        return st->be->rmsnorm_bwd_weight(st->dlnfw, s->dlnf, x_last, s->lnf_rstd, st->N, st->cfg.C);
     return st->be->layernorm_bwd_weight(st->dlnfw, st->dlnfb, s->dlnf, x_last, s->lnf_mean, s->lnf_rstd,
                                         st->N, st->cfg.C);
 }
 
 /* The embeddings' gradient (first stage) from dL/d(x_in) kept in dd->embed. */
 static int embed_weight(stage *st, act_slot *s) {
-    return st->be->encoder_bwd(st->dwte, st->dwpe, s->dd->embed, s->tok, st->N, st->T, st->cfg.C);
+    float *dpos = st->cfg.arch == MODEL_LLAMA ? st->dzero_pos : st->dwpe; /* Llama: a scratch, never read */
+    return st->be->encoder_bwd(st->dwte, dpos, s->dd->embed, s->tok, st->N, st->T, st->cfg.C);
+}
+
+/* The data-parallel hook: is this weight part the step's last, and then tell it that block b's
+ * gradient (b = -1: the rest) is final. */
+static int grad_final(stage *st, int b) {
+    if (!st->on_grad_final || st->w_done + 1 != st->w_final) return PL_OK;
+    return st->on_grad_final(st->grad_ctx, b < 0 ? -1 : st->l0 + b);
 }
 
 static int release(stage *st, act_slot *s) {
+    st->w_done++;
     s->in_use = s->input_done = 0;
     st->slots_in_use--;
     return PL_OK;
@@ -497,7 +574,10 @@ static int release(stage *st, act_slot *s) {
 static int recompute_block(stage *st, act_slot *s, int b, const float *x) {
     block_dims d = dims_of(st);
     block_acts *a = &s->blocks[b];
-    if (st->recompute == STAGE_RECOMPUTE_FULL) return gpt2_block_forward(st->be, &d, &st->bp[b], a, x);
+    if (st->recompute == STAGE_RECOMPUTE_FULL) return block_forward(st, &d, &st->bp[b], a, x);
+    if (st->recompute == STAGE_RECOMPUTE_SELECTIVE && st->cfg.arch == MODEL_LLAMA)
+        return st->be->attention_gqa_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.NH, st->cfg.NKV,
+                                         d.HS);
     if (st->recompute == STAGE_RECOMPUTE_SELECTIVE)
         return st->be->attention_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.C, st->cfg.NH);
     return PL_OK;
@@ -517,7 +597,7 @@ int stage_backward_input(stage *st, int slot, const float *dout) {
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
         PL_TRY(recompute_block(st, s, b, x));
-        PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, &s->dd->blocks[b]));
+        PL_TRY(block_backward_input(st, &d, &st->bp[b], &s->blocks[b], x, st->dres, &s->dd->blocks[b]));
     }
     if (st->has_embed) PL_TRY(be->copy(s->dd->embed, st->dres, (size_t)st->N * st->cfg.C * sizeof(float)));
     s->input_done = 1;
@@ -533,9 +613,11 @@ int stage_backward_weight(stage *st, int slot) {
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
         if (st->recompute == STAGE_RECOMPUTE_FULL) PL_TRY(recompute_block(st, s, b, x)); /* others kept what W reads */
-        PL_TRY(gpt2_block_backward_weight(st->be, &d, &st->bg[b], &s->blocks[b], x, &s->dd->blocks[b]));
+        PL_TRY(block_backward_weight(st, &d, &st->bg[b], &s->blocks[b], x, &s->dd->blocks[b]));
+        PL_TRY(grad_final(st, b));
     }
     if (st->has_embed) PL_TRY(embed_weight(st, s));
+    PL_TRY(grad_final(st, -1));
     st->w_pending--;
     return release(st, s);
 }
@@ -553,15 +635,21 @@ int stage_backward(stage *st, int slot, const float *dout) {
         const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
         const block_douts *dd = &st->shared_dd.blocks[b];
         PL_TRY(recompute_block(st, s, b, x));
-        PL_TRY(gpt2_block_backward_input(be, &d, &st->bp[b], &s->blocks[b], x, st->dres, dd));
-        PL_TRY(gpt2_block_backward_weight(be, &d, &st->bg[b], &s->blocks[b], x, dd));
+        PL_TRY(block_backward_input(st, &d, &st->bp[b], &s->blocks[b], x, st->dres, dd));
+        PL_TRY(block_backward_weight(st, &d, &st->bg[b], &s->blocks[b], x, dd));
+        PL_TRY(grad_final(st, b));
     }
-    if (st->has_embed) PL_TRY(be->encoder_bwd(st->dwte, st->dwpe, st->dres, s->tok, st->N, st->T, st->cfg.C));
+    if (st->has_embed) {
+        float *dpos = st->cfg.arch == MODEL_LLAMA ? st->dzero_pos : st->dwpe;
+        PL_TRY(be->encoder_bwd(st->dwte, dpos, st->dres, s->tok, st->N, st->T, st->cfg.C));
+    }
+    PL_TRY(grad_final(st, -1));
     return release(st, s);
 }
 
 int stage_tied_grads_local(stage *st) {
     size_t n = (size_t)st->cfg.Vp * st->cfg.C;
+    if (st->cfg.arch == MODEL_LLAMA) return PL_OK; /* untied head: nothing to fold */
     if (st->has_embed && st->has_head) return st->be->add_inplace(st->dwte, st->dwte_head, n);
     if (st->has_head) return st->be->copy(st->dwte, st->dwte_head, n * sizeof(float));
     return PL_OK;

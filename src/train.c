@@ -45,10 +45,15 @@ double train_lr(const pl_options *o, int step) {
 
 /* All ranks agree on a status: the worst code wins; rank 0 says who failed. */
 static int agree(run *R, int rc, const char *phase) {
-    int who = -1, out = comm_agree(R->comm, rc, &who);
-    if (out != PL_OK && R->rank == 0 && R->P > 1 && who >= 0)
-        fprintf(stderr, "pipelm: stopping all %d ranks: rank %d failed during %s (message above)\n",
-                R->P, who, phase);
+    int who = -1, out = comm_agree(R->world, rc, &who);
+    if (out != PL_OK && R->wrank == 0 && R->W > 1 && who >= 0) {
+        if (R->D > 1)
+            fprintf(stderr, "pipelm: stopping all %d ranks: rank %d (stage %d of replica %d) failed during %s "
+                    "(message above)\n", R->W, who, who / R->D, who % R->D, phase);
+        else
+            fprintf(stderr, "pipelm: stopping all %d ranks: rank %d failed during %s (message above)\n",
+                    R->W, who, phase);
+    }
     return out;
 }
 /* Resolve the model dimensions: from --init's header, else from the options. */
@@ -57,11 +62,17 @@ static int resolve_config(run *R, char *err, size_t errlen) {
     if (o->init[0]) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
+        if (o->set_dims && strcmp(o->arch, model_arch_name(R->cfg.arch)) != 0) {
+            snprintf(err, errlen, "--arch %s conflicts with %.512s, which is a %s model", o->arch, o->init,
+                     model_arch_name(R->cfg.arch));
+            return PL_EINVAL;
+        }
         if (o->set_dims || o->set_vocab) {
-            const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd"};
-            int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd};
-            int b[] = {R->cfg.V, R->cfg.maxT, R->cfg.L, R->cfg.NH, R->cfg.C};
-            for (int i = 0; i < 5; i++)
+            const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head"};
+            int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd,
+                       o->n_kv_head ? o->n_kv_head : o->n_head};
+            int b[] = {R->cfg.V, R->cfg.maxT, R->cfg.L, R->cfg.NH, R->cfg.C, R->cfg.NKV};
+            for (int i = 0; i < 6; i++)
                 if ((i == 0 ? o->set_vocab : o->set_dims) && a[i] != b[i]) {
                     snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i],
                              o->init, names[i], b[i]);
@@ -71,7 +82,12 @@ static int resolve_config(run *R, char *err, size_t errlen) {
     } else {
         int V = o->vocab_size, dv = data_spec_vocab(o->data);
         if (dv && !o->set_vocab) V = dv;
-        PL_TRY(gpt2_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen));
+        if (strcmp(o->arch, "llama") == 0)
+            PL_TRY(llama_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head,
+                                     o->n_kv_head ? o->n_kv_head : o->n_head, o->n_embd, o->multiple_of,
+                                     (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
+                                     o->use_scaled_rope, err, errlen));
+        else PL_TRY(gpt2_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen));
     }
     if (R->T > R->cfg.maxT) {
         snprintf(err, errlen, "--seq-len %d exceeds the model's max-seq-len %d", R->T, R->cfg.maxT);
@@ -82,12 +98,12 @@ static int resolve_config(run *R, char *err, size_t errlen) {
 /* Every output path must be writable before step 1: work is not lost at the end. */
 static int check_outputs(const run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    if (R->rank == 0 && o->save_final[0]) PL_TRY(pl_check_output_file(o->save_final, "--save-final", err, errlen));
-    if (R->rank == 0 && o->trace[0]) PL_TRY(pl_check_output_file(o->trace, "--trace", err, errlen));
-    if (R->rank == 0 && o->dump_grads[0]) PL_TRY(pl_check_output_file(o->dump_grads, "--dump-grads", err, errlen));
-    if (o->bench && R->rank == 0 && o->json[0]) PL_TRY(pl_check_output_file(o->json, "--json", err, errlen));
-    if (o->bench && R->rank == 0 && o->csv[0]) PL_TRY(pl_check_output_file(o->csv, "--csv", err, errlen));
-    if (o->bench && R->rank == 0 && o->costs_out[0])
+    if (R->wrank == 0 && o->save_final[0]) PL_TRY(pl_check_output_file(o->save_final, "--save-final", err, errlen));
+    if (R->wrank == 0 && o->trace[0]) PL_TRY(pl_check_output_file(o->trace, "--trace", err, errlen));
+    if (R->wrank == 0 && o->dump_grads[0]) PL_TRY(pl_check_output_file(o->dump_grads, "--dump-grads", err, errlen));
+    if (o->bench && R->wrank == 0 && o->json[0]) PL_TRY(pl_check_output_file(o->json, "--json", err, errlen));
+    if (o->bench && R->wrank == 0 && o->csv[0]) PL_TRY(pl_check_output_file(o->csv, "--csv", err, errlen));
+    if (o->bench && R->wrank == 0 && o->costs_out[0])
         PL_TRY(pl_check_output_file(o->costs_out, "--costs-out", err, errlen));
     if (o->ckpt_dir[0] && !o->bench) PL_TRY(pl_check_output_dir(o->ckpt_dir, "--ckpt-dir", err, errlen));
     return PL_OK;
@@ -151,7 +167,7 @@ static int recompute_modes(run *R, char *err, size_t errlen) {
 static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     PL_TRY(check_outputs(R, err, errlen));
-    if (o->fail_rank == R->rank && o->fail_step == 0 && strcmp(o->fail_at, "during") == 0) {
+    if (o->fail_rank == R->wrank && o->fail_step == 0 && strcmp(o->fail_at, "during") == 0) {
         snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->fail_rank);
         return PL_EPEER;
     }
@@ -165,6 +181,12 @@ static int setup(run *R, char *err, size_t errlen) {
         int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
         fclose(f);
         PL_TRY(rc ? PL_EINVAL : PL_OK);
+        if (R->sc.V > 1) {
+            snprintf(err, errlen, "schedule file %.512s has %d chunks per rank (%d stages on %d rows): `pipelm "
+                     "schedule` can show and simulate it, but training with virtual stages is not implemented yet",
+                     o->schedule_csv, R->sc.V, R->sc.V * R->sc.P, R->sc.P);
+            return PL_EINVAL;
+        }
         if (R->sc.P != R->P) {
             snprintf(err, errlen, "schedule file %.512s has %d rows (ranks) but the job has %d ranks",
                      o->schedule_csv, R->sc.P, R->P);
@@ -196,7 +218,11 @@ static int setup(run *R, char *err, size_t errlen) {
     optim_hparams h = hparams_of(o);
     PL_TRY(optim_init(&R->opt, &R->st, &h, err, errlen));
     PL_TRY(engine_init(&R->eng, &R->st, &R->sc, R->comm, err, errlen));
-    R->eng.fail_rank = o->fail_rank;
+    if (R->D > 1) {
+        PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, o->zero, R->M, err, errlen));
+        R->have_dp = 1;
+    }
+    R->eng.fail_rank = o->fail_rank == R->wrank ? R->rank : -1; /* --fail-rank names a world rank */
     R->eng.fail_step = o->fail_step;
     R->eng.fail_during = strcmp(o->fail_at, "during") == 0;
     /* data: the first stage needs inputs, the last the targets */
@@ -204,22 +230,27 @@ static int setup(run *R, char *err, size_t errlen) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
                          err, errlen));
         R->have_train = 1;
-        PL_TRY(data_check_batch(&R->train, R->B, R->T, err, errlen));
+        PL_TRY(data_check_batch(&R->train, R->Bg, R->T, err, errlen));
         const char *vspec = o->val_data[0] ? o->val_data : strcmp(o->data, "markov") == 0 ? "markov" : NULL;
         if (vspec) {
             PL_TRY(data_open(&R->val, vspec, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed,
                              1ULL << 60, err, errlen));
             R->have_val = 1;
-            PL_TRY(data_check_batch(&R->val, R->B, R->T, err, errlen));
+            PL_TRY(data_check_batch(&R->val, R->Bg, R->T, err, errlen));
         }
-        R->inputs = malloc(sizeof(int) * (size_t)R->B * R->T);
-        R->targets = malloc(sizeof(int) * (size_t)R->B * R->T);
-        if (!R->inputs || !R->targets) {
+        /* the whole global batch is read; this replica trains on rows [d B, (d + 1) B) */
+        R->gin = malloc(sizeof(int) * (size_t)R->Bg * R->T);
+        R->gtg = malloc(sizeof(int) * (size_t)R->Bg * R->T);
+        if (R->gin && R->gtg) {
+            R->inputs = R->gin + (size_t)R->d * R->B * R->T;
+            R->targets = R->gtg + (size_t)R->d * R->B * R->T;
+        }
+        if (!R->gin || !R->gtg) {
             snprintf(err, errlen, "out of memory for the batch");
             return PL_ENOMEM;
         }
     }
-    if (R->rank == 0 && o->metrics[0]) PL_TRY(metrics_open(&R->mx, o->metrics, err, errlen));
+    if (R->wrank == 0 && o->metrics[0]) PL_TRY(metrics_open(&R->mx, o->metrics, err, errlen));
     return PL_OK;
 }
 /* Squared gradient norms per part (slot 0 embeddings, 1+l block l, L+1 final norm), the loss
@@ -227,9 +258,9 @@ static int setup(run *R, char *err, size_t errlen) {
  * summed over ranks: every slot has one owner, so the sums are exact. */
 static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss, int *bad_slot, step_news *nw) {
     stage *st = &R->st;
-    int L = R->cfg.L, P = R->P, n = L + 3 + 2 * P;
+    int L = R->cfg.L, W = R->W, n = L + 3 + 2 * W;
     double *v = calloc(n, sizeof(double)), *g = calloc(n, sizeof(double)), *sq = calloc(st->ntensors, sizeof(double));
-    int rc = v && g && sq ? optim_grad_sumsq(&R->opt, sq) : PL_ENOMEM;
+    int rc = !(v && g && sq) ? PL_ENOMEM : R->have_dp ? dp_grad_sumsq(&R->dp, sq) : optim_grad_sumsq(&R->opt, sq);
     if (rc != PL_OK) {
         if (rc != PL_ENOMEM) pl_error("backend %s: the gradient norm: %s", st->be->name, stage_error(st));
         free(v); free(g); free(sq);
@@ -238,14 +269,14 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         if (t->kind == P_WTE && !st->has_embed) continue; /* the tied copy counts once */
-        int slot = t->layer >= 0 ? 1 + t->layer : (t->kind == P_LNFW || t->kind == P_LNFB) ? L + 1 : 0;
+        int slot = t->layer >= 0 ? 1 + t->layer : (t->kind == P_LNFW || t->kind == P_LNFB || t->kind == P_LMHEAD) ? L + 1 : 0;
         v[slot] += sq[i];
     }
     free(sq);
     if (st->has_head) v[L + 2] = loss_sum;
-    v[L + 3 + R->rank] = signals_stop_pending();
-    v[L + 3 + P + R->rank] = R->eng.first_bad_fwd + 1;
-    rc = comm_allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->comm, "the all-reduce of the gradient norm and loss");
+    v[L + 3 + R->wrank] = signals_stop_pending();
+    v[L + 3 + W + R->wrank] = R->eng.first_bad_fwd + 1;
+    rc = comm_allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the gradient norm and loss");
     double total = 0.0;
     *bad_slot = -1;
     for (int i = 0; i <= L + 1; i++) {
@@ -253,12 +284,12 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
         if (!isfinite(g[i]) && *bad_slot < 0) *bad_slot = i;
     }
     *norm = sqrt(total);
-    *loss = g[L + 2] / ((double)R->B * R->T);
+    *loss = g[L + 2] / ((double)R->Bg * R->T);
     nw->stop_sig = 0;
     nw->stop_rank = nw->fwd_stage = nw->fwd_mb = -1;
-    for (int r = P - 1; r >= 0; r--) {
+    for (int r = W - 1; r >= 0; r--) { /* world rank r runs stage r / D */
         if (g[L + 3 + r] > 0) { nw->stop_sig = (int)g[L + 3 + r]; nw->stop_rank = r; }
-        if (g[L + 3 + P + r] > 0) { nw->fwd_stage = r; nw->fwd_mb = (int)g[L + 3 + P + r] - 1; }
+        if (g[L + 3 + W + r] > 0) { nw->fwd_stage = r / R->D; nw->fwd_mb = (int)g[L + 3 + W + r] - 1; }
     }
     free(v);
     free(g);
@@ -269,7 +300,7 @@ static int evaluate(run *R, double *val_loss) {
     double sum = 0.0;
     for (int k = 0; k < R->o->val_batches; k++) {
         char err[4400];
-        if (R->have_val && data_read_batch(&R->val, k, R->B, R->T, R->inputs, R->targets, err, sizeof err) != PL_OK) {
+        if (R->have_val && data_read_batch(&R->val, k, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
             pl_error("%s", err);
             return PL_EIO;
         }
@@ -278,14 +309,14 @@ static int evaluate(run *R, double *val_loss) {
         sum += l;
     }
     double in = R->st.has_head ? sum : 0.0, out = 0.0;
-    PL_TRY(comm_allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, R->comm, "the all-reduce of the validation loss"));
-    *val_loss = out / ((double)R->o->val_batches * R->B * R->T);
+    PL_TRY(comm_allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the validation loss"));
+    *val_loss = out / ((double)R->o->val_batches * R->Bg * R->T);
     return PL_OK;
 }
 /* Validation at a step, if any rank has validation data; prints and records val_loss. */
 static int maybe_evaluate(run *R, int step) {
     int anyval = R->have_val;
-    PL_TRY(comm_allreduce(MPI_IN_PLACE, &anyval, 1, MPI_INT, MPI_MAX, R->comm, "the validation check"));
+    PL_TRY(comm_allreduce(MPI_IN_PLACE, &anyval, 1, MPI_INT, MPI_MAX, R->world, "the validation check"));
     if (!anyval) return PL_OK;
     double vl;
     PL_TRY(evaluate(R, &vl));
@@ -300,6 +331,8 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     const pl_options *o = R->o;
     /* dwte = embedding share + head share: added locally on one rank, summed across two */
     PL_TRY(optim_tied_grads(&R->opt, R->tied, R->P));
+    /* the replicas' sum: the blocks' buckets started during the backward, the tied wte now */
+    if (R->have_dp) PL_TRY(dp_finish(&R->dp, step == 1 && o->dump_grads[0]));
     int bad;
     PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad, nw));
     if (bad >= 0 || !isfinite(*loss)) {
@@ -311,21 +344,21 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     /* a model that guesses uniformly scores ln(V): far above it, the run has diverged */
     double lnV = log((double)R->cfg.V), limit = fmax(2.0 * lnV, lnV + 10.0);
     if (*loss > limit) {
-        if (R->rank == 0)
+        if (R->wrank == 0)
             pl_error("step %d: loss %.4f is far above ln(V) = %.4f (uniform guessing; limit %.4f): the run has "
                      "diverged; stopping all ranks before it reaches a checkpoint (try a lower --lr)",
                      step, *loss, lnV, limit);
         return PL_ENUM;
     }
-    if (step == 1 && o->dump_grads[0]) PL_TRY(llmc_save(o->dump_grads, st, 1, R->comm));
-    int rc = optim_step(&R->opt, step, lr, *norm);
+    if (step == 1 && o->dump_grads[0] && R->d == 0) PL_TRY(llmc_save(o->dump_grads, st, 1, R->comm));
+    int rc = R->have_dp ? dp_optim_step(&R->dp, step, lr, *norm) : optim_step(&R->opt, step, lr, *norm);
     if (rc != PL_OK) pl_error("backend %s: the optimizer step: %s", st->be->name, stage_error(st));
     return rc;
 }
 /* Threads and binding per rank (layout.c); when ranks x threads exceed the CPUs, waiting
  * ranks yield their core (R->polite) and the user is told. */
 static int set_threads(run *R) {
-    PL_TRY(layout_choose(&R->lay, R->comm, R->o->threads));
+    PL_TRY(layout_choose(&R->lay, R->world, R->o->threads));
     backend_cpu.set_threads(R->lay.threads); /* the backend chosen later is set up with the same */
     R->polite = R->lay.oversubscribed;
     if (R->polite)
@@ -337,7 +370,7 @@ static int set_threads(run *R) {
 /* Test-only fault injection: does --fail-rank fail here, at --fail-at `where` of `step`? */
 static int fail_here(const run *R, int step, const char *where) {
     const pl_options *o = R->o;
-    if (o->fail_rank != R->rank || o->fail_step != step || strcmp(o->fail_at, where) != 0) return 0;
+    if (o->fail_rank != R->wrank || o->fail_step != step || strcmp(o->fail_at, where) != 0) return 0;
     if (strcmp(where, "nan") != 0)
         pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d", o->fail_rank,
                  o->fail_step, where, step);
@@ -355,7 +388,7 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
         PL_TRY(R->st.be->from_host(R->st.params + R->st.nparams / 2, &nan, sizeof nan));
     }
     char err[4400];
-    if (R->have_train && data_read_batch(&R->train, step - 1, R->B, R->T, R->inputs, R->targets, err, sizeof err) != PL_OK) {
+    if (R->have_train && data_read_batch(&R->train, step - 1, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
         pl_error("step %d: %s", step, err);
         return PL_EIO;
     }
@@ -366,7 +399,7 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
     R->eng.t_fwd = R->eng.t_bwd = R->eng.t_wait = 0;
     R->eng.first_bad_fwd = -1;
     double loss_sum = 0.0;
-    float dloss = (float)(1.0 / ((double)R->B * R->T));
+    float dloss = (float)(1.0 / ((double)R->Bg * R->T));
     PL_TRY(engine_step(&R->eng, step, R->inputs, R->targets, dloss, &loss_sum));
     double t1 = pl_now();
     int rc = optimizer_step(R, step, loss_sum, loss, norm, *lr, nw);
@@ -394,6 +427,7 @@ static int before_loop(run *R, int *first_step) {
         if (R->rank == 0) R->train.entropy = ent;
     }
     report_stage_table(R);
+    PL_TRY(report_grid(R));
     if (isfinite(R->train.entropy))
         pl_info("data: %s, entropy floor %.4f nats/token (the best loss any model can reach)\n", R->train.desc,
                 R->train.entropy);
@@ -402,7 +436,7 @@ static int before_loop(run *R, int *first_step) {
     report_run_line(R);
     *first_step = 1;
     if (o->resume[0]) PL_TRY(train_resume_checkpoint(R, first_step));
-    if (o->trace[0]) {
+    if (o->trace[0] && R->d == 0) { /* replica 0's pipeline: the others run the same schedule */
         R->eng.tr = trace_open(R->comm);
         if (!R->eng.tr) return PL_ENOMEM;
     }
@@ -417,21 +451,61 @@ typedef struct {
     step_news nw;
 } loop_state;
 
+/* D replicas x P stages from --dp / --stages and the world size, and the batch each replica
+ * trains on; a layout that does not fit is refused with the ones that would. */
+static int layout_grid(run *R, const pl_options *o) {
+    int W = R->W, D = o->dp, P = o->stages;
+    if (!D && !P) D = 1;
+    if (!D) D = P > 0 && W % P == 0 ? W / P : 0;
+    if (!P) P = D > 0 && W % D == 0 ? W / D : 0;
+    if (D < 1 || P < 1 || D * P != W) {
+        if (R->wrank == 0) {
+            char fits[512] = "";
+            for (int k = 1, off = 0; k <= W && off < (int)sizeof fits - 32; k++)
+                if (W % k == 0) off += snprintf(fits + off, sizeof fits - off, "%s--dp %d --stages %d", off ? ", " : "", k, W / k);
+            pl_error("--dp %d --stages %d does not fit %d ranks (D x P must be the world size); this job can run %s",
+                     o->dp, o->stages, W, fits);
+        }
+        return PL_EINVAL;
+    }
+    if (R->Bg % (D * R->M) != 0) {
+        if (R->wrank == 0)
+            pl_error("--batch %d must be divisible by --dp %d x --microbatches %d (each replica trains on batch / D "
+                     "sequences in M micro-batches)", R->Bg, D, R->M);
+        return PL_EINVAL;
+    }
+    if (o->zero && D < 2 && R->wrank == 0) pl_note("--zero 1 with one replica: nothing to shard");
+    R->D = D;
+    R->P = P;
+    R->B = R->Bg / D;
+    return PL_OK;
+}
+
 /* Fields, threads, watchdog, signals, the tied communicator: before anything can fail on
  * one rank only. */
 static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) {
     R->o = o;
-    R->comm = comm;
-    R->tied = MPI_COMM_NULL;
-    MPI_Comm_rank(comm, &R->rank);
-    MPI_Comm_size(comm, &R->P);
-    R->B = o->batch;
+    R->world = R->comm = comm;
+    R->tied = R->dpc = MPI_COMM_NULL;
+    MPI_Comm_rank(comm, &R->wrank);
+    MPI_Comm_size(comm, &R->W);
+    R->Bg = o->batch;
     R->T = o->seq_len;
     R->M = o->microbatches;
     R->tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
-    if (o->fail_rank >= R->P) { /* every rank sees the same options: an agreed refusal */
-        if (R->rank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->fail_rank, R->P);
+    /* every rank sees the same options and world size: the refusals below are agreed */
+    if (layout_grid(R, o) != PL_OK) return PL_EINVAL;
+    if (o->fail_rank >= R->W) {
+        if (R->wrank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->fail_rank, R->W);
         return PL_EINVAL;
+    }
+    /* pipeline outermost: rank r is stage r / D of replica r % D, so a stage's replicas are
+     * neighbours (their all-reduce stays on a node) and the pipeline crosses nodes */
+    R->rank = R->wrank / R->D;
+    R->d = R->wrank % R->D;
+    if (R->D > 1) {
+        PL_MPI_CHECK(MPI_Comm_split(comm, R->d, R->rank, &R->comm));
+        PL_MPI_CHECK(MPI_Comm_split(comm, R->rank, R->d, &R->dpc));
     }
     PL_TRY(set_threads(R));
     comm_watchdog_s = o->watchdog;
@@ -441,7 +515,7 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     L->grace = getenv("PIPELM_STOP_GRACE") ? atof(getenv("PIPELM_STOP_GRACE")) : 0;
     comm_stop_grace_s = L->grace > 0 ? L->grace : 60.0;
     signals_install(); /* from here on a stop request ends the run cleanly */
-    int color = (R->rank == 0 || R->rank == R->P - 1) ? 0 : MPI_UNDEFINED;
+    int color = (R->rank == 0 || R->rank == R->P - 1) ? R->d : MPI_UNDEFINED;
     PL_MPI_CHECK(MPI_Comm_split(comm, color, R->rank, &R->tied));
     return PL_OK;
 }
@@ -471,6 +545,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         int step = L->step;
         if (o->bench && step == o->warmup + 1) { /* the timed part starts now */
             memset(R->tm, 0, sizeof R->tm);
+            R->dp.t_hidden_wait = R->dp.t_gather = 0;
             R->tm_steps = 0;
             backend_prof_reset();
             memset(R->eng.t_op, 0, sizeof R->eng.t_op);
@@ -512,8 +587,8 @@ static int end_run(run *R, loop_state *L, int *agreed) {
         if (rc != PL_OK) { *agreed = 0; return rc; }
         pl_info("wrote trace %s\n", o->trace);
     }
-    if (o->save_final[0] && !L->stopped) {
-        PL_TRY(llmc_save(o->save_final, &R->st, 0, R->comm));
+    if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
+        if (R->d == 0) PL_TRY(llmc_save(o->save_final, &R->st, 0, R->comm));
         pl_info("saved final weights to %s\n", o->save_final);
     }
     int done_steps = step > last ? last : step;
@@ -529,6 +604,12 @@ static void teardown(run *R, int agreed) {
     R->eng.tr = NULL;
     metrics_close(&R->mx);
     if (R->tied != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->tied);
+    if (R->have_dp) dp_free(&R->dp, agreed);
+    if (R->W > 1 && R->comm != R->world && R->comm != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->comm);
+    if (R->dpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->dpc);
+    free(R->gin);
+    free(R->gtg);
+    R->inputs = R->targets = NULL;
     engine_free(&R->eng);
     optim_free(&R->opt);
     stage_free(&R->st);
@@ -536,8 +617,6 @@ static void teardown(run *R, int agreed) {
     split_free(&R->sp);
     if (R->have_train) data_close(&R->train);
     if (R->have_val) data_close(&R->val);
-    free(R->inputs);
-    free(R->targets);
     free(R->rc_modes);
     signals_restore();
     comm_step = -1;

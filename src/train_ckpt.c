@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/ckpt.h"
+#include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/run.h"
 #include "pipelm/trace.h"
@@ -19,7 +20,7 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     const pl_options *o = R->o;
     memset(m, 0, sizeof *m);
     m->step = step;
-    m->tokens_seen = (long long)step * R->B * R->T;
+    m->tokens_seen = (long long)step * R->Bg * R->T;
     m->data_pos = step; /* batch k of the data source is read at step k+1 */
     m->seed = o->seed;
     m->data_seed = o->data_seed;
@@ -34,7 +35,7 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     m->warmup_steps = o->warmup_steps;
     m->total_steps = o->steps;
     snprintf(m->lr_schedule, sizeof m->lr_schedule, "%s", o->lr_schedule);
-    m->batch = R->B;
+    m->batch = R->Bg; /* the global batch: the same whatever --dp */
     m->seq_len = R->T;
     m->microbatches = R->M;
     snprintf(m->schedule, sizeof m->schedule, "%s", R->sc.name);
@@ -49,15 +50,24 @@ int train_save_checkpoint(run *R, int step) {
     char path[PL_PATH + 64], err[1024] = "";
     double bytes = 0, t0 = pl_now();
     trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t0);
-    int rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->comm, path, sizeof path, &bytes, err, sizeof err);
+    /* ZeRO-1: the moments whole for the file (each replica writes a share of the tensors) */
+    int rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK;
+    rc = comm_agree(R->world, rc, NULL);
+    if (rc == PL_OK)
+        rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->world, path, sizeof path, &bytes, err,
+                       sizeof err);
+    if (R->have_dp) {
+        int r2 = dp_moments_pieces(&R->dp);
+        if (rc == PL_OK) rc = r2;
+    }
     double t1 = pl_now();
     trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t1);
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d: %s", step, err);
         char prev[PL_PATH + 64], e2[256];
-        if (R->rank == 0 && ckpt_resolve(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
+        if (R->wrank == 0 && ckpt_resolve(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
             pl_error("checkpoint at step %d failed; the previous checkpoint %s is intact", step, prev);
-        else if (R->rank == 0)
+        else if (R->wrank == 0)
             pl_error("checkpoint at step %d failed; there is no earlier checkpoint in %s", step, R->o->ckpt_dir);
         return rc;
     }
@@ -72,12 +82,18 @@ int train_resume_checkpoint(run *R, int *first_step) {
     char path[PL_PATH + 64], err[1024] = "";
     int rc = ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, err, sizeof err);
     if (rc != PL_OK) {
-        if (R->rank == 0) pl_error("--resume: %s", err);
+        if (R->wrank == 0) pl_error("--resume: %s", err);
         return rc; /* every rank resolved the same name the same way */
     }
     ckpt_meta m;
     double bytes = 0, t0 = pl_now();
-    rc = ckpt_load(path, &R->st, &R->opt, &m, R->comm, &bytes, err, sizeof err);
+    rc = R->have_dp ? dp_moments_full(&R->dp, 0) : PL_OK; /* ZeRO-1: read whole, keep the pieces */
+    rc = comm_agree(R->world, rc, NULL);
+    if (rc == PL_OK) rc = ckpt_load(path, &R->st, &R->opt, &m, R->world, &bytes, err, sizeof err);
+    if (R->have_dp) {
+        int r2 = dp_moments_pieces(&R->dp);
+        if (rc == PL_OK) rc = r2;
+    }
     double t1 = pl_now();
     if (rc != PL_OK) {
         if (err[0]) pl_error("resuming from %s: %s", path, err);
@@ -85,7 +101,7 @@ int train_resume_checkpoint(run *R, int *first_step) {
     }
     const char *what = NULL;
     char a[600] = "", b[600] = "";
-    if (m.batch != R->B) { what = "batch"; snprintf(a, sizeof a, "%d", m.batch); snprintf(b, sizeof b, "%d", R->B); }
+    if (m.batch != R->Bg) { what = "batch"; snprintf(a, sizeof a, "%d", m.batch); snprintf(b, sizeof b, "%d", R->Bg); }
     else if (m.seq_len != R->T) { what = "seq-len"; snprintf(a, sizeof a, "%d", m.seq_len); snprintf(b, sizeof b, "%d", R->T); }
     else if (strcmp(m.data, o->data) != 0) { what = "data"; snprintf(a, sizeof a, "%.500s", m.data); snprintf(b, sizeof b, "%.500s", o->data); }
     else if (m.data_seed != o->data_seed) { what = "data-seed"; snprintf(a, sizeof a, "%lld", m.data_seed); snprintf(b, sizeof b, "%lld", o->data_seed); }
@@ -94,12 +110,12 @@ int train_resume_checkpoint(run *R, int *first_step) {
         snprintf(a, sizeof a, "%d", m.markov_branch);
         snprintf(b, sizeof b, "%d", o->markov_branch);
     }
-    if (!what && m.markov_branch <= 0 && strcmp(o->data, "markov") == 0 && R->rank == 0)
+    if (!what && m.markov_branch <= 0 && strcmp(o->data, "markov") == 0 && R->wrank == 0)
         fprintf(stderr, "pipelm: rank 0: note: %s does not record --markov-branch (saved by an older pipelm): "
                 "cannot check that this run's --markov-branch %d is the one it was trained with\n", path,
                 o->markov_branch);
     if (what) {
-        if (R->rank == 0)
+        if (R->wrank == 0)
             pl_error("cannot resume from %s: it was saved with --%s %s but this run has --%s %s", path, what, a, what, b);
         return PL_EINVAL;
     }

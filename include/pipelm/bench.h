@@ -14,14 +14,19 @@
 /* What a benchmark run measured, gathered on rank 0. stage_stats holds 8 doubles per rank:
  * compute ms, MPI-wait ms, optimizer ms, step ms (per timed step), peak RSS MB, blocks,
  * the measured matmul peak GFLOP/s with the rank's threads (sgemm on the cpu backend, the backend's own in its precision otherwise), threads. */
+/* Figures per stage rank in bench_result.stage_stats: compute, wait, optimizer and step ms,
+ * peak RSS MB, blocks, peak GFLOP/s, threads, data-parallel reduction wait ms, AdamW state MB. */
+#define BENCH_NSTAT 10
+
 typedef struct {
-    int P, M, B, T;
+    int P, M, B, T;             /* stages, micro-batches per replica, global batch, sequence */
+    int D, zero;                /* data-parallel replicas (1: none), ZeRO-1 on */
     char schedule[32];
     int nsteps;
     const double *step_s;       /* nsteps wall times (rank 0) */
     double flops_per_token;     /* 6N + 6 L C T, as llm.c counts */
     double bubble_theoretical;  /* from the schedule's unit-cost simulation */
-    const double *stage_stats;
+    const double *stage_stats;  /* BENCH_NSTAT per stage (replica 0's ranks) */
     const char *peak_what;      /* what the peak column measured ("sgemm", "onednn bf16 matmul"); NULL: sgemm */
 } bench_result;
 

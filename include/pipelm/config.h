@@ -23,6 +23,11 @@ typedef struct {
     char preset[32];
     /* model */
     int vocab_size, max_seq_len, n_layer, n_head, n_embd;
+    char arch[16];               /* gpt2 | llama */
+    int n_kv_head;               /* llama: key/value heads (0: n_head) */
+    int multiple_of, use_scaled_rope;
+    double ffn_dim_multiplier;   /* llama: 0 = none */
+    double norm_eps, rope_theta;
     /* training */
     int steps, batch, seq_len, microbatches;
     double lr, min_lr;
@@ -37,6 +42,7 @@ typedef struct {
     char dump_grads[PL_PATH];
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
+    int dp, stages, zero; /* data-parallel replicas, pipeline stages, ZeRO-1 (train.c checks them against the world) */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */

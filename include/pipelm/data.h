@@ -6,7 +6,8 @@
  *       each token allows `branch` next tokens with random probabilities. Its entropy rate
  *       (nats/token, the best loss any model can reach) is computed exactly from the
  *       stationary distribution and reported as the entropy floor.
- *   "FILE": an llm.c token file (magic 20240520, version 1, uint16 tokens).
+ *   "FILE": an llm.c token file: magic 20240520, version 1, uint16 tokens (GPT-2), or magic
+ *       20240801, version 7, uint32 tokens (llm.c's Llama 3 files).
  *   "text:FILE": any file, one token per byte (vocabulary 256).
  * Files are not memory-mapped (a file truncated under a mapping kills the process with
  * SIGBUS): each batch is read with pread, and a file that changed size or holds a token
@@ -42,6 +43,7 @@ typedef struct {
     char path[4096];
     size_t file_bytes;     /* size at open: a batch refuses a file whose size changed */
     size_t ntok;
+    int tok_bytes;         /* bytes per token in a token file: 2 (uint16) or 4 (uint32) */
 } data_source;
 
 /* Open a source. V is the model's vocabulary: a file token >= V is an error. For "markov",
@@ -59,5 +61,7 @@ void data_close(data_source *d);
 int data_spec_vocab(const char *spec);
 /* Write an llm.c token file (used by tests and tools). */
 int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok);
+/* Write an llm.c uint32 token file (magic 20240801, version 7). */
+int data_write_tokens32(const char *path, const uint32_t *tok, size_t ntok);
 
 #endif

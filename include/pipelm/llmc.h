@@ -2,7 +2,11 @@
  * llmc.h — llm.c model files (`gpt2_124M.bin`): read into and write from pipeline stages.
  *
  * The file is a 256-int32 header (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V, L,
- * NH, C, Vp) followed by 16 tensors grouped by kind, each holding all layers back to back.
+ * NH, C, Vp) followed by 16 tensors grouped by kind, each holding all layers back to back;
+ * or, for Llama 3, llm.c's train_llama3.py layout: magic 20240803, 256 int32 and 256 float32
+ * header fields, then wte, the per-layer norms, fused qkv, c_proj, the two MLP inputs (c_fc
+ * up, c_fc2 gate) and c_proj, the final norm and lm_head (wte and lm_head with V rows, not Vp).
+ * The read reports the architecture in cfg->arch.
  * A stage reads only the slices of the layers it owns (strided over the file), so no rank
  * ever holds the whole model. Writing is collective: rank 0 creates the file under a
  * temporary name and sizes it, every rank writes its own tensors at their offsets, all
@@ -16,6 +20,10 @@
 #include "pipelm/stage.h"
 
 #define LLMC_MODEL_MAGIC 20240326
+#define LLMC_LLAMA_MAGIC 20240803 /* llm.c's Llama 3 files (docs/formats.md): 2048-byte header */
+
+/* Bytes before the first tensor: 1024 (GPT-2) or 2048 (Llama 3). */
+size_t llmc_header_bytes(const gpt2_config *c);
 
 /* Read the header: config and version (3 fp32, 5 bf16). */
 int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen);

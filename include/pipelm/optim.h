@@ -31,7 +31,10 @@ typedef struct {
     stage *st;                  /* the parameters and gradients it updates */
     const backend *be;
     optim_hparams h;
-    float *m, *v;               /* (nparams) each, backend memory, zero at the start */
+    float *m, *v;               /* (nparams) each, backend memory, zero at the start; with ZeRO-1
+                                 * (dp.h) only this replica's pieces */
+    float *mfull, *vfull;       /* ZeRO-1: whole-size moments while a checkpoint is read or written */
+    int dp_rank, dp_size;       /* this stage's replica and the replicas (1 without --dp) */
 } optim;
 
 /* Allocate the moments (zero) for a stage's parameters. */

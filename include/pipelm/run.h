@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include "pipelm/config.h"
 #include "pipelm/data.h"
+#include "pipelm/dp.h"
 #include "pipelm/engine.h"
 #include "pipelm/layout.h"
 #include "pipelm/metrics.h"
@@ -24,8 +25,13 @@ enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
 /* Everything one rank needs during a run. */
 typedef struct {
     const pl_options *o;
-    MPI_Comm comm, tied;
-    int rank, P, B, T, M;
+    MPI_Comm comm, tied;        /* this replica's pipeline (rank = stage); first + last stage */
+    MPI_Comm world, dpc;        /* every rank of the job; this stage's D replicas */
+    int rank, P, B, T, M;       /* B: this replica's share of the batch (Bg / D) */
+    int wrank, W, D, d, Bg;     /* world rank and size, replicas, this replica, the global batch */
+    dp_reducer dp;
+    int have_dp;
+    int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;
     gpt2_config cfg;
@@ -54,6 +60,8 @@ typedef struct {
 
 /* report.c */
 void report_stage_table(run *R);
+/* Collective over the world: with --dp > 1, rank 0 prints (stage, replica) -> rank and host. */
+int report_grid(run *R);
 void report_run_line(run *R);
 void report_step(run *R, int step, int first_step, int last_step, double loss, double lr, double norm,
                  double secs, double t_start);

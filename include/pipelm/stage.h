@@ -55,7 +55,12 @@ typedef struct {
     param_tensor *tensors;
     float *wte, *wpe, *lnfw, *lnfb;             /* into params, NULL if not owned */
     float *dwte, *dwpe, *dlnfw, *dlnfb;         /* into grads */
-    float *dwte_head;                           /* (Vp, C) head's share of dwte (last stage) */
+    float *dwte_head;                           /* (Vp, C) head's share of dwte (last stage, GPT-2) */
+    float *lmhead, *dlmhead;                    /* Llama: the untied head (last stage) */
+    float *rope_cos, *rope_sin;                 /* Llama: (T, HS/2) rotary tables, uploaded once */
+    float *blk_scratch;                         /* Llama: (N, max(H, QKV)) transient block scratch */
+    float *zero_pos, *dzero_pos;                /* Llama first stage: (T, C) zero position rows for
+                                                 * the shared embedding op (Llama has no wpe) */
     block_params *bp, *bg;                      /* nb each: params and grads */
 
     int nslots, slots_in_use, slots_peak;
@@ -67,6 +72,12 @@ typedef struct {
     float *att_shared;           /* selective: (Bm, NH, T, T) one buffer for every slot */
     float *atty_scratch;         /* selective: (N, C) where the recomputed output lands */
     block_acts shared_acts;      /* full: one set of block activations for every slot and block */
+    /* data parallelism (dp.h): after the weight part of block b in the step's last micro-batch
+     * (the w_final-th weight part since stage_zero_grads), on_grad_final(grad_ctx, l0 + b);
+     * after that part's last weight op, on_grad_final(grad_ctx, -1). NULL: no hook. */
+    int (*on_grad_final)(void *ctx, int layer);
+    void *grad_ctx;
+    int w_final, w_done;
     /* scratch shared by every slot */
     float *dres;                 /* (N, C) the residual stream's gradient */
     float *logits;               /* (N, Vp) */

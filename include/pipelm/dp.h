@@ -1,0 +1,86 @@
+/*
+ * dp.h — data parallelism: the D replicas of one pipeline stage reduce their gradients over
+ * their own communicator, bucket by bucket, while the step goes on, and (ZeRO stage 1) each
+ * keeps and updates 1/D of the optimizer state.
+ *
+ * A bucket is a contiguous range of the stage's gradient buffer: one per transformer block,
+ * one per tensor outside the blocks. A block's bucket starts as soon as its gradient is final
+ * in the step (the weight part of the step's last micro-batch: stage.h's on_grad_final hook),
+ * so its reduction overlaps the rest of the backward and the cool-down; the tied token
+ * embedding starts after the tied sum of the step's end. The reduction is a reduce-scatter
+ * written out so that its order is fixed: replica j receives piece j of every replica's
+ * bucket (MPI_Ialltoallv) and sums it in replica order, ((g_0 + g_1) + g_2) + ..., element by
+ * element; an all-gather (MPI_Iallgatherv) then gives every replica the whole sum. So every
+ * replica holds the same bits, run after run, and since each element's sum does not depend
+ * on how the buffer is cut, they do not depend on the stage split either. With ZeRO-1 the
+ * gradient all-gather is skipped: replica j runs AdamW on piece j only (its moments are the
+ * only ones it stores) and the parameters are all-gathered instead. The gradient norm is
+ * summed from the pieces in both modes, so ZeRO on and off give the same bits. Every wait
+ * goes through comm.h (watchdog, stop signals). Backend memory is reached through map/unmap.
+ */
+#ifndef PIPELM_DP_H
+#define PIPELM_DP_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include "pipelm/optim.h"
+#include "pipelm/stage.h"
+
+/* One contiguous range of the stage's buffers reduced as a unit. */
+typedef struct {
+    size_t lo, n;          /* [lo, lo + n) floats of grads (and params, m, v) */
+    size_t plo, pn;        /* this replica's piece: [lo + plo, lo + plo + pn) */
+    size_t moff;           /* where the piece's moments start in the sharded m and v */
+    int layer;             /* block, or -1 */
+    int tied;              /* the tied wte (started after the tied sum) */
+    int state;             /* DP_IDLE.. */
+    float *host;           /* host view of grads[lo, lo + n) while reducing */
+    float *recv;           /* D pieces of this replica's piece size */
+    int *cnt, *dsp;        /* D each: every replica's piece (size, offset in the bucket) */
+    int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn); MPI reads
+                            * all four until the collective completes */
+    MPI_Request rq;
+} dp_bucket;
+
+enum { DP_IDLE = 0, DP_SCATTER = 1, DP_GATHER = 2, DP_DONE = 3 };
+
+typedef struct {
+    MPI_Comm comm;         /* the D replicas of this stage: the scatters */
+    MPI_Comm gcomm;        /* a duplicate for the gathers: the scatters are posted at fixed points
+                            * of the backward, the gathers when the sums are done, so the two
+                            * interleave differently on each replica; MPI matches collectives by
+                            * their order on a communicator, so each kind has its own */
+    int D, d;              /* replicas, this one's index */
+    int zero;              /* ZeRO-1: moments sharded, parameters all-gathered */
+    stage *st;
+    optim *opt;
+    int nb;
+    dp_bucket *b;
+    /* Collectives on one communicator must be posted in the same order on every rank: the
+     * buckets' scatters go out in the order the backward finishes them (the same on every
+     * replica), and each gather only after every earlier bucket's gather was posted. */
+    int *order, nstarted, next_gather;
+    double t_hidden_wait;  /* seconds waited at the step's end for reductions (not hidden) */
+    double t_gather;       /* seconds of the ZeRO parameter all-gather */
+    size_t moment_floats;  /* floats in each of m and v on this replica */
+} dp_reducer;
+
+/* Set up the buckets of st over comm (D = its size); with zero, shrink opt's moments to this
+ * replica's pieces. Installs the stage's on_grad_final hook (M = micro-batches per step). */
+int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen);
+/* free_comm = 0 after a failure (the peers may be anywhere: no collective call). */
+void dp_free(dp_reducer *r, int free_comm);
+/* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every
+ * bucket. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads). */
+int dp_finish(dp_reducer *r, int full);
+/* Squared norm of each tensor over this replica's pieces (sum over replicas = the norm). */
+int dp_grad_sumsq(const dp_reducer *r, double *sq);
+/* Clip and AdamW on this replica's pieces (ZeRO) or everything, then (ZeRO) all-gather the
+ * parameters. */
+int dp_optim_step(dp_reducer *r, int step, double lr, double norm);
+/* ZeRO: whole-size moments for a checkpoint (gather = 1: filled from every replica's pieces,
+ * for a save; 0: zero, for a load), and back to the pieces after it. No-ops without ZeRO. */
+int dp_moments_full(dp_reducer *r, int gather);
+int dp_moments_pieces(dp_reducer *r);
+
+#endif

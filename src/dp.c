@@ -1,0 +1,372 @@
+/*
+ * dp.c — the replicas' gradient reduction in a fixed order, overlapped with the backward, and
+ * the ZeRO-1 sharded optimizer (see dp.h).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipelm/comm.h"
+#include "pipelm/common.h"
+#include "pipelm/dp.h"
+
+/* Piece j of a bucket of n floats over D replicas: [j n / D, (j + 1) n / D). */
+static size_t piece_lo(size_t n, int D, int j) { return n * (size_t)j / (size_t)D; }
+static size_t piece_n(size_t n, int D, int j) { return piece_lo(n, D, j + 1) - piece_lo(n, D, j); }
+
+/* The buckets of a stage: the tensors of one block together (they are consecutive in the
+ * tensor table), every other tensor alone. Fails if a block's range would hold another
+ * tensor (a layout this code does not expect). */
+static int make_buckets(dp_reducer *r, char *err, size_t errlen) {
+    const stage *st = r->st;
+    r->b = calloc((size_t)st->ntensors, sizeof *r->b);
+    if (!r->b) return PL_ENOMEM;
+    int nb = 0;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        dp_bucket *last = nb ? &r->b[nb - 1] : NULL;
+        if (t->layer >= 0 && last && last->layer == t->layer) {
+            last->n = t->offset + t->numel - last->lo;
+            continue;
+        }
+        dp_bucket *b = &r->b[nb++];
+        b->lo = t->offset;
+        b->n = t->numel;
+        b->layer = t->layer;
+        b->tied = t->kind == P_WTE;
+        b->rq = MPI_REQUEST_NULL;
+    }
+    r->nb = nb;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        for (int k = 0; k < nb; k++) {
+            const dp_bucket *b = &r->b[k];
+            if (b->layer >= 0 && t->layer != b->layer && t->offset < b->lo + b->n && t->offset + t->numel > b->lo) {
+                snprintf(err, errlen, "data parallelism: tensor %s lies inside block %d's gradient range", t->name,
+                         b->layer);
+                return PL_EINVAL;
+            }
+        }
+    }
+    return PL_OK;
+}
+
+/* Map bucket k's gradients and post the scatter of its pieces (replica j gets piece j). */
+static int start_bucket(dp_reducer *r, int k) {
+    dp_bucket *b = &r->b[k];
+    if (b->state != DP_IDLE) return PL_OK;
+    const backend *be = r->st->be;
+    void *host = NULL;
+    PL_TRY(be->map(&host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    b->host = host;
+    int mrc = MPI_Ialltoallv(b->host, b->cnt, b->dsp, MPI_FLOAT, b->recv, b->rcnt, b->rdsp, MPI_FLOAT, r->comm,
+                             &b->rq);
+    if (mrc != MPI_SUCCESS) {
+        pl_error("MPI_Ialltoallv of a gradient bucket (%zu floats) failed", b->n);
+        return PL_EMPI;
+    }
+    b->state = DP_SCATTER;
+    r->order[r->nstarted++] = k;
+    return PL_OK;
+}
+
+/* The scatter of bucket k has arrived: sum its D pieces in replica order into this
+ * replica's piece, then (full) post the all-gather of the sums. */
+static int reduce_bucket(dp_reducer *r, int k, int full) {
+    dp_bucket *b = &r->b[k];
+    float *out = b->host + b->plo;
+    const float *in = b->recv;
+    size_t pn = b->pn;
+    for (size_t i = 0; i < pn; i++) {
+        float s = in[i];
+        for (int j = 1; j < r->D; j++) s += in[(size_t)j * pn + i];
+        out[i] = s;
+    }
+    if (!full) {
+        b->state = DP_DONE;
+        return PL_OK;
+    }
+    if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, b->host, b->cnt, b->dsp, MPI_FLOAT, r->gcomm, &b->rq) !=
+        MPI_SUCCESS) {
+        pl_error("MPI_Iallgatherv of a gradient bucket (%zu floats) failed", b->n);
+        return PL_EMPI;
+    }
+    b->state = DP_GATHER;
+    return PL_OK;
+}
+
+/* Move the buckets on as far as they can go without waiting, gathers in start order (each
+ * MPI_Test also drives MPI's progress). */
+static int progress(dp_reducer *r) {
+    while (r->next_gather < r->nstarted) {
+        int k = r->order[r->next_gather], done = 0;
+        PL_MPI_CHECK(MPI_Test(&r->b[k].rq, &done, MPI_STATUS_IGNORE));
+        if (!done) break;
+        PL_TRY(reduce_bucket(r, k, !r->zero));
+        r->next_gather++;
+    }
+    return PL_OK;
+}
+
+/* stage.h's hook: the gradient of block `layer` (or, -1, of the tensors outside the blocks,
+ * but the tied wte) is final for this step. */
+static int on_final(void *ctx, int layer) {
+    dp_reducer *r = ctx;
+    for (int k = 0; k < r->nb; k++)
+        if (r->b[k].layer == layer && !r->b[k].tied) PL_TRY(start_bucket(r, k));
+    return progress(r);
+}
+
+int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    r->comm = comm;
+    r->st = st;
+    r->opt = opt;
+    r->zero = zero;
+    r->gcomm = MPI_COMM_NULL;
+    MPI_Comm_size(comm, &r->D);
+    MPI_Comm_rank(comm, &r->d);
+    if (MPI_Comm_dup(comm, &r->gcomm) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Comm_dup of the replicas' communicator failed");
+        return PL_EMPI;
+    }
+    opt->dp_rank = r->d;
+    opt->dp_size = r->D;
+    int rc = make_buckets(r, err, errlen);
+    if (rc != PL_OK) return rc;
+    r->order = malloc(sizeof(int) * (size_t)(r->nb ? r->nb : 1));
+    if (!r->order) return PL_ENOMEM;
+    size_t moff = 0;
+    for (int k = 0; k < r->nb; k++) {
+        dp_bucket *b = &r->b[k];
+        if (b->n > (size_t)0x7fffffff) {
+            snprintf(err, errlen, "data parallelism: a gradient bucket of %zu floats is too large for MPI counts", b->n);
+            return PL_EINVAL;
+        }
+        b->plo = piece_lo(b->n, r->D, r->d);
+        b->pn = piece_n(b->n, r->D, r->d);
+        b->moff = moff;
+        moff += b->pn;
+        b->recv = malloc(sizeof(float) * (b->pn * (size_t)r->D + 1));
+        b->cnt = malloc(sizeof(int) * 4 * (size_t)r->D);
+        if (b->cnt) {
+            b->dsp = b->cnt + r->D;
+            b->rcnt = b->dsp + r->D;
+            b->rdsp = b->rcnt + r->D;
+            for (int j = 0; j < r->D; j++) {
+                b->cnt[j] = (int)piece_n(b->n, r->D, j);
+                b->dsp[j] = (int)piece_lo(b->n, r->D, j);
+                b->rcnt[j] = (int)b->pn;
+                b->rdsp[j] = (int)(b->pn * (size_t)j);
+            }
+        }
+        if (!b->recv || !b->cnt) {
+            snprintf(err, errlen, "out of memory for the gradient reduction buffers");
+            return PL_ENOMEM;
+        }
+    }
+    r->moment_floats = zero ? moff : st->nparams;
+    if (zero) { /* the moments of this replica's pieces only */
+        const backend *be = st->be;
+        be->free(opt->m);
+        be->free(opt->v);
+        opt->m = opt->v = NULL;
+        void *m = NULL, *v = NULL;
+        rc = be->alloc(&m, (moff ? moff : 1) * sizeof(float));
+        if (rc == PL_OK) rc = be->alloc(&v, (moff ? moff : 1) * sizeof(float));
+        opt->m = m;
+        opt->v = v;
+        if (rc != PL_OK) {
+            snprintf(err, errlen, "backend %s: %s, for the sharded AdamW moments", be->name, stage_error(st));
+            return rc;
+        }
+    }
+    st->on_grad_final = on_final;
+    st->grad_ctx = r;
+    st->w_final = M;
+    return PL_OK;
+}
+
+void dp_free(dp_reducer *r, int free_comm) {
+    if (r->st && r->st->grad_ctx == r) {
+        r->st->on_grad_final = NULL;
+        r->st->grad_ctx = NULL;
+    }
+    for (int k = 0; r->b && k < r->nb; k++) {
+        if (r->b[k].host) r->st->be->unmap(r->b[k].host, r->st->grads + r->b[k].lo, r->b[k].n * sizeof(float),
+                                           PL_MAP_READ | PL_MAP_WRITE);
+        free(r->b[k].recv);
+        free(r->b[k].cnt);
+    }
+    if (r->opt && r->opt->mfull) {
+        r->st->be->free(r->opt->mfull);
+        r->st->be->free(r->opt->vfull);
+        r->opt->mfull = r->opt->vfull = NULL;
+    }
+    free(r->b);
+    free(r->order);
+    if (r->gcomm != MPI_COMM_NULL && free_comm) MPI_Comm_free(&r->gcomm);
+    memset(r, 0, sizeof *r);
+}
+
+int dp_finish(dp_reducer *r, int full) {
+    double t0 = pl_now();
+    int rc = PL_OK;
+    for (int k = 0; k < r->nb && rc == PL_OK; k++) rc = start_bucket(r, k); /* the tied wte, and any not started */
+    comm_what w = {"the data-parallel reduction of the gradients", -1, -1, -1};
+    full = full || !r->zero;
+    /* the sums in start order; under ZeRO a piece-only sum that --dump-grads wants whole is
+     * gathered after them, in bucket order */
+    for (; r->next_gather < r->nstarted && rc == PL_OK; r->next_gather++) {
+        int k = r->order[r->next_gather];
+        rc = comm_wait(&r->b[k].rq, &w);
+        if (rc == PL_OK) rc = reduce_bucket(r, k, full);
+    }
+    for (int i = 0; i < r->nstarted && rc == PL_OK; i++) {
+        dp_bucket *b = &r->b[r->order[i]];
+        if (b->state != DP_DONE || !full) continue;
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, b->host, b->cnt, b->dsp, MPI_FLOAT, r->gcomm, &b->rq) !=
+            MPI_SUCCESS) rc = PL_EMPI;
+        b->state = DP_GATHER;
+    }
+    for (int k = 0; k < r->nb && rc == PL_OK; k++)
+        if (r->b[k].state == DP_GATHER) rc = comm_wait(&r->b[k].rq, &w);
+    /* back into backend memory (a no-op on host backends) */
+    for (int k = 0; k < r->nb; k++) {
+        dp_bucket *b = &r->b[k];
+        b->state = DP_IDLE;
+        if (!b->host) continue;
+        int r2 = r->st->be->unmap(b->host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
+        b->host = NULL;
+        if (rc == PL_OK && r2 != PL_OK) {
+            pl_error("backend %s: unmapping a gradient bucket: %s", r->st->be->name, stage_error(r->st));
+            rc = PL_EBACKEND;
+        }
+    }
+    r->nstarted = r->next_gather = 0;
+    r->t_hidden_wait += pl_now() - t0;
+    return rc;
+}
+
+/* The part of tensor t inside bucket piece b: [*lo, *lo + *n) of the stage buffer. */
+static int intersect(const param_tensor *t, const dp_bucket *b, size_t *lo, size_t *n) {
+    size_t a0 = t->offset, a1 = t->offset + t->numel, b0 = b->lo + b->plo, b1 = b0 + b->pn;
+    size_t x0 = a0 > b0 ? a0 : b0, x1 = a1 < b1 ? a1 : b1;
+    if (x1 <= x0) return 0;
+    *lo = x0;
+    *n = x1 - x0;
+    return 1;
+}
+
+int dp_grad_sumsq(const dp_reducer *r, double *sq) {
+    const stage *st = r->st;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        sq[i] = 0.0;
+        for (int k = 0; k < r->nb; k++) {
+            size_t lo, n;
+            if (!intersect(t, &r->b[k], &lo, &n)) continue;
+            double s;
+            PL_TRY(st->be->sumsq(st->grads + lo, n, &s));
+            sq[i] += s;
+        }
+    }
+    return PL_OK;
+}
+
+int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
+    if (!r->zero) return optim_step(r->opt, step, lr, norm);
+    stage *st = r->st;
+    optim *o = r->opt;
+    const optim_hparams *h = &o->h;
+    const backend *be = st->be;
+    if (h->grad_clip > 0 && norm > h->grad_clip) {
+        float s = (float)(h->grad_clip / (norm + 1e-6));
+        PL_TRY(be->scale(st->grads, s, st->nparams));
+    }
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        float wd = t->decay ? (float)h->weight_decay : 0.0f;
+        for (int k = 0; k < r->nb; k++) {
+            size_t lo, n;
+            const dp_bucket *b = &r->b[k];
+            if (!intersect(t, b, &lo, &n)) continue;
+            size_t mo = b->moff + (lo - (b->lo + b->plo));
+            PL_TRY(be->adamw(st->params + lo, st->grads + lo, o->m + mo, o->v + mo, n, (float)lr, (float)h->beta1,
+                             (float)h->beta2, (float)h->eps, wd, step));
+        }
+    }
+    /* every replica's pieces of the parameters to every replica */
+    double t0 = pl_now();
+    comm_what w = {"the ZeRO-1 all-gather of the parameters", -1, -1, -1};
+    void *host = NULL;
+    PL_TRY(be->map(&host, st->params, st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    int rc = PL_OK;
+    for (int k = 0; k < r->nb && rc == PL_OK; k++) {
+        dp_bucket *b = &r->b[k];
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, (float *)host + b->lo, b->cnt, b->dsp, MPI_FLOAT,
+                            r->comm, &b->rq) != MPI_SUCCESS) rc = PL_EMPI;
+    }
+    for (int k = 0; k < r->nb; k++)
+        if (rc == PL_OK) rc = comm_wait(&r->b[k].rq, &w);
+    int r2 = be->unmap(host, st->params, st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
+    r->t_gather += pl_now() - t0;
+    return rc != PL_OK ? rc : r2;
+}
+
+/* Copy between the sharded moments and whole-size ones (to_full: pieces -> whole). */
+static int copy_pieces(dp_reducer *r, float *m, float *mfull, int to_full) {
+    const backend *be = r->st->be;
+    for (int k = 0; k < r->nb; k++) {
+        const dp_bucket *b = &r->b[k];
+        if (!b->pn) continue;
+        float *whole = mfull + b->lo + b->plo, *piece = m + b->moff;
+        PL_TRY(be->copy(to_full ? whole : piece, to_full ? piece : whole, b->pn * sizeof(float)));
+    }
+    return PL_OK;
+}
+
+int dp_moments_full(dp_reducer *r, int gather) {
+    if (!r->zero) return PL_OK;
+    stage *st = r->st;
+    optim *o = r->opt;
+    const backend *be = st->be;
+    void *mf = NULL, *vf = NULL;
+    PL_TRY(be->alloc(&mf, st->nparams * sizeof(float)));
+    int rc = be->alloc(&vf, st->nparams * sizeof(float));
+    o->mfull = mf;
+    o->vfull = vf;
+    if (rc != PL_OK || !gather) return rc;
+    float *full[2] = {o->mfull, o->vfull}, *piece[2] = {o->m, o->v};
+    comm_what w = {"the ZeRO-1 all-gather of the moments for a checkpoint", -1, -1, -1};
+    for (int s = 0; s < 2 && rc == PL_OK; s++) {
+        PL_TRY(copy_pieces(r, piece[s], full[s], 1));
+        void *host = NULL;
+        PL_TRY(be->map(&host, full[s], st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+        for (int k = 0; k < r->nb && rc == PL_OK; k++) {
+            dp_bucket *b = &r->b[k];
+            if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, (float *)host + b->lo, b->cnt, b->dsp, MPI_FLOAT,
+                                r->comm, &b->rq) != MPI_SUCCESS) rc = PL_EMPI;
+            if (rc == PL_OK) rc = comm_wait(&b->rq, &w);
+        }
+        int r2 = be->unmap(host, full[s], st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
+        if (rc == PL_OK) rc = r2;
+    }
+    return rc;
+}
+
+int dp_moments_pieces(dp_reducer *r) {
+    if (!r->zero) return PL_OK;
+    optim *o = r->opt;
+    int rc = PL_OK;
+    if (o->mfull && o->vfull) {
+        rc = copy_pieces(r, o->m, o->mfull, 0);
+        if (rc == PL_OK) rc = copy_pieces(r, o->v, o->vfull, 0);
+    }
+    r->st->be->free(o->mfull);
+    r->st->be->free(o->vfull);
+    o->mfull = o->vfull = NULL;
+    return rc;
+}
