@@ -7,13 +7,15 @@
 #   PIPELM_RUN_DIR=runs/local-20250101-120000 jobs/local.sh train -n 4 ...   # resume that run
 #   PIPELM_DRY_RUN=1 jobs/local.sh train -n 4 ...                            # print, run nothing
 #
-# -n P is the rank count (pipeline stages for train; the largest stage count for bench);
-# everything after it goes to pipelm. Run directory:
+# -n P is the rank count (pipeline stages x replicas for train, D x P with --dp D; the largest
+# rank count of a point for bench); everything after it goes to pipelm. Run directory:
 # RUN = ${PIPELM_RUN_DIR:-${PIPELM_RUNS:-./runs}/local-<command>-<date>-<time>}.
 #   train: --ckpt-dir RUN/ckpt --metrics RUN/metrics.jsonl, and --resume when RUN/ckpt/latest
-#          exists (as train.sbatch). Exit status 75 = stopped with a checkpoint saved.
+#          exists (as train.sbatch); --dp D when PIPELM_DP=D and the arguments give neither
+#          --dp nor --stages. Exit status 75 = stopped with a checkpoint saved.
 #   bench: the sweep of bench.sbatch (same PIPELM_SCHEDULES, PIPELM_MICROBATCHES, PIPELM_STAGES,
-#          PIPELM_BENCH_WARMUP, PIPELM_BENCH_STEPS, PIPELM_BENCH_PEAK) into RUN/bench.csv.
+#          PIPELM_DP, PIPELM_BENCH_WARMUP, PIPELM_BENCH_STEPS, PIPELM_BENCH_PEAK) into
+#          RUN/bench.csv (a last column dp when PIPELM_DP names a D other than 1).
 # Signals: SIGINT, SIGTERM and SIGUSR1 are forwarded to mpiexec, which passes them to every
 # rank (pipelm saves a checkpoint and exits 75 on SIGTERM/SIGUSR1). mpiexec runs in its own
 # session, so one Ctrl-C reaches it once, through this script.
@@ -146,6 +148,10 @@ if [ "$what" = train ]; then
         done
         args+=(--metrics "$metrics")
     fi
+    # data-parallel replicas from the environment, as train.sbatch does
+    if ! has_opt dp && ! has_opt stages && [ -n "${PIPELM_DP:-}" ] && [ "$PIPELM_DP" != 1 ]; then
+        args+=(--dp "$PIPELM_DP")
+    fi
     # a bare --resume takes an optional FILE: last
     if [ $ckpt = 1 ] && ! has_opt resume && [ -s "$ckpt_dir/latest" ]; then
         args+=(--resume)
@@ -194,10 +200,20 @@ else
     for ((p = 1; p < np; p *= 2)); do stages="$stages $p"; done
     stages="$stages $np"
 fi
+dps=${PIPELM_DP:-1}
+dp_col=0
+for d in $dps; do
+    [[ $d =~ ^[1-9][0-9]*$ ]] || die "PIPELM_DP needs positive replica counts (got '$d')"
+    [ "$d" = 1 ] || dp_col=1
+done
+if [ $dp_col = 1 ] && [ -x "$bin" ] && ! grep -q -- '--dp ' <<< "$("$bin" bench --help 2>&1 || true)"; then
+    [ "$dry" = 1 ] || die "PIPELM_DP='$dps' but $bin bench has no --dp (data parallelism)"
+    say "warning: $bin bench has no --dp (dry run goes on)"
+fi
 warmup=${PIPELM_BENCH_WARMUP:-2}
 steps=${PIPELM_BENCH_STEPS:-5}
 csv=$run_dir/bench.csv
-say "sweep: schedules [$schedules] x micro-batches [$mbs] x stages [${stages# }]; results in $run_dir"
+say "sweep: schedules [$schedules] x micro-batches [$mbs] x stages [${stages# }] x replicas [$dps]; results in $run_dir"
 show mkdir -p "$run_dir/json" "$run_dir/log"
 [ "$dry" = 1 ] || mkdir -p "$run_dir/json" "$run_dir/log"
 peak_args=()
@@ -211,33 +227,46 @@ if [ "${PIPELM_BENCH_PEAK:-1}" = 1 ]; then
         [ -z "$g1" ] || peak_args=(--peak-gflops "$g1")
     fi
 fi
-[ "$dry" = 1 ] ||
-    echo "schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical" > "$csv"
+header="schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical"
+[ $dp_col = 0 ] || header="$header,dp"
+[ "$dry" = 1 ] || echo "$header" > "$csv"
 n_ok=0
 failed=()
+# the (stages, replicas) points, "P:D", in sweep order; a point runs on P x D ranks
+points=""
 for p in $stages; do
-    if [ "$p" -gt "$np" ]; then
-        say "skipping $p stages: -n $np"
+    for d in $dps; do points="$points $p:$d"; done
+done
+for pd in $points; do
+    p=${pd%:*} d=${pd#*:}
+    n=$((p * d))
+    if [ "$n" -gt "$np" ]; then
+        say "skipping $p stages x $d replica(s): $n ranks, -n $np"
         continue
     fi
+    dp_args=()
+    [ "$d" = 1 ] || dp_args=(--dp "$d")
     for s in $schedules; do
         for m in $mbs; do
             [ -z "$stop_sig" ] || break 3
             tag=$s-p$p-m$m
+            [ "$d" = 1 ] || tag=$s-p$p-d$d-m$m
             json=$run_dir/json/$tag.json
             if [ "$dry" = 1 ]; then
-                launch "$p" bench "$@" ${peak_args[@]+"${peak_args[@]}"} --schedule "$s" --microbatches "$m" \
-                    --warmup "$warmup" --steps "$steps" --json "$json"
+                launch "$n" bench "$@" ${peak_args[@]+"${peak_args[@]}"} ${dp_args[@]+"${dp_args[@]}"} \
+                    --schedule "$s" --microbatches "$m" --warmup "$warmup" --steps "$steps" --json "$json"
                 continue
             fi
             rm -f "$json"
-            if launch "$p" bench "$@" ${peak_args[@]+"${peak_args[@]}"} --schedule "$s" --microbatches "$m" \
-                --warmup "$warmup" --steps "$steps" --json "$json" > "$run_dir/log/$tag.out" 2>&1 && [ -s "$json" ]; then
+            if launch "$n" bench "$@" ${peak_args[@]+"${peak_args[@]}"} ${dp_args[@]+"${dp_args[@]}"} \
+                --schedule "$s" --microbatches "$m" --warmup "$warmup" --steps "$steps" --json "$json" \
+                > "$run_dir/log/$tag.out" 2>&1 && [ -s "$json" ]; then
                 row="$s,$p,$m"
                 for k in tokens_per_s "median step_ms" mfu bubble_measured bubble_theoretical; do
                     # shellcheck disable=SC2086 # "median step_ms" is KEY OBJECT on purpose
                     row="$row,$(json_num "$json" $k)"
                 done
+                [ $dp_col = 0 ] || row="$row,$d"
                 echo "$row" >> "$csv"
                 n_ok=$((n_ok + 1))
                 say "$tag: $(json_num "$json" tokens_per_s) tokens/s"
