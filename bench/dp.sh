@@ -29,7 +29,7 @@ run() {
         || { echo "   $tag failed: $(grep -m2 error "$tmp/$tag.log")"; return 1; }
 }
 
-echo "== data parallelism, one thread per rank; $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs"
+echo "== data parallelism, one thread per rank; $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) CPUs"
 T="--preset tutorial --batch 8 --seq-len 128 --steps $STEPS --warmup $WARMUP"
 run one 1 $T --microbatches 1
 run dp2 2 $T --microbatches 1 --dp 2
