@@ -74,6 +74,15 @@ same z2p2 d2p2 && ok "ZeRO-1 D=2 P=2: bit-identical to unsharded" || bad "ZeRO-1
 run z4p1 4 --dp 4 --zero 1 --microbatches 1
 same z4p1 d4p1 && ok "ZeRO-1 D=4 P=1: bit-identical to unsharded" || bad "ZeRO-1 D=4" "differs from unsharded"
 
+# Llama: the same bits over P at fixed D, ZeRO-1 on or off
+LL="--preset llama-tiny --batch 8 --seq-len 32"
+run ll_ref 1 $LL --microbatches 4
+run ll_d2p1 2 $LL --dp 2 --microbatches 2
+run ll_z2p2 4 $LL --dp 2 --zero 1 --microbatches 2
+same ll_d2p1 ll_z2p2 && ok "llama-tiny: D=2 x P=1 = D=2 x P=2 with ZeRO-1, bit for bit" || bad "llama D=2" "P=1 and P=2 ZeRO-1 differ"
+if msg=$(close ll_d2p1.jsonl ll_ref.jsonl); then ok "llama-tiny D=2: losses within 1e-5 of one process ($msg)"
+else bad "llama D=2" "losses too far from one process ($msg)"; fi
+
 # checkpoints: save on 2 x 2 with ZeRO-1, resume on other layouts
 if run ck22 4 --dp 2 --zero 1 --microbatches 2 --ckpt-dir ck --ckpt-every 2; then
     same ck22 d2p2 && ok "a checkpointed 2 x 2 run is the straight run" || bad "ck22" "saving changed the run"
