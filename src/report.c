@@ -135,7 +135,8 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
 /* Name of a norm slot for messages. */
 void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
     if (slot == 0) snprintf(buf, len, "the embeddings (stage 0)");
-    else if (slot == R->cfg.L + 1) snprintf(buf, len, "the final LayerNorm (stage %d)", R->P - 1);
+    else if (slot == R->cfg.L + 1)
+        snprintf(buf, len, R->cfg.arch == MODEL_LLAMA ? "the final RMSNorm or lm_head (stage %d)" : "the final LayerNorm (stage %d)", R->P - 1);
     else {
         int l = slot - 1, s = 0;
         while (s < R->P - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
