@@ -247,85 +247,6 @@ static void blas_threads_restore(int changed) {
     if (changed) openblas_set_num_threads(cpu_threads);
 }
 
-/* One (b, h) pair: a = softmax_causal(q k^T / sqrt(hs)) (T, T), o = a v (T, hs), on views
- * of qkv with leading dimension 3C. The masked upper triangle is zeroed. */
-static void attention_fwd_head(float *o, float *a, const float *q, int T, int C, int hs) {
-    int C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3, 0.0f, a, T);
-    for (int t = 0; t < T; t++) {
-        float *r = a + (size_t)t * T;
-        float mx = r[0];
-        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) r[j] *= inv;
-        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C, C3, 0.0f, o, C);
-}
-
-/* Per (b, h), in parallel over the B*NH pairs (each pair's result is the same whatever the
- * thread count): att (B, NH, T, T), out (B, T, C) from qkv (B, T, 3C). */
-static int cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C;
-    int changed = blas_threads_outside();
-    #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        attention_fwd_head(out + (size_t)b * T * C + h * hs, att + (size_t)bh * T * T,
-                           qkv + (size_t)b * T * C3 + h * hs, T, C, hs);
-    }
-    blas_threads_restore(changed);
-    return 0;
-}
-
-/* One (b, h) pair backward: datt = dy v^T; dv = a^T dy; dpre = a (datt - rowsum(a datt));
- * dq = s dpre k; dk = s dpre^T q. datt is (T, T) scratch. */
-static void attention_bwd_head(float *dq, float *datt, const float *dy, const float *q, const float *a,
-                               int T, int C, int hs) {
-    int C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, q + 2 * C, C3, 0.0f, datt, T);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dq + 2 * C, C3);
-    for (int t = 0; t < T; t++) {
-        const float *ar = a + (size_t)t * T;
-        float *dr = datt + (size_t)t * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
-        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
-        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, q + C, C3, 0.0f, dq, C3);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3, 0.0f, dq + C, C3);
-}
-
-/* The backward of cpu_attention_fwd, in parallel over (b, h); dqkv is overwritten. */
-static int cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
-                              int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C, nt = 1;
-#ifdef _OPENMP
-    nt = omp_get_max_threads();
-#endif
-    float *datt = malloc(sizeof(float) * (size_t)T * T * nt);
-    if (!datt) return cpu_fail(PL_ENOMEM, "attention backward: out of memory for %d x %d scratch", nt, T);
-    int changed = blas_threads_outside();
-    #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH, me = 0;
-#ifdef _OPENMP
-        me = omp_get_thread_num();
-#endif
-        attention_bwd_head(dqkv + (size_t)b * T * C3 + h * hs, datt + (size_t)me * T * T,
-                           dout + (size_t)b * T * C + h * hs, qkv + (size_t)b * T * C3 + h * hs,
-                           att + (size_t)bh * T * T, T, C, hs);
-    }
-    blas_threads_restore(changed);
-    free(datt);
-    return 0;
-}
-
 /* gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 static int cpu_gelu_fwd(float *out, const float *inp, size_t n) {
     #pragma omp parallel for simd schedule(static)
@@ -522,7 +443,7 @@ static int cpu_rope_bwd(float *dinp, const float *dout, const float *fcos, const
 
 /* One (b, h) pair of grouped-query attention (Ainslie et al. 2023): q, k, v are views with
  * leading dimension W = (NH + 2 NKV) HS, o has leading dimension NH HS. The same three steps
- * as attention_fwd_head, so NKV == NH gives the same bits as attention_fwd. */
+ * softmax-causal steps for every head; GPT-2's multi-head attention is the case NKV == NH. */
 static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, const float *v,
                          int T, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
@@ -610,6 +531,16 @@ static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qk
     blas_threads_restore(changed);
     free(datt);
     return 0;
+}
+
+/* GPT-2's causal multi-head attention (qkv (B, T, 3C) = [q | k | v], att (B, NH, T, T), out
+ * (B, T, C)): grouped-query attention with one query head per kv head. */
+static int cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    return cpu_attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH);
+}
+static int cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
+                             int B, int T, int C, int NH) {
+    return cpu_attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
 }
 
 /* SwiGLU (Shazeer 2020): out = up * silu(gate), silu(g) = g sigma(g), sigma(g) = 1/(1+exp(-g)). */
