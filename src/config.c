@@ -28,6 +28,7 @@
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/sched.h"
 #include "pipelm/files.h"
 
 /* A config file larger than this is refused (a settings file is a few hundred bytes). */
@@ -98,8 +99,14 @@ static const opt_desc options[] = {
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
     O_STR("recompute", recompute, "activation recomputation: none | selective (attention probabilities) | full "
           "(whole blocks); or one per stage, comma-separated (default none)"),
-    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split)"),
+    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split) | "
+          "interleaved-1f1b | looped-bfs | interleaved-zb (with --chunks-per-rank V; `pipelm schedule --help` "
+          "gives each one's constraints)"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
+    O_INT("chunks-per-rank", chunks, "model chunks V per pipeline rank (virtual stages: P x V stages, stage s on "
+          "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
+          "file's, else 1)"),
+    O_INT("virtual-stages", chunks, "alias of --chunks-per-rank"),
     O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1); "
           "rank r runs stage r / D of replica r % D"),
     O_INT("stages", stages, "pipeline stages P (0: world size / --dp); with both, D x P must be the world size"),
@@ -651,6 +658,7 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->timers_every >= 0, "--timers-every must be >= 0 (got %d)", o->timers_every);
     REQUIRE(o->dp >= 0, "--dp must be >= 0 (got %d)", o->dp);
     REQUIRE(o->stages >= 0, "--stages must be >= 0 (got %d)", o->stages);
+    REQUIRE(o->chunks >= 0 && o->chunks <= 64, "--chunks-per-rank must be 0 to 64 (got %d)", o->chunks);
     REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
     REQUIRE(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %d)", o->ckpt_every);
@@ -664,8 +672,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
                 strcmp(o->fail_at, "nan") == 0,
             "--fail-at must be before, during, after, save or nan (got '%s')", o->fail_at);
-    REQUIRE(strcmp(o->schedule, "1f1b") == 0 || strcmp(o->schedule, "gpipe") == 0 || strcmp(o->schedule, "zb-h1") == 0,
-            "--schedule must be 1f1b, gpipe or zb-h1 (got '%s')", o->schedule);
+    REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "zb-v") == 0, /* zb-v: sched.c says why not */
+            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb (got '%s')",
+            o->schedule);
 #undef REQUIRE
     return PL_OK;
 }

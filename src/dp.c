@@ -112,11 +112,20 @@ static int progress(dp_reducer *r) {
 
 /* stage.h's hook: the gradient of block `layer` (or, -1, of the tensors outside the blocks,
  * but the tied wte) is final for this step. */
-static int on_final(void *ctx, int layer) {
+static int on_final(void *ctx, const stage *st, int layer) {
     dp_reducer *r = ctx;
+    /* with chunks (stage_init_holder) several stages fire -1: each for the tensors in its slice */
+    size_t lo = (size_t)(st->grads - r->st->grads), hi = lo + st->nparams;
     for (int k = 0; k < r->nb; k++)
-        if (r->b[k].layer == layer && !r->b[k].tied) PL_TRY(start_bucket(r, k));
+        if (r->b[k].layer == layer && !r->b[k].tied && r->b[k].lo >= lo && r->b[k].lo < hi)
+            PL_TRY(start_bucket(r, k));
     return progress(r);
+}
+
+void dp_hook(dp_reducer *r, stage *chunk, int M) {
+    chunk->on_grad_final = on_final;
+    chunk->grad_ctx = r;
+    chunk->w_final = M;
 }
 
 int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen) {
@@ -183,9 +192,7 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
             return rc;
         }
     }
-    st->on_grad_final = on_final;
-    st->grad_ctx = r;
-    st->w_final = M;
+    if (!st->holds_chunks) dp_hook(r, st, M);
     return PL_OK;
 }
 

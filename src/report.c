@@ -27,7 +27,7 @@ static double act_mb(const run *R, int s, int mode) {
     double per_block = mode == STAGE_RECOMPUTE_FULL ? N * C
                      : N * (double)model_block_act_floats_per_token(&R->cfg) + (mode ? 0 : att);
     double head = R->cfg.arch == MODEL_LLAMA ? N * (2 * C + 1) : N * (2 * C + 2);
-    double n = N * C + R->sp.blocks[s] * per_block + (s == R->P - 1 ? head : 0);
+    double n = N * C + R->sp.blocks[s] * per_block + (s == R->S - 1 ? head : 0);
     return n * sizeof(float) / 1048576.0;
 }
 
@@ -68,8 +68,13 @@ void report_stage_table(run *R) {
     char bdesc[256] = "";
     R->be->describe(bdesc, sizeof bdesc);
     pl_info("backend: %s, precision %s\n", bdesc, R->o->precision);
-    pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
-            R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
+    if (R->V > 1)
+        pl_info("pipeline: %d stages = %d ranks x %d chunks (stage s on rank s mod %d), schedule %s, %d micro-batch%s "
+                "of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->P, R->sc.name, R->M, R->M > 1 ? "es" : "", Bm,
+                R->T, R->o->split);
+    else
+        pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
+                R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
     pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute\n");
     for (int s = 0; s < sp->P; s++) {
         char parts[32];
@@ -80,9 +85,16 @@ void report_stage_table(run *R) {
         double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
         static const char *const rc_name[] = {"none", "selective", "full"};
         int mode = R->rc_modes ? R->rc_modes[s] : 0;
-        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, s, blocks, parts,
-                split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight(&R->sc, s),
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, s % R->P, blocks, parts,
+                split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight_stage(&R->sc, s),
                 rc_name[mode]);
+    }
+    if (R->V > 1) { /* a rank's chunks are not all at their peaks at once */
+        char line[1024];
+        int off = 0;
+        for (int r = 0; r < R->P && off < (int)sizeof line - 16; r++)
+            off += snprintf(line + off, sizeof line - off, "%s%d", r ? ", " : "", sched_max_inflight(&R->sc, r));
+        pl_info("  in-flight micro-batches per rank, all its chunks together: %s\n", line);
     }
     pl_info("  (E = embeddings, H = final norm + LM head + loss; blocks are layer numbers)\n");
 }
@@ -106,8 +118,8 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
     char name[32] = "";
     if (mine[0] >= 0) snprintf(name, sizeof name, "%s", R->st.tensors[mine[0]].name);
     if (mine[0] >= 0)
-        pl_error("step %d: parameter %s of stage %d is not finite (a bad --init or checkpoint, or an "
-                 "update that overflowed)", step, name, R->rank);
+        pl_error("step %d: parameter %s of %s %d is not finite (a bad --init or checkpoint, or an "
+                 "update that overflowed)", step, name, R->V > 1 ? "rank" : "stage", R->rank);
     int ok = all && names;
     MPI_Request rq[2];
     comm_what w = {"the NaN diagnosis", -1, -1, step};
@@ -118,13 +130,19 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
         int ps = -1;
         for (int r = 0; ok && r < R->P && ps < 0; r++) if (all[2 * r] >= 0) ps = r;
         if (ps >= 0)
-            pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of stage %d (rank %d) already "
-                     "hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps, ps, names[ps]);
+            if (R->V == 1)
+                pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of stage %d (rank %d) already "
+                         "hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps, ps,
+                         names[ps]);
+            else
+                pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of rank %d (its %d chunks) "
+                         "already hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps,
+                         R->V, names[ps]);
         else if (nw->fwd_stage >= 0)
             pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of stage %d "
                      "(rank %d), micro-batch %d, whose weights are finite: the activations overflowed; stopping "
-                     "all ranks (try a lower --lr or --grad-clip)", step, loss, norm, nw->fwd_stage, nw->fwd_stage,
-                     nw->fwd_mb);
+                     "all ranks (try a lower --lr or --grad-clip)", step, loss, norm, nw->fwd_stage,
+                     nw->fwd_stage % R->P, nw->fwd_mb);
         else
             pl_error("step %d: non-finite gradient (norm %g, loss %g) first in %s, with a finite forward: the "
                      "backward overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, norm, loss, where);
@@ -136,11 +154,11 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
 void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
     if (slot == 0) snprintf(buf, len, "the embeddings (stage 0)");
     else if (slot == R->cfg.L + 1)
-        snprintf(buf, len, R->cfg.arch == MODEL_LLAMA ? "the final RMSNorm or lm_head (stage %d)" : "the final LayerNorm (stage %d)", R->P - 1);
+        snprintf(buf, len, R->cfg.arch == MODEL_LLAMA ? "the final RMSNorm or lm_head (stage %d)" : "the final LayerNorm (stage %d)", R->S - 1);
     else {
         int l = slot - 1, s = 0;
-        while (s < R->P - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
-        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s);
+        while (s < R->S - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
+        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s % R->P);
     }
 }
 /* Gather every rank's timers (ms per step over the interval) and print min/median/max. */
@@ -209,10 +227,10 @@ void report_run_line(run *R) {
     fprintf(f, ",\"model\":{\"vocab_size\":%d,\"padded_vocab_size\":%d,\"max_seq_len\":%d,\"n_layer\":%d,"
             "\"n_head\":%d,\"n_embd\":%d,\"params\":%zu}", R->cfg.V, R->cfg.Vp, R->cfg.maxT, R->cfg.L,
             R->cfg.NH, R->cfg.C, model_num_params(&R->cfg));
-    fprintf(f, ",\"ranks\":%d,\"stages\":%d,\"split\":", R->P, R->P);
+    fprintf(f, ",\"ranks\":%d,\"stages\":%d,\"split\":", R->P, R->S);
     split_write_json(&R->sp, f);
-    fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s}\n",
-            R->sc.name, R->M, R->have_train ? R->train.desc : "", ent);
+    fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s,"
+            "\"chunks_per_rank\":%d}\n", R->sc.name, R->M, R->have_train ? R->train.desc : "", ent, R->V);
     fflush(f);
 }
 /* Where the timed steps went, by op class, per rank (ms per step) and as a share of the
@@ -267,13 +285,19 @@ static int pingpong(run *R, size_t bytes, char *buf, double *half_rtt) {
 /* --costs-out: mean seconds of each F, B, I and W per stage over the timed steps, and a
  * message's latency and bandwidth between ranks 0 and 1, for `pipelm schedule --costs`. */
 static int report_costs(run *R) {
-    double mine[5], *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
+    int V = R->V, S = R->S;
+    double *mine = malloc(sizeof(double) * 5 * V), *all = R->rank == 0 ? malloc(sizeof(double) * 5 * S) : NULL;
     const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
-    for (int k = 0; k < 4; k++)
-        mine[k] = R->eng.n_op[ops[k]] ? R->eng.t_op[ops[k]] / R->eng.n_op[ops[k]] : 0.0;
-    mine[4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps : 0.0;
-    if (R->rank == 0 && !all) return PL_ENOMEM;
-    PL_TRY(comm_gather(mine, 5, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs"));
+    if (!mine || (R->rank == 0 && !all)) { free(mine); free(all); return PL_ENOMEM; }
+    for (int c = 0; c < V; c++) { /* chunk c: the rank's optimizer step shared out evenly */
+        const double *t = R->eng.t_opc + (size_t)c * SCHED_NOPS;
+        const long *n = R->eng.n_opc + (size_t)c * SCHED_NOPS;
+        for (int k = 0; k < 4; k++) mine[c * 5 + k] = n[ops[k]] ? t[ops[k]] / n[ops[k]] : 0.0;
+        mine[c * 5 + 4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps / V : 0.0;
+    }
+    int grc = comm_gather(mine, 5 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
+    free(mine);
+    if (grc != PL_OK) { free(all); return grc; }
     size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
     double lat = 0, big = 0;
     char *buf = R->P > 1 ? calloc(bytes, 1) : NULL;
@@ -281,13 +305,15 @@ static int report_costs(run *R) {
     if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
-        sched_costs c = {R->P, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes};
-        double *cols = malloc(sizeof(double) * 5 * R->P);
+        sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes};
+        double *cols = malloc(sizeof(double) * 5 * S);
         if (!cols) rc = PL_ENOMEM;
+        /* rank r's row holds its chunks c = 0..V-1, global stages c P + r */
         for (int k = 0; cols && k < 5; k++)
-            for (int r = 0; r < R->P; r++) cols[k * R->P + r] = all[r * 5 + k];
+            for (int r = 0; r < R->P; r++)
+                for (int ch = 0; ch < V; ch++) cols[k * S + ch * R->P + r] = all[(size_t)r * 5 * V + ch * 5 + k];
         if (cols) {
-            c.f = cols, c.b = cols + R->P, c.i = cols + 2 * R->P, c.w = cols + 3 * R->P, c.opt = cols + 4 * R->P;
+            c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             FILE *f = fopen(R->o->costs_out, "w");
             if (!f || sched_costs_write(&c, f) != 0) {
                 pl_error("cannot write the costs file %s", R->o->costs_out);
@@ -315,7 +341,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[2] = 1e3 * R->tm[TM_OPT] / k;
     mine[3] = 1e3 * R->tm[TM_STEP] / k;
     mine[4] = ru.ru_maxrss / 1024.0;
-    mine[5] = R->st.nb;
+    mine[5] = 0;
+    for (int c = 0; c < R->V; c++) mine[5] += R->stv[c].nb; /* blocks this rank runs */
     int threads = R->be->get_threads();
     /* MFU against the peak of the products this run makes: sgemm on the cpu backend, else
      * the backend's own matmul in its precision (bf16 runs against the bf16 peak) */
@@ -391,8 +418,8 @@ static int check_tied_copies(run *R, int *same) {
     }
     PL_TRY(comm_allreduce(MPI_IN_PLACE, same, 1, MPI_INT, MPI_MIN, R->comm, "the tied-embedding comparison"));
     if (R->P > 1) {
-        if (*same) pl_info("tied embedding: the copies on stage 0 and stage %d are bit-identical\n", R->P - 1);
-        else if (R->rank == 0) pl_error("tied embedding: the copies on stage 0 and stage %d differ", R->P - 1);
+        if (*same) pl_info("tied embedding: the copies on stage 0 and stage %d are bit-identical\n", R->S - 1);
+        else if (R->rank == 0) pl_error("tied embedding: the copies on stage 0 and stage %d differ", R->S - 1);
     }
     return PL_OK;
 }
@@ -403,7 +430,7 @@ int report_finish(run *R, int first_step, int done_steps, double wall, double la
     /* the engine's own accounting of activations held at once, per stage */
     int *peaks = calloc((size_t)R->P, sizeof(int));
     if (!peaks) return PL_ENOMEM;
-    int rc = comm_gather(&R->st.slots_peak, 1, MPI_INT, peaks, 0, R->comm, "the gather of in-flight peaks");
+    int rc = comm_gather(&R->eng.inflight_peak, 1, MPI_INT, peaks, 0, R->comm, "the gather of in-flight peaks");
     if (rc == PL_OK && R->rank == 0) {
         char l[64], buf[2048];
         int off = 0;

@@ -288,6 +288,66 @@ int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed,
     return PL_OK;
 }
 
+int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) {
+    memset(h, 0, sizeof *h);
+    const stage *c0 = &chunks[0], *cl = &chunks[V - 1];
+    int ntensors = 0;
+    size_t nparams = 0;
+    for (int c = 0; c < V; c++) {
+        ntensors += chunks[c].ntensors;
+        nparams += chunks[c].nparams;
+        if (chunks[c].shares_params || (c && chunks[c].l0 < chunks[c - 1].l1) || (c && chunks[c].has_embed) ||
+            (c < V - 1 && chunks[c].has_head)) {
+            snprintf(err, errlen, "stage_init_holder: chunk %d is not a fresh chunk after chunk %d's layers", c, c - 1);
+            return PL_EINVAL;
+        }
+    }
+    h->cfg = c0->cfg;
+    h->l0 = c0->l0;
+    h->l1 = cl->l1;
+    h->nb = h->l1 - h->l0;
+    h->has_embed = c0->has_embed;
+    h->has_head = cl->has_head;
+    h->Bm = c0->Bm;
+    h->T = c0->T;
+    h->N = c0->N;
+    h->be = c0->be;
+    h->holds_chunks = 1;
+    h->nparams = nparams;
+    h->ntensors = ntensors;
+    h->tensors = calloc((size_t)ntensors, sizeof(param_tensor));
+    h->bp = calloc(h->nb ? h->nb : 1, sizeof(block_params));
+    h->bg = calloc(h->nb ? h->nb : 1, sizeof(block_params));
+    int rc = h->tensors && h->bp && h->bg ? PL_OK : PL_ENOMEM;
+    h->params = balloc(h, nparams * sizeof(float), &rc);
+    h->grads = balloc(h, nparams * sizeof(float), &rc);
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "backend %s: %s, for the parameters of %d chunks (%zu floats)", h->be->name,
+                 rc == PL_ENOMEM ? "out of memory" : stage_error(h), V, nparams);
+        stage_free(h);
+        return rc;
+    }
+    /* chunk c's tensors follow chunk c-1's; the chunk keeps offsets relative to its own base */
+    size_t off = 0;
+    for (int c = 0, k = 0; c < V; c++) {
+        stage *st = &chunks[c];
+        for (int i = 0; i < st->ntensors; i++, k++) {
+            h->tensors[k] = st->tensors[i];
+            h->tensors[k].offset += off;
+        }
+        st->be->free(st->params);
+        st->be->free(st->grads);
+        st->params = h->params + off;
+        st->grads = h->grads + off;
+        st->shares_params = 1;
+        bind_pointers(st);
+        off += st->nparams;
+    }
+    bind_pointers(h);
+    h->dwte_head = cl->dwte_head; /* stage_tied_grads_local on the holder folds the head chunk's */
+    return PL_OK;
+}
+
 /* One block's activations into a (the shared set of full recomputation). */
 static int alloc_block_acts(stage *st, block_acts *a) {
     int rc = PL_OK;
@@ -379,6 +439,8 @@ void stage_free(stage *st) {
         keep.att = keep.att == st->att_shared ? NULL : keep.att;
         free_block_acts(st, &keep);
     }
+    if (st->shares_params) st->params = st->grads = NULL; /* the holder's (stage_init_holder) */
+    if (st->holds_chunks) st->dwte_head = NULL;           /* the head chunk's */
     float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres, st->att_shared,
                      st->atty_scratch, st->rope_cos, st->rope_sin, st->blk_scratch, st->zero_pos, st->dzero_pos};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
@@ -560,7 +622,7 @@ static int embed_weight(stage *st, act_slot *s) {
  * gradient (b = -1: the rest) is final. */
 static int grad_final(stage *st, int b) {
     if (!st->on_grad_final || st->w_done + 1 != st->w_final) return PL_OK;
-    return st->on_grad_final(st->grad_ctx, b < 0 ? -1 : st->l0 + b);
+    return st->on_grad_final(st->grad_ctx, st, b < 0 ? -1 : st->l0 + b);
 }
 
 static int release(stage *st, act_slot *s) {

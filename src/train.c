@@ -140,9 +140,9 @@ static int recompute_modes(run *R, char *err, size_t errlen) {
     int n = 0, k = 0;
     for (const char *p = list; *p; p++) n += *p == ',';
     n++;
-    if (n != 1 && n != R->P) {
+    if (n != 1 && n != R->S) {
         snprintf(err, errlen, "--recompute %s: give one mode or one per stage (%d here), not %d", R->o->recompute,
-                 R->P, n);
+                 R->S, n);
         return PL_EINVAL;
     }
     char *save = NULL;
@@ -153,13 +153,73 @@ static int recompute_modes(run *R, char *err, size_t errlen) {
             snprintf(err, errlen, "--recompute: '%s' is not none, selective or full", t);
             return PL_EINVAL;
         }
-        for (int st = 0; st < R->P; st++)
+        for (int st = 0; st < R->S; st++)
             if (n == 1 || k == st) R->rc_modes[st] = m;
     }
     if (k != n) {
         snprintf(err, errlen, "--recompute %s: an empty entry", R->o->recompute);
         return PL_EINVAL;
     }
+    return PL_OK;
+}
+
+/* The schedule: --schedule-csv's file or --schedule built for P ranks x V chunks; sets R->V, R->S. */
+static int choose_schedule(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    int V = o->chunks > 0 ? o->chunks : 1;
+    if (o->schedule_csv[0]) {
+        FILE *f = NULL;
+        PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
+        int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
+        fclose(f);
+        PL_TRY(rc ? PL_EINVAL : PL_OK);
+        if (R->sc.P != R->P) {
+            snprintf(err, errlen, "schedule file %.512s has %d rows (ranks) but the job has %d pipeline ranks",
+                     o->schedule_csv, R->sc.P, R->P);
+            return PL_EINVAL;
+        }
+        if (R->sc.M != R->M) {
+            snprintf(err, errlen, "schedule file %.512s uses %d micro-batches but --microbatches is %d",
+                     o->schedule_csv, R->sc.M, R->M);
+            return PL_EINVAL;
+        }
+        if (o->chunks > 0 && o->chunks != R->sc.V) {
+            snprintf(err, errlen, "schedule file %.512s has %d chunk(s) per rank (%d stages on %d rows) but "
+                     "--chunks-per-rank is %d", o->schedule_csv, R->sc.V, R->sc.V * R->sc.P, R->sc.P, o->chunks);
+            return PL_EINVAL;
+        }
+        V = R->sc.V > 1 ? R->sc.V : 1;
+    } else if (sched_build_chunks(o->schedule, R->P, V, R->M, &R->sc, err, errlen) != 0) {
+        return PL_EINVAL;
+    }
+    if (sched_validate(&R->sc, err, errlen) != 0) return PL_EINVAL;
+    if (V > 1 && R->P < 2) {
+        snprintf(err, errlen, "%d chunks per rank on one pipeline rank: virtual stages need at least 2 pipeline "
+                 "ranks (on one they would only send to themselves; run --chunks-per-rank 1)", V);
+        return PL_EINVAL;
+    }
+    R->V = V;
+    R->S = R->P * V;
+    return PL_OK;
+}
+
+/* The V stages this rank computes (chunk c = global stage c P + rank) with their slots,
+ * deferred weight buffers and recomputation; with V > 1 the holder of their parameters. */
+static int setup_stages(run *R, char *err, size_t errlen) {
+    int P = R->P, V = R->V, S = R->S;
+    R->rc_modes = calloc((size_t)S, sizeof(int));
+    R->stv = V > 1 ? calloc((size_t)V, sizeof(stage)) : &R->st;
+    if (!R->rc_modes || !R->stv) return PL_ENOMEM;
+    PL_TRY(recompute_modes(R, err, errlen));
+    for (int c = 0; c < V; c++) {
+        int s = c * P + R->rank, nslots = sched_max_inflight_stage(&R->sc, s);
+        stage *st = &R->stv[c];
+        PL_TRY(stage_init(st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0, s == S - 1,
+                          R->B / R->M, R->T, nslots > 0 ? nslots : 1, R->be, err, errlen));
+        if (sched_defers_weights_stage(&R->sc, s)) PL_TRY(stage_init_deferred(st, err, errlen));
+        PL_TRY(stage_init_recompute(st, R->rc_modes[s], err, errlen));
+    }
+    if (V > 1) PL_TRY(stage_init_holder(&R->st, R->stv, V, err, errlen));
     return PL_OK;
 }
 
@@ -174,42 +234,9 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(setup_backend(R, err, errlen));
     const backend *be = R->be;
     PL_TRY(resolve_config(R, err, errlen));
-    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->P, R->M, R->B / R->M, R->T, err, errlen));
-    if (o->schedule_csv[0]) {
-        FILE *f = NULL;
-        PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
-        int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
-        fclose(f);
-        PL_TRY(rc ? PL_EINVAL : PL_OK);
-        if (R->sc.V > 1) {
-            snprintf(err, errlen, "schedule file %.512s has %d chunks per rank (%d stages on %d rows): `pipelm "
-                     "schedule` can show and simulate it, but training with virtual stages is not implemented yet",
-                     o->schedule_csv, R->sc.V, R->sc.V * R->sc.P, R->sc.P);
-            return PL_EINVAL;
-        }
-        if (R->sc.P != R->P) {
-            snprintf(err, errlen, "schedule file %.512s has %d rows (ranks) but the job has %d ranks",
-                     o->schedule_csv, R->sc.P, R->P);
-            return PL_EINVAL;
-        }
-        if (R->sc.M != R->M) {
-            snprintf(err, errlen, "schedule file %.512s uses %d micro-batches but --microbatches is %d",
-                     o->schedule_csv, R->sc.M, R->M);
-            return PL_EINVAL;
-        }
-    } else if (sched_build(o->schedule, R->P, R->M, &R->sc, err, errlen) != 0) {
-        return PL_EINVAL;
-    }
-    if (sched_validate(&R->sc, err, errlen) != 0) return PL_EINVAL;
-    int s = R->rank, P = R->P;
-    int nslots = sched_max_inflight(&R->sc, s);
-    PL_TRY(stage_init(&R->st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0,
-                      s == P - 1, R->B / R->M, R->T, nslots > 0 ? nslots : 1, be, err, errlen));
-    if (sched_defers_weights(&R->sc, s)) PL_TRY(stage_init_deferred(&R->st, err, errlen));
-    R->rc_modes = calloc((size_t)P, sizeof(int));
-    if (!R->rc_modes) return PL_ENOMEM;
-    PL_TRY(recompute_modes(R, err, errlen));
-    PL_TRY(stage_init_recompute(&R->st, R->rc_modes[s], err, errlen));
+    PL_TRY(choose_schedule(R, err, errlen));
+    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->S, R->M, R->B / R->M, R->T, err, errlen));
+    PL_TRY(setup_stages(R, err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
@@ -217,16 +244,17 @@ static int setup(run *R, char *err, size_t errlen) {
     }
     optim_hparams h = hparams_of(o);
     PL_TRY(optim_init(&R->opt, &R->st, &h, err, errlen));
-    PL_TRY(engine_init(&R->eng, &R->st, &R->sc, R->comm, err, errlen));
+    PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     if (R->D > 1) {
         PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, o->zero, R->M, err, errlen));
         R->have_dp = 1;
+        for (int c = 0; R->V > 1 && c < R->V; c++) dp_hook(&R->dp, &R->stv[c], R->M);
     }
     R->eng.fail_rank = o->fail_rank == R->wrank ? R->rank : -1; /* --fail-rank names a world rank */
     R->eng.fail_step = o->fail_step;
     R->eng.fail_during = strcmp(o->fail_at, "during") == 0;
-    /* data: the first stage needs inputs, the last the targets */
-    if (s == 0 || s == P - 1) {
+    /* data: the first stage (rank 0) needs inputs, the last (rank P - 1) the targets */
+    if (R->rank == 0 || R->rank == R->P - 1) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
                          err, errlen));
         R->have_train = 1;
@@ -275,7 +303,7 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     free(sq);
     if (st->has_head) v[L + 2] = loss_sum;
     v[L + 3 + R->wrank] = signals_stop_pending();
-    v[L + 3 + W + R->wrank] = R->eng.first_bad_fwd + 1;
+    v[L + 3 + W + R->wrank] = R->eng.first_bad_fwd + 1; /* 1 + s M + mb */
     rc = comm_allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the gradient norm and loss");
     double total = 0.0;
     *bad_slot = -1;
@@ -289,8 +317,11 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     nw->stop_rank = nw->fwd_stage = nw->fwd_mb = -1;
     for (int r = W - 1; r >= 0; r--) { /* world rank r runs stage r / D */
         if (g[L + 3 + r] > 0) { nw->stop_sig = (int)g[L + 3 + r]; nw->stop_rank = r; }
-        if (g[L + 3 + W + r] > 0) { nw->fwd_stage = r / R->D; nw->fwd_mb = (int)g[L + 3 + W + r] - 1; }
     }
+    int low = -1; /* the lowest (stage, micro-batch) over the ranks */
+    for (int r = 0; r < W; r++)
+        if (g[L + 3 + W + r] > 0 && (low < 0 || (int)g[L + 3 + W + r] - 1 < low)) low = (int)g[L + 3 + W + r] - 1;
+    if (low >= 0) { nw->fwd_stage = low / R->M; nw->fwd_mb = low % R->M; }
     free(v);
     free(g);
     return rc;
@@ -392,10 +423,11 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
         pl_error("step %d: %s", step, err);
         return PL_EIO;
     }
-    if (stage_zero_grads(&R->st) != PL_OK) {
-        pl_error("backend %s: zeroing the gradients: %s", R->st.be->name, stage_error(&R->st));
-        return PL_EBACKEND;
-    }
+    for (int c = 0; c < R->V; c++)
+        if (stage_zero_grads(&R->stv[c]) != PL_OK) {
+            pl_error("backend %s: zeroing the gradients: %s", R->st.be->name, stage_error(&R->stv[c]));
+            return PL_EBACKEND;
+        }
     R->eng.t_fwd = R->eng.t_bwd = R->eng.t_wait = 0;
     R->eng.first_bad_fwd = -1;
     double loss_sum = 0.0;
@@ -548,8 +580,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
             R->dp.t_hidden_wait = R->dp.t_gather = 0;
             R->tm_steps = 0;
             backend_prof_reset();
-            memset(R->eng.t_op, 0, sizeof R->eng.t_op);
-            memset(R->eng.n_op, 0, sizeof R->eng.n_op);
+            engine_reset_costs(&R->eng);
         }
         double t0 = pl_now(), loss, norm, lr;
         comm_step = step;
@@ -612,6 +643,9 @@ static void teardown(run *R, int agreed) {
     R->inputs = R->targets = NULL;
     engine_free(&R->eng);
     optim_free(&R->opt);
+    for (int c = 0; R->stv && R->stv != &R->st && c < R->V; c++) stage_free(&R->stv[c]);
+    if (R->stv != &R->st) free(R->stv);
+    R->stv = NULL;
     stage_free(&R->st);
     sched_free(&R->sc);
     split_free(&R->sp);

@@ -39,8 +39,8 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     m->seq_len = R->T;
     m->microbatches = R->M;
     snprintf(m->schedule, sizeof m->schedule, "%s", R->sc.name);
-    m->nstages = R->P;
-    for (int s = 0; s < R->P && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
+    m->nstages = R->S; /* global stages: P ranks x V chunks */
+    for (int s = 0; s < R->S && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
     m->markov_branch = o->markov_branch; /* the stream of "markov" data depends on it */
 }
 /* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */

@@ -42,6 +42,7 @@ typedef struct {
     char dump_grads[PL_PATH];
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
+    int chunks;           /* model chunks per pipeline rank (virtual stages) */
     int dp, stages, zero; /* data-parallel replicas, pipeline stages, ZeRO-1 (train.c checks them against the world) */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     /* runtime */

@@ -66,8 +66,12 @@ typedef struct {
 } dp_reducer;
 
 /* Set up the buckets of st over comm (D = its size); with zero, shrink opt's moments to this
- * replica's pieces. Installs the stage's on_grad_final hook (M = micro-batches per step). */
+ * replica's pieces. Installs the stage's on_grad_final hook (M = micro-batches per step),
+ * unless st is a holder of chunks: then dp_hook each chunk. */
 int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen);
+/* Install the hook on one chunk of a holder st (stage_init_holder): dp_init does it for a
+ * stage that computes itself. */
+void dp_hook(dp_reducer *r, stage *chunk, int M);
 /* free_comm = 0 after a failure (the peers may be anywhere: no collective call). */
 void dp_free(dp_reducer *r, int free_comm);
 /* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every

@@ -1,13 +1,15 @@
 /*
  * engine.h — runs one rank's schedule for one step with non-blocking MPI.
  *
- * At the start of a step every receive the rank's action list names is posted (one buffer
- * per micro-batch and direction), so a rank blocks only in MPI_Wait when the data it needs
- * next has not arrived; sends are MPI_Isend and complete in the background (their buffers
- * stay untouched until the step ends). Tags encode direction, micro-batch and step parity,
- * so messages cannot pair up wrongly. The engine times forward compute, backward compute
- * and MPI waits, and (through the stage) counts the micro-batches whose activations it
- * holds at once.
+ * A rank runs V >= 1 chunks (stages): chunk c is global stage s = c P + rank, so with V > 1
+ * activations wrap from the last rank back to rank 0 (sched.h's loop layout). At the start
+ * of a step every receive the rank's action list names is posted (one buffer per chunk,
+ * micro-batch and direction), so a rank blocks only in MPI_Wait when the data it needs next
+ * has not arrived; sends are MPI_Isend and complete in the background (their buffers stay
+ * untouched until the step ends). Tags encode direction, step parity, the receiving stage
+ * and the micro-batch, so messages cannot pair up wrongly. The engine times forward
+ * compute, backward compute and MPI waits, and (through the stages) counts the
+ * micro-batches whose activations it holds at once.
  */
 #ifndef PIPELM_ENGINE_H
 #define PIPELM_ENGINE_H
@@ -20,25 +22,31 @@ typedef struct trace trace;
 
 typedef struct {
     MPI_Comm comm;
-    int rank, P, M;
-    stage *st;
+    int rank, P, M, V, S;                  /* S = P V global stages */
+    stage *st;                             /* V chunks: st[c] runs global stage c P + rank */
     const sched *sc;
-    float *recv_f, *recv_b, *send_b;       /* M slices of N*C each, backend memory */
-    void **hv;                             /* 4M host views of message buffers (engine.c) */
-    MPI_Request *rq_f, *rq_b, *sq_f, *sq_b;
+    float **recv_f, **recv_b, **send_b;    /* per chunk: M slices of N*C each (backend), or NULL */
+    void **hv;                             /* 4 V M host views of message buffers (engine.c) */
+    MPI_Request *rq_f, *rq_b, *sq_f, *sq_b; /* V M each, index c M + mb */
     double *mb_loss;                       /* M: loss sums on the last stage */
-    unsigned char *b_done;                 /* M: B has run, send_b holds its input gradient */
-    int next_f, next_b;                    /* gradients are added in micro-batch order */
-    int first_bad_fwd;                     /* first mb whose forward gave a non-finite value, -1 */
+    unsigned char *b_done;                 /* V M: B has run, send_b holds its input gradient */
+    int *next_f, *next_b;                  /* V: gradients are added in micro-batch order */
+    int first_bad_fwd;                     /* lowest s M + mb whose forward gave a non-finite value, -1 */
     double t_fwd, t_bwd, t_wait;           /* seconds, accumulated; caller resets */
     double t_op[SCHED_NOPS];               /* seconds in F, B, I, W actions, and their counts */
     long n_op[SCHED_NOPS];                 /* (for measured costs; the caller resets) */
+    double *t_opc;                         /* V SCHED_NOPS: the same per chunk, [c SCHED_NOPS + op] */
+    long *n_opc;                           /* (engine_reset_costs resets both) */
+    int inflight, inflight_peak;           /* micro-batches held over all chunks, now and at most */
     int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
 } engine;
 
-int engine_init(engine *e, stage *st, const sched *sc, MPI_Comm comm, char *err, size_t errlen);
+/* st: the V chunks of this rank (sc->V of them, V = 1: one stage). */
+int engine_init(engine *e, stage *st, int V, const sched *sc, MPI_Comm comm, char *err, size_t errlen);
 void engine_free(engine *e);
+/* Zero the per-op timers and counts (rank totals and per chunk), at the start of a timed part. */
+void engine_reset_costs(engine *e);
 /* One training step: inputs/targets are the whole batch (B*T, host); every stage's
  * gradients accumulate; on the last stage *loss_sum = sum of token losses in micro-batch
  * order (else 0). dloss = 1/(B*T). */

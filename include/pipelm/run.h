@@ -37,7 +37,9 @@ typedef struct {
     gpt2_config cfg;
     split sp;
     sched sc;
-    stage st;
+    stage st;                   /* the rank's parameters: its one stage, or (V > 1) the holder of its chunks */
+    stage *stv;                 /* the V stages it computes: &st, or V chunks (chunk c = stage c P + rank) */
+    int V, S;                   /* chunks per rank, global stages P V */
     optim opt;
     engine eng;
     data_source train, val;
@@ -49,7 +51,7 @@ typedef struct {
     int tm_steps;
     int polite;
     layout lay;
-    int *rc_modes;              /* P: each stage's STAGE_RECOMPUTE_* */
+    int *rc_modes;              /* S: each global stage's STAGE_RECOMPUTE_* */
 } run;
 
 /* What one step's all-reduce tells every rank besides the norm and the loss. */

@@ -42,7 +42,7 @@ typedef struct {
     stage_douts *dd;    /* its own set (deferred weights) or the stage's shared one */
 } act_slot;
 
-typedef struct {
+typedef struct stage {
     gpt2_config cfg;
     int l0, l1, nb;              /* blocks [l0, l1), nb = l1 - l0 */
     int has_embed, has_head;
@@ -73,9 +73,10 @@ typedef struct {
     float *atty_scratch;         /* selective: (N, C) where the recomputed output lands */
     block_acts shared_acts;      /* full: one set of block activations for every slot and block */
     /* data parallelism (dp.h): after the weight part of block b in the step's last micro-batch
-     * (the w_final-th weight part since stage_zero_grads), on_grad_final(grad_ctx, l0 + b);
-     * after that part's last weight op, on_grad_final(grad_ctx, -1). NULL: no hook. */
-    int (*on_grad_final)(void *ctx, int layer);
+     * (the w_final-th weight part since stage_zero_grads), on_grad_final(grad_ctx, st, l0 + b);
+     * after that part's last weight op, on_grad_final(grad_ctx, st, -1) (st: which chunk fired).
+     * NULL: no hook. */
+    int (*on_grad_final)(void *ctx, const struct stage *st, int layer);
     void *grad_ctx;
     int w_final, w_done;
     /* scratch shared by every slot */
@@ -84,6 +85,8 @@ typedef struct {
     int *tgt;                    /* (N) */
     float *losses;               /* (N) */
     float *host_losses;          /* (N) host copy */
+    int shares_params;           /* params/grads are a holder's (stage_init_holder), not freed here */
+    int holds_chunks;            /* a holder: parameters only, dwte_head borrowed from the head chunk */
 } stage;
 
 /* Activation recomputation: none keeps every activation; selective drops the attention
@@ -98,6 +101,13 @@ enum { STAGE_RECOMPUTE_NONE = 0, STAGE_RECOMPUTE_SELECTIVE = 1, STAGE_RECOMPUTE_
  * backend's message in err. */
 int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
                int Bm, int T, int nslots, const backend *be, char *err, size_t errlen);
+/* Virtual stages: one rank runs V chunks (stages of non-adjacent layer ranges, in ascending
+ * order; chunk 0 may hold the embeddings, chunk V-1 the head). Gather their parameters and
+ * gradients into one holder h, so that the optimizer, the checkpoints, the llm.c files and the
+ * data-parallel reduction see one stage whose tensor table is the chunks' in order; each
+ * chunk computes on its slice of h's buffers (shares_params). Call after stage_init of every
+ * chunk and before their weights are set; free h after (or before) the chunks. */
+int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen);
 /* Give every slot its own output gradients, so weight parts may be deferred past other
  * micro-batches' input parts (zero-bubble schedules). */
 int stage_init_deferred(stage *st, char *err, size_t errlen);
