@@ -181,7 +181,7 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
     }
     if (P - 2 > L) {
         snprintf(err, errlen, "%d stages need at least %d blocks (every middle stage holds one) but "
-                 "the model has n-layer=%d; run with at most %d ranks", P, P - 2, L, L + 2);
+                 "the model has n-layer=%d; run with at most %d stages (ranks x chunks per rank)", P, P - 2, L, L + 2);
         return PL_EINVAL;
     }
     if (alloc_split(sp, P) != PL_OK) {

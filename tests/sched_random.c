@@ -10,7 +10,9 @@
  * (input part: takes B's place for RECV_B, SEND_F and SEND_B) and a later W (weight part:
  * takes B's place in the gradient order), so zero-bubble orders are covered too. They are drawn as one global interleaving in which a
  * RECV is placed only after its SEND was issued, which is exactly the set of schedules the
- * dry run accepts. Each one, with a random split of the blocks, trains the tiny model for
+ * dry run accepts. On P = 2 and 3 ranks every other one has two chunks per rank (2P stages,
+ * stage s on rank s mod P, activations wrapping from the last rank to rank 0), drawn the same
+ * way over the 2P stages. Each one, with a random split of the blocks, trains the tiny model for
  * 2 steps through pipelm_main; losses and final weights must be bit-identical to the
  * one-process run (--reference writes those). It also draws schedules without the
  * gradient-order rule and requires the validator to refuse every one that breaks it.
@@ -249,7 +251,7 @@ static int chunk_property(int P, int count, unsigned long long seed) {
 /* A random split of NLAYER blocks over P stages, as "a,b,c" (the first and last stage may
  * be empty, a middle one may not). */
 static void draw_split(rng_state *rng, int P, char *buf, size_t len) {
-    int b[4] = {0, 0, 0, 0}, left = NLAYER;
+    int b[8] = {0}, left = NLAYER;
     for (int r = 1; r < P - 1; r++) { b[r] = 1; left--; }
     for (int l = 0; l < left; l++) b[rng_u64(rng) % (uint64_t)P]++;
     int off = 0;
@@ -339,7 +341,7 @@ int main(int argc, char **argv) {
     FILE *devnull = fopen("/dev/null", "w");
     char path[600], refbin[600], reflos[600], csv[600], split[32], err[1024];
     double t0 = MPI_Wtime();
-    int failures = 0, runs = 0, refused = 0, unordered = 0;
+    int failures = 0, runs = 0, chunked = 0, refused = 0, unordered = 0;
     if (reference) { /* the one-process runs every schedule must reproduce */
         for (int M = 1; M <= MAXM; M++) {
             if (train(dir, M, NULL, "4", devnull) != 0) { fprintf(stderr, "reference run M=%d failed\n", M); failures++; }
@@ -373,9 +375,11 @@ int main(int argc, char **argv) {
         if (broken && rc != 0) refused += strstr(err, "ascending micro-batch order") != NULL;
         if (!broken && rc != 0) { if (rank == 0) fprintf(stderr, "validator refused: %s\n", err); failures++; }
         sched_free(&s);
-        /* 2. an ordered draw: accepted, and trained bit-identically */
-        draw(&rng, P, M, 1, &s);
-        draw_split(&rng, P, split, sizeof split);
+        /* 2. an ordered draw: accepted, and trained bit-identically; every other one with two
+         * chunks per rank where the 4 blocks fill the P V stages' middle (P = 2, 3) */
+        int V = (P == 2 || P == 3) && k % 2 == 1 ? 2 : 1;
+        draw_chunks(&rng, P, V, M, 1, 0, &s);
+        draw_split(&rng, P * V, split, sizeof split);
         if (sched_validate(&s, err, sizeof err) != 0) {
             if (rank == 0) fprintf(stderr, "validator refused a schedule that obeys every rule: %s\n", err);
             failures++;
@@ -391,6 +395,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         rc = train(dir, M, csv, split, devnull);
         runs++;
+        chunked += V > 1;
         if (rank == 0) {
             size_t n1, n2;
             snprintf(path, sizeof path, "%s/out.bin", dir);
@@ -404,8 +409,8 @@ int main(int argc, char **argv) {
             int same = rc == 0 && a && b && n1 == n2 && !memcmp(a, b, n1) && la[0] && !strcmp(la, lb);
             if (!same) {
                 failures++;
-                fprintf(stderr, "schedule %d (P=%d M=%d split %s, rc %d) differs from one process; its CSV:\n", k, P, M,
-                        split, rc);
+                fprintf(stderr, "schedule %d (P=%d V=%d M=%d split %s, rc %d) differs from one process; its CSV:\n", k,
+                        P, V, M, split, rc);
                 sched_write_csv(&s, stderr);
                 char keep[640];
                 snprintf(keep, sizeof keep, "%s/failed%d.csv", dir, k);
@@ -421,9 +426,9 @@ int main(int argc, char **argv) {
         if (failures > 5) break;
     }
     if (rank == 0)
-        printf("P=%d: %d random schedules trained, %d differed from one process; %d unconstrained draws broke the "
-               "gradient order and %d of them were refused by name; %.1f s\n", P, runs, failures, unordered, refused,
-               MPI_Wtime() - t0);
+        printf("P=%d: %d random schedules trained (%d with 2 chunks per rank), %d differed from one process; %d "
+               "unconstrained draws broke the gradient order and %d of them were refused by name; %.1f s\n", P, runs,
+               chunked, failures, unordered, refused, MPI_Wtime() - t0);
     fclose(devnull);
     MPI_Finalize();
     return failures || refused != unordered ? 1 : 0;

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The schedule property test: random deadlock-free schedules that respect only the true data
 # dependencies train the tiny model bit-identically to one process, for P = 1..4 and
-# M = 1..8 (see tests/sched_random.c). COUNT schedules per P (default 130: 520 in all). Then the
+# M = 1..8, half of them with two chunks per rank on P = 2 and 3 (see tests/sched_random.c).
+# COUNT schedules per P (default 130: 520 in all). Then the
 # validator on random schedules with chunks (--chunks-only), P = 1..6, 9 * COUNT draws each.
 source "$(dirname "$0")/lib.sh"
 DRIVER=${SCHED_RANDOM:-$(dirname "$PIPELM")/tests/sched_random}
