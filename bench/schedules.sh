@@ -1,42 +1,51 @@
 #!/bin/bash
 # Benchmark: every schedule on P ranks, measured, beside the simulator's prediction from
-# measured costs.
+# measured costs, and the one-rank throughput they are measured against.
 #
-#   bench/schedules.sh [PIPELM]     (env: NP=2, M="8 16", PRESET=tutorial, STEPS=4, WARMUP=1)
+#   bench/schedules.sh [PIPELM]     (env: NP=2, M="8 16", V=2, PRESET=tutorial, STEPS=4, WARMUP=1)
 #
-# For each M: `pipelm bench` runs gpipe, 1f1b and zb-h1 with --costs-out (one thread per
-# rank); the F and B seconds of the 1f1b run and the I and W seconds of the zb-h1 run make
-# one costs file, and `pipelm schedule --costs` predicts each schedule's step from it. The
-# table: measured step (median), predicted step and their ratio, measured and predicted
-# bubble, MPI wait, peak in-flight micro-batches per rank. P > the cores oversubscribes them:
-# such rows are marked. A report, not a test: it always exits 0.
+# For each M: `pipelm bench` runs the one-rank baseline (1f1b on 1 rank), gpipe, 1f1b and
+# zb-h1, and interleaved-1f1b, looped-bfs and interleaved-zb with V chunks per rank, all with
+# --costs-out (one thread per rank). The costs file of the one-chunk schedules takes F and B
+# from the 1f1b run and I and W from the zb-h1 run; that of the chunked ones, per global
+# stage, F and B from interleaved-1f1b and I and W from interleaved-zb. `pipelm schedule
+# --costs` predicts each schedule's step from its file. The table: measured step (median),
+# predicted step and their ratio, measured and predicted bubble, MPI wait, throughput as a
+# share of P x the one-rank throughput, and per rank the micro-batches held at most
+# (measured, with the schedule's bound in brackets) and their activation MB. P > the cores
+# oversubscribes them: such rows are marked. A report, not a test: it always exits 0.
 
 PIPELM=${PIPELM:-${1:-./build/pipelm}}
 NP=${NP:-2}
 MS=${M:-8 16}
+V=${V:-2}
 PRESET=${PRESET:-tutorial}
 STEPS=${STEPS:-4}
 WARMUP=${WARMUP:-1}
 SCHEDS="gpipe 1f1b zb-h1"
+CHUNKED="interleaved-1f1b looped-bfs interleaved-zb"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/schedules.XXXXXX") || exit 0
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 over=""
 cores=$(getconf _NPROCESSORS_ONLN)
 [ "$NP" -gt "$cores" ] && over=" (oversubscribed: $NP ranks on $cores cores)"
-echo "== schedules on $NP ranks x 1 thread, preset $PRESET$over"
-for m in $MS; do
-    for s in $SCHEDS; do
-        timeout 1800 mpiexec -n "$NP" "$PIPELM" bench --preset "$PRESET" --microbatches "$m" --batch "$m" --threads 1 \
-            --steps "$STEPS" --warmup "$WARMUP" --schedule "$s" --json "$tmp/$s.$m.json" --costs-out "$tmp/$s.$m.costs" \
-            > "$tmp/$s.$m.log" 2>&1 || echo "   $s M=$m failed: $(tail -n 2 "$tmp/$s.$m.log")"
-    done
-    python3 - "$tmp" "$m" <<'EOF'
+echo "== schedules on $NP ranks x 1 thread (chunked ones: $V chunks per rank), preset $PRESET$over"
+
+# run NAME M NP [ARGS...]: one pipelm bench into $tmp/NAME.M.{json,costs,log}
+run() {
+    local s=$1 m=$2 np=$3
+    shift 3
+    timeout 1800 mpiexec -n "$np" "$PIPELM" bench --preset "$PRESET" --microbatches "$m" --batch "$m" --threads 1 \
+        --steps "$STEPS" --warmup "$WARMUP" --json "$tmp/$s.$m.json" --costs-out "$tmp/$s.$m.costs" "$@" \
+        > "$tmp/$s.$m.log" 2>&1 || echo "   $s M=$m failed: $(tail -n 2 "$tmp/$s.$m.log")"
+}
+
+# merge A B OUT: F, B and O from costs file A, I and W from B
+merge() {
+    python3 - "$1" "$2" "$3" <<'EOF'
 import sys
-tmp, m = sys.argv[1], sys.argv[2]
-def rows(name):
-    return open("%s/%s.%s.costs" % (tmp, name, m)).read().splitlines()
-a, b = rows("1f1b"), rows("zb-h1")
+a, b = (open(f).read().splitlines() for f in sys.argv[1:3])
 out = []
 for la, lb in zip(a, b):
     if la.startswith("stage "):
@@ -44,33 +53,55 @@ for la, lb in zip(a, b):
         out.append("stage %s F %s B %s I %s W %s O %s" % (ta[1], ta[3], ta[5], tb[7], tb[9], ta[11]))
     else:
         out.append(la)
-open("%s/all.%s.costs" % (tmp, m), "w").write("\n".join(out) + "\n")
+open(sys.argv[3], "w").write("\n".join(out) + "\n")
 EOF
+}
+
+for m in $MS; do
+    run one "$m" 1 --schedule 1f1b
+    for s in $SCHEDS; do run "$s" "$m" "$NP" --schedule "$s"; done
+    for s in $CHUNKED; do run "$s" "$m" "$NP" --schedule "$s" --chunks-per-rank "$V"; done
+    merge "$tmp/1f1b.$m.costs" "$tmp/zb-h1.$m.costs" "$tmp/all.$m.costs"
+    merge "$tmp/interleaved-1f1b.$m.costs" "$tmp/interleaved-zb.$m.costs" "$tmp/chunks.$m.costs"
     for s in $SCHEDS; do
         "$PIPELM" schedule --stages "$NP" --microbatches "$m" --schedule "$s" --costs "$tmp/all.$m.costs" --grid no \
             > "$tmp/$s.$m.pred" 2>&1
     done
+    for s in $CHUNKED; do
+        "$PIPELM" schedule --stages "$NP" --chunks-per-rank "$V" --microbatches "$m" --schedule "$s" \
+            --costs "$tmp/chunks.$m.costs" --grid no > "$tmp/$s.$m.pred" 2>&1
+    done
 done
-python3 - "$tmp" "$NP" "$MS" "$SCHEDS" "$over" <<'EOF'
+
+python3 - "$tmp" "$NP" "$MS" "$SCHEDS $CHUNKED" "$over" <<'EOF'
 import json, re, sys
 tmp, NP, Ms, scheds, over = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
 print()
-print("%-7s %4s %12s %12s %7s %9s %9s %9s  %s" % ("sched", "M", "measured ms", "predicted ms", "ratio",
-      "bubble", "pred bub", "wait ms", "in flight"))
+print("%-16s %2s %4s %12s %12s %7s %8s %9s %8s %8s  %-14s %s" % ("sched", "V", "M", "measured ms", "predicted ms",
+      "ratio", "bubble", "pred bub", "wait ms", "x P*one", "in flight", "act MB"))
 for m in Ms:
+    try:
+        o = json.load(open("%s/one.%s.json" % (tmp, m)))
+    except (OSError, ValueError):
+        o = None
     for s in scheds:
         try:
             j = json.load(open("%s/%s.%s.json" % (tmp, s, m)))
             p = open("%s/%s.%s.pred" % (tmp, s, m)).read()
         except (OSError, ValueError):
-            print("%-7s %4s  (failed)" % (s, m)); continue
+            print("%-16s %2s %4s  (failed)" % (s, "", m)); continue
         meas = j["step_ms"]["median"]
         mm = re.search(r"step ([0-9.]+) ms.*bubble ([0-9.]+)%", p)
         pred, pbub = (float(mm.group(1)), float(mm.group(2))) if mm else (None, None)
         wait = max(st["wait_ms"] for st in j["stages"])
-        fl = ",".join(re.findall(r"in flight (\d+)", p))
-        print("%-7s %4s %12.1f %12s %7s %8.1f%% %8s%% %9.1f  %s%s" % (s, m, meas, "%.1f" % pred if pred else "n/a",
-              "%.3f" % (pred / meas) if pred else "n/a", 100 * j["bubble_measured"],
-              "%.1f" % pbub if pbub is not None else "n/a", wait, fl, over))
+        fl = ",".join("%d(%d)" % (st["inflight_peak"], st["inflight_bound"]) for st in j["stages"])
+        act = ",".join("%.0f" % st["act_mb_peak"] for st in j["stages"])
+        share = "%.3f" % (j["tokens_per_s"] / (NP * o["tokens_per_s"])) if o else "n/a"
+        print("%-16s %2s %4s %12.1f %12s %7s %7.1f%% %8s%% %8.1f %8s  %-14s %s%s" % (s, j.get("chunks_per_rank", 1), m,
+              meas, "%.1f" % pred if pred else "n/a", "%.3f" % (pred / meas) if pred else "n/a",
+              100 * j["bubble_measured"], "%.1f" % pbub if pbub is not None else "n/a", wait, share, fl, act, over))
+    if o:
+        print("%-16s %2s %4s %12.1f   (one rank, 1f1b: %.0f tokens/s, %.0f act MB)" % ("one rank", 1, m,
+              o["step_ms"]["median"], o["tokens_per_s"], o["stages"][0]["act_mb_peak"]))
 EOF
 exit 0

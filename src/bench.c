@@ -139,9 +139,12 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
     peak *= D; /* every replica's ranks compute: the peak of all W = D P ranks */
     double mfu = peak > 0 ? tflops * 1e3 / peak : 0;
     double bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
-    pl_info("\nbenchmark: %d stage%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
-            P, P > 1 ? "s" : "", D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B, br->T,
-            br->nsteps);
+    int V = br->V > 1 ? br->V : 1;
+    char chunks[48] = "";
+    if (V > 1) snprintf(chunks, sizeof chunks, " (ranks) x %d chunks", V);
+    pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
+            P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B,
+            br->T, br->nsteps);
     pl_info("  throughput      %10.1f tokens/s\n", tokens_per_s);
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * med, 1e3 * mn, 1e3 * mx);
     pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", tflops, br->flops_per_token);
@@ -149,13 +152,15 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
             br->peak_what ? br->peak_what : "sgemm");
     pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
     pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
-    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s  dp-wait ms  AdamW MB\n");
+    pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s  dp-wait ms  AdamW MB"
+            "  in flight (bound)  act MB\n");
     for (int r = 0; r < P; r++) {
         const double *s = br->stage_stats + BENCH_NSTAT * r;
         double idle = s[3] - s[0] - s[1] - s[2];
-        pl_info("  %5d  %4d  %6.0f  %10.1f  %7.1f  %8.1f  %7.1f  %11.1f  %10.1f  %10.2f  %8.1f\n", r, r * D, s[5], s[0],
-                s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], s[8], s[9]);
+        pl_info("  %5d  %4d  %6.0f  %10.1f  %7.1f  %8.1f  %7.1f  %11.1f  %10.1f  %10.2f  %8.1f  %9.0f (%5.0f)  %6.1f\n", r,
+                r * D, s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], s[8], s[9], s[10], s[11], s[12]);
     }
+    if (V > 1) pl_info("  (a row is a rank: its %d chunks together)\n", V);
     if (D > 1)
         pl_info("  (dp-wait: the replicas' gradient reduction not hidden behind the backward, per step; optim ms "
                 "includes it; AdamW MB: m and v on one rank)\n");
@@ -175,11 +180,12 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
                 double idle = s[3] - s[0] - s[1] - s[2];
                 fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
                            "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
-                           "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f}",
+                           "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
+                           "\"inflight_bound\":%d,\"act_mb_peak\":%.3f}",
                         r ? "," : "", r * D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
-                        s[8], s[9]);
+                        s[8], s[9], (int)s[10], (int)s[11], s[12]);
             }
-            fprintf(f, "],\"dp\":%d,\"zero\":%d}\n", D, br->zero);
+            fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d}\n", D, br->zero, V);
             if (fclose(f) != 0) rc = PL_EIO;
         }
     }
@@ -188,16 +194,18 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
         if (!f) { pl_error("cannot write %s", csv); rc = PL_EIO; }
         else {
             fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
-                       "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max\n");
-            double dw = 0, om = 0;
+                       "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max,"
+                       "chunks_per_rank,act_mb_peak_max\n");
+            double dw = 0, om = 0, am = 0;
             for (int r = 0; r < P; r++) {
                 const double *s = br->stage_stats + BENCH_NSTAT * r;
                 if (s[8] > dw) dw = s[8];
                 if (s[9] > om) om = s[9];
+                if (s[12] > am) am = s[12];
             }
-            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f\n", br->schedule, P, br->M,
-                    br->B, br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble,
-                    br->bubble_theoretical, D, br->zero, dw, om);
+            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f\n", br->schedule,
+                    P, br->M, br->B, br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble,
+                    br->bubble_theoretical, D, br->zero, dw, om, V, am);
             if (fclose(f) != 0) rc = PL_EIO;
         }
     }

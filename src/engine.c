@@ -218,6 +218,8 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
     charge(e, c, SCHED_F, t0, t1);
     e->next_f[c]++;
     if (++e->inflight > e->inflight_peak) e->inflight_peak = e->inflight;
+    e->act_bytes += (double)stage_act_bytes_per_slot(st);
+    if (e->act_bytes > e->act_bytes_peak) e->act_bytes_peak = e->act_bytes;
     /* remember where a non-finite value first shows, for the NaN message */
     double out_sq = 0.0;
     if (!st->has_head) PL_TRY(st->be->sumsq(stage_output(st, slot), slice, &out_sq));
@@ -265,7 +267,10 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, op, t0, t1);
-    if (whole) e->inflight--; /* the slot is free */
+    if (whole) { /* the slot is free */
+        e->inflight--;
+        e->act_bytes -= (double)stage_act_bytes_per_slot(st);
+    }
     if (e->tr) trace_event(e->tr, name, "compute", m, t0, t1);
     return PL_OK;
 }
@@ -290,6 +295,7 @@ static int run_weight(engine *e, long step, int c, int m) {
     e->t_bwd += t1 - t0;
     charge(e, c, SCHED_W, t0, t1);
     e->inflight--;
+    e->act_bytes -= (double)stage_act_bytes_per_slot(st);
     if (e->tr) trace_event(e->tr, "W", "compute", m, t0, t1);
     return PL_OK;
 }
@@ -397,6 +403,7 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
     for (int m = 0; m < M; m++) e->mb_loss[m] = 0.0;
     for (int c = 0; c < e->V; c++) e->next_f[c] = e->next_b[c] = 0;
     e->inflight = 0;
+    e->act_bytes = 0;
     PL_TRY(post_receives(e, step));
     const sched_action *acts = e->sc->acts[r];
     int n = e->sc->n[r];

@@ -355,6 +355,9 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     /* data parallelism: the reduction wait the backward did not hide, and the optimizer state */
     mine[8] = R->have_dp ? 1e3 * R->dp.t_hidden_wait / k : 0.0;
     mine[9] = (R->have_dp ? (double)R->dp.moment_floats : (double)R->st.nparams) * 2 * sizeof(float) / 1048576.0;
+    mine[10] = R->eng.inflight_peak;
+    mine[11] = sched_max_inflight(&R->sc, R->rank);
+    mine[12] = R->eng.act_bytes_peak / 1048576.0;
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
@@ -363,6 +366,7 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         bench_result br;
         memset(&br, 0, sizeof br);
         br.P = R->P;
+        br.V = R->V;
         br.M = R->M;
         br.B = R->Bg;
         br.D = R->D;

@@ -15,11 +15,14 @@
  * compute ms, MPI-wait ms, optimizer ms, step ms (per timed step), peak RSS MB, blocks,
  * the measured matmul peak GFLOP/s with the rank's threads (sgemm on the cpu backend, the backend's own in its precision otherwise), threads. */
 /* Figures per stage rank in bench_result.stage_stats: compute, wait, optimizer and step ms,
- * peak RSS MB, blocks, peak GFLOP/s, threads, data-parallel reduction wait ms, AdamW state MB. */
-#define BENCH_NSTAT 10
+ * peak RSS MB, blocks, peak GFLOP/s, threads, data-parallel reduction wait ms, AdamW state MB,
+ * micro-batches held at most (measured by the engine), the schedule's bound for the rank
+ * (sched_max_inflight), the activation MB held at most (measured). */
+#define BENCH_NSTAT 13
 
 typedef struct {
-    int P, M, B, T;             /* stages, micro-batches per replica, global batch, sequence */
+    int P, M, B, T;             /* pipeline ranks, micro-batches per replica, global batch, sequence */
+    int V;                      /* chunks per rank (P V stages); 0 is read as 1 */
     int D, zero;                /* data-parallel replicas (1: none), ZeRO-1 on */
     char schedule[32];
     int nsteps;

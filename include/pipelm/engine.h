@@ -38,6 +38,7 @@ typedef struct {
     double *t_opc;                         /* V SCHED_NOPS: the same per chunk, [c SCHED_NOPS + op] */
     long *n_opc;                           /* (engine_reset_costs resets both) */
     int inflight, inflight_peak;           /* micro-batches held over all chunks, now and at most */
+    double act_bytes, act_bytes_peak;      /* their activations (stage_act_bytes_per_slot), now and at most */
     int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
 } engine;
