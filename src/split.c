@@ -225,8 +225,8 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
             p = q + 1;
         }
         if (n != P) {
-            snprintf(err, errlen, "--split '%s' gives %d stages but there are %d ranks; run with "
-                     "mpiexec -n %d, or give %d block counts", spec, n, P, n, P);
+            snprintf(err, errlen, "--split '%s' gives %d stages but the pipeline has %d (ranks x chunks per "
+                     "rank); run with that many stages, or give %d block counts", spec, n, P, P);
             goto fail;
         }
         if (sum != L) {
@@ -248,6 +248,73 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
 fail:
     split_free(sp);
     return PL_EINVAL;
+}
+
+/* Water-filling: add `left` units one at a time to the item whose cost after the addition is
+ * least (the lowest index on a tie); item i costs unit * n[i] + extra[i]. With equal units
+ * this minimises the largest cost over every way of adding them. */
+static void water_fill(int *n, const double *extra, int count, int left, double unit) {
+    for (; left > 0; left--) {
+        int best = 0;
+        for (int i = 1; i < count; i++)
+            if (unit * (n[i] + 1) + extra[i] < unit * (n[best] + 1) + extra[best]) best = i;
+        n[best]++;
+    }
+}
+
+/* "auto" over P ranks x V chunks. Every block costs the same, so a rank's load is its number
+ * of blocks plus the embedding (rank 0) and the head (rank P-1): first the ranks' block totals
+ * minimise the busiest rank (the steady state of an interleaved schedule runs at the pace of
+ * the busiest rank, not of the busiest stage), then each rank's total is spread over its
+ * chunks to even out its stages (the warm-up and cool-down). A middle stage holds >= 1 block. */
+static int split_auto_chunks(split *sp, const gpt2_config *cfg, int P, int V, int T) {
+    int S = P * V, L = cfg->L, rc = PL_OK;
+    int *nr = calloc((size_t)P, sizeof(int)), *nc = calloc((size_t)V, sizeof(int));
+    double *er = calloc((size_t)P, sizeof(double)), *ec = calloc((size_t)V, sizeof(double));
+    if (!nr || !nc || !er || !ec) rc = PL_ENOMEM;
+    double blk = model_block_flops(cfg, T), E = embed_flops(cfg), H = model_head_flops(cfg);
+    int used = 0;
+    for (int r = 0; rc == PL_OK && r < P; r++) {
+        for (int c = 0; c < V; c++) nr[r] += (c * P + r > 0 && c * P + r < S - 1); /* the middle stages' one */
+        used += nr[r];
+        er[r] = (r == 0 ? E : 0.0) + (r == P - 1 ? H : 0.0);
+    }
+    if (rc == PL_OK && used > L) rc = PL_EINVAL;
+    if (rc == PL_OK) water_fill(nr, er, P, L - used, blk);
+    for (int r = 0; rc == PL_OK && r < P; r++) {
+        int base = 0;
+        for (int c = 0; c < V; c++) {
+            int st = c * P + r;
+            nc[c] = st > 0 && st < S - 1;
+            base += nc[c];
+            ec[c] = (st == 0 ? E : 0.0) + (st == S - 1 ? H : 0.0);
+        }
+        water_fill(nc, ec, V, nr[r] - base, blk);
+        for (int c = 0; c < V; c++) sp->blocks[c * P + r] = nc[c];
+    }
+    free(nr);
+    free(nc);
+    free(er);
+    free(ec);
+    return rc;
+}
+
+int split_make_chunks(split *sp, const char *spec, const gpt2_config *cfg, int P, int V, int M, int Bm, int T,
+                      char *err, size_t errlen) {
+    if (V <= 1 || strcmp(spec, "auto") != 0) return split_make(sp, spec, cfg, P * (V > 1 ? V : 1), M, Bm, T, err, errlen);
+    PL_TRY(split_make(sp, "auto", cfg, P * V, M, Bm, T, err, errlen)); /* the checks, and the buffers */
+    int rc = split_auto_chunks(sp, cfg, P, V, T);
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "--split auto: %s for n-layer=%d over %d ranks x %d chunks",
+                 rc == PL_ENOMEM ? "out of memory" : "no feasible split", cfg->L, P, V);
+        split_free(sp);
+        return rc;
+    }
+    for (int s = 0, f = 0; s < sp->P; s++) {
+        sp->first[s] = f;
+        f += sp->blocks[s];
+    }
+    return PL_OK;
 }
 
 void split_free(split *sp) {

@@ -235,7 +235,7 @@ static int setup(run *R, char *err, size_t errlen) {
     const backend *be = R->be;
     PL_TRY(resolve_config(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
-    PL_TRY(split_make(&R->sp, o->split, &R->cfg, R->S, R->M, R->B / R->M, R->T, err, errlen));
+    PL_TRY(split_make_chunks(&R->sp, o->split, &R->cfg, R->P, R->V, R->M, R->B / R->M, R->T, err, errlen));
     PL_TRY(setup_stages(R, err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {

@@ -27,6 +27,11 @@ extern long long split_exact_limit;
 /* Parse or compute a split of cfg's L blocks over P stages, for M micro-batches of Bm x T. */
 int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
                size_t errlen);
+/* The same over P ranks x V chunks (P V stages, stage s on rank s mod P): an explicit spec
+ * gives P V counts; "auto" (V > 1) balances the ranks' loads (each the sum of its chunks),
+ * then each rank's stages; V = 1 is split_make. */
+int split_make_chunks(split *sp, const char *spec, const gpt2_config *cfg, int P, int V, int M, int Bm, int T,
+                      char *err, size_t errlen);
 void split_free(split *sp);
 /* Estimated forward FLOPs per token of stage s. */
 double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T);
