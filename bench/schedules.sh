@@ -9,10 +9,12 @@
 # --costs-out (one thread per rank). The costs file of the one-chunk schedules takes F and B
 # from the 1f1b run and I and W from the zb-h1 run; that of the chunked ones, per global
 # stage, F and B from interleaved-1f1b and I and W from interleaved-zb. `pipelm schedule
-# --costs` predicts each schedule's step from its file. The table: measured step (median),
-# predicted step and their ratio, measured and predicted bubble, MPI wait, throughput as a
+# --costs` predicts each schedule's step from that shared file, and again from its own run's
+# costs. The table: measured step (median), both predictions and their ratios to it,
+# measured and predicted bubble, MPI wait, throughput as a
 # share of P x the one-rank throughput, and per rank the micro-batches held at most
-# (measured, with the schedule's bound in brackets) and their activation MB. P > the cores
+# (measured, with the schedule's bound in brackets) and their activation MB (measured, and
+# predicted from the costs file's per-stage bytes). P > the cores
 # oversubscribes them: such rows are marked. A report, not a test: it always exits 0.
 
 PIPELM=${PIPELM:-${1:-./build/pipelm}}
@@ -41,7 +43,7 @@ run() {
         > "$tmp/$s.$m.log" 2>&1 || echo "   $s M=$m failed: $(tail -n 2 "$tmp/$s.$m.log")"
 }
 
-# merge A B OUT: F, B and O from costs file A, I and W from B
+# merge A B OUT: F, B, O and A (activation bytes) from costs file A, I and W from B
 merge() {
     python3 - "$1" "$2" "$3" <<'EOF'
 import sys
@@ -50,7 +52,7 @@ out = []
 for la, lb in zip(a, b):
     if la.startswith("stage "):
         ta, tb = la.split(), lb.split()
-        out.append("stage %s F %s B %s I %s W %s O %s" % (ta[1], ta[3], ta[5], tb[7], tb[9], ta[11]))
+        out.append("stage %s F %s B %s I %s W %s O %s A %s" % (ta[1], ta[3], ta[5], tb[7], tb[9], ta[11], ta[13]))
     else:
         out.append(la)
 open(sys.argv[3], "w").write("\n".join(out) + "\n")
@@ -63,13 +65,17 @@ for m in $MS; do
     for s in $CHUNKED; do run "$s" "$m" "$NP" --schedule "$s" --chunks-per-rank "$V"; done
     merge "$tmp/1f1b.$m.costs" "$tmp/zb-h1.$m.costs" "$tmp/all.$m.costs"
     merge "$tmp/interleaved-1f1b.$m.costs" "$tmp/interleaved-zb.$m.costs" "$tmp/chunks.$m.costs"
-    for s in $SCHEDS; do
-        "$PIPELM" schedule --stages "$NP" --microbatches "$m" --schedule "$s" --costs "$tmp/all.$m.costs" --grid no \
-            > "$tmp/$s.$m.pred" 2>&1
-    done
-    for s in $CHUNKED; do
-        "$PIPELM" schedule --stages "$NP" --chunks-per-rank "$V" --microbatches "$m" --schedule "$s" \
-            --costs "$tmp/chunks.$m.costs" --grid no > "$tmp/$s.$m.pred" 2>&1
+    # each schedule predicted twice: from the shared file (what a user would do before running
+    # it) and from its own run's costs (I and W, or B, filled from the shared file)
+    for s in $SCHEDS $CHUNKED; do
+        shared=$tmp/all.$m.costs v=1
+        case " $CHUNKED " in *" $s "*) shared=$tmp/chunks.$m.costs v=$V ;; esac
+        case $s in zb-h1|interleaved-zb) merge "$tmp/$s.$m.costs" "$tmp/$s.$m.costs" "$tmp/own.$s.$m.costs" ;;
+                   *) merge "$tmp/$s.$m.costs" "$shared" "$tmp/own.$s.$m.costs" ;; esac
+        "$PIPELM" schedule --stages "$NP" --chunks-per-rank "$v" --microbatches "$m" --schedule "$s" \
+            --costs "$shared" --grid no > "$tmp/$s.$m.pred" 2>&1
+        "$PIPELM" schedule --stages "$NP" --chunks-per-rank "$v" --microbatches "$m" --schedule "$s" \
+            --costs "$tmp/own.$s.$m.costs" --grid no > "$tmp/$s.$m.own" 2>&1
     done
 done
 
@@ -77,8 +83,8 @@ python3 - "$tmp" "$NP" "$MS" "$SCHEDS $CHUNKED" "$over" <<'EOF'
 import json, re, sys
 tmp, NP, Ms, scheds, over = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
 print()
-print("%-16s %2s %4s %12s %12s %7s %8s %9s %8s %8s  %-14s %s" % ("sched", "V", "M", "measured ms", "predicted ms",
-      "ratio", "bubble", "pred bub", "wait ms", "x P*one", "in flight", "act MB"))
+print("%-16s %2s %4s %11s %10s %6s %10s %6s %7s %8s %7s %7s  %-14s %s" % ("sched", "V", "M", "measured ms",
+      "pred ms", "ratio", "pred(own)", "ratio", "bubble", "pred bub", "wait ms", "x P*one", "in flight", "act MB"))
 for m in Ms:
     try:
         o = json.load(open("%s/one.%s.json" % (tmp, m)))
@@ -88,18 +94,25 @@ for m in Ms:
         try:
             j = json.load(open("%s/%s.%s.json" % (tmp, s, m)))
             p = open("%s/%s.%s.pred" % (tmp, s, m)).read()
+            po = open("%s/%s.%s.own" % (tmp, s, m)).read()
         except (OSError, ValueError):
             print("%-16s %2s %4s  (failed)" % (s, "", m)); continue
         meas = j["step_ms"]["median"]
         mm = re.search(r"step ([0-9.]+) ms.*bubble ([0-9.]+)%", p)
         pred, pbub = (float(mm.group(1)), float(mm.group(2))) if mm else (None, None)
+        mo = re.search(r"step ([0-9.]+) ms", po)
+        own = float(mo.group(1)) if mo else None
         wait = max(st["wait_ms"] for st in j["stages"])
         fl = ",".join("%d(%d)" % (st["inflight_peak"], st["inflight_bound"]) for st in j["stages"])
-        act = ",".join("%.0f" % st["act_mb_peak"] for st in j["stages"])
+        pa = re.findall(r"activations ([0-9.]+) MB", p)
+        act = ",".join("%.0f" % st["act_mb_peak"] for st in j["stages"]) + (" (pred %s)" % ",".join(
+            "%.0f" % float(x) for x in pa) if pa else "")
         share = "%.3f" % (j["tokens_per_s"] / (NP * o["tokens_per_s"])) if o else "n/a"
-        print("%-16s %2s %4s %12.1f %12s %7s %7.1f%% %8s%% %8.1f %8s  %-14s %s%s" % (s, j.get("chunks_per_rank", 1), m,
-              meas, "%.1f" % pred if pred else "n/a", "%.3f" % (pred / meas) if pred else "n/a",
-              100 * j["bubble_measured"], "%.1f" % pbub if pbub is not None else "n/a", wait, share, fl, act, over))
+        print("%-16s %2s %4s %11.1f %10s %6s %10s %6s %6.1f%% %7s%% %7.1f %7s  %-14s %s%s" % (s,
+              j.get("chunks_per_rank", 1), m, meas, "%.1f" % pred if pred else "n/a",
+              "%.3f" % (pred / meas) if pred else "n/a", "%.1f" % own if own else "n/a",
+              "%.3f" % (own / meas) if own else "n/a", 100 * j["bubble_measured"],
+              "%.1f" % pbub if pbub is not None else "n/a", wait, share, fl, act, over))
     if o:
         print("%-16s %2s %4s %12.1f   (one rank, 1f1b: %.0f tokens/s, %.0f act MB)" % ("one rank", 1, m,
               o["step_ms"]["median"], o["tokens_per_s"], o["stages"][0]["act_mb_peak"]))

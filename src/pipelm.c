@@ -112,8 +112,12 @@ static int predict_with_costs(const sched *s, const char *path) {
             "%.1f us)\n", path, 1e3 * pr.step_s, 1e3 * pr.makespan_s, 100.0 * pr.bubble, c.msg_bytes,
             1e6 * (c.latency_s + (c.bytes_per_s > 0 ? c.msg_bytes / c.bytes_per_s : 0)));
     for (int r = 0; r < s->P && r < 64; r++)
-        pl_info("  rank %d: compute %.2f ms, waiting %.2f ms, in flight %d\n", r, 1e3 * pr.busy_s[r],
-                1e3 * pr.wait_s[r], sched_max_inflight(s, r));
+        if (pr.act_peak[r] > 0)
+            pl_info("  rank %d: compute %.2f ms, waiting %.2f ms, in flight %d, activations %.1f MB\n", r,
+                    1e3 * pr.busy_s[r], 1e3 * pr.wait_s[r], sched_max_inflight(s, r), pr.act_peak[r] / 1048576.0);
+        else
+            pl_info("  rank %d: compute %.2f ms, waiting %.2f ms, in flight %d\n", r, 1e3 * pr.busy_s[r],
+                    1e3 * pr.wait_s[r], sched_max_inflight(s, r));
     sched_pred_free(&pr);
     sched_costs_free(&c);
     return 0;

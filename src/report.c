@@ -286,16 +286,17 @@ static int pingpong(run *R, size_t bytes, char *buf, double *half_rtt) {
  * message's latency and bandwidth between ranks 0 and 1, for `pipelm schedule --costs`. */
 static int report_costs(run *R) {
     int V = R->V, S = R->S;
-    double *mine = malloc(sizeof(double) * 5 * V), *all = R->rank == 0 ? malloc(sizeof(double) * 5 * S) : NULL;
+    double *mine = malloc(sizeof(double) * 6 * V), *all = R->rank == 0 ? malloc(sizeof(double) * 6 * S) : NULL;
     const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
     if (!mine || (R->rank == 0 && !all)) { free(mine); free(all); return PL_ENOMEM; }
     for (int c = 0; c < V; c++) { /* chunk c: the rank's optimizer step shared out evenly */
         const double *t = R->eng.t_opc + (size_t)c * SCHED_NOPS;
         const long *n = R->eng.n_opc + (size_t)c * SCHED_NOPS;
-        for (int k = 0; k < 4; k++) mine[c * 5 + k] = n[ops[k]] ? t[ops[k]] / n[ops[k]] : 0.0;
-        mine[c * 5 + 4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps / V : 0.0;
+        for (int k = 0; k < 4; k++) mine[c * 6 + k] = n[ops[k]] ? t[ops[k]] / n[ops[k]] : 0.0;
+        mine[c * 6 + 4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps / V : 0.0;
+        mine[c * 6 + 5] = (double)stage_act_bytes_per_slot(&R->stv[c]);
     }
-    int grc = comm_gather(mine, 5 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
+    int grc = comm_gather(mine, 6 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
     free(mine);
     if (grc != PL_OK) { free(all); return grc; }
     size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
@@ -305,15 +306,16 @@ static int report_costs(run *R) {
     if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
-        sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes};
-        double *cols = malloc(sizeof(double) * 5 * S);
+        sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL};
+        double *cols = malloc(sizeof(double) * 6 * S);
         if (!cols) rc = PL_ENOMEM;
-        /* rank r's row holds its chunks c = 0..V-1, global stages c P + r */
-        for (int k = 0; cols && k < 5; k++)
+        /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
+        for (int k = 0; cols && k < 6; k++)
             for (int r = 0; r < R->P; r++)
-                for (int ch = 0; ch < V; ch++) cols[k * S + ch * R->P + r] = all[(size_t)r * 5 * V + ch * 5 + k];
+                for (int ch = 0; ch < V; ch++) cols[k * S + ch * R->P + r] = all[(size_t)r * 6 * V + ch * 6 + k];
         if (cols) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
+            c.act = cols + 5 * S;
             FILE *f = fopen(R->o->costs_out, "w");
             if (!f || sched_costs_write(&c, f) != 0) {
                 pl_error("cannot write the costs file %s", R->o->costs_out);

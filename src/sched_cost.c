@@ -26,7 +26,8 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->i = calloc((size_t)P, sizeof(double));
     c->w = calloc((size_t)P, sizeof(double));
     c->opt = calloc((size_t)P, sizeof(double));
-    if (!c->f || !c->b || !c->i || !c->w || !c->opt) { sched_costs_free(c); return -1; }
+    c->act = calloc((size_t)P, sizeof(double));
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act) { sched_costs_free(c); return -1; }
     return 0;
 }
 
@@ -36,6 +37,7 @@ void sched_costs_free(sched_costs *c) {
     free(c->i);
     free(c->w);
     free(c->opt);
+    free(c->act);
     memset(c, 0, sizeof *c);
 }
 
@@ -43,8 +45,8 @@ int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
     for (int s = 0; s < c->P; s++)
-        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
-                c->opt ? c->opt[s] : 0.0);
+        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
+                c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0);
     return ferror(f) ? -1 : 0;
 }
 
@@ -55,7 +57,8 @@ static int parse_cost(const char *tok, double *v) {
     return end != tok && *end == 0 && isfinite(*v) && *v >= 0 ? 0 : -1;
 }
 
-/* "stage S F x B x I x W x O x": any of them, in any order (O: the optimizer step). */
+/* "stage S F x B x I x W x O x A x": any of them, in any order (O: the optimizer step, A: the
+ * activation bytes of one micro-batch). */
 static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t errlen) {
     char *tok = strtok(rest, " \t");
     char *end;
@@ -68,10 +71,10 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
         char *val = strtok(NULL, " \t");
         double v;
         double *dst = !strcmp(tok, "F") ? c->f : !strcmp(tok, "B") ? c->b : !strcmp(tok, "I") ? c->i
-                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : NULL;
+                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act : NULL;
         if (!dst || !val || parse_cost(val, &v) != 0) {
-            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds, got '%s %s'", line, tok,
-                    val ? val : "");
+            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes), got '%s %s'",
+                    line, tok, val ? val : "");
             return -1;
         }
         dst[s] = v;
@@ -129,6 +132,7 @@ bad:
 void sched_pred_free(sched_pred *p) {
     free(p->busy_s);
     free(p->wait_s);
+    free(p->act_peak);
     memset(p, 0, sizeof *p);
 }
 
@@ -136,9 +140,9 @@ void sched_pred_free(sched_pred *p) {
  * for a file measured with one chunk per rank (c->P = P ranks) on a V > 1 schedule, scaled:
  * the model is cut into S = P*V stages in order, so stage st holds 1/V of the layers of the
  * V = 1 stage st / V, and costs 1/V of it (the embedding and head make this approximate).
- * k: 0 F, 1 B, 2 I, 3 W, 4 O. */
+ * k: 0 F, 1 B, 2 I, 3 W, 4 O, 5 A. */
 static double stage_cost(const sched_costs *c, int S, int st, int k) {
-    const double *v = k == 0 ? c->f : k == 1 ? c->b : k == 2 ? c->i : k == 3 ? c->w : c->opt;
+    const double *v = k == 0 ? c->f : k == 1 ? c->b : k == 2 ? c->i : k == 3 ? c->w : k == 4 ? c->opt : c->act;
     if (v == NULL) return 0.0;
     if (c->P == S) return v[st];
     int V = S / c->P;
@@ -179,7 +183,8 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
     out->P = P;
     out->busy_s = calloc((size_t)P, sizeof(double));
     out->wait_s = calloc((size_t)P, sizeof(double));
-    if (!pc || !clock || !arrive || !out->busy_s || !out->wait_s) {
+    out->act_peak = calloc((size_t)P, sizeof(double));
+    if (!pc || !clock || !arrive || !out->busy_s || !out->wait_s || !out->act_peak) {
         free(pc); free(clock); free(arrive);
         sched_pred_free(out);
         set_err(err, errlen, "sched_predict: out of memory");
@@ -230,5 +235,16 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
         opt = o > opt ? o : opt;
     }
     out->step_s = out->makespan_s + opt;
+    /* activations: a rank's own F takes a micro-batch's slot, its B or W frees it, so the peak
+     * is a walk over its own list */
+    for (int r = 0; r < P; r++) {
+        double held = 0;
+        for (int i = 0; i < s->n[r]; i++) {
+            const sched_action *a = &s->acts[r][i];
+            if (a->op == SCHED_F) held += stage_cost(c, S, a->stage, 5);
+            else if (a->op == SCHED_B || a->op == SCHED_W) held -= stage_cost(c, S, a->stage, 5);
+            if (held > out->act_peak[r]) out->act_peak[r] = held;
+        }
+    }
     return 0;
 }

@@ -21,6 +21,8 @@ typedef struct {
     double latency_s;           /* one message: latency_s + msg_bytes / bytes_per_s */
     double bytes_per_s;
     double msg_bytes;
+    double *act;                /* activation bytes one micro-batch holds on each stage (P; key A),
+                                   0 where unknown */
 } sched_costs;
 
 typedef struct {
@@ -30,6 +32,7 @@ typedef struct {
     double bubble;              /* 1 - sum of compute / (P * makespan) */
     double *busy_s;             /* compute seconds per rank */
     double *wait_s;             /* seconds each rank waits for a message */
+    double *act_peak;           /* activation bytes each rank holds at most (its chunks together) */
 } sched_pred;
 
 /* Allocate costs for P stages (zeroed). 0 or -1. */
