@@ -226,7 +226,7 @@ int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M
         }
         if (n != P) {
             snprintf(err, errlen, "--split '%s' gives %d stages but the pipeline has %d (ranks x chunks per "
-                     "rank); run with that many stages, or give %d block counts", spec, n, P, P);
+                     "rank); run with mpiexec -n %d (one chunk per rank), or give %d block counts", spec, n, P, n, P);
             goto fail;
         }
         if (sum != L) {
