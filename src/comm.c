@@ -4,8 +4,11 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/signals.h"
@@ -121,4 +124,70 @@ int comm_agree(MPI_Comm c, int rc, int *who) {
     PL_TRY(comm_allreduce(in, out, 2, MPI_INT, MPI_MAX, c, "the agreement on a status"));
     if (who) *who = out[0] != PL_OK ? -out[1] : -1;
     return out[0];
+}
+
+/* ---- deadlines for blocking collectives the polls above cannot watch (HDF5, MPI-IO) ---- */
+
+static pthread_mutex_t dl_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dl_cv = PTHREAD_COND_INITIALIZER;
+static int dl_started, dl_armed;
+static double dl_until, dl_limit;
+static char dl_what[160];
+
+/* The watcher: sleeps until the armed deadline; if it passes still armed, the rank is stuck
+ * inside a blocking collective whose peer is gone or stalled: say so and end the process
+ * (mpiexec / srun then end the others). */
+static void *deadline_watch(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&dl_mu);
+    for (;;) {
+        while (!dl_armed) pthread_cond_wait(&dl_cv, &dl_mu);
+        double now = pl_now();
+        if (now < dl_until) {
+            double left = dl_until - now;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)left;
+            ts.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&dl_cv, &dl_mu, &ts);
+            continue;
+        }
+        fprintf(stderr, "pipelm: rank %d: error: watchdog: %s has taken more than %.0f s (a peer stopped taking "
+                "part; the limit is --watchdog plus 1 s per MB); aborting the job\n", pl_rank, dl_what, dl_limit);
+        fflush(stderr);
+        _exit(1);
+    }
+    return NULL;
+}
+
+int comm_deadline_arm(const char *what, double seconds) {
+    if (comm_watchdog_s <= 0 || seconds <= 0) return PL_OK;
+    pthread_mutex_lock(&dl_mu);
+    int rc = PL_OK;
+    if (!dl_started) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, deadline_watch, NULL) == 0) dl_started = 1;
+        else rc = PL_ENOMEM;
+        pthread_attr_destroy(&at);
+    }
+    if (rc == PL_OK) {
+        snprintf(dl_what, sizeof dl_what, "%s", what);
+        dl_limit = seconds;
+        dl_until = pl_now() + seconds;
+        dl_armed = 1;
+        pthread_cond_signal(&dl_cv);
+    }
+    pthread_mutex_unlock(&dl_mu);
+    return rc;
+}
+
+void comm_deadline_disarm(void) {
+    pthread_mutex_lock(&dl_mu);
+    dl_armed = 0;
+    pthread_cond_signal(&dl_cv);
+    pthread_mutex_unlock(&dl_mu);
 }

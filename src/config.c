@@ -132,7 +132,8 @@ static const opt_desc options[] = {
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
-    O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan"),
+    O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
+          "checkpoint's collective HDF5 calls)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
 };
@@ -670,8 +671,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
     REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
-                strcmp(o->fail_at, "nan") == 0,
-            "--fail-at must be before, during, after, save or nan (got '%s')", o->fail_at);
+                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0,
+            "--fail-at must be before, during, after, save, nan or stall (got '%s')", o->fail_at);
     REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "zb-v") == 0, /* zb-v: sched.c says why not */
             "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb (got '%s')",
             o->schedule);

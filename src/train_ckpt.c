@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "pipelm/ckpt.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
@@ -43,6 +44,11 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     for (int s = 0; s < R->S && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
     m->markov_branch = o->markov_branch; /* the stream of "markov" data depends on it */
 }
+/* How long a checkpoint's collective HDF5 calls may take before the deadline ends the job:
+ * the watchdog's limit plus a second per MB of the file (parameters and both moments). */
+static double ckpt_deadline_s(const run *R) {
+    return comm_watchdog_s + 12.0 * (double)model_num_params(&R->cfg) / 1e6;
+}
 /* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */
 int train_save_checkpoint(run *R, int step) {
     ckpt_meta m;
@@ -53,9 +59,14 @@ int train_save_checkpoint(run *R, int step) {
     /* ZeRO-1: the moments whole for the file (each replica writes a share of the tensors) */
     int rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK;
     rc = comm_agree(R->world, rc, NULL);
+    if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint save (collective HDF5)", ckpt_deadline_s(R));
+    const pl_options *o = R->o;
+    if (rc == PL_OK && o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0)
+        sleep(3600); /* test-only: a rank that hangs where the peers block inside HDF5 */
     if (rc == PL_OK)
         rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->world, path, sizeof path, &bytes, err,
                        sizeof err);
+    comm_deadline_disarm();
     if (R->have_dp) {
         int r2 = dp_moments_pieces(&R->dp);
         if (rc == PL_OK) rc = r2;
@@ -89,7 +100,9 @@ int train_resume_checkpoint(run *R, int *first_step) {
     double bytes = 0, t0 = pl_now();
     rc = R->have_dp ? dp_moments_full(&R->dp, 0) : PL_OK; /* ZeRO-1: read whole, keep the pieces */
     rc = comm_agree(R->world, rc, NULL);
+    if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint load (collective HDF5)", ckpt_deadline_s(R));
     if (rc == PL_OK) rc = ckpt_load(path, &R->st, &R->opt, &m, R->world, &bytes, err, sizeof err);
+    comm_deadline_disarm();
     if (R->have_dp) {
         int r2 = dp_moments_pieces(&R->dp);
         if (rc == PL_OK) rc = r2;

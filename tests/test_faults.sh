@@ -175,4 +175,15 @@ if [ $rc -ne 0 ] && [ "$(since $t0)" -le 10 ] && [ -z "$(pgrep -f "pipelm train.
     ok "kill -9 of rank 1: job gone in $(since $t0) s, rc $rc"
 else bad "kill -9" "rc=$rc after $(since $t0) s"; pkill -9 -f "pipelm train.*$WORK"; fi
 pkill -9 -f "pipelm train.*$WORK" 2>/dev/null
+
+# a rank that hangs inside the checkpoint's collective HDF5 calls (which no poll can watch):
+# the deadline threads end every rank, naming it, and the previous checkpoint stays the latest
+t0=$(date +%s)
+mpirun_t 120 2 train $COMMON --steps 4 --ckpt-dir stall --ckpt-every 1 --watchdog 3 --fail-rank 1 --fail-step 2 \
+    --fail-at stall > stall.out 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(since $t0)" -le 30 ] && [ "$(cat stall/latest)" = ckpt_00000001.h5 ] &&
+    grep -q "rank 0: error: watchdog: the checkpoint save (collective HDF5) has taken more than" stall.out; then
+    ok "a rank hung in the checkpoint's HDF5 collectives: all ended in $(since $t0) s, rc $rc, ckpt_00000001 still the latest"
+else bad "hang inside HDF5" "rc=$rc after $(since $t0) s: $(grep error stall.out | head -3)"; pkill -9 -f "pipelm train.*$WORK"; fi
 finish

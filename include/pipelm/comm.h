@@ -9,7 +9,8 @@
  * micro-batch, step, how long — and fails with PL_ETIMEOUT), a stop signal that the current
  * step cannot honour (a wait that goes on for comm_stop_grace_s after SIGTERM/SIGINT fails
  * with PL_ESTOPPED), and a note after comm_notice_s so a stalled peer is never silent.
- * Collectives are the non-blocking MPI-3 forms waited on the same way. A failing wait
+ * Collectives are the non-blocking MPI-3 forms waited on the same way; the blocking ones of
+ * HDF5 run under a deadline watched by a thread (comm_deadline_arm). A failing wait
  * returns an error code; the caller does not attempt another collective but reaches the
  * job-wide abort (pipelm_main -> MPI_Abort).
  */
@@ -48,5 +49,13 @@ int comm_gather(const void *in, int n, MPI_Datatype t, void *out, int root, MPI_
 int comm_barrier(MPI_Comm c, const char *what);
 /* Every rank agrees on a status: the worst code wins, *who is the lowest failing rank (or -1). */
 int comm_agree(MPI_Comm c, int rc, int *who);
+
+/* A blocking collective the polls cannot watch (HDF5's collective file calls, MPI-IO): arm a
+ * deadline of `seconds` before it and disarm after. If it passes still armed, a watcher
+ * thread prints that the rank is stuck in `what` and ends the process with exit 1 (mpiexec or
+ * srun then ends the others). Nothing is armed when comm_watchdog_s is 0. PL_OK or PL_ENOMEM
+ * (no thread). */
+int comm_deadline_arm(const char *what, double seconds);
+void comm_deadline_disarm(void);
 
 #endif
