@@ -226,7 +226,7 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
     int where = s * e->M + m;
     if (!(st->has_head ? isfinite(e->mb_loss[m]) : isfinite(out_sq)) && (e->first_bad_fwd < 0 || where < e->first_bad_fwd))
         e->first_bad_fwd = where;
-    if (e->tr) trace_event(e->tr, "F", "compute", m, t0, t1);
+    if (e->tr) trace_event_stage(e->tr, "F", "compute", m, s, t0, t1);
     return PL_OK;
 }
 
@@ -271,7 +271,7 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
         e->inflight--;
         e->act_bytes -= (double)stage_act_bytes_per_slot(st);
     }
-    if (e->tr) trace_event(e->tr, name, "compute", m, t0, t1);
+    if (e->tr) trace_event_stage(e->tr, name, "compute", m, s, t0, t1);
     return PL_OK;
 }
 
@@ -296,7 +296,7 @@ static int run_weight(engine *e, long step, int c, int m) {
     charge(e, c, SCHED_W, t0, t1);
     e->inflight--;
     e->act_bytes -= (double)stage_act_bytes_per_slot(st);
-    if (e->tr) trace_event(e->tr, "W", "compute", m, t0, t1);
+    if (e->tr) trace_event_stage(e->tr, "W", "compute", m, s, t0, t1);
     return PL_OK;
 }
 

@@ -14,7 +14,7 @@
 /* One event, fixed size so ranks can ship arrays of them as bytes. */
 typedef struct {
     char name[24], cat[12];
-    int mb;
+    int mb, stage;      /* stage < 0: not written */
     double t0, t1;
 } trace_ev;
 
@@ -41,6 +41,10 @@ trace *trace_open(MPI_Comm comm) {
 }
 
 void trace_event(trace *t, const char *name, const char *cat, int mb, double t0, double t1) {
+    trace_event_stage(t, name, cat, mb, -1, t0, t1);
+}
+
+void trace_event_stage(trace *t, const char *name, const char *cat, int mb, int stage, double t0, double t1) {
     if (!t) return;
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 4096;
@@ -53,6 +57,7 @@ void trace_event(trace *t, const char *name, const char *cat, int mb, double t0,
     snprintf(e->name, sizeof e->name, "%s", name);
     snprintf(e->cat, sizeof e->cat, "%s", cat);
     e->mb = mb;
+    e->stage = stage;
     e->t0 = t0 - t->origin;
     e->t1 = t1 - t->origin;
 }
@@ -96,7 +101,12 @@ int trace_write(trace *t, const char *path) {
                 int ne = counts[r] / (int)sizeof(trace_ev);
                 for (int i = 0; i < ne; i++) {
                     double us0 = ev[i].t0 * 1e6, dur = (ev[i].t1 - ev[i].t0) * 1e6;
-                    if (ev[i].mb >= 0)
+                    if (ev[i].mb >= 0 && ev[i].stage >= 0)
+                        fprintf(f, ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                                "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"mb\":%d,\"stage\":%d}}",
+                                ev[i].name, strlen(ev[i].name) > 1 ? " " : "", ev[i].mb, ev[i].cat, r, us0, dur, ev[i].mb,
+                                ev[i].stage);
+                    else if (ev[i].mb >= 0)
                         fprintf(f, ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
                                 "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"mb\":%d}}",
                                 ev[i].name, strlen(ev[i].name) > 1 ? " " : "", ev[i].mb, ev[i].cat, r, us0, dur, ev[i].mb);

@@ -48,7 +48,7 @@ static int agree(run *R, int rc, const char *phase) {
     int who = -1, out = comm_agree(R->world, rc, &who);
     if (out != PL_OK && R->wrank == 0 && R->W > 1 && who >= 0) {
         if (R->D > 1)
-            fprintf(stderr, "pipelm: stopping all %d ranks: rank %d (stage %d of replica %d) failed during %s "
+            fprintf(stderr, "pipelm: stopping all %d ranks: rank %d (pipeline rank %d of replica %d) failed during %s "
                     "(message above)\n", R->W, who, who / R->D, who % R->D, phase);
         else
             fprintf(stderr, "pipelm: stopping all %d ranks: rank %d failed during %s (message above)\n",

@@ -122,6 +122,21 @@ mpirun_t 180 2 train $R --steps $N --resume c2/ckpt_0000000$K.h5 --schedule inte
     --metrics r2.jsonl --save-final r2.bin > r2.out 2>&1 || bad "resume 2 -> 2 x 2" "exit $?"
 resumed "1f1b on 2 stages -> 2 ranks x 2 chunks" r2.jsonl r2.bin
 
+# --trace with chunks: every compute event names its global stage, run on rank stage mod P
+mpirun_t 120 2 train $C --microbatches 4 --steps 1 --schedule interleaved-zb --chunks-per-rank 2 --trace tr.json > tr.out 2>&1 \
+    || bad "--trace with chunks" "exit $?"
+if python3 - tr.json <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("cat") == "compute"]
+seen = {(e["name"][0], e["args"]["stage"], e["args"]["mb"]) for e in ev}
+assert all(e["tid"] == e["args"]["stage"] % 2 for e in ev), "a stage on the wrong rank"
+want = {(op, s, m) for op in "FIW" for s in range(4) for m in range(4)}
+missing = want - seen
+assert not missing, sorted(missing)[:5]
+PY
+then ok "--trace names each compute event's stage (F, I, W of 4 stages x 4 micro-batches, on rank stage mod 2)"
+else bad "--trace with chunks" "see above"; fi
+
 # refusals, each naming the reason
 refuse() { # NAME PATTERN NP ARGS...
     local name=$1 pat=$2 np=$3

@@ -17,6 +17,9 @@ typedef struct trace trace;
 trace *trace_open(MPI_Comm comm);
 /* Record one event; mb < 0 for events without a micro-batch. */
 void trace_event(trace *t, const char *name, const char *cat, int mb, double t0, double t1);
+/* The same for an event of one global stage (>= 0; written as args.stage): with virtual
+ * stages a rank computes several. */
+void trace_event_stage(trace *t, const char *name, const char *cat, int mb, int stage, double t0, double t1);
 /* Collective: gather and write the file on rank 0; frees the trace. */
 int trace_write(trace *t, const char *path);
 /* Local: free the trace without writing it (the error path, where peers may be gone). */
