@@ -536,7 +536,7 @@ START_TEST(test_costs_predict) {
     ck_assert_msg(strstr(err, "2 stages") != NULL, "%s", err);
     sched_free(&s);
     sched_costs_free(&c);
-    /* activation bytes (A): 1f1b on 2 ranks holds 2 micro-batches on rank 0 and 1 on rank 1;
+    /* activation bytes (A): 1f1b and zb-h1 on 2 ranks hold 2 micro-batches on rank 0 and 1 on rank 1;
      * interleaved-1f1b with 2 chunks, per-stage bytes 1, 10, 100, 1000 (rank 0 holds stages 0
      * and 2), gpipe all M; a per-rank file on a chunked schedule gives each chunk 1/V */
     const char *ta = "stages 2\nstage 0 F 1 B 2 A 3\nstage 1 F 1 B 2 A 5\n";
@@ -544,7 +544,8 @@ START_TEST(test_costs_predict) {
     ck_assert_msg(sched_costs_read(f, &c, err, sizeof err) == 0, "%s", err);
     fclose(f);
     const struct { const char *name; int V; double r0, r1; } want[] = {
-        {"1f1b", 1, 6, 5}, {"gpipe", 1, 12, 20}, {"looped-bfs", 2, 16, 16}}; /* stages 0,1: 3/2; 2,3: 5/2 */
+        {"1f1b", 1, 6, 5}, {"zb-h1", 1, 6, 5}, {"gpipe", 1, 12, 20},
+        {"looped-bfs", 2, 16, 16}}; /* zb-h1: W frees the slot; looped-bfs stages 0,1: 3/2; 2,3: 5/2 */
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
         ck_assert_int_eq(sched_build_chunks(want[k].name, 2, want[k].V, 4, &s, err, sizeof err), 0);
         ck_assert_msg(sched_predict(&s, &c, &p, err, sizeof err) == 0, "%s", err);
