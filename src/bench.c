@@ -14,6 +14,7 @@
 #include "pipelm/bench.h"
 #include "pipelm/blas.h"
 #include "pipelm/common.h"
+#include "pipelm/files.h"
 
 double bench_sgemm_gflops(int n, int threads, double seconds) {
     if (n < 1 || n > 16384) return 0.0;
@@ -166,8 +167,9 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
                 "includes it; AdamW MB: m and v on one rank)\n");
     int rc = 0;
     if (json && json[0]) {
-        FILE *f = fopen(json, "w");
-        if (!f) { pl_error("cannot write %s", json); rc = PL_EIO; }
+        FILE *f = NULL;
+        char e[1024];
+        if (pl_open_output(json, "--json", &f, e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
         else {
             fprintf(f, "{\"stages_count\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"batch\":%d,\"seq_len\":%d,"
                        "\"steps\":%d,\"tokens_per_s\":%.3f,\"step_ms\":{\"min\":%.3f,\"median\":%.3f,\"max\":%.3f},"
@@ -186,12 +188,13 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
                         s[8], s[9], (int)s[10], (int)s[11], s[12]);
             }
             fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d}\n", D, br->zero, V);
-            if (fclose(f) != 0) rc = PL_EIO;
+            if (pl_close_output(f, json, "--json", e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
         }
     }
     if (csv && csv[0]) {
-        FILE *f = fopen(csv, "w");
-        if (!f) { pl_error("cannot write %s", csv); rc = PL_EIO; }
+        FILE *f = NULL;
+        char e[1024];
+        if (pl_open_output(csv, "--csv", &f, e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
         else {
             fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
                        "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max,"
@@ -206,7 +209,7 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
             fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f\n", br->schedule,
                     P, br->M, br->B, br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble,
                     br->bubble_theoretical, D, br->zero, dw, om, V, am);
-            if (fclose(f) != 0) rc = PL_EIO;
+            if (pl_close_output(f, csv, "--csv", e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
         }
     }
     return rc;
@@ -269,8 +272,9 @@ int bench_peak_main(int argc, char **argv, int first, MPI_Comm comm) {
     peak_matmul("bf16", PL_PREC_BF16, cores, &b1, &ba, bk, sizeof bk);
     backend_cpu.set_threads(cores);
     if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) { pl_error("cannot write %s", json); return 1; }
+        FILE *f = NULL;
+        char e[1024];
+        if (pl_open_output(json, "--json", &f, e, sizeof e) != PL_OK) { pl_error("%s", e); return 1; }
         fprintf(f, "{\"peak_gflops_1\":%.3f,\"peak_gflops_all\":%.3f,\"threads\":%d,\"n\":2048,\"blas_kernel\":\"%s\"",
                 g1, ga, cores, blas_kernel());
         json_num(f, "onednn_fp32_gflops", d1);
@@ -280,7 +284,7 @@ int bench_peak_main(int argc, char **argv, int first, MPI_Comm comm) {
         json_num(f, "bf16_gflops_all", ba);
         json_str(f, b1 < 0 ? "bf16_unavailable" : "bf16_kernel", bk);
         fprintf(f, "}\n");
-        fclose(f);
+        if (pl_close_output(f, json, "--json", e, sizeof e) != PL_OK) { pl_error("%s", e); return 1; }
     }
     return 0;
 }

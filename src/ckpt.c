@@ -1315,18 +1315,29 @@ int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int
 }
 
 /* Collective: one checkpoint at an explicit path, through path.tmp and a rename. */
-int ckpt_save_file(const char *path, stage *st, optim *opt, const ckpt_meta *meta, MPI_Comm comm,
+int ckpt_save_file(const char *path_in, stage *st, optim *opt, const ckpt_meta *meta, MPI_Comm comm,
                    double *bytes_out, char *err, size_t errlen) {
+    char path[4200];
+    pl_output_target(path_in, path, sizeof path); /* through a link, to the file it names */
     int rank;
     MPI_Comm_rank(comm, &rank);
     char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     h5ctx cxs = {path, "", err, errlen, rank};
-    int rc = ckpt_write_file(tmp, path, st, opt, meta, comm, bytes_out, err, errlen);
+    /* the target first: only a regular file or nothing is replaced; one temporary name for
+     * all ranks, unique to this job (rank 0's pid) */
+    int rc = PL_OK;
+    long id = (long)getpid();
+    if (rank == 0 && pl_is_dev_null_path(path))
+        rc = fail_msg(&cxs, PL_EINVAL, "a checkpoint cannot be written to /dev/null (it is published by a rename)");
+    else if (rank == 0) rc = pl_check_output_file(path, "checkpoint", err, errlen);
+    PL_MPI_CHECK(MPI_Bcast(&id, 1, MPI_LONG, 0, comm));
+    rc = agree(comm, rc, err, errlen);
+    if (rc != PL_OK) return rc;
+    pl_output_tmp_name(path, id, tmp, sizeof tmp);
+    rc = ckpt_write_file(tmp, path, st, opt, meta, comm, bytes_out, err, errlen);
     if (rc == PL_OK && rank == 0) {
         if (fsync_path(tmp) != 0) rc = fail_msg(&cxs, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            rc = fail_msg(&cxs, PL_EIO, "renaming %s to %s failed: %s", tmp, path, strerror(errno));
+        else rc = pl_output_replace(tmp, path, "checkpoint", err, errlen);
     }
     rc = agree(comm, rc, err, errlen);
     if (rc != PL_OK && rank == 0) unlink(tmp);

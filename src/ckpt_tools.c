@@ -153,6 +153,15 @@ int ckpt_convert_main(int argc, char **argv, int first) {
     }
     const char *in = argv[first], *out = argv[first + 1];
     char err[2048] = "";
+    /* the output is checked before any work: never the input itself, never a device or FIFO */
+    if (pl_check_distinct(out, "output", in, "input", err, sizeof err) != PL_OK) {
+        pl_error("convert: %s", err);
+        return 2;
+    }
+    if (pl_check_output_file(out, "output", err, sizeof err) != PL_OK) {
+        pl_error("convert: %s", err);
+        return 1;
+    }
     int kind = file_kind(in, err, sizeof err), rc;
     if (kind < 0) rc = PL_EIO;
     else if (kind == KIND_LLMC) rc = llmc_to_ckpt(in, out, err, sizeof err);

@@ -130,7 +130,7 @@ int comm_agree(MPI_Comm c, int rc, int *who) {
 
 static pthread_mutex_t dl_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t dl_cv = PTHREAD_COND_INITIALIZER;
-static int dl_started, dl_armed;
+static int dl_started, dl_armed, dl_inside, dl_late;
 static double dl_until, dl_limit;
 static char dl_what[160];
 
@@ -153,8 +153,19 @@ static void *deadline_watch(void *arg) {
             pthread_cond_timedwait(&dl_cv, &dl_mu, &ts);
             continue;
         }
-        fprintf(stderr, "pipelm: rank %d: error: watchdog: %s has taken more than %.0f s (a peer stopped taking "
-                "part; the limit is --watchdog plus 1 s per MB); aborting the job\n", pl_rank, dl_what, dl_limit);
+        if (dl_inside && !dl_late) { /* a rank still outside fires first, so it is the one named */
+            dl_late = 1;
+            dl_until = now + 2.0;
+            continue;
+        }
+        if (dl_inside)
+            fprintf(stderr, "pipelm: rank %d: error: watchdog: this rank has waited inside %s for more than %.0f s "
+                    "for a peer that stopped taking part (the limit is --watchdog plus 1 s per MB; a rank that never "
+                    "reached it names itself); aborting the job\n", pl_rank, dl_what, dl_limit);
+        else
+            fprintf(stderr, "pipelm: rank %d: error: watchdog: this rank stalled for more than %.0f s before it "
+                    "reached %s, where the other ranks wait for it (the limit is --watchdog plus 1 s per MB); "
+                    "aborting the job\n", pl_rank, dl_limit, dl_what);
         fflush(stderr);
         _exit(1);
     }
@@ -179,10 +190,17 @@ int comm_deadline_arm(const char *what, double seconds) {
         dl_limit = seconds;
         dl_until = pl_now() + seconds;
         dl_armed = 1;
+        dl_inside = dl_late = 0;
         pthread_cond_signal(&dl_cv);
     }
     pthread_mutex_unlock(&dl_mu);
     return rc;
+}
+
+void comm_deadline_enter(void) {
+    pthread_mutex_lock(&dl_mu);
+    dl_inside = 1;
+    pthread_mutex_unlock(&dl_mu);
 }
 
 void comm_deadline_disarm(void) {

@@ -51,6 +51,13 @@ void pl_note(const char *fmt, ...) {
     va_end(ap);
 }
 
+void pl_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    emit("warning", fmt, ap);
+    va_end(ap);
+}
+
 void *pl_malloc(size_t bytes, const char *what) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) pl_error("out of memory allocating %zu bytes for %s", bytes, what);

@@ -303,7 +303,7 @@ static int run_weight(engine *e, long step, int c, int m) {
 /* Injected failure (--fail-rank/--fail-step/--fail-at during) in the middle of a step. */
 static int injected(const engine *e, long step, int i) {
     if (i != 1 || e->rank != e->fail_rank || step != e->fail_step || !e->fail_during) return 0;
-    pl_error("injected failure (--fail-rank %d --fail-step %d) in the middle of step %ld", e->fail_rank,
+    pl_error("injected failure (--fail-rank %d --fail-step %d) in the middle of step %ld", pl_rank, /* a world rank */
              e->fail_step, step);
     return 1;
 }

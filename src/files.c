@@ -6,6 +6,8 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -202,6 +204,141 @@ int pl_check_output_dir(const char *dir, const char *what, char *err, size_t err
         else snprintf(err, errlen, "%s %s: cannot be created: %s is not writable: %s", what, dir, cur,
                       strerror(errno));
         return PL_EIO;
+    }
+    return PL_OK;
+}
+
+/* Is path /dev/null (the one device an output may name)? */
+int pl_is_dev_null_path(const char *path) {
+    struct stat sb;
+    return path && path[0] && stat(path, &sb) == 0 && is_dev_null(&sb);
+}
+
+/* Open an in-place output: O_NONBLOCK so a FIFO cannot block the open, no O_TRUNC until fstat
+ * has shown a regular file (so a device or FIFO is never touched), then blocking again. */
+int pl_open_output(const char *path, const char *what, FILE **out, char *err, size_t errlen) {
+    *out = NULL;
+    PL_TRY(pl_check_output_file(path, what, err, errlen));
+    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s %s: cannot open it for writing: %s", what, path, strerror(errno));
+        return PL_EIO;
+    }
+    struct stat sb;
+    int rc = PL_OK;
+    if (fstat(fd, &sb) != 0) {
+        snprintf(err, errlen, "%s %s: fstat: %s", what, path, strerror(errno));
+        rc = PL_EIO;
+    } else if (!S_ISREG(sb.st_mode) && !is_dev_null(&sb)) { /* replaced since the check */
+        snprintf(err, errlen, "%s %s: is %s, not a regular file that can be written", what, path,
+                 pl_file_type_name(sb.st_mode));
+        rc = PL_EIO;
+    } else if (S_ISREG(sb.st_mode) && ftruncate(fd, 0) != 0) {
+        snprintf(err, errlen, "%s %s: cannot truncate it: %s", what, path, strerror(errno));
+        rc = PL_EIO;
+    } else {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+            snprintf(err, errlen, "%s %s: fcntl: %s", what, path, strerror(errno));
+            rc = PL_EIO;
+        }
+    }
+    FILE *f = rc == PL_OK ? fdopen(fd, "w") : NULL;
+    if (rc == PL_OK && !f) {
+        snprintf(err, errlen, "%s %s: fdopen: %s", what, path, strerror(errno));
+        rc = PL_EIO;
+    }
+    if (rc != PL_OK) {
+        close(fd);
+        return rc;
+    }
+    *out = f;
+    return PL_OK;
+}
+
+/* Close an output: a write that failed earlier (ferror), the final flush and the close itself
+ * (where a full disk or quota shows up last) all count; f is closed in every case. */
+int pl_close_output(FILE *f, const char *path, const char *what, char *err, size_t errlen) {
+    if (!f) return PL_OK;
+    /* the flush first: after an earlier failed write it retries what is buffered and so
+     * reports the reason (ENOSPC, EDQUOT) that ferror alone would not */
+    errno = 0;
+    int bad = fflush(f) != 0;
+    int e = bad ? errno : 0;
+    if (!bad && ferror(f)) { bad = 1; e = 0; }
+    if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
+    if (!bad) return PL_OK;
+    snprintf(err, errlen, "%s %s: writing it failed: %s", what, path, e ? strerror(e) : "write error");
+    return PL_EIO;
+}
+
+/* A temporary name beside path, unique to one writer: path.HOST.ID.tmp (ID: the writing
+ * rank's pid), so two jobs writing the same path never share a temporary file. */
+void pl_output_tmp_name(const char *path, long id, char *tmp, size_t len) {
+    char host[64] = "host";
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = 0;
+    for (char *p = host; *p; p++)
+        if (*p == '/' || *p == '.') *p = '_';
+    snprintf(tmp, len, "%s.%s.%ld.tmp", path, host, id);
+}
+
+/* Where a rename-published output really goes: through a symbolic link to its target (so the
+ * link survives and the file it names is replaced), else path itself. */
+void pl_output_target(const char *path, char *out, size_t len) {
+    struct stat sb;
+    char real[PATH_MAX];
+    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode) && realpath(path, real)) snprintf(out, len, "%s", real);
+    else snprintf(out, len, "%s", path);
+}
+
+/* Publish tmp as path with rename(2), but only over a regular file or nothing: a device, FIFO,
+ * socket, directory or symbolic link at path is never replaced (tmp is removed instead). */
+int pl_output_replace(const char *tmp, const char *path, const char *what, char *err, size_t errlen) {
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "%s %s: is %s now, which is never replaced; nothing written", what, path,
+                 S_ISLNK(sb.st_mode) ? "a symbolic link" : pl_file_type_name(sb.st_mode));
+        unlink(tmp);
+        return PL_EIO;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: renaming %s to %s: %s", what, tmp, path, strerror(errno));
+        unlink(tmp);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
+/* Refuse an output that is an input: the same inode (hard links and symbolic links included).
+ * An output that does not exist yet cannot be any input. */
+/* The name a path that does not exist yet will have: its directory's real path, then the last
+ * component ("" if the directory cannot be resolved). */
+static void future_name(const char *path, char *out, size_t len) {
+    char dir[4096], real[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (realpath(dir, real)) snprintf(out, len, "%s/%s", real, base);
+    else out[0] = 0;
+}
+
+int pl_check_distinct(const char *out, const char *what_out, const char *in, const char *what_in, char *err,
+                      size_t errlen) {
+    struct stat so, si;
+    if (!out || !out[0] || !in || !in[0]) return PL_OK;
+    int eo = stat(out, &so) == 0, ei = stat(in, &si) == 0, same = 0;
+    if (eo && ei) same = so.st_dev == si.st_dev && so.st_ino == si.st_ino && !is_dev_null(&so);
+    else if (!eo && !ei) { /* two outputs to be: the same name once resolved */
+        char a[PATH_MAX + 256], b[PATH_MAX + 256];
+        future_name(out, a, sizeof a);
+        future_name(in, b, sizeof b);
+        same = a[0] && strcmp(a, b) == 0;
+    }
+    if (same) {
+        snprintf(err, errlen, "%s %s is the same file as %s %s: refusing to overwrite it", what_out, out, what_in,
+                 in);
+        return PL_EINVAL;
     }
     return PL_OK;
 }

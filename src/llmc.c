@@ -294,16 +294,29 @@ static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
     return PL_OK;
 }
 
-int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm) {
+int llmc_save(const char *path_in, stage *st, int grads, MPI_Comm comm) {
+    char path[4200];
+    pl_output_target(path_in, path, sizeof path); /* through a link, to the file it names */
     int rank;
     MPI_Comm_rank(comm, &rank);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char tmp[4300];
     char err[512] = "";
     int rc = PL_OK;
     const gpt2_config *c = &st->cfg;
+    /* one temporary name for all ranks, unique to this job (rank 0's pid); the target is
+     * checked first: only a regular file (or nothing) is ever replaced */
+    long id = (long)getpid();
+    int null_out = 0;
     if (rank == 0) {
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        null_out = pl_is_dev_null_path(path);
+        if (!null_out && pl_check_output_file(path, "model file", err, sizeof err) != PL_OK) rc = PL_EIO;
+    }
+    PL_MPI_CHECK(MPI_Bcast(&id, 1, MPI_LONG, 0, comm));
+    PL_MPI_CHECK(MPI_Bcast(&null_out, 1, MPI_INT, 0, comm));
+    if (null_out) return PL_OK; /* /dev/null: the file is discarded, so nothing is written */
+    pl_output_tmp_name(path, id, tmp, sizeof tmp);
+    if (rank == 0 && rc == PL_OK) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0) {
             snprintf(err, sizeof err, "%s", strerror(errno));
             rc = PL_EIO;
@@ -348,8 +361,8 @@ int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm) {
         if (rank == 0) unlink(tmp);
         return any;
     }
-    if (rank == 0 && rename(tmp, path) != 0) {
-        pl_error("renaming %s to %s: %s", tmp, path, strerror(errno));
+    if (rank == 0 && pl_output_replace(tmp, path, "model file", err, sizeof err) != PL_OK) {
+        pl_error("%s", err);
         rc = PL_EIO;
     }
     PL_MPI_CHECK(MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, comm));

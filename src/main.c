@@ -5,10 +5,21 @@
 #include <config.h>
 #endif
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <mpi.h>
 #include "pipelm/blas.h"
 #include "pipelm/pipelm.h"
+#include "pipelm/signals.h"
+
+/* train and bench catch SIGTERM/SIGINT/SIGUSR1 from before main on: this constructor runs
+ * once the shared libraries are loaded (again after blas_choose_kernel's re-exec, which resets
+ * handlers), so a stop that arrives while MPI starts or the model is built is held, and the run
+ * ends before step 1 with exit 75 (signals.h). Other subcommands keep the default actions. */
+__attribute__((constructor)) static void early_signals(int argc, char **argv) {
+    if (argc > 1 && argv && argv[1] && (strcmp(argv[1], "train") == 0 || strcmp(argv[1], "bench") == 0))
+        signals_install();
+}
 
 int main(int argc, char **argv) {
     blas_choose_kernel(argv); /* may re-execute with OPENBLAS_CORETYPE set: before MPI starts */

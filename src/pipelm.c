@@ -6,6 +6,7 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "pipelm/bench.h"
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
@@ -125,11 +126,20 @@ static int predict_with_costs(const sched *s, const char *path) {
 
 /* The schedule to show: read from --load (V = 0: as the file says), else built by name
    with V chunks per rank. 0, or the exit status. */
-static int schedule_get(const char *in, const char *name, int P, int V, int M, sched *s) {
+static int schedule_get(const char *in, const char *name, int P, int V, int M, double mem_gb, sched *s) {
     char err[1024];
     if (V < 0) {
         pl_error("schedule: --chunks-per-rank must be a positive integer");
         return 2;
+    }
+    if (!in && P > 0 && M > 0) { /* the build's memory, before any of it is taken */
+        double need = sched_build_bytes(P, V > 0 ? V : 1, M) / 1073741824.0;
+        if (need > mem_gb) {
+            pl_error("schedule: P=%d x V=%d x M=%d needs about %.1f GiB to build and simulate (%.0f bytes per "
+                     "stage and micro-batch), more than the --mem-limit-gb %.1f GiB allowed; give a larger "
+                     "--mem-limit-gb to build it anyway", P, V > 0 ? V : 1, M, need, SCHED_BYTES_PER_PAIR, mem_gb);
+            return 2;
+        }
     }
     if (in) {
         FILE *f = NULL;
@@ -143,7 +153,15 @@ static int schedule_get(const char *in, const char *name, int P, int V, int M, s
         if (V > 0 && s->V != V) {
             pl_error("schedule %s: the file has %d chunk(s) per rank, --chunks-per-rank says %d", in, s->V, V);
             sched_free(s);
-            return 1;
+            return 2;
+        }
+        /* --stages and --microbatches beside --load must say what the file holds */
+        if ((P != 0 && P != s->P) || (M != 0 && M != s->M)) {
+            pl_error("schedule %s: the file has %d ranks and %d micro-batches, but %s%s%d", in, s->P, s->M,
+                     P != 0 && P != s->P ? "--stages is " : "--microbatches is ", "",
+                     P != 0 && P != s->P ? P : M);
+            sched_free(s);
+            return 2;
         }
         return 0;
     }
@@ -155,10 +173,18 @@ static int schedule_get(const char *in, const char *name, int P, int V, int M, s
     return 0;
 }
 
+/* The default --mem-limit-gb of `pipelm schedule`: half the machine's memory, at most 8 GiB. */
+static double schedule_default_mem_gb(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double half = pages > 0 && psize > 0 ? 0.5 * (double)pages * (double)psize / 1073741824.0 : 8.0;
+    return half < 8.0 ? half : 8.0;
+}
+
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--chunks-per-rank V] [--csv FILE]` */
 static int schedule_main(int argc, char **argv, int first, int rank) {
     int P = 0, M = 0, V = 0;
     const char *name = "1f1b", *csv = NULL, *in = NULL, *costs = NULL, *grid = "auto";
+    double mem_gb = schedule_default_mem_gb();
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
@@ -176,7 +202,11 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
                 printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
                        "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
                        "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
-                       "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n");
+                       "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n"
+                       "--mem-limit-gb X: refuse (exit 2) a build estimated above X GiB before it starts (default:\n"
+                       "half the machine's memory, at most 8; about %.0f bytes per stage and micro-batch).\n"
+                       "--stages/--microbatches/--chunks-per-rank beside --load must match the file.\n",
+                       SCHED_BYTES_PER_PAIR);
             }
             return 0;
         }
@@ -197,15 +227,34 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         else if (strcmp(a, "--load") == 0) in = v;
         else if (strcmp(a, "--costs") == 0) costs = v;
         else if (strcmp(a, "--grid") == 0) grid = v;
+        else if (strcmp(a, "--mem-limit-gb") == 0) { mem_gb = strtod(v, &end); if (*end || !(mem_gb > 0)) mem_gb = -1; }
         else {
             if (rank == 0) pl_error("schedule: unknown option '%s' (see pipelm schedule --help)", a);
             return 2;
         }
     }
     if (rank != 0) return 0;
+    if (strcmp(grid, "auto") != 0 && strcmp(grid, "yes") != 0 && strcmp(grid, "no") != 0) {
+        pl_error("schedule: --grid must be auto, yes or no, not '%s'", grid);
+        return 2;
+    }
+    if (mem_gb <= 0) {
+        pl_error("schedule: --mem-limit-gb must be a positive number of GiB");
+        return 2;
+    }
     sched s;
     char err[1024];
-    int grc = schedule_get(in, name, P, V, M, &s);
+    /* the output first: never an input, never a device or FIFO (found before any work) */
+    if (csv && ((in && pl_check_distinct(csv, "--csv", in, "--load", err, sizeof err) != PL_OK) ||
+                (costs && pl_check_distinct(csv, "--csv", costs, "--costs", err, sizeof err) != PL_OK))) {
+        pl_error("schedule: %s", err);
+        return 2;
+    }
+    if (csv && pl_check_output_file(csv, "--csv", err, sizeof err) != PL_OK) {
+        pl_error("schedule: %s", err);
+        return 1;
+    }
+    int grc = schedule_get(in, name, P, V, M, mem_gb, &s);
     if (grc) return grc;
     if (sched_validate(&s, err, sizeof err)) {
         pl_error("schedule %s is invalid: %s", s.name, err);
@@ -227,14 +276,20 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         return 1;
     }
     if (csv) {
-        FILE *f = fopen(csv, "w");
-        if (!f || sched_write_csv(&s, f) != 0) {
-            pl_error("schedule: cannot write %s", csv);
-            if (f) fclose(f);
+        FILE *f = NULL;
+        int wrc = pl_open_output(csv, "--csv", &f, err, sizeof err);
+        if (wrc == PL_OK && sched_write_csv(&s, f) != 0) {
+            snprintf(err, sizeof err, "--csv %s: writing it failed", csv);
+            fclose(f);
+            wrc = PL_EIO;
+        } else if (wrc == PL_OK) {
+            wrc = pl_close_output(f, csv, "--csv", err, sizeof err);
+        }
+        if (wrc != PL_OK) {
+            pl_error("schedule: %s", err);
             sched_free(&s);
             return 1;
         }
-        fclose(f);
         pl_info("wrote %s\n", csv);
     }
     sched_free(&s);

@@ -17,6 +17,7 @@
 #include "pipelm/blas.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
+#include "pipelm/files.h"
 #include "pipelm/run.h"
 #include "pipelm/trace.h"
 
@@ -108,44 +109,64 @@ static int first_nonfinite_tensor(const stage *st, int grads) {
     }
     return -1;
 }
+/* "stage S (rank W)", or with replicas "stage S of replica D (rank W)": the one way messages
+ * name a world rank's place, so --dp runs never mix stage and rank numbers. */
+static void place_name(const run *R, int wrank, char *buf, size_t len) {
+    int prank = wrank / R->D, d = wrank % R->D;
+    char st[64];
+    if (R->V > 1) snprintf(st, sizeof st, "pipeline rank %d (its %d chunks)", prank, R->V);
+    else snprintf(st, sizeof st, "stage %d", prank);
+    if (R->D > 1) snprintf(buf, len, "%s of replica %d (rank %d)", st, d, wrank);
+    else snprintf(buf, len, "%s (rank %d)", st, wrank);
+}
+/* Why a weight is not finite: written there by --fail-at nan, present since the weights were
+ * loaded or initialised (no update has run yet), or made by an update (an overflow). */
+static const char *nonfinite_cause(int code) {
+    if (code == 2) return "injected there by --fail-at nan (a test), not an overflow";
+    if (code == 1) return "present before any update of this run: the --init or --resume file holds it";
+    return "written by an earlier update, which overflowed (try a lower --lr or --grad-clip)";
+}
 /* After a non-finite loss or gradient: find where it first appears. Every rank reaches this
- * (the norm all-reduce told them all); each names its first non-finite parameter, and rank 0
- * says which stage's forward went non-finite first and whether its weights were already bad. */
+ * (the norm all-reduce told them all); each names its first non-finite parameter, the world
+ * gathers them, and world rank 0 alone gives the one diagnosis: the lowest (stage, replica)
+ * whose weights were already bad and why (injected, loaded, or an update), else which forward
+ * went non-finite first, else the backward. */
 void report_nonfinite(run *R, int step, const step_news *nw, double loss, double norm, const char *where) {
-    int mine[2] = {first_nonfinite_tensor(&R->st, 0), first_nonfinite_tensor(&R->st, 1)};
-    int *all = calloc(2 * (size_t)R->P, sizeof(int));
-    char (*names)[32] = calloc((size_t)R->P, 32);
-    char name[32] = "";
+    int cause = R->nan_injected == step ? 2 : step == R->first_step ? 1 : 0;
+    int mine[3] = {first_nonfinite_tensor(&R->st, 0), first_nonfinite_tensor(&R->st, 1), cause};
+    int *all = calloc(3 * (size_t)R->W, sizeof(int));
+    char (*names)[32] = calloc((size_t)R->W, 32);
+    char name[32] = "", here[160];
+    place_name(R, R->wrank, here, sizeof here);
     if (mine[0] >= 0) snprintf(name, sizeof name, "%s", R->st.tensors[mine[0]].name);
     if (mine[0] >= 0)
-        pl_error("step %d: parameter %s of %s %d is not finite (a bad --init or checkpoint, or an "
-                 "update that overflowed)", step, name, R->V > 1 ? "rank" : "stage", R->rank);
+        pl_error("step %d: parameter %s of %s is not finite: %s", step, name, here, nonfinite_cause(cause));
     int ok = all && names;
     MPI_Request rq[2];
     comm_what w = {"the NaN diagnosis", -1, -1, step};
-    if (ok && MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, R->comm, &rq[0]) == MPI_SUCCESS &&
-        MPI_Iallgather(name, 32, MPI_CHAR, names, 32, MPI_CHAR, R->comm, &rq[1]) == MPI_SUCCESS)
+    if (ok && MPI_Iallgather(mine, 3, MPI_INT, all, 3, MPI_INT, R->world, &rq[0]) == MPI_SUCCESS &&
+        MPI_Iallgather(name, 32, MPI_CHAR, names, 32, MPI_CHAR, R->world, &rq[1]) == MPI_SUCCESS)
         ok = comm_waitall(2, rq, &w) == PL_OK;
-    if (R->rank == 0) {
-        int ps = -1;
-        for (int r = 0; ok && r < R->P && ps < 0; r++) if (all[2 * r] >= 0) ps = r;
-        if (ps >= 0)
-            if (R->V == 1)
-                pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of stage %d (rank %d) already "
-                         "hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps, ps,
-                         names[ps]);
-            else
-                pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of rank %d (its %d chunks) "
-                         "already hold a non-finite value, first in %s; stopping all ranks", step, loss, norm, ps,
-                         R->V, names[ps]);
-        else if (nw->fwd_stage >= 0)
-            pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of stage %d "
-                     "(rank %d), micro-batch %d, whose weights are finite: the activations overflowed; stopping "
-                     "all ranks (try a lower --lr or --grad-clip)", step, loss, norm, nw->fwd_stage,
-                     nw->fwd_stage % R->P, nw->fwd_mb);
-        else
-            pl_error("step %d: non-finite gradient (norm %g, loss %g) first in %s, with a finite forward: the "
-                     "backward overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, norm, loss, where);
+    if (R->wrank == 0) {
+        int ps = -1; /* the lowest stage (then replica) holding a bad weight: world ranks in stage order */
+        for (int r = 0; ok && r < R->W && ps < 0; r++) if (all[3 * r] >= 0) ps = r;
+        char at[160];
+        if (ps >= 0) {
+            place_name(R, ps, at, sizeof at);
+            pl_error("step %d: non-finite loss %g / gradient norm %g: the weights of %s already hold a non-finite "
+                     "value, first in %s, %s; stopping all ranks", step, loss, norm, at, names[ps],
+                     nonfinite_cause(all[3 * ps + 2]));
+        } else if (nw->fwd_stage >= 0) {
+            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : (nw->fwd_stage % R->P) * R->D, at, sizeof at);
+            pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of global "
+                     "stage %d on %s, micro-batch %d, whose weights are finite everywhere: the activations "
+                     "overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, loss, norm,
+                     nw->fwd_stage, at, nw->fwd_mb);
+        } else {
+            pl_error("step %d: non-finite gradient (norm %g, loss %g) first in %s, with a finite forward and "
+                     "finite weights: the backward overflowed; stopping all ranks (try a lower --lr or "
+                     "--grad-clip)", step, norm, loss, where);
+        }
     }
     free(all);
     free(names);
@@ -231,7 +252,7 @@ void report_run_line(run *R) {
     split_write_json(&R->sp, f);
     fprintf(f, ",\"schedule\":\"%s\",\"microbatches\":%d,\"data\":\"%s\",\"entropy_floor\":%s,"
             "\"chunks_per_rank\":%d}\n", R->sc.name, R->M, R->have_train ? R->train.desc : "", ent, R->V);
-    fflush(f);
+    metrics_commit(&R->mx);
 }
 /* Where the timed steps went, by op class, per rank (ms per step) and as a share of the
  * rank's compute: the next bottleneck, visible. */
@@ -316,15 +337,23 @@ static int report_costs(run *R) {
         if (cols) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
-            FILE *f = fopen(R->o->costs_out, "w");
-            if (!f || sched_costs_write(&c, f) != 0) {
-                pl_error("cannot write the costs file %s", R->o->costs_out);
+            FILE *f = NULL;
+            char e[4400];
+            int wrc = pl_open_output(R->o->costs_out, "--costs-out", &f, e, sizeof e);
+            if (wrc == PL_OK && sched_costs_write(&c, f) != 0) {
+                snprintf(e, sizeof e, "--costs-out %s: writing it failed", R->o->costs_out);
+                wrc = PL_EIO;
+                fclose(f);
+            } else if (wrc == PL_OK) {
+                wrc = pl_close_output(f, R->o->costs_out, "--costs-out", e, sizeof e);
+            }
+            if (wrc != PL_OK) {
+                pl_error("%s", e);
                 rc = PL_EIO;
             } else {
                 pl_info("  costs             %s (message %zu bytes: %.1f us latency, %.2f GB/s)\n", R->o->costs_out,
                         bytes, 1e6 * lat, c.bytes_per_s / 1e9);
             }
-            if (f) fclose(f);
             free(cols);
         }
     }

@@ -367,6 +367,11 @@ const char *sched_constraint(const char *name) {
     return NULL;
 }
 
+/* the memory a build takes, from the pair count; see header */
+double sched_build_bytes(int P, int V, int M) {
+    return SCHED_BYTES_PER_PAIR * (double)(P > 0 ? P : 1) * (V > 0 ? V : 1) * (M > 0 ? M : 1);
+}
+
 /* build a named schedule with one chunk per rank; see header */
 int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errlen) {
     return sched_build_chunks(name, P, 1, M, s, err, errlen);

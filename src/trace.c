@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
+#include "pipelm/files.h"
 #include "pipelm/trace.h"
 
 /* One event, fixed size so ranks can ship arrays of them as bytes. */
@@ -86,10 +88,12 @@ int trace_write(trace *t, const char *path) {
     PL_MPI_CHECK(MPI_Igatherv(t->ev, count, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, t->comm, &rq));
     PL_TRY(comm_wait(&rq, &w));
     if (t->rank == 0) {
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            pl_error("cannot write trace %s", path);
-            rc = PL_EIO;
+        /* a diagnostic: a trace that cannot be written is reported and removed, and the run
+         * goes on (its weights and checkpoints never depend on it) */
+        FILE *f = NULL;
+        char e[4400];
+        if (pl_open_output(path, "trace", &f, e, sizeof e) != PL_OK) {
+            pl_warn("%s; no trace written (training results are not affected)", e);
         } else {
             fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
             int firstev = 1;
@@ -116,7 +120,13 @@ int trace_write(trace *t, const char *path) {
                 }
             }
             fprintf(f, "\n]}\n");
-            if (fclose(f) != 0) rc = PL_EIO;
+            if (pl_close_output(f, path, "trace", e, sizeof e) != PL_OK) {
+                int kept = !pl_is_dev_null_path(path) && unlink(path) != 0;
+                pl_warn("%s; %s (training results are not affected)", e,
+                         kept ? "the partial trace is left as it is" : "the partial trace was removed");
+            } else {
+                pl_info("wrote trace %s\n", path);
+            }
         }
     }
     rc = comm_agree(t->comm, rc, NULL);

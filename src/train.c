@@ -95,6 +95,27 @@ static int resolve_config(run *R, char *err, size_t errlen) {
     }
     return PL_OK;
 }
+/* No output may be an input, or another output: each output against every input file and
+ * every other output (by inode, or by resolved name for files not written yet). */
+static int check_outputs_distinct(const pl_options *o, char *err, size_t errlen) {
+    const char *data = strncmp(o->data, "text:", 5) == 0 ? o->data + 5 : o->data;
+    const char *val = strncmp(o->val_data, "text:", 5) == 0 ? o->val_data + 5 : o->val_data;
+    const char *ins[] = {data, val, o->init, o->config, o->resume, o->schedule_csv};
+    const char *in_names[] = {"--data", "--val-data", "--init", "--config", "--resume", "--schedule-csv"};
+    const char *outs[] = {o->save_final, o->trace, o->dump_grads, o->metrics,
+                          o->bench ? o->json : "", o->bench ? o->csv : "", o->bench ? o->costs_out : ""};
+    const char *out_names[] = {"--save-final", "--trace", "--dump-grads", "--metrics", "--json", "--csv", "--costs-out"};
+    for (int i = 0; i < 7; i++) {
+        if (!outs[i][0]) continue;
+        for (int j = 0; j < 6; j++)
+            if (strcmp(ins[j], "markov") != 0)
+                PL_TRY(pl_check_distinct(outs[i], out_names[i], ins[j], in_names[j], err, errlen));
+        for (int j = i + 1; j < 7; j++)
+            if (outs[j][0]) PL_TRY(pl_check_distinct(outs[i], out_names[i], outs[j], out_names[j], err, errlen));
+    }
+    return PL_OK;
+}
+
 /* Every output path must be writable before step 1: work is not lost at the end. */
 static int check_outputs(const run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
@@ -106,7 +127,7 @@ static int check_outputs(const run *R, char *err, size_t errlen) {
     if (o->bench && R->wrank == 0 && o->costs_out[0])
         PL_TRY(pl_check_output_file(o->costs_out, "--costs-out", err, errlen));
     if (o->ckpt_dir[0] && !o->bench) PL_TRY(pl_check_output_dir(o->ckpt_dir, "--ckpt-dir", err, errlen));
-    return PL_OK;
+    return check_outputs_distinct(o, err, errlen);
 }
 /* The backend named by --backend, set up with --precision and this rank's threads. */
 static int setup_backend(run *R, char *err, size_t errlen) {
@@ -223,7 +244,19 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
-/* Split, schedule, stage, data, metrics: everything that can fail before step 1. */
+/* The data-parallel reducer: collective over the stage's replicas (MPI_Comm_dup), so it runs
+ * only once every rank's set-up has succeeded (a rank that failed before it would leave its
+ * replicas blocked in the dup). */
+static int setup_dp(run *R, char *err, size_t errlen) {
+    if (R->D <= 1) return PL_OK;
+    PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, R->o->zero, R->M, err, errlen));
+    R->have_dp = 1;
+    for (int c = 0; R->V > 1 && c < R->V; c++) dp_hook(&R->dp, &R->stv[c], R->M);
+    return PL_OK;
+}
+
+/* Split, schedule, stage, data, metrics: everything that can fail before step 1, none of it
+ * collective (the ranks agree on the outcome before anything collective runs). */
 static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     PL_TRY(check_outputs(R, err, errlen));
@@ -245,11 +278,6 @@ static int setup(run *R, char *err, size_t errlen) {
     optim_hparams h = hparams_of(o);
     PL_TRY(optim_init(&R->opt, &R->st, &h, err, errlen));
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
-    if (R->D > 1) {
-        PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, o->zero, R->M, err, errlen));
-        R->have_dp = 1;
-        for (int c = 0; R->V > 1 && c < R->V; c++) dp_hook(&R->dp, &R->stv[c], R->M);
-    }
     R->eng.fail_rank = o->fail_rank == R->wrank ? R->rank : -1; /* --fail-rank names a world rank */
     R->eng.fail_step = o->fail_step;
     R->eng.fail_during = strcmp(o->fail_at, "during") == 0;
@@ -314,13 +342,17 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     *norm = sqrt(total);
     *loss = g[L + 2] / ((double)R->Bg * R->T);
     nw->stop_sig = 0;
-    nw->stop_rank = nw->fwd_stage = nw->fwd_mb = -1;
+    nw->stop_rank = nw->fwd_stage = nw->fwd_mb = nw->fwd_wrank = -1;
     for (int r = W - 1; r >= 0; r--) { /* world rank r runs stage r / D */
         if (g[L + 3 + r] > 0) { nw->stop_sig = (int)g[L + 3 + r]; nw->stop_rank = r; }
     }
-    int low = -1; /* the lowest (stage, micro-batch) over the ranks */
+    int low = -1, low_r = -1; /* the lowest (stage, micro-batch) over the ranks, and whose */
     for (int r = 0; r < W; r++)
-        if (g[L + 3 + W + r] > 0 && (low < 0 || (int)g[L + 3 + W + r] - 1 < low)) low = (int)g[L + 3 + W + r] - 1;
+        if (g[L + 3 + W + r] > 0 && (low < 0 || (int)g[L + 3 + W + r] - 1 < low)) {
+            low = (int)g[L + 3 + W + r] - 1;
+            low_r = r;
+        }
+    nw->fwd_wrank = low_r;
     if (low >= 0) { nw->fwd_stage = low / R->M; nw->fwd_mb = low % R->M; }
     free(v);
     free(g);
@@ -403,8 +435,8 @@ static int fail_here(const run *R, int step, const char *where) {
     const pl_options *o = R->o;
     if (o->fail_rank != R->wrank || o->fail_step != step || strcmp(o->fail_at, where) != 0) return 0;
     if (strcmp(where, "nan") != 0)
-        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d", o->fail_rank,
-                 o->fail_step, where, step);
+        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d on %s", o->fail_rank,
+                 o->fail_step, where, step, R->D > 1 ? "this replica's stage" : "this stage");
     return 1;
 }
 /* One training step: data, the pipeline, the optimizer. A failure that peers cannot see
@@ -417,6 +449,7 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
     if (fail_here(R, step, "nan")) {
         const float nan = NAN;
         PL_TRY(R->st.be->from_host(R->st.params + R->st.nparams / 2, &nan, sizeof nan));
+        R->nan_injected = step;
     }
     char err[4400];
     if (R->have_train && data_read_batch(&R->train, step - 1, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
@@ -612,21 +645,41 @@ static int end_run(run *R, loop_state *L, int *agreed) {
     if (o->bench) rc = report_bench(R, L->step_s + o->warmup + 1, o->steps);
     else rc = R->tm_steps ? report_timers(R, step > last ? last : step) : PL_OK;
     if (rc != PL_OK) { *agreed = 0; return rc; }
+    /* the results first (the final weights), the diagnostics after: a trace that cannot be
+     * written only warns, so it can never cost the weights */
+    int save_rc = PL_OK;
+    if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
+        if (R->d == 0) save_rc = llmc_save(o->save_final, &R->st, 0, R->comm);
+        if (R->D > 1) save_rc = comm_agree(R->dpc, save_rc, NULL); /* replica 0's outcome, on every replica */
+        if (save_rc == PL_OK) pl_info("saved final weights to %s\n", o->save_final);
+        else if (R->wrank == 0) pl_error("--save-final %s was not written (message above)", o->save_final);
+    }
     if (R->eng.tr) {
         rc = trace_write(R->eng.tr, o->trace);
         R->eng.tr = NULL;
         if (rc != PL_OK) { *agreed = 0; return rc; }
-        pl_info("wrote trace %s\n", o->trace);
-    }
-    if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
-        if (R->d == 0) PL_TRY(llmc_save(o->save_final, &R->st, 0, R->comm));
-        pl_info("saved final weights to %s\n", o->save_final);
     }
     int done_steps = step > last ? last : step;
     if (done_steps < L->first_step - 1) done_steps = L->first_step - 1;
     rc = report_finish(R, L->first_step, done_steps, pl_now() - L->t_start, L->last_loss, L->stopped);
     if (rc != PL_OK && rc != PL_ENUM) *agreed = 0;
+    if (rc == PL_OK && save_rc != PL_OK) return save_rc; /* agreed: every rank knows */
     return rc == PL_OK && L->stopped ? PL_EPREEMPT : rc;
+}
+
+/* A stop signal that arrived before step 1 (main installs the handlers before MPI_Init):
+ * every rank learns of it here and the run ends at once with PL_EPREEMPT (exit 75), nothing
+ * trained and nothing saved; a checkpoint it resumed from is still the latest. */
+static int stop_before_first_step(run *R, int first_step) {
+    int mine[2] = {signals_stop_pending(), signals_stop_pending() ? -R->wrank : -R->W}, all[2];
+    PL_TRY(comm_allreduce(mine, all, 2, MPI_INT, MPI_MAX, R->world, "the agreement on a stop before step 1"));
+    if (all[0] == 0) return PL_OK;
+    if (R->tty && R->rank == 0) fprintf(pl_out, "\r\033[K");
+    pl_info("rank %d received %s before step %d: stopping without training (%s)\n", -all[1], signals_name(all[0]),
+            first_step, R->o->resume[0] ? "the checkpoint it resumed from is unchanged" : "nothing saved");
+    metrics_line(&R->mx, "{\"event\":\"end\",\"steps\":%d,\"final_loss\":null,\"wall_s\":0,\"preempted\":true,"
+                 "\"stop_signal\":\"%s\"}", first_step - 1, signals_name(all[0]));
+    return PL_EPREEMPT;
 }
 
 /* Free everything; after a failure the peers may be anywhere: no collective on that path. */
@@ -662,7 +715,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     *agreed = 1;
     memset(&R, 0, sizeof R);
     memset(&L, 0, sizeof L);
-    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = -1;
+    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = L.nw.fwd_wrank = -1;
     L.last_loss = NAN;
     int rc = start_run(&R, o, comm, &L);
     if (rc != PL_OK) { /* nothing allocated yet; the tied communicator is the last step */
@@ -673,9 +726,15 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     rc = setup(&R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
     if ((rc = agree(&R, rc, "set-up")) != PL_OK) goto done;
+    err[0] = 0;
+    rc = setup_dp(&R, err, sizeof err);
+    if (rc != PL_OK && err[0]) pl_error("%s", err);
+    if ((rc = agree(&R, rc, "the data-parallel set-up")) != PL_OK) goto done;
     L.first_step = 1;
     rc = before_loop(&R, &L.first_step);
+    R.first_step = L.first_step;
     if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
+    if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
     L.last_step = o->bench ? o->warmup + o->steps : o->steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);

@@ -63,6 +63,7 @@ int train_save_checkpoint(run *R, int step) {
     const pl_options *o = R->o;
     if (rc == PL_OK && o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0)
         sleep(3600); /* test-only: a rank that hangs where the peers block inside HDF5 */
+    comm_deadline_enter();
     if (rc == PL_OK)
         rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->world, path, sizeof path, &bytes, err,
                        sizeof err);
@@ -101,6 +102,7 @@ int train_resume_checkpoint(run *R, int *first_step) {
     rc = R->have_dp ? dp_moments_full(&R->dp, 0) : PL_OK; /* ZeRO-1: read whole, keep the pieces */
     rc = comm_agree(R->world, rc, NULL);
     if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint load (collective HDF5)", ckpt_deadline_s(R));
+    comm_deadline_enter();
     if (rc == PL_OK) rc = ckpt_load(path, &R->st, &R->opt, &m, R->world, &bytes, err, sizeof err);
     comm_deadline_disarm();
     if (R->have_dp) {

@@ -56,6 +56,10 @@ int comm_agree(MPI_Comm c, int rc, int *who);
  * srun then ends the others). Nothing is armed when comm_watchdog_s is 0. PL_OK or PL_ENOMEM
  * (no thread). */
 int comm_deadline_arm(const char *what, double seconds);
+/* Mark the armed deadline's rank as inside the collective: when it passes, a rank that never
+ * got there says it stalled, and ranks inside (which report 2 s later, so the stalled one is
+ * heard first) say they waited for a peer. */
+void comm_deadline_enter(void);
 void comm_deadline_disarm(void);
 
 #endif

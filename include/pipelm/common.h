@@ -40,6 +40,9 @@ void pl_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void pl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "pipelm: rank R: note: ..." to stderr: something the user should know, not a failure. */
 void pl_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "pipelm: rank R: warning: ..." to stderr: something failed that costs no result (a
+ * diagnostic output); the run goes on. */
+void pl_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Allocate or report (with the size and purpose); returns NULL on failure. */
 void *pl_malloc(size_t bytes, const char *what);
 void *pl_calloc(size_t n, size_t size, const char *what);

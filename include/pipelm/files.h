@@ -8,8 +8,11 @@
  * device such as /dev/zero is named with its type), and refused if it is larger than the
  * reader's bound. Outputs (--metrics, --trace, --save-final, --schedule-csv of `schedule`,
  * --ckpt-dir) are checked with pl_check_output_file / pl_check_output_dir before step 1, so
- * an unwritable path is found at start-up instead of after training. Each returns PL_OK, or
- * PL_EIO with "WHAT PATH: problem" in err; none prints anything.
+ * an unwritable path is found at start-up instead of after training, then opened with
+ * pl_open_output (written in place) or written to pl_output_tmp_name and published with
+ * pl_output_replace (llm.c files, checkpoints): nothing but a regular file is ever truncated or
+ * renamed over, and an output that is one of the run's inputs is refused (pl_check_distinct).
+ * Each returns PL_OK, or PL_EIO with "WHAT PATH: problem" in err; none prints anything.
  */
 #ifndef PIPELM_FILES_H
 #define PIPELM_FILES_H
@@ -37,6 +40,27 @@ int pl_check_output_file(const char *path, const char *what, char *err, size_t e
 /* Check that dir can hold new files: an existing dir must be a writable directory; one that
  * does not exist must be creatable (its nearest existing ancestor a writable directory). */
 int pl_check_output_dir(const char *dir, const char *what, char *err, size_t errlen);
+/* Is path /dev/null? (Writers that publish with a rename write nothing to it.) */
+int pl_is_dev_null_path(const char *path);
+/* Open an output that is written in place (metrics, trace, CSV, JSON, costs): checked as
+ * pl_check_output_file, opened without blocking and truncated only once fstat shows a regular
+ * file (or /dev/null), so a device or FIFO is refused, never written or replaced. */
+int pl_open_output(const char *path, const char *what, FILE **out, char *err, size_t errlen);
+/* fflush and fclose an output, reporting an earlier failed write, the flush or the close (a
+ * full disk) as "WHAT PATH: writing it failed: ..."; f is closed in every case. */
+int pl_close_output(FILE *f, const char *path, const char *what, char *err, size_t errlen);
+/* The temporary name beside path for a writer that publishes with rename: path.HOST.ID.tmp,
+ * ID the writing rank's pid, so two jobs never share one. */
+void pl_output_tmp_name(const char *path, long id, char *tmp, size_t len);
+/* The file a rename-published output replaces: a symbolic link's target, else path. */
+void pl_output_target(const char *path, char *out, size_t len);
+/* rename tmp over path only if path is a regular file or absent; otherwise remove tmp and
+ * refuse (a device, FIFO, socket, directory or link is never replaced). */
+int pl_output_replace(const char *tmp, const char *path, const char *what, char *err, size_t errlen);
+/* PL_EINVAL if out and in are the same file: the same device and inode when both exist, the
+ * same resolved name when neither does (two outputs); /dev/null is never the same. */
+int pl_check_distinct(const char *out, const char *what_out, const char *in, const char *what_in, char *err,
+                      size_t errlen);
 /* Name of a file type from st_mode: "a directory", "a FIFO (named pipe)", ... */
 const char *pl_file_type_name(mode_t mode);
 

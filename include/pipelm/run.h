@@ -52,12 +52,15 @@ typedef struct {
     int polite;
     layout lay;
     int *rc_modes;              /* S: each global stage's STAGE_RECOMPUTE_* */
+    int first_step;             /* the run's first step: weights as loaded or initialised */
+    int nan_injected;           /* the step at which --fail-at nan wrote a NaN here, or 0 */
 } run;
 
 /* What one step's all-reduce tells every rank besides the norm and the loss. */
 typedef struct {
     int stop_sig, stop_rank;   /* a stop signal seen by a rank (the lowest), or 0 / -1 */
     int fwd_stage, fwd_mb;     /* lowest stage whose forward gave a non-finite value, or -1 */
+    int fwd_wrank;             /* the world rank that ran that forward, or -1 */
 } step_news;
 
 /* report.c */

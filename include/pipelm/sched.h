@@ -93,6 +93,14 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
    Returns 0 on success; on error fills err and leaves *s empty. */
 int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen);
 
+/* Bytes that building, validating and dry-running a P x V x M schedule takes at most, before
+   any of it is allocated: every (stage, micro-batch) pair has at most seven actions (F, B or
+   I and W, and four sends and receives) of 12 bytes, the dry run keeps two ints per action,
+   and the validator a few tables per pair: SCHED_BYTES_PER_PAIR bytes per pair (measured:
+   90-120 bytes per pair for 1f1b, zb-h1 and interleaved-zb at 1M-2M pairs). */
+#define SCHED_BYTES_PER_PAIR 160.0
+double sched_build_bytes(int P, int V, int M);
+
 /* The constraint a schedule puts on M (and what it costs), as one line of text for --help;
    NULL for an unknown name. */
 const char *sched_constraint(const char *name);
