@@ -39,10 +39,14 @@
  * filter (which HDF5 verifies as it reads); one with neither is refused. The same
  * discipline as writing: one agreement.
  *
- * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
- * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
- * to DIR/latest, and only then removes checkpoints beyond `keep`. Any failure removes the
- * temporary file and leaves latest and every older checkpoint as they were.
+ * Atomic save: DIR/.ckpt_<step>.<tag>.h5.tmp (tag: rank 0's "<host>.<pid>", ckpt_job_tag, so
+ * no two processes write one temporary file) is written and closed, all ranks agree; every
+ * rank re-opens it, checks the metadata and re-reads the datasets it wrote, checking each
+ * CRC-32C against its attribute (verify_file), and all agree again; only then does rank 0
+ * fsync and rename it to DIR/ckpt_<step>.h5, write DIR/latest.<tag>.tmp (the file name) and
+ * rename it to DIR/latest, and remove checkpoints beyond `keep`. Any failure removes the
+ * temporary file and leaves latest and every older checkpoint as they were. A training run
+ * also holds the directory's lock, DIR/.lock (ckpt_lock.c), so one job at a time writes it.
  *
  * A full disk: rank 0 checks the free space first and then reserves the file's blocks
  * (fallocate), so that a write cannot fail half way on one rank; a failed save empties its
@@ -53,8 +57,9 @@
  * 10 ms each when ranks outnumber cores); PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO
  * hints. Test-only: PIPELM_CKPT_FAIL = write[:R]
  * (rank R, default the last, fails after writing half the datasets), rename (rank 0 fails
- * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets);
- * PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
+ * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets),
+ * corrupt (rank 0 flips a byte of the last dataset after the write, before the verification);
+ * PIPELM_CKPT_VERIFY=0 (no verification: only to measure its cost); PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fallocate(2) */

@@ -67,10 +67,21 @@ void ckpt_job_tag(char *buf, size_t len) {
     snprintf(buf, len, "%s.%ld", h, (long)getpid());
 }
 
-/* Does a process with this pid exist on this host? Only ESRCH says no (EPERM: it exists). */
+/* Is a process with this pid alive on this host? kill(pid, 0) failing with ESRCH says no
+ * (EPERM: it exists); so does a zombie (Linux /proc/PID/stat state Z or X): a rank killed by
+ * MPI_Abort stays one where nobody reaps it (PID 1 of a container), and kill() still finds it. */
 int ckpt_pid_alive(long pid) {
     if (pid <= 0) return 0;
-    return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1; /* no /proc: kill() said it exists */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and ')' */
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
 /* This process as a lock's owner: host, pid, SLURM_JOB_ID ("none"), SLURM_RESTART_COUNT. */
@@ -146,7 +157,7 @@ static int lock_stale(const lock_info *li, const lock_info *me, char *why, size_
         return 1;
     }
     if (strcmp(li->host, me->host) == 0 && li->pid != me->pid && !ckpt_pid_alive(li->pid)) {
-        snprintf(why, len, "pid %ld on this host (%s) no longer exists", li->pid, li->host);
+        snprintf(why, len, "pid %ld on this host (%s) no longer runs", li->pid, li->host);
         return 1;
     }
     return 0;

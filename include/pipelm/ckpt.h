@@ -4,10 +4,11 @@
  * Tensors are named by layer (/model/h.<i>/qkv_w ...), never by stage, so a checkpoint saved
  * on N stages loads on any M (schema: docs/formats.md §2, format_version 1). Every
  * dataset is contiguous fp32 with a uint32 attribute `crc32c` (the CRC-32C of its bytes,
- * crc32c.h), verified on load. A save is atomic: written under a temporary name, closed,
- * confirmed complete by every rank, renamed, and only then does DIR/latest move and do
- * checkpoints beyond `keep` get removed; a failure at any point leaves the previous
- * checkpoint intact and loadable.
+ * crc32c.h), verified on load. A save is atomic: written under a temporary name unique to
+ * the job (rank 0's host and pid), closed, confirmed complete by every rank, re-read and
+ * verified (every dataset's CRC-32C, by the rank that wrote it), renamed, and only then does
+ * DIR/latest move and do checkpoints beyond `keep` get removed; a failure at any point leaves
+ * latest and the previous checkpoint untouched.
  */
 #ifndef PIPELM_CKPT_H
 #define PIPELM_CKPT_H
@@ -42,7 +43,8 @@ typedef struct {
 
 /* Collective over comm: write every stage's parameters and AdamW moments (the optimizer's
  * buffers OPTIM_PARAMS, OPTIM_M, OPTIM_V, read through host views: backend map/unmap) and
- * meta to DIR/ckpt_<step, 8 digits>.h5 atomically, point DIR/latest at it, then remove the
+ * meta to DIR/ckpt_<step, 8 digits>.h5 atomically (through DIR/.ckpt_<step>.<host>.<pid>.h5.tmp,
+ * re-read and CRC-checked by every rank before it is renamed), point DIR/latest at it, then remove the
  * oldest checkpoints beyond `keep` (0 keeps all). opt is st's optimizer (opt->st == st); a
  * NULL opt is refused with PL_EINVAL (a checkpoint always holds the moments). The tied wte
  * is written by the first stage. path_out receives the file name. Prints nothing; returns
