@@ -59,7 +59,8 @@
  * (rank R, default the last, fails after writing half the datasets), rename (rank 0 fails
  * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets),
  * corrupt (rank 0 flips a byte of the last dataset after the write, before the verification);
- * PIPELM_CKPT_VERIFY=0 (no verification: only to measure its cost); PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
+ * PIPELM_CKPT_VERIFY=0 (no verification: only to measure its cost); PIPELM_CKPT_NO_SPACE_CHECK=1
+ * (no free-space check or reservation).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fallocate(2) */
@@ -1431,8 +1432,8 @@ static int check_and_publish(const char *dir, const char *tmp, const char *final
         if (rc != PL_OK) {
             char e2[1024];
             snprintf(e2, sizeof e2, "%s", err);
-            snprintf(err, errlen, "verifying the written file before publishing it: %s; the temporary file was removed and latest was "
-                     "not moved", e2);
+            snprintf(err, errlen, "verifying the written file before publishing it: %s; the temporary file was "
+                     "removed and latest was not moved", e2);
             return rc;
         }
     }
