@@ -39,10 +39,14 @@
  * filter (which HDF5 verifies as it reads); one with neither is refused. The same
  * discipline as writing: one agreement.
  *
- * Atomic save: DIR/.ckpt_<step>.h5.tmp is written and closed, all ranks agree, rank 0 fsyncs
- * and renames it to DIR/ckpt_<step>.h5, writes DIR/latest.tmp (the file name) and renames it
- * to DIR/latest, and only then removes checkpoints beyond `keep`. Any failure removes the
- * temporary file and leaves latest and every older checkpoint as they were.
+ * Atomic save: DIR/.ckpt_<step>.<tag>.h5.tmp (tag: rank 0's "<host>.<pid>", ckpt_job_tag, so
+ * no two processes write one temporary file) is written and closed, all ranks agree; every
+ * rank re-opens it, checks the metadata and re-reads the datasets it wrote, checking each
+ * CRC-32C against its attribute (verify_file), and all agree again; only then does rank 0
+ * fsync and rename it to DIR/ckpt_<step>.h5, write DIR/latest.<tag>.tmp (the file name) and
+ * rename it to DIR/latest, and remove checkpoints beyond `keep`. Any failure removes the
+ * temporary file and leaves latest and every older checkpoint as they were. A training run
+ * also holds the directory's lock, DIR/.lock (ckpt_lock.c), so one job at a time writes it.
  *
  * A full disk: rank 0 checks the free space first and then reserves the file's blocks
  * (fallocate), so that a write cannot fail half way on one rank; a failed save empties its
@@ -53,8 +57,10 @@
  * 10 ms each when ranks outnumber cores); PIPELM_CKPT_HINTS="key=value,..." adds MPI-IO
  * hints. Test-only: PIPELM_CKPT_FAIL = write[:R]
  * (rank R, default the last, fails after writing half the datasets), rename (rank 0 fails
- * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets);
- * PIPELM_CKPT_NO_SPACE_CHECK=1 (no free-space check or reservation).
+ * just before the rename), kill[:R] (rank R raises SIGKILL half way through the datasets),
+ * corrupt (rank 0 flips a byte of the last dataset after the write, before the verification);
+ * PIPELM_CKPT_VERIFY=0 (no verification: only to measure its cost); PIPELM_CKPT_NO_SPACE_CHECK=1
+ * (no free-space check or reservation).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fallocate(2) */
@@ -564,7 +570,7 @@ done:
 
 /* ---- failure injection ------------------------------------------------------------------ */
 
-enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL };
+enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT };
 
 /* Parse PIPELM_CKPT_FAIL: mode and the rank that fails (default the last rank). */
 static int fail_mode(int size, int *who, h5ctx *cx) {
@@ -572,14 +578,14 @@ static int fail_mode(int size, int *who, h5ctx *cx) {
     *who = size - 1;
     if (!s || !s[0]) return FAIL_NONE;
     int mode = strncmp(s, "write", 5) == 0 ? FAIL_WRITE : strncmp(s, "rename", 6) == 0 ? FAIL_RENAME
-             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : -1;
+             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : strncmp(s, "corrupt", 7) == 0 ? FAIL_CORRUPT : -1;
     if (mode < 0) {
-        fail_msg(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK]", s);
+        fail_msg(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK], corrupt", s);
         return -1;
     }
     const char *colon = strchr(s, ':');
     if (colon) *who = atoi(colon + 1);
-    if (mode == FAIL_RENAME) *who = 0;
+    if (mode == FAIL_RENAME || mode == FAIL_CORRUPT) *who = 0;
     return mode;
 }
 
@@ -1162,7 +1168,7 @@ long long ckpt_name_step(const char *name) {
 }
 
 /* mkdir -p. */
-static int make_dirs(const char *dir) {
+int ckpt_make_dirs(const char *dir) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", dir);
     for (char *p = buf + 1; *p; p++)
@@ -1191,14 +1197,45 @@ static int fsync_path(const char *path) {
     return r;
 }
 
-/* Remove temporary files left by a save that died (a killed rank); rank 0 at a save's start. */
-static void remove_stale_temps(const char *dir) {
+/* Is a temporary file of a save stale? name is ".ckpt_<step>.<host>.<pid>.h5.tmp" or
+ * "latest.<host>.<pid>.tmp" (or the untagged names of an older pipelm). Stale: this job's
+ * own (tag), any at all while this job holds the directory's lock, an untagged one, or one
+ * of this host whose pid is gone. Another host's, or a live process's, is left alone. */
+static int temp_is_stale(const char *name, const char *tag, int locked) {
+    const char *p, *end;
+    if (strncmp(name, ".ckpt_", 6) == 0 && (end = strstr(name, ".h5.tmp")) && end[7] == 0) {
+        p = name + 6;
+        while (isdigit((unsigned char)*p)) p++;
+    } else if (strcmp(name, "latest.tmp") == 0) {
+        return 1; /* an older pipelm's */
+    } else if (strncmp(name, "latest.", 7) == 0 && strlen(name) > 11 && strcmp(name + strlen(name) - 4, ".tmp") == 0) {
+        p = name + 6;
+        end = name + strlen(name) - 4;
+    } else return 0;
+    if (p >= end) return 1; /* untagged: ".ckpt_00000001.h5.tmp", "latest.tmp" */
+    if (*p != '.') return 0;
+    char t[256];
+    snprintf(t, sizeof t, "%.*s", (int)(end - p - 1), p + 1);
+    if (strcmp(t, tag) == 0 || locked) return 1;
+    char *dot = strrchr(t, '.'), mine[256];
+    if (!dot) return 0;
+    *dot = 0;
+    snprintf(mine, sizeof mine, "%s", tag);
+    char *md = strrchr(mine, '.');
+    if (md) *md = 0;
+    return strcmp(t, mine) == 0 && !ckpt_pid_alive(atol(dot + 1));
+}
+
+/* Remove temporary files left by a save that died (a killed rank); rank 0 at a save's start.
+ * Only stale ones (temp_is_stale): never a live job's. */
+static void remove_stale_temps(const char *dir, const char *tag) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
     char p[4400];
+    int locked = ckpt_lock_held(dir);
     while ((e = readdir(d)))
-        if (strncmp(e->d_name, ".ckpt_", 6) == 0 && strstr(e->d_name, ".h5.tmp")) {
+        if (temp_is_stale(e->d_name, tag, locked)) {
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
             unlink(p);
         }
@@ -1244,11 +1281,13 @@ static void prune(const char *dir, int keep, long long current) {
     free(steps);
 }
 
-/* Rank 0: make a closed temporary file durable and move it into place; then point latest at
- * it. Returns an error (and leaves latest alone) if any step fails. */
-static int publish(const char *dir, const char *tmp, const char *final, const char *name, h5ctx *cx) {
+/* Rank 0: make a closed, verified temporary file durable and move it into place; then point
+ * latest at it (through latest.<tag>.tmp). Returns an error (and leaves latest alone) if any
+ * step fails. */
+static int publish(const char *dir, const char *tmp, const char *final, const char *name, const char *tag,
+                   h5ctx *cx) {
     char lt[4400], lf[4400];
-    snprintf(lt, sizeof lt, "%s/latest.tmp", dir);
+    snprintf(lt, sizeof lt, "%s/latest.%s.tmp", dir, tag);
     snprintf(lf, sizeof lf, "%s/latest", dir);
     if (fsync_path(tmp) != 0) return fail_msg(cx, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
     if (rename(tmp, final) != 0)
@@ -1272,15 +1311,150 @@ static int publish(const char *dir, const char *tmp, const char *final, const ch
     return PL_OK;
 }
 
+/* Test-only (PIPELM_CKPT_FAIL=corrupt), rank 0: flip one byte in the data of the file's last
+ * dataset (/optim/v of the last tensor, written by the last stage), as a disk or a second
+ * writer would, after the file is closed and before it is verified. */
+static int inject_corruption(const char *tmp, const char *dpath, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t f = -1, ds = -1;
+    haddr_t off = HADDR_UNDEF;
+    if ((rc = ckpt_h5_open(tmp, 0, MPI_COMM_NULL, &f, cx)) != PL_OK) return rc;
+    CKPT_H5(ds = H5Dopen2(f, dpath, H5P_DEFAULT));
+    off = H5Dget_offset(ds);
+done:
+    if (ds >= 0) H5Dclose(ds);
+    if (f >= 0) ckpt_h5_close_file(&f, cx);
+    if (rc != PL_OK) return rc;
+    if (off == HADDR_UNDEF) return fail_msg(cx, PL_EIO, "PIPELM_CKPT_FAIL=corrupt: dataset %s has no data", dpath);
+    int fd = open(tmp, O_RDWR);
+    unsigned char c = 0;
+    int ok = fd >= 0 && pread(fd, &c, 1, (off_t)off) == 1;
+    c ^= 0x5a;
+    ok = ok && pwrite(fd, &c, 1, (off_t)off) == 1;
+    if (fd >= 0) close(fd);
+    return ok ? PL_OK : fail_msg(cx, PL_EIO, "PIPELM_CKPT_FAIL=corrupt: cannot change %s: %s", tmp, strerror(errno));
+}
+
+/* Collective: read back one dataset of a closed file and check it against its crc32c (every
+ * rank opens it and reads the attribute: collective metadata; buf != NULL: this rank wrote
+ * it and reads its data, independently). */
+static int verify_dataset(hid_t f, const char *dpath, float *buf, size_t numel, h5ctx *cx) {
+    int rc = PL_OK, has_crc = 0, fletcher = 0;
+    uint32_t stored = 0;
+    hid_t ds = -1;
+    snprintf(cx->obj, sizeof cx->obj, "dataset %s", dpath);
+    CKPT_H5(ds = H5Dopen2(f, dpath, H5P_DEFAULT));
+    if ((rc = ckpt_dataset_checksum(ds, dpath, &has_crc, &stored, &fletcher, cx)) != PL_OK) goto done;
+    if (!has_crc) {
+        rc = fail_msg(cx, PL_EIO, "dataset %s has no " CRC_ATTR " attribute", dpath);
+        goto done;
+    }
+    if (buf) {
+        CKPT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf));
+        uint32_t computed = ckpt_crc_floats(buf, numel);
+        if (computed != stored)
+            rc = fail_msg(cx, PL_EIO, "dataset %s: CRC-32C mismatch (stored 0x%08x, read back 0x%08x)", dpath,
+                          (unsigned)stored, (unsigned)computed);
+    }
+done:
+    if (ds >= 0) H5Dclose(ds);
+    return rc;
+}
+
+/* PIPELM_CKPT_VERIFY=0 skips the read-back (only to measure what it costs). */
+static int verify_off(void) {
+    const char *s = getenv("PIPELM_CKPT_VERIFY");
+    return s && strcmp(s, "0") == 0;
+}
+
+/* Collective: verify a written, closed checkpoint before it is published: the metadata
+ * (ckpt_read_meta: ranges and meta_crc32c) on every rank, and every dataset's CRC-32C, each
+ * re-read by the rank that wrote it. One agreement; err names the first failure. */
+static int verify_file(const char *tmp, const char *label, stage *st, optim *opt, MPI_Comm comm, char *err,
+                       size_t errlen) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    h5ctx cxs = {label, "", err, errlen, rank}, *cx = &cxs;
+    char scratch[1024];
+    h5ctx later = {label, "", scratch, sizeof scratch, rank};
+    int rc = PL_OK, n = model_num_tensors(&st->cfg);
+    size_t most = 0;
+    ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
+    if (gt) n = ckpt_global_tensors(&st->cfg, gt);
+    for (int i = 0; gt && i < n; i++)
+        if (written_tensor(st, opt, &gt[i], i) && gt[i].numel > most) most = gt[i].numel;
+    float *buf = most ? malloc(most * sizeof *buf) : NULL;
+    hid_t f = -1;
+    if (!gt || (most && !buf)) rc = fail_msg(cx, PL_ENOMEM, "out of memory for verifying the file");
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    rc = ckpt_h5_open(tmp, 0, comm, &f, cx);
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
+    rc = ckpt_read_meta(f, NULL, NULL, cx);
+    for (int k = 0; k < 3 * n; k++) { /* after a failure: every collective call, no data */
+        char dpath[96];
+        dataset_path(k / n, &gt[k % n], dpath, sizeof dpath);
+        int mine = rc == PL_OK && written_tensor(st, opt, &gt[k % n], k % n) != NULL;
+        int r2 = verify_dataset(f, dpath, mine ? buf : NULL, gt[k % n].numel, rc == PL_OK ? cx : &later);
+        if (rc == PL_OK) rc = r2;
+    }
+    rc = agree(comm, rc, err, errlen);
+    {
+        h5ctx cc = {label, "", scratch, sizeof scratch, rank};
+        int crc = ckpt_h5_close_file(&f, rc == PL_OK ? cx : &cc);
+        if (rc == PL_OK) rc = agree(comm, crc, err, errlen);
+    }
+out:
+    free(buf);
+    free(gt);
+    return rc;
+}
+
+/* Collective: after the file is written and closed: the test-only corruption, the
+ * verification, and rank 0's publication; returns the agreed status. */
+static int check_and_publish(const char *dir, const char *tmp, const char *final, const char *name, const char *tag,
+                             stage *st, optim *opt, MPI_Comm comm, char *err, size_t errlen) {
+    int rank, size, who;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    h5ctx cxs = {final, "", err, errlen, rank}, *cx = &cxs;
+    int rc = PL_OK, mode = fail_mode(size, &who, cx);
+    if (mode == FAIL_CORRUPT && rank == 0) {
+        ckpt_gtensor *gt = calloc((size_t)model_num_tensors(&st->cfg), sizeof *gt);
+        char dpath[96];
+        int n = gt ? ckpt_global_tensors(&st->cfg, gt) : 0;
+        if (gt) dataset_path(2, &gt[n - 1], dpath, sizeof dpath);
+        rc = gt ? inject_corruption(tmp, dpath, cx) : fail_msg(cx, PL_ENOMEM, "out of memory");
+        free(gt);
+    }
+    if ((rc = agree(comm, rc, err, errlen)) != PL_OK) return rc;
+    if (!verify_off()) {
+        rc = verify_file(tmp, final, st, opt, comm, err, errlen);
+        if (rc != PL_OK) {
+            char e2[1024];
+            snprintf(e2, sizeof e2, "%s", err);
+            snprintf(err, errlen, "verifying the written file before publishing it: %s; the temporary file was "
+                     "removed and latest was not moved", e2);
+            return rc;
+        }
+    }
+    if (rank == 0) {
+        if (mode == FAIL_RENAME)
+            rc = fail_msg(cx, PL_EIO, "injected failure before renaming %s (PIPELM_CKPT_FAIL=rename)", tmp);
+        else rc = publish(dir, tmp, final, name, tag, cx);
+    }
+    return agree(comm, rc, err, errlen);
+}
+
 /* Collective: the atomic save into DIR (see the file comment); returns the agreed status. */
 int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep, MPI_Comm comm,
               char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen) {
-    int rank, size;
+    int rank;
     MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    char tmp[4400], final[4400], name[64];
+    char tmp[4400], final[4400], name[64], tag[128];
+    ckpt_job_tag(tag, sizeof tag); /* rank 0's, so that every rank names the same temporary file */
+    PL_MPI_CHECK(MPI_Bcast(tag, (int)sizeof tag, MPI_CHAR, 0, comm));
     snprintf(name, sizeof name, "ckpt_%08lld.h5", meta->step);
-    snprintf(tmp, sizeof tmp, "%s/.ckpt_%08lld.h5.tmp", dir, meta->step);
+    snprintf(tmp, sizeof tmp, "%s/.ckpt_%08lld.%s.h5.tmp", dir, meta->step, tag);
     snprintf(final, sizeof final, "%s/%s", dir, name);
     h5ctx cxs = {final, "", err, errlen, rank}, *cx = &cxs;
     err[0] = 0;
@@ -1292,19 +1466,13 @@ int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int
     else if (meta->step < 0) rc = fail_msg(cx, PL_EINVAL, "negative step %lld", meta->step);
     else if (strlen(dir) > 4000) rc = fail_msg(cx, PL_EINVAL, "directory name too long");
     else if (rank == 0) {
-        if (make_dirs(dir) != 0) rc = fail_msg(cx, PL_EIO, "cannot create directory %s: %s", dir, strerror(errno));
-        else remove_stale_temps(dir);
+        if (ckpt_make_dirs(dir) != 0) rc = fail_msg(cx, PL_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+        else remove_stale_temps(dir, tag);
     }
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) return rc;
 
     rc = ckpt_write_file(tmp, final, st, opt, meta, comm, bytes_out, err, errlen);
-    if (rc == PL_OK && rank == 0) {
-        int who, mode = fail_mode(size, &who, cx);
-        if (mode == FAIL_RENAME)
-            rc = fail_msg(cx, PL_EIO, "injected failure before renaming %s (PIPELM_CKPT_FAIL=rename)", tmp);
-        else rc = publish(dir, tmp, final, name, cx);
-    }
-    rc = agree(comm, rc, err, errlen);
+    if (rc == PL_OK) rc = check_and_publish(dir, tmp, final, name, tag, st, opt, comm, err, errlen);
     if (rc != PL_OK) {
         if (rank == 0) unlink(tmp); /* the previous checkpoint and latest stay untouched */
         return rc;
@@ -1363,6 +1531,69 @@ static int newest_in_dir(const char *dir, long long *best, char *err, size_t err
     return PL_OK;
 }
 
+/* DIR/latest: *found = 1 and path if it names an existing checkpoint; *found = 0 and `why`
+ * if it is missing or names a file that is gone; PL_EIO with err if it is unusable. */
+static int read_latest(const char *dir, char *path, size_t pathlen, int *found, char *why, size_t whylen, char *err,
+                       size_t errlen) {
+    struct stat sb;
+    char lf[4400], cand[4400 + 512];
+    *found = 0;
+    snprintf(lf, sizeof lf, "%s/latest", dir);
+    if (lstat(lf, &sb) != 0) {
+        snprintf(why, whylen, "%s is missing", lf);
+        return PL_OK;
+    }
+    /* DIR/latest holds one line: the file name of the newest complete checkpoint in DIR */
+    FILE *fp = NULL;
+    char name[512] = "", e2[4600];
+    if (pl_open_input(lf, "checkpoint pointer", 4096, &fp, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s (it should hold the name of the newest checkpoint; remove it to use the "
+                 "newest ckpt_*.h5)", e2);
+        return PL_EIO;
+    }
+    size_t got = fread(name, 1, sizeof name - 1, fp);
+    fclose(fp);
+    name[got] = 0;
+    size_t n = strcspn(name, "\n");
+    int garbage = strlen(name) != got || (name[n] == '\n' && name[n + 1] != 0); /* a NUL, or a second line */
+    name[n] = 0;
+    if (!garbage && name[0] && (strchr(name, '/') || strstr(name, "..") || ckpt_name_step(name) < 0)) garbage = 1;
+    if (!name[0] || garbage) {
+        char shown[160];
+        size_t o = 0;
+        for (size_t i = 0; i < n && i < 60 && o + 6 < sizeof shown; i++) {
+            unsigned char c = (unsigned char)name[i];
+            if (c >= 0x20 && c < 0x7f) shown[o++] = (char)c;
+            else o += (size_t)snprintf(shown + o, sizeof shown - o, "\\x%02x", c);
+        }
+        shown[o] = 0;
+        snprintf(err, errlen, "checkpoint pointer %s is %s: it must hold one file name ckpt_<step>.h5 of a "
+                 "checkpoint in %s (remove it to resume from the newest ckpt_*.h5, or give --resume FILE)", lf,
+                 !name[0] && !garbage ? "empty" : strchr(name, '/') || strstr(name, "..")
+                 ? "refused (it names a path outside the checkpoint directory)" : "not a checkpoint name", dir);
+        if (name[0]) snprintf(err + strlen(err), errlen - strlen(err), "; it holds '%s'", shown);
+        return PL_EIO;
+    }
+    snprintf(cand, sizeof cand, "%s/%s", dir, name);
+    if (stat(cand, &sb) != 0) {
+        snprintf(why, whylen, "%s names %s, which is gone (%s)", lf, name, strerror(errno));
+        return PL_OK;
+    }
+    PL_TRY(pl_check_input_file(cand, "checkpoint", err, errlen));
+    snprintf(path, pathlen, "%s", cand);
+    *found = 1;
+    return PL_OK;
+}
+
+/* The checkpoint DIR/latest names, without any fallback (see ckpt.h; one process). */
+int ckpt_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    int found;
+    char why[5200] = "";
+    PL_TRY(read_latest(dir, path, pathlen, &found, why, sizeof why, err, errlen));
+    if (!found) snprintf(err, errlen, "%s", why);
+    return found ? PL_OK : PL_EIO;
+}
+
 /* What --resume names: a file, or the checkpoint DIR/latest names (see ckpt.h; one process). */
 int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err, size_t errlen) {
     struct stat sb;
@@ -1375,51 +1606,10 @@ int ckpt_resolve(const char *path_or_dir, char *path, size_t pathlen, char *err,
         snprintf(path, pathlen, "%s", path_or_dir);
         return PL_OK;
     }
-    char lf[4400], cand[4400 + 512], why[5200] = "";
-    snprintf(lf, sizeof lf, "%s/latest", path_or_dir);
-    if (lstat(lf, &sb) == 0) {
-        /* DIR/latest holds one line: the file name of the newest complete checkpoint in DIR */
-        FILE *fp = NULL;
-        char name[512] = "", e2[4600];
-        if (pl_open_input(lf, "checkpoint pointer", 4096, &fp, e2, sizeof e2) != PL_OK) {
-            snprintf(err, errlen, "%s (it should hold the name of the newest checkpoint; remove it to use the "
-                     "newest ckpt_*.h5)", e2);
-            return PL_EIO;
-        }
-        size_t got = fread(name, 1, sizeof name - 1, fp);
-        fclose(fp);
-        name[got] = 0;
-        size_t n = strcspn(name, "\n");
-        int garbage = strlen(name) != got || (name[n] == '\n' && name[n + 1] != 0); /* a NUL, or a second line */
-        name[n] = 0;
-        if (!garbage && name[0] && (strchr(name, '/') || strstr(name, "..") || ckpt_name_step(name) < 0)) garbage = 1;
-        if (!name[0] || garbage) {
-            char shown[160];
-            size_t o = 0;
-            for (size_t i = 0; i < n && i < 60 && o + 6 < sizeof shown; i++) {
-                unsigned char c = (unsigned char)name[i];
-                if (c >= 0x20 && c < 0x7f) shown[o++] = (char)c;
-                else o += (size_t)snprintf(shown + o, sizeof shown - o, "\\x%02x", c);
-            }
-            shown[o] = 0;
-            snprintf(err, errlen, "checkpoint pointer %s is %s: it must hold one file name ckpt_<step>.h5 of a "
-                     "checkpoint in %s (remove it to resume from the newest ckpt_*.h5, or give --resume FILE)", lf,
-                     !name[0] && !garbage ? "empty" : strchr(name, '/') || strstr(name, "..")
-                     ? "refused (it names a path outside the checkpoint directory)" : "not a checkpoint name",
-                     path_or_dir);
-            if (name[0]) snprintf(err + strlen(err), errlen - strlen(err), "; it holds '%s'", shown);
-            return PL_EIO;
-        }
-        snprintf(cand, sizeof cand, "%s/%s", path_or_dir, name);
-        if (stat(cand, &sb) == 0) {
-            PL_TRY(pl_check_input_file(cand, "checkpoint", err, errlen));
-            snprintf(path, pathlen, "%s", cand);
-            return PL_OK;
-        }
-        snprintf(why, sizeof why, "%s names %s, which is gone (%s)", lf, name, strerror(errno));
-    } else {
-        snprintf(why, sizeof why, "%s is missing", lf);
-    }
+    int found;
+    char why[5200] = "";
+    PL_TRY(read_latest(path_or_dir, path, pathlen, &found, why, sizeof why, err, errlen));
+    if (found) return PL_OK;
     /* no usable latest: the highest-numbered ckpt_*.h5 (temporary files do not match), loudly */
     long long best;
     PL_TRY(newest_in_dir(path_or_dir, &best, err, errlen));

@@ -41,7 +41,8 @@ static void exit_help(FILE *out) {
                  "exit status:\n"
                  "  0        done\n"
                  "  1        a failure: every rank ends; the message names the rank and the cause\n"
-                 "           (a bad file, a failed or killed peer, the watchdog, a NaN or divergence)\n"
+                 "           (a bad file, a failed or killed peer, the watchdog, a NaN or divergence,\n"
+                 "           a --ckpt-dir locked by another job: DIR/.lock names its host and pid)\n"
                  "  2        bad command line or settings\n"
                  "  75       stopped by a signal at a step boundary (checkpoint saved with --ckpt-dir)\n"
                  "  128+N    a second signal N ended the rank at once (130: SIGINT, 143: SIGTERM)\n");

@@ -129,6 +129,16 @@ static int check_outputs(const run *R, char *err, size_t errlen) {
     if (o->ckpt_dir[0] && !o->bench) PL_TRY(pl_check_output_dir(o->ckpt_dir, "--ckpt-dir", err, errlen));
     return check_outputs_distinct(o, err, errlen);
 }
+/* Rank 0: take the lock of --ckpt-dir before step 1, so that one job at a time writes it
+ * (ckpt_lock_take; a held lock fails the set-up on every rank through its agreement). */
+static int lock_ckpt_dir(const run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (!o->ckpt_dir[0] || o->bench || R->wrank != 0) return PL_OK;
+    char note[1024];
+    PL_TRY(ckpt_lock_take(o->ckpt_dir, note, sizeof note, err, errlen));
+    if (note[0]) pl_note("%s", note);
+    return PL_OK;
+}
 /* The backend named by --backend, set up with --precision and this rank's threads. */
 static int setup_backend(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
@@ -260,6 +270,7 @@ static int setup_dp(run *R, char *err, size_t errlen) {
 static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     PL_TRY(check_outputs(R, err, errlen));
+    PL_TRY(lock_ckpt_dir(R, err, errlen));
     if (o->fail_rank == R->wrank && o->fail_step == 0 && strcmp(o->fail_at, "during") == 0) {
         snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->fail_rank);
         return PL_EPEER;
@@ -705,6 +716,7 @@ static void teardown(run *R, int agreed) {
     if (R->have_train) data_close(&R->train);
     if (R->have_val) data_close(&R->val);
     free(R->rc_modes);
+    ckpt_lock_release(); /* rank 0's lock of --ckpt-dir, on every way out of the run */
     signals_restore();
     comm_step = -1;
 }

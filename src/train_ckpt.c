@@ -76,11 +76,14 @@ int train_save_checkpoint(run *R, int step) {
     trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t1);
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d: %s", step, err);
-        char prev[PL_PATH + 64], e2[256];
-        if (R->wrank == 0 && ckpt_resolve(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
-            pl_error("checkpoint at step %d failed; the previous checkpoint %s is intact", step, prev);
+        /* only what is known: latest (which a failed save never moves) and the file it names */
+        char prev[PL_PATH + 64], e2[PL_PATH + 600];
+        if (R->wrank == 0 && ckpt_latest(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
+            pl_error("checkpoint at step %d failed; %s/latest still names the previous checkpoint %s", step,
+                     R->o->ckpt_dir, prev);
         else if (R->wrank == 0)
-            pl_error("checkpoint at step %d failed; there is no earlier checkpoint in %s", step, R->o->ckpt_dir);
+            pl_error("checkpoint at step %d failed; no earlier checkpoint is named by %s/latest (%s)", step,
+                     R->o->ckpt_dir, e2);
         return rc;
     }
     pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,

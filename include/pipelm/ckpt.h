@@ -4,10 +4,11 @@
  * Tensors are named by layer (/model/h.<i>/qkv_w ...), never by stage, so a checkpoint saved
  * on N stages loads on any M (schema: docs/formats.md §2, format_version 1). Every
  * dataset is contiguous fp32 with a uint32 attribute `crc32c` (the CRC-32C of its bytes,
- * crc32c.h), verified on load. A save is atomic: written under a temporary name, closed,
- * confirmed complete by every rank, renamed, and only then does DIR/latest move and do
- * checkpoints beyond `keep` get removed; a failure at any point leaves the previous
- * checkpoint intact and loadable.
+ * crc32c.h), verified on load. A save is atomic: written under a temporary name unique to
+ * the job (rank 0's host and pid), closed, confirmed complete by every rank, re-read and
+ * verified (every dataset's CRC-32C, by the rank that wrote it), renamed, and only then does
+ * DIR/latest move and do checkpoints beyond `keep` get removed; a failure at any point leaves
+ * latest and the previous checkpoint untouched.
  */
 #ifndef PIPELM_CKPT_H
 #define PIPELM_CKPT_H
@@ -42,7 +43,8 @@ typedef struct {
 
 /* Collective over comm: write every stage's parameters and AdamW moments (the optimizer's
  * buffers OPTIM_PARAMS, OPTIM_M, OPTIM_V, read through host views: backend map/unmap) and
- * meta to DIR/ckpt_<step, 8 digits>.h5 atomically, point DIR/latest at it, then remove the
+ * meta to DIR/ckpt_<step, 8 digits>.h5 atomically (through DIR/.ckpt_<step>.<host>.<pid>.h5.tmp,
+ * re-read and CRC-checked by every rank before it is renamed), point DIR/latest at it, then remove the
  * oldest checkpoints beyond `keep` (0 keeps all). opt is st's optimizer (opt->st == st); a
  * NULL opt is refused with PL_EINVAL (a checkpoint always holds the moments). The tied wte
  * is written by the first stage. path_out receives the file name. Prints nothing; returns
@@ -86,6 +88,29 @@ int ckpt_save_file(const char *path, stage *st, optim *opt, const ckpt_meta *met
  * /optim, root step) without its tensors. cfg or meta may be NULL. Lets a run resumed from
  * a checkpoint take the model dimensions and the saved split from the file. */
 int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen);
+
+/* One process (rank 0 of a training run, before step 1): take the lock DIR/.lock of a
+ * checkpoint directory (created if need be), so that one job at a time writes it
+ * (docs/formats.md §2). A stale lock (its owner's pid gone on this host, or a requeue of
+ * the same Slurm job) is taken over and `note` says so (else note is ""). A lock held by a
+ * live process, by another host or unreadable is refused: PL_EINVAL, err naming the
+ * directory, the owner's host, pid and job, and how to remove a stale one. PL_EIO if the
+ * lock cannot be written. Prints nothing. */
+int ckpt_lock_take(const char *dir, char *note, size_t notelen, char *err, size_t errlen);
+/* Remove the lock this process took, if any and if it is still its own (safe to call always). */
+void ckpt_lock_release(void);
+/* Does this process hold the lock of dir (ckpt_lock_take)? */
+int ckpt_lock_held(const char *dir);
+/* "<host>.<pid>" of this process: the tag in the temporary names of a save. */
+void ckpt_job_tag(char *buf, size_t len);
+/* Is process pid alive on this host (kill(pid, 0) does not fail with ESRCH)? */
+int ckpt_pid_alive(long pid);
+/* One process: the checkpoint DIR/latest names, only if latest is a valid pointer to an
+ * existing regular file (no fallback to the newest file, nothing printed); else PL_EIO and
+ * err says why. */
+int ckpt_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+/* mkdir -p; 0, or -1 with errno. */
+int ckpt_make_dirs(const char *dir);
 
 #ifdef PIPELM_CKPT_INTERNAL
 /* Shared by ckpt.c and ckpt_tools.c only (needs hdf5.h). */
