@@ -708,7 +708,7 @@ int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t 
     PL_TRY(range_dbl(&N_FFN, naming, l->ffn_mult, l->ffn_mult >= 0 && l->ffn_mult <= 64, "0..64, 0 = none", err,
                      errlen));
     PL_TRY(range_dbl(&N_EPS, naming, l->norm_eps, l->norm_eps > 0 && l->norm_eps <= 1, "> 0 and <= 1", err, errlen));
-    return range_dbl(&N_THETA, naming, l->rope_theta, l->rope_theta > 1 && l->rope_theta <= 1e30, "> 1 and <= 1e30",
+    return range_dbl(&N_THETA, naming, l->rope_theta, l->rope_theta > 1 && l->rope_theta <= (double)1e30f, "> 1 and <= 1e30",
                      err, errlen);
 }
 
@@ -849,7 +849,7 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
             "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb (got '%s')",
             o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
-            "from the checkpoint (drop --init, or --resume to start from %.512s)", o->init);
+            "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
 #undef REQUIRE
     /* lr, betas, eps, weight decay, batch, seq-len, markov-branch, the model: the checkpoint's ranges */
     return validate_model_and_train(o, err, errlen);

@@ -235,7 +235,10 @@ static int setup_stages(run *R, char *err, size_t errlen) {
  * fits it, n stages x D replicas (split.c knows nothing of replicas). */
 static int split_count(const run *R, char *err, size_t errlen) {
     const char *spec = R->o->split;
-    if (strcmp(spec, "auto") == 0 || !spec[0] || strspn(spec, "0123456789,") != strlen(spec)) return PL_OK;
+    size_t len = strlen(spec); /* a malformed one is left to split.c's parser, which says where */
+    if (strcmp(spec, "auto") == 0 || !len || strspn(spec, "0123456789,") != len || spec[0] == ',' ||
+        spec[len - 1] == ',' || strstr(spec, ",,"))
+        return PL_OK;
     int n = 1;
     for (const char *p = spec; *p; p++) n += *p == ',';
     if (n == R->S) return PL_OK;
