@@ -88,6 +88,7 @@
 #include <hdf5.h>
 #define PIPELM_CKPT_INTERNAL 1
 #include "pipelm/ckpt.h"
+#include "pipelm/config.h"
 #include "pipelm/common.h"
 #include "pipelm/crc32c.h"
 #include "pipelm/files.h"
@@ -1649,32 +1650,23 @@ static int validate_meta(const meta_all *a, const long long *tr, h5ctx *cx) {
                         a->root_step, tr[0], a->optim_step);
     META_INT_IN("/train/tokens_seen", m->tokens_seen, 0, LLONG_MAX);
     META_INT_IN("/train/data_pos", m->data_pos, 0, LLONG_MAX);
-    META_INT_IN("/train/warmup_steps", tr[1], 0, INT_MAX);
-    META_INT_IN("/train/total_steps", tr[2], 0, INT_MAX);
     /* batch, seq_len, microbatches and schedule are all 0 / empty in a file that no run saved
      * (pipelm convert); otherwise they are a valid run's */
     int norun = tr[3] == 0 && tr[4] == 0 && tr[5] == 0 && !m->schedule[0];
-    META_INT_IN("/train/batch", tr[3], norun ? 0 : 1, INT_MAX);
-    META_INT_IN("/train/seq_len", tr[4], norun ? 0 : 1, a->cfg[2]);
-    META_INT_IN("/train/microbatches", tr[5], norun ? 0 : 1, tr[3]);
-    if (!norun && tr[3] % tr[5] != 0)
-        return fail_msg(cx, PL_EIO, "attribute /train/batch = %lld is not divisible by /train/microbatches = %lld",
-                        tr[3], tr[5]);
     long long maxst = a->cfg[3] + 2 < CKPT_MAX_STAGES ? a->cfg[3] + 2 : CKPT_MAX_STAGES;
     META_INT_IN("/train/nstages", tr[6], 1, maxst);
-    if (a->has_branch) META_INT_IN("/train/markov_branch", tr[7], 1, a->cfg[0]);
-    META_DBL_OK("/train/lr", m->lr, m->lr >= 0, ">= 0 and finite");
     META_DBL_OK("/optim/lr", a->optim_lr, a->optim_lr >= 0, ">= 0 and finite");
-    META_DBL_OK("/train/min_lr", m->min_lr, m->min_lr >= 0, ">= 0 and finite");
-    META_DBL_OK("/train/grad_clip", m->grad_clip, m->grad_clip >= 0, ">= 0 and finite");
-    META_DBL_OK("/optim/beta1", m->beta1, m->beta1 >= 0 && m->beta1 < 1, "in [0, 1)");
-    META_DBL_OK("/optim/beta2", m->beta2, m->beta2 >= 0 && m->beta2 < 1, "in [0, 1)");
-    META_DBL_OK("/optim/eps", m->eps, m->eps > 0, "> 0 and finite");
-    META_DBL_OK("/optim/weight_decay", m->weight_decay, m->weight_decay >= 0, ">= 0 and finite");
+    /* the training settings: the one validation the command line uses too (config.c) */
+    cfg_train t = {m->lr, m->min_lr, m->grad_clip, m->beta1, m->beta2, m->eps, m->weight_decay, m->lr_schedule,
+                   tr[1], tr[2], tr[3], tr[4], tr[5], a->has_branch ? tr[7] : -1, norun};
+    gpt2_config bounds; /* what config_check_train reads of the model: V and maxT, 1..INT_MAX here */
+    memset(&bounds, 0, sizeof bounds);
+    bounds.V = (int)a->cfg[0];
+    bounds.maxT = (int)a->cfg[2];
+    char e2[512];
+    if (config_check_train(&t, &bounds, CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) return fail_msg(cx, PL_EIO, "%s", e2);
     if (strcmp(a->optim_name, "adamw") != 0)
         return fail_msg(cx, PL_EIO, "attribute /optim/name is '%s', not 'adamw'", a->optim_name);
-    if (strcmp(m->lr_schedule, "cosine") != 0 && strcmp(m->lr_schedule, "constant") != 0)
-        return fail_msg(cx, PL_EIO, "attribute /train/lr_schedule is '%s', not cosine or constant", m->lr_schedule);
     if (!norun && !m->schedule[0]) return fail_msg(cx, PL_EIO, "attribute /train/schedule is empty");
     long long sum = 0;
     for (int s = 0; s < m->nstages; s++) {
@@ -1721,26 +1713,18 @@ done:
     return rc;
 }
 
-/* The Llama attributes of /config (every one required), each range-checked by name before
- * anything narrows it. */
+/* The Llama attributes of /config (every one required), range-checked by name before
+ * anything narrows them: by the one validation of Llama settings the command line and
+ * --init use too (config.c), so a run's checkpoints always pass it. */
 static int read_meta_llama(hid_t g, meta_all *a, h5ctx *cx) {
-    long long lo[6] = {1, 1, 1, 0, 3, 0}, hi[6] = {a->cfg[4], INT_MAX, 1 << 20, 1, 3, 1000};
-    for (int i = 0; i < 6; i++) {
-        PL_TRY(attr_get_i64(g, "/config", llama_int_attr[i], &a->lcfg[i], cx));
-        if (a->lcfg[i] < lo[i] || a->lcfg[i] > hi[i])
-            return fail_msg(cx, PL_EIO, "attribute /config/%s = %lld is out of range (%lld..%lld)", llama_int_attr[i],
-                            a->lcfg[i], lo[i], hi[i]);
-    }
-    if (a->cfg[4] % a->lcfg[0] != 0)
-        return fail_msg(cx, PL_EIO, "attribute /config/n_kv_head = %lld does not divide /config/n_head = %lld",
-                        a->lcfg[0], a->cfg[4]);
-    static const double flo[3] = {0, 0, 1}, fhi[3] = {64, 1, 1e30};
-    for (int i = 0; i < 3; i++) {
-        PL_TRY(attr_get_f64(g, "/config", llama_f64_attr[i], &a->lf[i], cx));
-        if (!isfinite(a->lf[i]) || a->lf[i] < flo[i] || a->lf[i] > fhi[i] || (i > 0 && a->lf[i] <= flo[i]))
-            return fail_msg(cx, PL_EIO, "attribute /config/%s = %g is out of range (%s)", llama_f64_attr[i], a->lf[i],
-                            i == 0 ? "0..64, 0 = none" : i == 1 ? "> 0 and <= 1" : "> 1 and finite");
-    }
+    for (int i = 0; i < 6; i++) PL_TRY(attr_get_i64(g, "/config", llama_int_attr[i], &a->lcfg[i], cx));
+    for (int i = 0; i < 3; i++) PL_TRY(attr_get_f64(g, "/config", llama_f64_attr[i], &a->lf[i], cx));
+    /* ffn_hidden is derived: read_meta_config compares it with the size the others give */
+    if (a->lcfg[1] < 1 || a->lcfg[1] > INT_MAX)
+        return fail_msg(cx, PL_EIO, "attribute /config/ffn_hidden = %lld is out of range (1..%d)", a->lcfg[1], INT_MAX);
+    cfg_llama l = {a->cfg[4], a->lcfg[0], a->lcfg[2], a->lcfg[3], a->lcfg[4], a->lcfg[5], a->lf[0], a->lf[1], a->lf[2]};
+    char e2[512];
+    if (config_check_llama(&l, CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) return fail_msg(cx, PL_EIO, "%s", e2);
     return PL_OK;
 }
 
@@ -1764,7 +1748,7 @@ static int read_meta_config(hid_t f, meta_all *a, gpt2_config *cfg, h5ctx *cx) {
         if ((rc = read_meta_llama(g, a, cx))) goto done;
         if (llama_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->lcfg[0],
                               (int)a->cfg[5], (int)a->lcfg[2], (float)a->lf[0], (float)a->lf[1], (float)a->lf[2],
-                              (int)a->lcfg[3], e2, sizeof e2) != PL_OK) {
+                              (int)a->lcfg[3], CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) {
             rc = fail_msg(cx, PL_EIO, "bad /config (llama): %s", e2);
             goto done;
         }

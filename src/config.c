@@ -28,6 +28,7 @@
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/data.h"
 #include "pipelm/sched.h"
 #include "pipelm/files.h"
 
@@ -325,11 +326,19 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
         strcpy((char *)dst, val);
         break;
     }
-    if (d->offset == offsetof(pl_options, vocab_size)) o->set_vocab = 1;
-    if (d->offset == offsetof(pl_options, max_seq_len) || d->offset == offsetof(pl_options, n_layer) ||
-        d->offset == offsetof(pl_options, n_head) || d->offset == offsetof(pl_options, n_embd) ||
-        d->offset == offsetof(pl_options, n_kv_head) || d->offset == offsetof(pl_options, arch))
-        o->set_dims = 1;
+    static const struct { size_t off; unsigned bit; } model_bits[] = {
+        {offsetof(pl_options, vocab_size), CFG_SET_VOCAB}, {offsetof(pl_options, max_seq_len), CFG_SET_MAXT},
+        {offsetof(pl_options, n_layer), CFG_SET_LAYER}, {offsetof(pl_options, n_head), CFG_SET_HEAD},
+        {offsetof(pl_options, n_embd), CFG_SET_EMBD}, {offsetof(pl_options, n_kv_head), CFG_SET_KVHEAD},
+        {offsetof(pl_options, arch), CFG_SET_ARCH}, {offsetof(pl_options, multiple_of), CFG_SET_MULT},
+        {offsetof(pl_options, ffn_dim_multiplier), CFG_SET_FFN}, {offsetof(pl_options, norm_eps), CFG_SET_EPS},
+        {offsetof(pl_options, rope_theta), CFG_SET_THETA}, {offsetof(pl_options, use_scaled_rope), CFG_SET_SCALED},
+    };
+    for (size_t i = 0; i < sizeof model_bits / sizeof model_bits[0]; i++)
+        if (d->offset == model_bits[i].off) o->set_mask |= model_bits[i].bit;
+    o->set_vocab = (o->set_mask & CFG_SET_VOCAB) != 0;
+    o->set_dims = (o->set_mask & (CFG_SET_MAXT | CFG_SET_LAYER | CFG_SET_HEAD | CFG_SET_EMBD | CFG_SET_KVHEAD |
+                                  CFG_SET_ARCH)) != 0;
     return PL_OK;
 bad: {
     char shown[128];
@@ -635,24 +644,187 @@ out:
     return rc;
 }
 
+/* ---- the one validation of a configuration ------------------------------------------------
+ * Each range is written once, here; the command line, config files, --init headers and the
+ * checkpoint loader all call these, so a setting that trains can always resume. */
+
+/* One checked setting's names: as an option (without "--"), a checkpoint attribute, an llm.c
+ * header field. */
+typedef struct { const char *opt, *attr, *hdr; } cfg_name;
+
+static const cfg_name N_HEAD = {"n-head", "/config/n_head", "n-head"};
+static const cfg_name N_KVHEAD = {"n-kv-head", "/config/n_kv_head", "n-kv-head"};
+static const cfg_name N_MULT = {"multiple-of", "/config/multiple_of", "multiple-of"};
+static const cfg_name N_SCALED = {"use-scaled-rope", "/config/use_scaled_rope", "use-scaled-rope"};
+static const cfg_name N_VMAJ = {"llama-version-major", "/config/llama_version_major", "llama-version-major"};
+static const cfg_name N_VMIN = {"llama-version-minor", "/config/llama_version_minor", "llama-version-minor"};
+static const cfg_name N_FFN = {"ffn-dim-multiplier", "/config/ffn_dim_multiplier", "ffn-dim-multiplier"};
+static const cfg_name N_EPS = {"norm-eps", "/config/norm_eps", "norm-eps"};
+static const cfg_name N_THETA = {"rope-theta", "/config/rope_theta", "rope-theta"};
+
+/* The name of n in a message: "--norm-eps", "attribute /config/norm_eps" or "norm-eps";
+ * bare: without "--" or "attribute ". */
+static void cfg_label(const cfg_name *n, cfg_naming naming, int bare, char *buf, size_t len) {
+    if (naming == CFG_NAME_ATTR) snprintf(buf, len, "%s%s", bare ? "" : "attribute ", n->attr);
+    else if (naming == CFG_NAME_HEADER) snprintf(buf, len, "%s", n->hdr);
+    else snprintf(buf, len, "%s%s", bare ? "" : "--", n->opt);
+}
+
+/* "NAME = V is out of range (WANT)" ("--name V ..." for an option), for an integer. */
+static int range_int(const cfg_name *n, cfg_naming naming, long long v, long long lo, long long hi, const char *note,
+                     char *err, size_t errlen) {
+    if (v >= lo && v <= hi) return PL_OK;
+    char lab[96];
+    cfg_label(n, naming, 0, lab, sizeof lab);
+    snprintf(err, errlen, "%s%s%lld is out of range (%lld..%lld%s)", lab, naming == CFG_NAME_OPTION ? " " : " = ", v,
+             lo, hi, note ? note : "");
+    return PL_EINVAL;
+}
+
+/* The same for a number: ok says whether v (finite) is in range, want what the range is. */
+static int range_dbl(const cfg_name *n, cfg_naming naming, double v, int ok, const char *want, char *err,
+                     size_t errlen) {
+    if (isfinite(v) && ok) return PL_OK;
+    char lab[96];
+    cfg_label(n, naming, 0, lab, sizeof lab);
+    snprintf(err, errlen, "%s%s%g is out of range (%s)", lab, naming == CFG_NAME_OPTION ? " " : " = ", v, want);
+    return PL_EINVAL;
+}
+
+int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t errlen) {
+    PL_TRY(range_int(&N_KVHEAD, naming, l->n_kv_head, 1, l->n_head > 1 ? l->n_head : 1, ", the n-head", err, errlen));
+    if (l->n_head % l->n_kv_head != 0) {
+        char a[96], b[96];
+        cfg_label(&N_HEAD, naming, 1, a, sizeof a);
+        cfg_label(&N_KVHEAD, naming, 1, b, sizeof b);
+        snprintf(err, errlen, "%s (%lld) must be a multiple of %s (%lld) (grouped-query attention: each key/value "
+                 "head serves n-head / n-kv-head query heads)", a, l->n_head, b, l->n_kv_head);
+        return PL_EINVAL;
+    }
+    PL_TRY(range_int(&N_MULT, naming, l->multiple_of, 1, 1 << 20, NULL, err, errlen));
+    PL_TRY(range_int(&N_SCALED, naming, l->use_scaled_rope, 0, 1, NULL, err, errlen));
+    PL_TRY(range_int(&N_VMAJ, naming, l->ver_major, 3, 3, ", Llama 3", err, errlen));
+    PL_TRY(range_int(&N_VMIN, naming, l->ver_minor, 0, 1000, NULL, err, errlen));
+    PL_TRY(range_dbl(&N_FFN, naming, l->ffn_mult, l->ffn_mult >= 0 && l->ffn_mult <= 64, "0..64, 0 = none", err,
+                     errlen));
+    PL_TRY(range_dbl(&N_EPS, naming, l->norm_eps, l->norm_eps > 0 && l->norm_eps <= 1, "> 0 and <= 1", err, errlen));
+    return range_dbl(&N_THETA, naming, l->rope_theta, l->rope_theta > 1 && l->rope_theta <= (double)1e30f, "> 1 and <= 1e30",
+                     err, errlen);
+}
+
+int config_check_model(const gpt2_config *c, cfg_naming naming, char *err, size_t errlen) {
+    if (c->arch != MODEL_LLAMA) return PL_OK;
+    cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor, c->ffn_mult,
+                   c->norm_eps, c->rope_theta};
+    return config_check_llama(&l, naming, err, errlen);
+}
+
+static const cfg_name N_LR = {"lr", "/train/lr", "lr"};
+static const cfg_name N_MINLR = {"min-lr", "/train/min_lr", "min-lr"};
+static const cfg_name N_CLIP = {"grad-clip", "/train/grad_clip", "grad-clip"};
+static const cfg_name N_B1 = {"beta1", "/optim/beta1", "beta1"};
+static const cfg_name N_B2 = {"beta2", "/optim/beta2", "beta2"};
+static const cfg_name N_EPSO = {"eps", "/optim/eps", "eps"};
+static const cfg_name N_WD = {"weight-decay", "/optim/weight_decay", "weight-decay"};
+static const cfg_name N_WARM = {"warmup-steps", "/train/warmup_steps", "warmup-steps"};
+static const cfg_name N_STEPS = {"steps", "/train/total_steps", "steps"};
+static const cfg_name N_BATCH = {"batch", "/train/batch", "batch"};
+static const cfg_name N_SEQ = {"seq-len", "/train/seq_len", "seq-len"};
+static const cfg_name N_MB = {"microbatches", "/train/microbatches", "microbatches"};
+static const cfg_name N_BRANCH = {"markov-branch", "/train/markov_branch", "markov-branch"};
+
+/* The optimizer's numbers of config_check_train: each >= 0 (beta1 and beta2 below 1, eps
+ * above 0) and finite. */
+static int check_optim_numbers(const cfg_train *t, cfg_naming nm, char *err, size_t errlen) {
+    PL_TRY(range_dbl(&N_LR, nm, t->lr, t->lr >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_MINLR, nm, t->min_lr, t->min_lr >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_CLIP, nm, t->grad_clip, t->grad_clip >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_B1, nm, t->beta1, t->beta1 >= 0 && t->beta1 < 1, "in [0, 1)", err, errlen));
+    PL_TRY(range_dbl(&N_B2, nm, t->beta2, t->beta2 >= 0 && t->beta2 < 1, "in [0, 1)", err, errlen));
+    PL_TRY(range_dbl(&N_EPSO, nm, t->eps, t->eps > 0, "> 0 and finite", err, errlen));
+    return range_dbl(&N_WD, nm, t->weight_decay, t->weight_decay >= 0, ">= 0 and finite", err, errlen);
+}
+
+int config_check_train(const cfg_train *t, const gpt2_config *model, cfg_naming nm, char *err, size_t errlen) {
+    PL_TRY(check_optim_numbers(t, nm, err, errlen));
+    if (strcmp(t->lr_schedule, "cosine") != 0 && strcmp(t->lr_schedule, "constant") != 0) {
+        if (nm == CFG_NAME_ATTR)
+            snprintf(err, errlen, "attribute /train/lr_schedule is '%s', not cosine or constant", t->lr_schedule);
+        else snprintf(err, errlen, "--lr-schedule must be cosine or constant (got '%s')", t->lr_schedule);
+        return PL_EINVAL;
+    }
+    PL_TRY(range_int(&N_WARM, nm, t->warmup_steps, 0, INT_MAX, NULL, err, errlen));
+    PL_TRY(range_int(&N_STEPS, nm, t->total_steps, 0, INT_MAX, NULL, err, errlen));
+    int lo = t->no_run ? 0 : 1;
+    PL_TRY(range_int(&N_BATCH, nm, t->batch, lo, INT_MAX, NULL, err, errlen));
+    if (model) PL_TRY(range_int(&N_SEQ, nm, t->seq_len, lo, model->maxT, ", the model's max-seq-len", err, errlen));
+    PL_TRY(range_int(&N_MB, nm, t->microbatches, lo, t->batch, ", the batch", err, errlen));
+    if (!t->no_run && t->batch % t->microbatches != 0) {
+        if (nm == CFG_NAME_ATTR)
+            snprintf(err, errlen, "attribute /train/batch = %lld is not divisible by /train/microbatches = %lld",
+                     t->batch, t->microbatches);
+        else snprintf(err, errlen, "--batch %lld is not divisible by --microbatches %lld", t->batch, t->microbatches);
+        return PL_EINVAL;
+    }
+    if (model && t->markov_branch >= 0)
+        PL_TRY(range_int(&N_BRANCH, nm, t->markov_branch, 1, model->V, ", the vocab-size", err, errlen));
+    return PL_OK;
+}
+
+void config_train_of(const pl_options *o, cfg_train *t) {
+    memset(t, 0, sizeof *t);
+    t->lr = o->lr;
+    t->min_lr = o->min_lr;
+    t->grad_clip = o->grad_clip;
+    t->beta1 = o->beta1;
+    t->beta2 = o->beta2;
+    t->eps = o->eps;
+    t->weight_decay = o->weight_decay;
+    t->lr_schedule = o->lr_schedule;
+    t->warmup_steps = o->warmup_steps;
+    t->total_steps = o->steps;
+    t->batch = o->batch;
+    t->seq_len = o->seq_len;
+    t->microbatches = o->microbatches;
+    /* recorded when positive (train_ckpt.c); with Markov data it must be valid in any case */
+    t->markov_branch = strcmp(o->data, "markov") == 0 || o->markov_branch > 0 ? o->markov_branch : -1;
+}
+
+int config_vocab(const pl_options *o) {
+    int dv = data_spec_vocab(o->data);
+    return dv && !o->set_vocab ? dv : o->vocab_size;
+}
+
+int config_model(const pl_options *o, int V, gpt2_config *cfg, char *err, size_t errlen) {
+    if (strcmp(o->arch, "llama") != 0)
+        return gpt2_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen);
+    /* wide first: a value the float would turn into inf or 0 is named as it was given */
+    cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
+                   o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
+    if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
+    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
+                             o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
+                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+}
+
+/* The model and training settings of a run without --init, through the one validation; with
+ * --init only what does not depend on the model (train.c checks the rest once the header is
+ * read). */
+static int validate_model_and_train(const pl_options *o, char *err, size_t errlen) {
+    cfg_train t;
+    config_train_of(o, &t);
+    gpt2_config c;
+    if (!o->init[0]) PL_TRY(config_model(o, config_vocab(o), &c, err, errlen));
+    return config_check_train(&t, o->init[0] ? NULL : &c, CFG_NAME_OPTION, err, errlen);
+}
+
 int config_validate(const pl_options *o, char *err, size_t errlen) {
 #define REQUIRE(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return PL_EINVAL; } } while (0)
     REQUIRE(o->steps >= 1, "--steps must be >= 1 (got %d): it counts the optimizer steps of the run", o->steps);
     REQUIRE(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
     REQUIRE(o->seq_len >= 1, "--seq-len must be >= 1 (got %d)", o->seq_len);
     REQUIRE(o->microbatches >= 1, "--microbatches must be >= 1 (got %d)", o->microbatches);
-    REQUIRE(o->batch % o->microbatches == 0, "--batch %d is not divisible by --microbatches %d",
-            o->batch, o->microbatches);
-    REQUIRE(o->lr >= 0, "--lr must be >= 0 (got %g)", o->lr);
-    REQUIRE(o->min_lr >= 0, "--min-lr must be >= 0 (got %g)", o->min_lr);
-    REQUIRE(strcmp(o->lr_schedule, "cosine") == 0 || strcmp(o->lr_schedule, "constant") == 0,
-            "--lr-schedule must be cosine or constant (got '%s')", o->lr_schedule);
     REQUIRE(o->warmup_steps >= 0, "--warmup-steps must be >= 0 (got %d)", o->warmup_steps);
-    REQUIRE(o->weight_decay >= 0, "--weight-decay must be >= 0 (got %g)", o->weight_decay);
-    REQUIRE(o->grad_clip >= 0, "--grad-clip must be >= 0 (got %g)", o->grad_clip);
-    REQUIRE(o->beta1 >= 0 && o->beta1 < 1, "--beta1 must be in [0,1) (got %g)", o->beta1);
-    REQUIRE(o->beta2 >= 0 && o->beta2 < 1, "--beta2 must be in [0,1) (got %g)", o->beta2);
-    REQUIRE(o->eps > 0, "--eps must be > 0 (got %g)", o->eps);
     REQUIRE(o->eval_every >= 0, "--eval-every must be >= 0 (got %d)", o->eval_every);
     REQUIRE(o->val_batches >= 1, "--val-batches must be >= 1 (got %d)", o->val_batches);
     REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);
@@ -676,8 +848,11 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "zb-v") == 0, /* zb-v: sched.c says why not */
             "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb (got '%s')",
             o->schedule);
+    REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
+            "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
 #undef REQUIRE
-    return PL_OK;
+    /* lr, betas, eps, weight decay, batch, seq-len, markov-branch, the model: the checkpoint's ranges */
+    return validate_model_and_train(o, err, errlen);
 }
 
 /* An option's help line; --backend's names the backends this binary was built with. */

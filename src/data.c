@@ -23,7 +23,9 @@
 
 /* Build the chain: token i may be followed by (i+1), (i+2) mod V — which makes the chain
  * irreducible and aperiodic (cycles of length V and V-1) — and branch-2 random others, with
- * probabilities proportional to exp(2 g), g ~ N(0,1). */
+ * probabilities proportional to exp(2 g), g ~ N(0,1). Branch 1 is the deterministic cycle
+ * i -> i+1 (entropy 0; periodic, but its stationary distribution is still the uniform one the
+ * power iteration starts from): --markov-branch 1 runs it, as the checkpoint records. */
 static int markov_build(data_source *d, char *err, size_t errlen) {
     int V = d->V, K = d->branch;
     d->succ = malloc(sizeof(int) * (size_t)V * K);
@@ -216,8 +218,6 @@ int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed
             snprintf(err, errlen, "markov-branch %d must be in 1..vocab-size (%d)", branch, V);
             return PL_EINVAL;
         }
-        if (branch < 2) branch = 2;
-        if (branch > V) branch = V;
         d->kind = DATA_MARKOV;
         d->seed = seed;
         d->stream0 = stream0;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "pipelm/common.h"
+#include "pipelm/config.h"
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
 
@@ -78,21 +79,19 @@ static size_t file_elems(const gpt2_config *c) {
     return llmc_tensor_offset(c, last, -1, NULL) + kind_numel(c, last);
 }
 
-/* A Llama 3 header (ints h, floats f) into cfg; the message names the bad field. */
+/* A Llama 3 header (ints h, floats f) into cfg; the message names the bad field. Its Llama
+ * settings go through the one validation the command line and checkpoints use (config.c), so
+ * a model --init accepts trains into checkpoints that resume. A bad header is a bad file:
+ * PL_EIO. */
 static int llama_header(const char *path, const int32_t *h, const float *f, gpt2_config *cfg, char *err,
                         size_t errlen) {
     char e2[512];
-    if (h[9] != 0 && h[9] != 1) {
-        snprintf(err, errlen, "model file %s: bad header: use_scaled_rope is %d (0 or 1)", path, h[9]);
-        return PL_EIO;
-    }
-    if (h[10] != 3) {
-        snprintf(err, errlen, "model file %s: bad header: Llama version %d.%d (this pipelm reads Llama 3.x)", path,
-                 h[10], h[11]);
-        return PL_EIO;
-    }
-    if (llama_config_make(cfg, h[3], h[2], h[4], h[5], h[6], h[7], h[8], f[0], f[1], f[2], h[9], e2, sizeof e2)
-        != PL_OK) {
+    cfg_llama l = {h[5], h[6], h[8], h[9], h[10], h[11], f[0], f[1], f[2]};
+    int rc = h[5] >= 1 ? config_check_llama(&l, CFG_NAME_HEADER, e2, sizeof e2) : PL_OK;
+    if (rc == PL_OK)
+        rc = llama_config_make(cfg, h[3], h[2], h[4], h[5], h[6], h[7], h[8], f[0], f[1], f[2], h[9], CFG_NAME_HEADER,
+                               e2, sizeof e2);
+    if (rc != PL_OK) {
         snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
         return PL_EIO;
     }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/common.h"
+#include "pipelm/config.h"
 #include "pipelm/model.h"
 #include "pipelm/rng.h"
 
@@ -38,18 +39,17 @@ int llama_hidden_size(int C, float ffn_mult, int multiple_of) {
 }
 
 int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
-                      float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, char *err,
-                      size_t errlen) {
-    if (V < 2 || maxT < 1 || L < 1 || NH < 1 || NKV < 1 || C < 1 || multiple_of < 1) {
+                      float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
+                      char *err, size_t errlen) {
+    if (V < 2 || maxT < 1 || L < 1 || NH < 1 || C < 1) {
         snprintf(err, errlen, "model dimensions must be positive (vocab-size=%d max-seq-len=%d n-layer=%d "
-                 "n-head=%d n-kv-head=%d n-embd=%d multiple-of=%d; vocab-size at least 2)", V, maxT, L, NH, NKV, C,
-                 multiple_of);
+                 "n-head=%d n-embd=%d; vocab-size at least 2)", V, maxT, L, NH, C);
         return PL_EINVAL;
     }
-    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-embd", "n-head", "multiple-of"};
-    long long vals[] = {V, maxT, L, C, NH, multiple_of};
-    long long lims[] = {LLAMA_MAX_VOCAB, LLAMA_MAX_SEQ, LLAMA_MAX_LAYER, LLAMA_MAX_EMBD, C, 1 << 20};
-    for (int i = 0; i < 6; i++)
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-embd", "n-head"};
+    long long vals[] = {V, maxT, L, C, NH};
+    long long lims[] = {LLAMA_MAX_VOCAB, LLAMA_MAX_SEQ, LLAMA_MAX_LAYER, LLAMA_MAX_EMBD, C};
+    for (int i = 0; i < 5; i++)
         if (vals[i] > lims[i]) {
             snprintf(err, errlen, "%s=%lld is too large (at most %lld%s)", names[i], vals[i], lims[i],
                      i == 4 ? ", the n-embd" : "");
@@ -59,31 +59,13 @@ int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV,
         snprintf(err, errlen, "n-embd (%d) must be a multiple of n-head (%d)", C, NH);
         return PL_EINVAL;
     }
-    if (NKV > NH || NH % NKV != 0) {
-        snprintf(err, errlen, "n-head (%d) must be a multiple of n-kv-head (%d) (grouped-query attention: each "
-                 "key/value head serves n-head / n-kv-head query heads)", NH, NKV);
-        return PL_EINVAL;
-    }
+    /* n-kv-head, multiple-of, use-scaled-rope, ffn-dim-multiplier, norm-eps, rope-theta: the one
+     * validation the command line, --init and checkpoints share (config.c) */
+    cfg_llama lc = {NH, NKV, multiple_of, use_scaled_rope, 3, 1, ffn_mult, norm_eps, rope_theta};
+    PL_TRY(config_check_llama(&lc, naming, err, errlen));
     if ((C / NH) % 2 != 0) {
         snprintf(err, errlen, "the head size n-embd / n-head = %d / %d = %d must be even (rotary embeddings "
                  "rotate pairs of channels)", C, NH, C / NH);
-        return PL_EINVAL;
-    }
-    if (!(norm_eps > 0) || !isfinite(norm_eps)) {
-        snprintf(err, errlen, "norm-eps must be > 0 and finite (got %g)", (double)norm_eps);
-        return PL_EINVAL;
-    }
-    if (!(rope_theta > 1) || !isfinite(rope_theta)) {
-        snprintf(err, errlen, "rope-theta must be > 1 and finite (got %g)", (double)rope_theta);
-        return PL_EINVAL;
-    }
-    if (!isfinite(ffn_mult) || ffn_mult > 64) {
-        snprintf(err, errlen, "ffn-dim-multiplier must be finite and at most 64 (got %g; 0 = none)",
-                 (double)ffn_mult);
-        return PL_EINVAL;
-    }
-    if (use_scaled_rope != 0 && use_scaled_rope != 1) {
-        snprintf(err, errlen, "use-scaled-rope must be 0 or 1 (got %d)", use_scaled_rope);
         return PL_EINVAL;
     }
     long long H = llama_hidden_size(C, ffn_mult, multiple_of), c = C, HS = C / NH;
@@ -121,7 +103,7 @@ int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV,
     cfg->use_scaled_rope = use_scaled_rope;
     cfg->ver_major = 3;
     cfg->ver_minor = 1;
-    cfg->ffn_mult = ffn_mult > 0 ? ffn_mult : 0.0f;
+    cfg->ffn_mult = ffn_mult; /* 0..64, 0 = none (config_check_llama) */
     cfg->norm_eps = norm_eps;
     cfg->rope_theta = rope_theta;
     return PL_OK;

@@ -351,5 +351,6 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     int rc = train_run(&o, comm, &agreed);
     if (rc != PL_OK && !agreed) *abort_needed = 1;
     if (rc == PL_EPREEMPT) return PIPELM_EXIT_PREEMPTED;
-    return rc == PL_OK ? 0 : 1;
+    /* PL_EINVAL from train_run is always a bad setting (it maps run-time ones to PL_ESTATE) */
+    return rc == PL_OK ? 0 : rc == PL_EINVAL ? 2 : 1;
 }

@@ -56,44 +56,52 @@ static int agree(run *R, int rc, const char *phase) {
     }
     return out;
 }
-/* Resolve the model dimensions: from --init's header, else from the options. */
+/* --init's model against the model settings given explicitly (o->set_mask: the command line
+ * or the config file, never a preset's or the default values): the first that differs is
+ * refused, naming it and the file's value. */
+static int init_conflicts(const pl_options *o, const gpt2_config *c, char *err, size_t errlen) {
+    if ((o->set_mask & CFG_SET_ARCH) && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
+        snprintf(err, errlen, "--arch %s conflicts with %.512s, which is a %s model", o->arch, o->init,
+                 model_arch_name(c->arch));
+        return PL_EINVAL;
+    }
+    int llama = c->arch == MODEL_LLAMA;
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head", "multiple-of",
+                           "use-scaled-rope"};
+    unsigned bits[] = {CFG_SET_VOCAB, CFG_SET_MAXT, CFG_SET_LAYER, CFG_SET_HEAD, CFG_SET_EMBD, CFG_SET_KVHEAD,
+                       llama ? CFG_SET_MULT : 0, llama ? CFG_SET_SCALED : 0};
+    int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, o->n_kv_head ? o->n_kv_head : o->n_head,
+               o->multiple_of, o->use_scaled_rope};
+    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV, c->multiple_of, c->use_scaled_rope};
+    for (int i = 0; i < 8; i++)
+        if ((o->set_mask & bits[i]) && a[i] != b[i]) {
+            snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i], o->init, names[i],
+                     b[i]);
+            return PL_EINVAL;
+        }
+    const char *fn[] = {"ffn-dim-multiplier", "norm-eps", "rope-theta"};
+    unsigned fb[] = {CFG_SET_FFN, CFG_SET_EPS, CFG_SET_THETA};
+    double fa[] = {o->ffn_dim_multiplier, o->norm_eps, o->rope_theta}, ff[] = {c->ffn_mult, c->norm_eps, c->rope_theta};
+    for (int i = 0; i < 3 && llama; i++)
+        if ((o->set_mask & fb[i]) && (float)fa[i] != (float)ff[i]) {
+            snprintf(err, errlen, "--%s %g conflicts with %.512s, which has %s %g", fn[i], fa[i], o->init, fn[i], ff[i]);
+            return PL_EINVAL;
+        }
+    return PL_OK;
+}
+/* Resolve the model dimensions: from --init's header, else from the options; then the
+ * training settings that depend on the model (seq-len, markov-branch), by the one validation
+ * the checkpoint loader uses too. */
 static int resolve_config(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     if (o->init[0]) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
-        if (o->set_dims && strcmp(o->arch, model_arch_name(R->cfg.arch)) != 0) {
-            snprintf(err, errlen, "--arch %s conflicts with %.512s, which is a %s model", o->arch, o->init,
-                     model_arch_name(R->cfg.arch));
-            return PL_EINVAL;
-        }
-        if (o->set_dims || o->set_vocab) {
-            const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head"};
-            int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd,
-                       o->n_kv_head ? o->n_kv_head : o->n_head};
-            int b[] = {R->cfg.V, R->cfg.maxT, R->cfg.L, R->cfg.NH, R->cfg.C, R->cfg.NKV};
-            for (int i = 0; i < 6; i++)
-                if ((i == 0 ? o->set_vocab : o->set_dims) && a[i] != b[i]) {
-                    snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i],
-                             o->init, names[i], b[i]);
-                    return PL_EINVAL;
-                }
-        }
-    } else {
-        int V = o->vocab_size, dv = data_spec_vocab(o->data);
-        if (dv && !o->set_vocab) V = dv;
-        if (strcmp(o->arch, "llama") == 0)
-            PL_TRY(llama_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head,
-                                     o->n_kv_head ? o->n_kv_head : o->n_head, o->n_embd, o->multiple_of,
-                                     (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
-                                     o->use_scaled_rope, err, errlen));
-        else PL_TRY(gpt2_config_make(&R->cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen));
-    }
-    if (R->T > R->cfg.maxT) {
-        snprintf(err, errlen, "--seq-len %d exceeds the model's max-seq-len %d", R->T, R->cfg.maxT);
-        return PL_EINVAL;
-    }
-    return PL_OK;
+        PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
+    } else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
+    cfg_train t;
+    config_train_of(o, &t);
+    return config_check_train(&t, &R->cfg, CFG_NAME_OPTION, err, errlen);
 }
 /* No output may be an input, or another output: each output against every input file and
  * every other output (by inode, or by resolved name for files not written yet). */
@@ -254,6 +262,22 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* A --split of block counts must give one per stage; the advice names the world size that
+ * fits it, n stages x D replicas (split.c knows nothing of replicas). */
+static int split_count(const run *R, char *err, size_t errlen) {
+    const char *spec = R->o->split;
+    size_t len = strlen(spec); /* a malformed one is left to split.c's parser, which says where */
+    if (strcmp(spec, "auto") == 0 || !len || strspn(spec, "0123456789,") != len || spec[0] == ',' ||
+        spec[len - 1] == ',' || strstr(spec, ",,"))
+        return PL_OK;
+    int n = 1;
+    for (const char *p = spec; *p; p++) n += *p == ',';
+    if (n == R->S) return PL_OK;
+    snprintf(err, errlen, "--split '%.200s' gives %d stages but the pipeline has %d (ranks x chunks per rank); run "
+             "with mpiexec -n %d (%d stage%s x --dp %d, one chunk per rank), or give %d block counts", spec, n, R->S,
+             n * R->D, n, n > 1 ? "s" : "", R->D, R->S);
+    return PL_EINVAL;
+}
 /* The data-parallel reducer: collective over the stage's replicas (MPI_Comm_dup), so it runs
  * only once every rank's set-up has succeeded (a rank that failed before it would leave its
  * replicas blocked in the dup). */
@@ -279,6 +303,7 @@ static int setup(run *R, char *err, size_t errlen) {
     const backend *be = R->be;
     PL_TRY(resolve_config(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
+    PL_TRY(split_count(R, err, errlen));
     PL_TRY(split_make_chunks(&R->sp, o->split, &R->cfg, R->P, R->V, R->M, R->B / R->M, R->T, err, errlen));
     PL_TRY(setup_stages(R, err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
@@ -752,8 +777,8 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
     L.step_s = o->bench ? calloc(L.last_step + 1, sizeof(double)) : NULL;
     L.t_start = pl_now();
-    if ((rc = run_steps(&R, &L, agreed)) != PL_OK) goto done;
-    rc = end_run(&R, &L, agreed);
+    if ((rc = run_steps(&R, &L, agreed)) == PL_OK) rc = end_run(&R, &L, agreed);
+    if (rc == PL_EINVAL) rc = PL_ESTATE; /* past set-up nothing is a bad setting (exit 1, not 2) */
 done:
     free(L.step_s);
     teardown(&R, *agreed);

@@ -29,7 +29,7 @@ expect "missing value" 2 "needs a value" run train --steps
 expect "unknown preset" 2 "unknown preset 'huge'" run train --preset huge
 expect "bad schedule" 2 "must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb" run train --schedule zigzag
 expect "batch not divisible" 2 "not divisible by --microbatches" run train --batch 10 --microbatches 4
-expect "seq-len too long" 1 "exceeds the model's max-seq-len" run train --seq-len 1000 --steps 1
+expect "seq-len too long" 2 "is out of range (1..64, the model's max-seq-len)" run train --seq-len 1000 --steps 1
 expect "missing init file" 1 "nope.bin" run train --init nope.bin --steps 1
 expect "missing data file" 1 "No such file" run train --data nothere.bin --steps 1
 expect "bad lr-schedule" 2 "cosine or constant" run train --lr-schedule linear
@@ -83,6 +83,6 @@ run train --steps 1 --save-final w0.bin --progress 0 > /dev/null 2>&1
 run train --steps 1 --lr 0 --weight-decay 0 --init w0.bin --save-final w1.bin --progress 0 > /dev/null 2>&1
 cmp -s w0.bin w1.bin && ok "--init / --save-final round trip byte-identical (a step at lr 0)" || bad "init round trip" "files differ"
 expect "--steps 0 refused" 2 "steps must be >= 1" run train --steps 0
-expect "init dims conflict" 1 "conflicts with" run train --init w0.bin --n-embd 32 --steps 1
+expect "init dims conflict" 2 "conflicts with" run train --init w0.bin --n-embd 32 --steps 1
 
 finish

@@ -27,6 +27,7 @@ enum {
     PL_ETIMEOUT = 9, /* the watchdog: a wait on another rank took too long */
     PL_ESTOPPED = 10, /* a stop signal arrived while the step could not finish */
     PL_EBACKEND = 11, /* a compute backend call failed (its message in be->error()) */
+    PL_ESTATE = 12,  /* a check failed while running (the engine refused a schedule action): not a setting */
 };
 
 /* The world rank, cached at start-up for messages (-1 before MPI_Init). */

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include "pipelm/model.h"
 
 #define PL_PATH 4096
 
@@ -62,9 +63,56 @@ typedef struct {
     int fail_rank, fail_step;
     char fail_at[16];    /* before | during | after (the step) | save (in a checkpoint) | nan */
     double watchdog;     /* seconds one wait may take before the job is aborted; 0 = never */
-    /* which model dimensions were given explicitly (so --init can check or adopt them) */
+    /* which model settings were given explicitly, on the command line or in the config file
+     * (so --init can check or adopt them, and name only those): set_vocab for --vocab-size,
+     * set_dims for any dimension or --arch, set_mask one bit per setting (CFG_SET_*) */
     int set_vocab, set_dims;
+    unsigned set_mask;
 } pl_options;
+
+/* Bits of pl_options.set_mask: the model settings an --init file's header also holds. */
+enum {
+    CFG_SET_VOCAB = 1u << 0, CFG_SET_MAXT = 1u << 1, CFG_SET_LAYER = 1u << 2, CFG_SET_HEAD = 1u << 3,
+    CFG_SET_EMBD = 1u << 4, CFG_SET_KVHEAD = 1u << 5, CFG_SET_ARCH = 1u << 6, CFG_SET_MULT = 1u << 7,
+    CFG_SET_FFN = 1u << 8, CFG_SET_EPS = 1u << 9, CFG_SET_THETA = 1u << 10, CFG_SET_SCALED = 1u << 11,
+};
+
+/* The Llama settings of a model, wide (64-bit integers, doubles) so that a file's or the
+ * command line's values are checked before anything narrows them. */
+typedef struct {
+    long long n_head, n_kv_head, multiple_of, use_scaled_rope, ver_major, ver_minor;
+    double ffn_mult, norm_eps, rope_theta;
+} cfg_llama;
+
+/* The training settings a checkpoint records and its loader checks (64-bit, as read). */
+typedef struct {
+    double lr, min_lr, grad_clip, beta1, beta2, eps, weight_decay;
+    const char *lr_schedule;
+    long long warmup_steps, total_steps, batch, seq_len, microbatches;
+    long long markov_branch; /* < 0: not recorded */
+    int no_run;              /* 1: batch, seq_len, microbatches all 0 (a file no run saved: pipelm convert) */
+} cfg_train;
+
+/* The one validation of a model's Llama settings, shared by the command line, config files,
+ * --init headers and checkpoint loading (so whatever trains can resume): n-kv-head 1..n-head
+ * dividing it, multiple-of 1..2^20, use-scaled-rope 0 or 1, Llama version 3.0..3.1000,
+ * ffn-dim-multiplier 0..64 (0 none), norm-eps in (0, 1], rope-theta in (1, 1e30]. */
+int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t errlen);
+/* The same for a model built already (nothing to check for GPT-2, whose dimensions
+ * gpt2_config_make bounds). */
+int config_check_model(const gpt2_config *c, cfg_naming naming, char *err, size_t errlen);
+/* The one validation of the training settings a checkpoint records: lr, min-lr, grad-clip,
+ * weight-decay >= 0, beta1 and beta2 in [0, 1), eps > 0 (all finite), the lr schedule,
+ * warm-up and total steps 0..INT_MAX, batch >= 1, seq-len 1..the model's max-seq-len,
+ * micro-batches 1..batch dividing it, markov-branch 1..vocab-size. model NULL: the model is not
+ * known yet (--init), its bounds are checked later. */
+int config_check_train(const cfg_train *t, const gpt2_config *model, cfg_naming naming, char *err, size_t errlen);
+/* The training settings of the options, as the checkpoint will record them. */
+void config_train_of(const pl_options *o, cfg_train *t);
+/* The vocabulary a run without --init trains: --vocab-size, or the data's own (text: 256). */
+int config_vocab(const pl_options *o);
+/* The model the options describe (no --init), vocabulary V; messages name the options. */
+int config_model(const pl_options *o, int V, gpt2_config *cfg, char *err, size_t errlen);
 
 /* Fill defaults (preset "tiny"). */
 void config_defaults(pl_options *o);

@@ -151,11 +151,17 @@ double model_train_flops_per_token(const gpt2_config *c, int T);
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);
 
 /* ---- Llama (model_llama.c) ---- */
-/* Fill cfg for Llama: the MLP hidden size from ffn_mult and multiple_of as llm.c's
- * train_llama3.py computes it. Refuses NH % NKV, C % NH, an odd head size, eps or theta <= 0. */
+/* How the model checks (config_check_llama in config.c) name a setting in a message: as the
+ * option (`--norm-eps 1.5 is out of range`), as a checkpoint attribute (`attribute
+ * /config/norm_eps = 1.5 ...`) or as an llm.c header field (`norm-eps = 1.5 ...`). */
+typedef enum { CFG_NAME_OPTION, CFG_NAME_ATTR, CFG_NAME_HEADER } cfg_naming;
+
+/* Fill cfg for Llama (version 3.1): the MLP hidden size from ffn_mult and multiple_of as
+ * llm.c's train_llama3.py computes it. Refuses C % NH, an odd head size, sizes too large, and
+ * whatever config_check_llama refuses (its messages named by `naming`). */
 int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
-                      float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, char *err,
-                      size_t errlen);
+                      float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
+                      char *err, size_t errlen);
 /* MLP hidden size: int(2 * 4C / 3), times ffn_mult (if > 0), rounded up to multiple_of. */
 int llama_hidden_size(int C, float ffn_mult, int multiple_of);
 int llama_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,

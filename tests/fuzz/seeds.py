@@ -139,3 +139,13 @@ put("ckpt", "vocab-intmax", recipe(ctl={5: b"\x01\x11"}))
 put("ckpt", "markov-branch", recipe(ctl={35: 3}))
 put("ckpt", "meta-crc-wrong", recipe(ctl={36: 3}))
 put("ckpt", "markov-branch-huge", recipe(ctl={35: b"\x01\x16"}))
+
+# config: byte 0 = preset (1 llama-tiny), then per setting (14 ints, 10 numbers) a control byte
+# (0 keep, 1 edge value + index byte, 2 raw bits) -- see fuzz_config.c
+put("config", "tiny", b"\x00")
+put("config", "llama-tiny", b"\x01")
+put("config", "llama-rope-1e30", b"\x01" + b"\x00" * 14 + b"\x00\x00" + b"\x01\x0e")   # rope-theta 1e30
+put("config", "llama-eps-1", b"\x01" + b"\x00" * 14 + b"\x00" + b"\x01\x02")           # norm-eps 1
+put("config", "llama-ffn-64", b"\x01" + b"\x00" * 14 + b"\x01\x0c")                      # ffn-dim-multiplier 64
+put("config", "markov-branch-1", b"\x00" + b"\x00" * 13 + b"\x01\x01")
+put("config", "beta2-edge", b"\x00" + b"\x00" * 14 + b"\x00" * 7 + b"\x01\x05")         # beta2 0.999999
