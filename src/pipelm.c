@@ -181,6 +181,48 @@ static double schedule_default_mem_gb(void) {
     return half < 8.0 ? half : 8.0;
 }
 
+/* `pipelm schedule --help`. */
+static void schedule_usage(void) {
+    printf("usage: pipelm schedule --stages P --microbatches M [--schedule NAME] [--chunks-per-rank V]\n"
+           "       [--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
+           "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
+           "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
+           "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
+           "model cut into P*V stages, stage s on rank s mod P (cells then read \"5F3\": stage 5's\n"
+           "forward of micro-batch 3). Schedules and what they need of M (P ranks, V chunks):\n");
+    const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb" };
+    for (int k = 0; k < 6; k++)
+        printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : "any V; ", sched_constraint(names[k]));
+    printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
+           "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
+           "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
+           "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n"
+           "--mem-limit-gb X: refuse (exit 2) a build estimated above X GiB before it starts (default:\n"
+           "half the machine's memory, at most 8; about %.0f bytes per stage and micro-batch).\n"
+           "--stages/--microbatches/--chunks-per-rank beside --load must match the file.\n",
+           SCHED_BYTES_PER_PAIR);
+}
+
+/* Write the schedule as torch's CSV to an output checked as every output is; 0 or -1. */
+static int schedule_write_csv(const sched *s, const char *csv) {
+    char err[4400];
+    FILE *f = NULL;
+    int wrc = pl_open_output(csv, "--csv", &f, err, sizeof err);
+    if (wrc == PL_OK && sched_write_csv(s, f) != 0) {
+        snprintf(err, sizeof err, "--csv %s: writing it failed", csv);
+        fclose(f);
+        wrc = PL_EIO;
+    } else if (wrc == PL_OK) {
+        wrc = pl_close_output(f, csv, "--csv", err, sizeof err);
+    }
+    if (wrc != PL_OK) {
+        pl_error("schedule: %s", err);
+        return -1;
+    }
+    pl_info("wrote %s\n", csv);
+    return 0;
+}
+
 /* `pipelm schedule --stages P --microbatches M --schedule NAME [--chunks-per-rank V] [--csv FILE]` */
 static int schedule_main(int argc, char **argv, int first, int rank) {
     int P = 0, M = 0, V = 0;
@@ -189,26 +231,7 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
-            if (rank == 0) {
-                printf("usage: pipelm schedule --stages P --microbatches M [--schedule NAME] [--chunks-per-rank V]\n"
-                       "       [--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
-                       "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
-                       "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
-                       "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
-                       "model cut into P*V stages, stage s on rank s mod P (cells then read \"5F3\": stage 5's\n"
-                       "forward of micro-batch 3). Schedules and what they need of M (P ranks, V chunks):\n");
-                const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb" };
-                for (int k = 0; k < 6; k++)
-                    printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : "any V; ", sched_constraint(names[k]));
-                printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
-                       "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
-                       "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
-                       "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n"
-                       "--mem-limit-gb X: refuse (exit 2) a build estimated above X GiB before it starts (default:\n"
-                       "half the machine's memory, at most 8; about %.0f bytes per stage and micro-batch).\n"
-                       "--stages/--microbatches/--chunks-per-rank beside --load must match the file.\n",
-                       SCHED_BYTES_PER_PAIR);
-            }
+            if (rank == 0) schedule_usage();
             return 0;
         }
         if (i + 1 >= argc) {
@@ -276,22 +299,9 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         sched_free(&s);
         return 1;
     }
-    if (csv) {
-        FILE *f = NULL;
-        int wrc = pl_open_output(csv, "--csv", &f, err, sizeof err);
-        if (wrc == PL_OK && sched_write_csv(&s, f) != 0) {
-            snprintf(err, sizeof err, "--csv %s: writing it failed", csv);
-            fclose(f);
-            wrc = PL_EIO;
-        } else if (wrc == PL_OK) {
-            wrc = pl_close_output(f, csv, "--csv", err, sizeof err);
-        }
-        if (wrc != PL_OK) {
-            pl_error("schedule: %s", err);
-            sched_free(&s);
-            return 1;
-        }
-        pl_info("wrote %s\n", csv);
+    if (csv && schedule_write_csv(&s, csv) != 0) {
+        sched_free(&s);
+        return 1;
     }
     sched_free(&s);
     return 0;
