@@ -1291,8 +1291,9 @@ static int publish(const char *dir, const char *tmp, const char *final, const ch
     snprintf(lt, sizeof lt, "%s/latest.%s.tmp", dir, tag);
     snprintf(lf, sizeof lf, "%s/latest", dir);
     if (fsync_path(tmp) != 0) return fail_msg(cx, PL_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
-    if (rename(tmp, final) != 0)
-        return fail_msg(cx, PL_EIO, "renaming %s to %s failed: %s", tmp, final, strerror(errno));
+    char why[4400];
+    if (pl_output_replace(tmp, final, "checkpoint", why, sizeof why) != PL_OK) /* never over a device */
+        return fail_msg(cx, PL_EIO, "%s", why);
     fsync_path(dir);
     FILE *fp = fopen(lt, "w");
     if (!fp) return fail_msg(cx, PL_EIO, "cannot create %s: %s (%s is saved but latest still names the previous one)",
@@ -1302,12 +1303,13 @@ static int publish(const char *dir, const char *tmp, const char *final, const ch
     ok = fsync(fileno(fp)) == 0 && ok;
     int e = errno;
     ok = fclose(fp) == 0 && ok;
-    if (!ok || rename(lt, lf) != 0) {
-        if (!e) e = errno;
+    if (!ok) {
         unlink(lt);
         return fail_msg(cx, PL_EIO, "updating %s failed: %s (%s is saved but latest still names the previous one)",
                         lf, strerror(e), final);
     }
+    if (pl_output_replace(lt, lf, "latest", why, sizeof why) != PL_OK)
+        return fail_msg(cx, PL_EIO, "%s (%s is saved but latest still names the previous one)", why, final);
     fsync_path(dir);
     return PL_OK;
 }

@@ -4,6 +4,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,11 @@ static int check_outputs(const run *R, char *err, size_t errlen) {
     if (o->bench && R->wrank == 0 && o->costs_out[0])
         PL_TRY(pl_check_output_file(o->costs_out, "--costs-out", err, errlen));
     if (o->ckpt_dir[0] && !o->bench) PL_TRY(pl_check_output_dir(o->ckpt_dir, "--ckpt-dir", err, errlen));
+    if (R->wrank == 0 && o->ckpt_dir[0] && !o->bench) { /* the pointer each save replaces */
+        char latest[PL_PATH + 16];
+        snprintf(latest, sizeof latest, "%s/latest", o->ckpt_dir);
+        if (access(latest, F_OK) == 0 || errno != ENOENT) PL_TRY(pl_check_output_file(latest, "--ckpt-dir's", err, errlen));
+    }
     return check_outputs_distinct(o, err, errlen);
 }
 /* Rank 0: take the lock of --ckpt-dir before step 1, so that one job at a time writes it

@@ -96,6 +96,12 @@ t train $COMMON --steps 2 --save-final /dev/null --metrics /dev/null --trace /de
 if [ $rc -eq 0 ] && [ -c /dev/null ]; then ok "outputs to /dev/null: accepted, /dev/null still a device"
 else bad "outputs to /dev/null" "rc=$rc $(grep error o.out | head -2)"; fi
 
+mkdir ckf && mkfifo ckf/latest
+t train $COMMON --steps 2 --ckpt-dir ckf; rc=$?
+if [ $rc -eq 1 ] && [ -p ckf/latest ] && grep -q "ckf/latest: is a FIFO" o.out && ! ls ckf/*.h5 > /dev/null 2>&1; then
+    ok "--ckpt-dir whose latest is a FIFO: refused before step 1, the FIFO untouched"
+else bad "--ckpt-dir latest FIFO" "rc=$rc $(grep error o.out | head -2)"; fi
+
 # 2. full filesystems
 mkdir -p small
 if mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then
