@@ -214,7 +214,7 @@ int ckpt_lock_take(const char *dir, char *note, size_t notelen, char *err, size_
         snprintf(err, errlen, "cannot write the lock of checkpoint directory %s (%s): %s", dir, tmp, strerror(errno));
         return PL_EIO;
     }
-    int rc = PL_EINVAL;
+    int rc = PL_EIO; /* a held lock is a failure (exit 1), not a bad setting */
     for (int attempt = 0; attempt < 5; attempt++) {
         if (link(tmp, lock) == 0) { rc = PL_OK; break; }
         if (errno != EEXIST) {
@@ -234,7 +234,7 @@ int ckpt_lock_take(const char *dir, char *note, size_t notelen, char *err, size_
             snprintf(note, notelen, "took over the stale lock %s of host %s, pid %ld, job %s, started %s: %s", lock,
                      li.host, li.pid, li.job, li.started, why);
     }
-    if (rc == PL_EINVAL && !err[0]) snprintf(err, errlen, "checkpoint directory %s: the lock %s keeps changing "
+    if (rc == PL_EIO && !err[0]) snprintf(err, errlen, "checkpoint directory %s: the lock %s keeps changing "
                                               "(other jobs are starting in it)", dir, lock);
     unlink(tmp);
     if (rc == PL_OK) snprintf(held_lock, sizeof held_lock, "%s", lock);

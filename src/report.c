@@ -109,15 +109,16 @@ static int first_nonfinite_tensor(const stage *st, int grads) {
     }
     return -1;
 }
-/* "stage S (rank W)", or with replicas "stage S of replica D (rank W)": the one way messages
- * name a world rank's place, so --dp runs never mix stage and rank numbers. */
+/* "stage S (rank W)", with replicas "stage S of replica D (rank W)", with chunks "rank W (its
+ * V chunks)": the one way messages name a world rank's place, so --dp runs never mix stage and
+ * rank numbers. */
 static void place_name(const run *R, int wrank, char *buf, size_t len) {
     int prank = wrank / R->D, d = wrank % R->D;
-    char st[64];
-    if (R->V > 1) snprintf(st, sizeof st, "pipeline rank %d (its %d chunks)", prank, R->V);
-    else snprintf(st, sizeof st, "stage %d", prank);
-    if (R->D > 1) snprintf(buf, len, "%s of replica %d (rank %d)", st, d, wrank);
-    else snprintf(buf, len, "%s (rank %d)", st, wrank);
+    if (R->V > 1 && R->D > 1)
+        snprintf(buf, len, "pipeline rank %d (its %d chunks) of replica %d (rank %d)", prank, R->V, d, wrank);
+    else if (R->V > 1) snprintf(buf, len, "rank %d (its %d chunks)", wrank, R->V);
+    else if (R->D > 1) snprintf(buf, len, "stage %d of replica %d (rank %d)", prank, d, wrank);
+    else snprintf(buf, len, "stage %d (rank %d)", prank, wrank);
 }
 /* Why a weight is not finite: written there by --fail-at nan, present since the weights were
  * loaded or initialised (no update has run yet), or made by an update (an overflow). */
