@@ -3,7 +3,7 @@
  *
  * One JSON object per line, flushed as it is written so a crashed or preempted run keeps
  * every line it reached. Events: "run" (first), "step", "val", "timers", "end" (last); the
- * required keys are listed in shared/notes/formats.md §3. A closed or never-opened metrics
+ * required keys are listed in docs/formats.md §6. A closed or never-opened metrics
  * object ignores writes, so callers need not check which rank they are on.
  *
  * The file is a diagnostic: a write that fails (a full disk, a quota) never stops training.
