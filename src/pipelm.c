@@ -35,7 +35,8 @@ static void usage(FILE *out) {
 /* Exit statuses and stop signals, shared by train and bench help. */
 static void exit_help(FILE *out) {
     fprintf(out, "\nstopping: the first SIGTERM, SIGINT or SIGUSR1 (to one rank or all) finishes the step,\n"
-                 "saves a checkpoint with --ckpt-dir and exits 75; a second SIGTERM/SIGINT ends at once.\n"
+                 "saves a checkpoint with --ckpt-dir and exits 75 (one that arrives before step 1 ends the run\n"
+                 "there, nothing trained or saved, also 75); a second SIGTERM/SIGINT ends at once.\n"
                  "A rank that waits longer than --watchdog seconds for a peer names what it waits for\n"
                  "and aborts the job.\n\n"
                  "exit status:\n"
