@@ -1,10 +1,11 @@
 #!/bin/bash
 # jobs/setup.sh — install what is missing (Debian 12, as root), bootstrap, configure and build
 # pipelm in ./build. With --test, also run the whole test suite (make check) and print the
-# per-test summaries, then the sanitizer stage (the same make check in ./build-asan, configured
-# --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
-# FUZZ_SECONDS, default 60, in ./build-fuzz). PIPELM_CI_STAGES picks stages (default
-# "tests sanitizers fuzz"). Exits non-zero if any stage fails; prints each stage's time.
+# per-test summaries. With --test --full (what .ci/run does), then also the sanitizer stage (the
+# same make check in ./build-asan, configured --enable-sanitizers) and the fuzz stage
+# (tests/fuzz/run.sh: every fuzz target for FUZZ_SECONDS, default 60, in ./build-fuzz).
+# PIPELM_CI_STAGES picks stages (default "tests", or "tests sanitizers fuzz" with --full).
+# Exits non-zero if any stage fails; prints each stage's time.
 # PIPELM_BUILD names the build directory instead of build (then BUILD-asan and BUILD-fuzz).
 # Safe to run again: installed packages and a configured build are reused.
 set -euo pipefail
@@ -66,7 +67,9 @@ counts() {
 
 if [ "${1:-}" = "--test" ]; then
     status=0
-    stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz}
+    full=0
+    [ "${2:-}" = "--full" ] && full=1
+    if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz}; else stages=${PIPELM_CI_STAGES:-tests}; fi
     times=""
     top=$(dirname "$(pwd)") # we are in $build/
     asan=$top/$build-asan

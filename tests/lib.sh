@@ -24,6 +24,27 @@ mpirun_t() {
 # losses FILE: the step losses of a metrics file, one per line, exactly as written.
 losses() { grep '"event":"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 
+# expect NAME STATUS PATTERN CMD...: CMD exits with STATUS and its output (stdout and stderr)
+# holds PATTERN.
+expect() {
+    local name=$1 want=$2 pat=$3
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -q -- "$pat"; then ok "$name"
+    else bad "$name" "exit $rc (want $want), output: $(printf '%s' "$out" | head -c 400)"; fi
+}
+
+# descendants PID: every process below PID (mpiexec -> hydra proxy -> ranks)
+descendants() {
+    local c
+    for c in $(pgrep -P "$1"); do
+        echo "$c"
+        descendants "$c"
+    done
+}
+
 # finish: print the plain summary line and exit with the right status.
 finish() {
     echo "$PASS passed, $FAIL failed"

@@ -19,14 +19,6 @@ C="--preset tiny --batch 4 --seq-len 16 --microbatches 2 --eval-every 0 --progre
 unset SLURM_JOB_ID SLURM_RESTART_COUNT
 HOST=$(hostname | tr -c 'A-Za-z0-9._\n-' '_')
 
-# descendants PID: every process below PID (mpiexec -> hydra proxy -> ranks)
-descendants() {
-    local c
-    for c in $(pgrep -P "$1"); do
-        echo "$c"
-        descendants "$c"
-    done
-}
 # ranks_of PID: the pipelm ranks below the mpiexec PID
 ranks_of() { for p in $(descendants "$1"); do [ "$(cat /proc/$p/comm 2>/dev/null)" = pipelm ] && echo $p; done; }
 # lock_file DIR HOST PID JOB RESTART: write a lock by hand

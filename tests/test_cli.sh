@@ -5,16 +5,6 @@
 cd "$WORK"
 run() { timeout -k 5 60 "$PIPELM" "$@"; }
 
-# expect NAME STATUS PATTERN CMD...: exit status and a line matching PATTERN in the output
-expect() {
-    local name=$1 want=$2 pat=$3
-    shift 3
-    local out rc
-    out=$("$@" 2>&1)
-    rc=$?
-    if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -q -- "$pat"; then ok "$name"
-    else bad "$name" "exit $rc (want $want), output: $(printf '%s' "$out" | head -c 300)"; fi
-}
 
 expect "--version" 0 "^pipelm [0-9]" run --version
 expect "--help lists commands" 0 "train" run --help

@@ -7,16 +7,6 @@ cd "$WORK"
 run() { timeout -k 5 60 "$PIPELM" "$@"; }
 T="--steps 1 --log-every 100 --val-batches 1 --eval-every 0"
 
-# expect NAME STATUS PATTERN CMD...: exit status and a line matching PATTERN in the output
-expect() {
-    local name=$1 want=$2 pat=$3
-    shift 3
-    local out rc
-    out=$("$@" 2>&1)
-    rc=$?
-    if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -q -- "$pat"; then ok "$name"
-    else bad "$name" "exit $rc (want $want), output: $(printf '%s' "$out" | head -c 400)"; fi
-}
 
 # ---- item 3: settings a checkpoint would refuse are refused at start-up ----
 L="--preset llama-tiny --n-layer 2 --batch 4 --seq-len 16 $T"

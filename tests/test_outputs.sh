@@ -189,8 +189,9 @@ if [ -n "$p" ]; then
     kill -TERM "$p"
     wait $job
     rc=$?
-    if [ $rc -eq 75 ] && grep -q "received SIGTERM" o.out; then
-        ok "SIGTERM as soon as a rank's handler is in place: clean stop, rc 75 ($(grep -o 'received SIGTERM[^(]*' o.out | head -1))"
+    if [ $rc -eq 75 ] && grep -q "received SIGTERM before step 1: stopping without training" o.out &&
+        grep -q '"event":"end".*"preempted":true' early.jsonl; then
+        ok "SIGTERM as soon as a rank's handler is in place (before MPI_Init): stopped before step 1, rc 75"
     else bad "early SIGTERM" "rc=$rc $(grep -E 'error|received|signal' o.out | head -3)"; fi
 else
     bad "early SIGTERM" "no rank showed a SIGTERM handler"

@@ -44,14 +44,6 @@ rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "n_embd.*64.*32\|n-embd.*64.*32\|n_embd.*32.*64" bad.out; then
     ok "config mismatch refused: $(grep -m1 error bad.out | cut -c1-150)"; else bad "config mismatch" "rc=$rc $(head -c 300 bad.out)"; fi
 
-# descendants PID: every process below PID (mpiexec -> hydra proxy -> ranks)
-descendants() {
-    local c
-    for c in $(pgrep -P "$1"); do
-        echo "$c"
-        descendants "$c"
-    done
-}
 
 # preemption: a signal mid-run -> the step finishes, every rank saves, exit 75; resume completes.
 # SIGUSR1 goes to one rank only (the others learn of it in the step's allreduce), SIGTERM to all.
