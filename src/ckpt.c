@@ -213,7 +213,7 @@ uint32_t ckpt_crc_floats(const float *p, size_t n) {
 
 /* Every tensor of the whole model in schema order (wte, wpe, h.0/ln1_w ... h.L-1/fcproj_b,
  * lnf_w, lnf_b) with its shape: the sequence of datasets every rank walks in step. */
-int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g) {
+int ckpt_global_tensors(const model_config *c, ckpt_gtensor *g) {
     int n = 0, C = c->C;
     if (c->arch == MODEL_LLAMA) { /* the model's own table of the whole model: its order is the schema's */
         param_tensor *t = calloc((size_t)model_max_tensors(c, c->L), sizeof *t);
@@ -670,7 +670,7 @@ static const char *const llama_int_attr[6] = {"n_kv_head", "ffn_hidden", "multip
 static const char *const llama_f64_attr[3] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
 
 /* meta_all's Llama fields from a config (c->arch == MODEL_LLAMA). */
-static void llama_meta(const gpt2_config *c, meta_all *a) {
+static void llama_meta(const model_config *c, meta_all *a) {
     long long li[6] = {c->NKV, c->H, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor};
     double lf[3] = {c->ffn_mult, c->norm_eps, c->rope_theta};
     memcpy(a->lcfg, li, sizeof li);
@@ -725,7 +725,7 @@ static uint32_t meta_crc(const meta_all *a) {
 
 /* The root, /config, /optim and /train attributes (identical on every rank), and the root
  * meta_crc32c over all of them. */
-static int write_attrs(hid_t f, const gpt2_config *c, const ckpt_meta *m, const char *created, h5ctx *cx) {
+static int write_attrs(hid_t f, const model_config *c, const ckpt_meta *m, const char *created, h5ctx *cx) {
     int rc = PL_OK;
     hid_t g = -1;
     meta_all all;
@@ -910,7 +910,7 @@ done:
 /* Bytes a checkpoint of model c takes on disk, generously: the tensors (parameters and both
  * moments) plus 2 KiB of HDF5 metadata per dataset (about 0.5 KiB are used: a contiguous
  * dataset has no chunk index) and 1 MiB. */
-static double space_needed(const gpt2_config *c, int ntensors) {
+static double space_needed(const model_config *c, int ntensors) {
     return 3.0 * 4.0 * (double)model_num_params(c) + 3.0 * ntensors * 2048.0 + 1048576.0;
 }
 
@@ -922,7 +922,7 @@ static int space_check_off(void) {
 }
 
 /* Rank 0, before creating the file: refuse early if the file system clearly lacks room. */
-static int check_space(const char *path, const gpt2_config *c, int ntensors, h5ctx *cx) {
+static int check_space(const char *path, const model_config *c, int ntensors, h5ctx *cx) {
     if (space_check_off()) return PL_OK;
     char dir[4400];
     snprintf(dir, sizeof dir, "%s", path);
@@ -942,7 +942,7 @@ static int check_space(const char *path, const gpt2_config *c, int ntensors, h5c
  * disk filling up during the save fails here, before any collective write. A write failing
  * on one rank in the middle of HDF5's collective calls leaves the other ranks waiting in the
  * next one (a hang), so this matters. File systems without fallocate skip it. */
-static int reserve_space(const char *path, const gpt2_config *c, int ntensors, h5ctx *cx) {
+static int reserve_space(const char *path, const model_config *c, int ntensors, h5ctx *cx) {
     if (space_check_off()) return PL_OK;
     int fd = open(path, O_WRONLY);
     if (fd < 0) return fail_msg(cx, PL_EIO, "cannot open %s to reserve space: %s", path, strerror(errno));
@@ -1661,7 +1661,7 @@ static int validate_meta(const meta_all *a, const long long *tr, h5ctx *cx) {
     /* the training settings: the one validation the command line uses too (config.c) */
     cfg_train t = {m->lr, m->min_lr, m->grad_clip, m->beta1, m->beta2, m->eps, m->weight_decay, m->lr_schedule,
                    tr[1], tr[2], tr[3], tr[4], tr[5], a->has_branch ? tr[7] : -1, norun};
-    gpt2_config bounds; /* what config_check_train reads of the model: V and maxT, 1..INT_MAX here */
+    model_config bounds; /* what config_check_train reads of the model: V and maxT, 1..INT_MAX here */
     memset(&bounds, 0, sizeof bounds);
     bounds.V = (int)a->cfg[0];
     bounds.maxT = (int)a->cfg[2];
@@ -1732,7 +1732,7 @@ static int read_meta_llama(hid_t g, meta_all *a, h5ctx *cx) {
 
 /* /config: 64-bit, range-checked by gpt2_config_make before anything narrows them; the
  * model it describes goes to *cfg. */
-static int read_meta_config(hid_t f, meta_all *a, gpt2_config *cfg, h5ctx *cx) {
+static int read_meta_config(hid_t f, meta_all *a, model_config *cfg, h5ctx *cx) {
     static const char *const cn[6] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd"};
     int rc = PL_OK;
     hid_t g = -1;
@@ -1895,13 +1895,13 @@ done:
 /* Check the root attributes (format, version), read /config and the metadata, check every
  * value's type and range, and verify meta_crc32c where the file has one. Every rank makes
  * the same HDF5 calls in the same order: root, /config, /optim, /train, meta_crc32c. */
-int ckpt_read_meta(hid_t f, gpt2_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
+int ckpt_read_meta(hid_t f, model_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) {
     int rc = PL_OK;
     meta_all a;
     memset(&a, 0, sizeof a);
     ckpt_meta *m = &a.m;
     long long tr[8] = {0}; /* /train step, warmup_steps, total_steps, batch, seq_len, microbatches, nstages, markov_branch */
-    gpt2_config cfg;
+    model_config cfg;
     PL_TRY(read_meta_root(f, &a, cx));
     if ((rc = read_meta_config(f, &a, &cfg, cx)) || (rc = read_meta_optim(f, &a, cx)) ||
         (rc = read_meta_train(f, &a, tr, cx)) || (rc = validate_meta(&a, tr, cx)))
@@ -1922,7 +1922,7 @@ done:
 }
 
 /* The /config of the file must equal the run's model; name the first difference. */
-static int check_config(const gpt2_config *f, const gpt2_config *r, h5ctx *cx) {
+static int check_config(const model_config *f, const model_config *r, h5ctx *cx) {
     if (f->arch != r->arch)
         return fail_msg(cx, PL_EINVAL, "arch is %s in the file but %s in this run", model_arch_name(f->arch),
                         model_arch_name(r->arch));
@@ -2088,7 +2088,7 @@ int ckpt_load(const char *path, stage *st, optim *opt, ckpt_meta *meta, MPI_Comm
 
     rc = ckpt_h5_open(path, 0, comm, &f, cx);
     if ((rc = agree(comm, rc, err, errlen)) != PL_OK) goto out;
-    gpt2_config fc;
+    model_config fc;
     ckpt_meta m;
     rc = ckpt_read_meta(f, &fc, &m, cx);
     if (rc == PL_OK) rc = check_config(&fc, &st->cfg, cx);
@@ -2138,7 +2138,7 @@ out:
 }
 
 /* One process: a checkpoint's config and metadata, without its tensors. */
-int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen) {
+int ckpt_read_info(const char *path, model_config *cfg, ckpt_meta *meta, char *err, size_t errlen) {
     ckpt_h5_quiet();
     h5ctx cxs = {path, "", err, errlen, pl_rank < 0 ? 0 : pl_rank};
     err[0] = 0;

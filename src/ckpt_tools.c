@@ -64,7 +64,7 @@ static optim_hparams default_hparams(const pl_options *o) {
 
 /* The whole model on one CPU stage, with its optimizer (zero moments): what convert reads
  * into and writes from. On failure nothing is left allocated. */
-static int tool_stage(const gpt2_config *cfg, stage *st, optim *opt, char *err, size_t errlen) {
+static int tool_stage(const model_config *cfg, stage *st, optim *opt, char *err, size_t errlen) {
     pl_options o;
     config_defaults(&o);
     optim_hparams h = default_hparams(&o);
@@ -77,7 +77,7 @@ static int tool_stage(const gpt2_config *cfg, stage *st, optim *opt, char *err, 
 
 /* llm.c model file -> checkpoint at step 0 with zero moments and the default AdamW settings. */
 static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errlen) {
-    gpt2_config cfg;
+    model_config cfg;
     int version;
     PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
     stage st;
@@ -117,7 +117,7 @@ static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errle
 /* Checkpoint -> llm.c fp32 (version 3) model file; every checksum is verified on the way (the
  * moments too: they are read into an optimizer, then dropped). */
 static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errlen) {
-    gpt2_config cfg;
+    model_config cfg;
     PL_TRY(ckpt_read_info(in, &cfg, NULL, err, errlen));
     stage st;
     optim opt;
@@ -412,7 +412,7 @@ done:
 /* The names of every dataset a checkpoint of model cfg must hold ("/model/...", then
  * "/optim/m/...", "/optim/v/..."), in schema order: the rows of the table that must be
  * there, and the sort order of the rest. Out of memory, *nexp stays 0: nothing expected. */
-static void schema_datasets(const gpt2_config *cfg, char (**expect)[64], const char ***order, int *nexp) {
+static void schema_datasets(const model_config *cfg, char (**expect)[64], const char ***order, int *nexp) {
     int n = model_num_tensors(cfg);
     ckpt_gtensor *gt = calloc((size_t)n, sizeof *gt);
     *expect = calloc(3 * (size_t)n, sizeof **expect);
@@ -436,7 +436,7 @@ static void schema_datasets(const gpt2_config *cfg, char (**expect)[64], const c
 static int inspect_meta(hid_t f, const char *path, char *e2, size_t e2len, char (**expect)[64], const char ***order,
                         int *nexp) {
     FILE *out = pl_out ? pl_out : stdout;
-    gpt2_config cfg;
+    model_config cfg;
     ckpt_meta meta;
     h5ctx cq = {path, "", e2, e2len, 0};
     int meta_ok = ckpt_read_meta(f, &cfg, &meta, &cq) == PL_OK;

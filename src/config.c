@@ -712,7 +712,7 @@ int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t 
                      err, errlen);
 }
 
-int config_check_model(const gpt2_config *c, cfg_naming naming, char *err, size_t errlen) {
+int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
     if (c->arch != MODEL_LLAMA) return PL_OK;
     cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor, c->ffn_mult,
                    c->norm_eps, c->rope_theta};
@@ -745,7 +745,7 @@ static int check_optim_numbers(const cfg_train *t, cfg_naming nm, char *err, siz
     return range_dbl(&N_WD, nm, t->weight_decay, t->weight_decay >= 0, ">= 0 and finite", err, errlen);
 }
 
-int config_check_train(const cfg_train *t, const gpt2_config *model, cfg_naming nm, char *err, size_t errlen) {
+int config_check_train(const cfg_train *t, const model_config *model, cfg_naming nm, char *err, size_t errlen) {
     PL_TRY(check_optim_numbers(t, nm, err, errlen));
     if (strcmp(t->lr_schedule, "cosine") != 0 && strcmp(t->lr_schedule, "constant") != 0) {
         if (nm == CFG_NAME_ATTR)
@@ -795,7 +795,7 @@ int config_vocab(const pl_options *o) {
     return dv && !o->set_vocab ? dv : o->vocab_size;
 }
 
-int config_model(const pl_options *o, int V, gpt2_config *cfg, char *err, size_t errlen) {
+int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
     if (strcmp(o->arch, "llama") != 0)
         return gpt2_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen);
     /* wide first: a value the float would turn into inf or 0 is named as it was given */
@@ -813,7 +813,7 @@ int config_model(const pl_options *o, int V, gpt2_config *cfg, char *err, size_t
 static int validate_model_and_train(const pl_options *o, char *err, size_t errlen) {
     cfg_train t;
     config_train_of(o, &t);
-    gpt2_config c;
+    model_config c;
     if (!o->init[0]) PL_TRY(config_model(o, config_vocab(o), &c, err, errlen));
     return config_check_train(&t, o->init[0] ? NULL : &c, CFG_NAME_OPTION, err, errlen);
 }

@@ -27,10 +27,10 @@ static const int gpt2_order[] = {P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P
 static const int llama_order[] = {P_WTE, P_ATTNORMW, P_QKVW, P_ATTPROJW, P_MLPNORMW, P_FCW, P_FC2W, P_FCPROJW,
                                   P_LNFW, P_LMHEAD};
 
-size_t llmc_header_bytes(const gpt2_config *c) { return c->arch == MODEL_LLAMA ? LLAMA_HEADER_BYTES : HEADER_BYTES; }
+size_t llmc_header_bytes(const model_config *c) { return c->arch == MODEL_LLAMA ? LLAMA_HEADER_BYTES : HEADER_BYTES; }
 
 /* Floats of one layer's slice of a Llama kind in the file (wte and lm_head unpadded: V rows). */
-static size_t llama_kind_numel(const gpt2_config *c, int kind) {
+static size_t llama_kind_numel(const model_config *c, int kind) {
     size_t C = c->C, H = c->H, QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
     switch (kind) {
     case P_WTE: case P_LMHEAD: return (size_t)c->V * C;
@@ -42,7 +42,7 @@ static size_t llama_kind_numel(const gpt2_config *c, int kind) {
 }
 
 /* Floats of one layer's slice of a kind (or of the whole tensor for non-block kinds). */
-static size_t kind_numel(const gpt2_config *c, int kind) {
+static size_t kind_numel(const model_config *c, int kind) {
     size_t C = c->C;
     if (c->arch == MODEL_LLAMA) return llama_kind_numel(c, kind);
     switch (kind) {
@@ -62,7 +62,7 @@ static int is_block_kind(int kind) {
 }
 
 /* In file order: the kinds before `kind`, all layers each, then `layer` slices of it. */
-size_t llmc_tensor_offset(const gpt2_config *c, int kind, int layer, size_t *numel) {
+size_t llmc_tensor_offset(const model_config *c, int kind, int layer, size_t *numel) {
     size_t off = 0; /* in elements after the header */
     const int *order = c->arch == MODEL_LLAMA ? llama_order : gpt2_order;
     int n = c->arch == MODEL_LLAMA ? (int)(sizeof llama_order / sizeof *llama_order) : P_NKINDS_GPT2;
@@ -74,7 +74,7 @@ size_t llmc_tensor_offset(const gpt2_config *c, int kind, int layer, size_t *num
 }
 
 /* Elements of the whole file after the header. */
-static size_t file_elems(const gpt2_config *c) {
+static size_t file_elems(const model_config *c) {
     int last = c->arch == MODEL_LLAMA ? P_LMHEAD : P_LNFB;
     return llmc_tensor_offset(c, last, -1, NULL) + kind_numel(c, last);
 }
@@ -83,7 +83,7 @@ static size_t file_elems(const gpt2_config *c) {
  * settings go through the one validation the command line and checkpoints use (config.c), so
  * a model --init accepts trains into checkpoints that resume. A bad header is a bad file:
  * PL_EIO. */
-static int llama_header(const char *path, const int32_t *h, const float *f, gpt2_config *cfg, char *err,
+static int llama_header(const char *path, const int32_t *h, const float *f, model_config *cfg, char *err,
                         size_t errlen) {
     char e2[512];
     cfg_llama l = {h[5], h[6], h[8], h[9], h[10], h[11], f[0], f[1], f[2]};
@@ -100,7 +100,7 @@ static int llama_header(const char *path, const int32_t *h, const float *f, gpt2
     return PL_OK;
 }
 
-int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen) {
+int llmc_read_config(const char *path, model_config *cfg, int *version, char *err, size_t errlen) {
     int fd;
     size_t fsize = 0;
     PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, &fsize, err, errlen));
@@ -203,10 +203,10 @@ static int load_tensor(int fd, const char *path, const param_tensor *t, int vers
 /* Each tensor is read straight into a host view of the stage's parameters (map for writing:
  * the buffer itself on a host-memory backend; unmap copies a staged view into the backend). */
 int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
-    gpt2_config fc;
+    model_config fc;
     int version;
     PL_TRY(llmc_read_config(path, &fc, &version, err, errlen));
-    const gpt2_config *c = &st->cfg;
+    const model_config *c = &st->cfg;
     const backend *be = st->be;
     if (fc.arch != c->arch) {
         snprintf(err, errlen, "model file %s: a %s model, but this run trains %s", path, model_arch_name(fc.arch),
@@ -263,7 +263,7 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
  * of the backend buffer (map for reading). The last stage skips wte unless it is also the
  * first (the first stage's copy is the one written). */
 static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
-    const gpt2_config *c = &st->cfg;
+    const model_config *c = &st->cfg;
     const backend *be = st->be;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
@@ -301,7 +301,7 @@ int llmc_save(const char *path_in, stage *st, int grads, MPI_Comm comm) {
     char tmp[4300];
     char err[512] = "";
     int rc = PL_OK;
-    const gpt2_config *c = &st->cfg;
+    const model_config *c = &st->cfg;
     /* one temporary name for all ranks, unique to this job (rank 0's pid); the target is
      * checked first: only a regular file (or nothing) is ever replaced */
     long id = (long)getpid();

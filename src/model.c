@@ -34,7 +34,7 @@ const char *const param_kind_name[P_NKINDS] = {
 #define GPT2_MAX_TENSOR 2147483647LL       /* floats in one tensor (MPI counts are int) */
 #define GPT2_MAX_PARAMS (1LL << 40)        /* floats in the whole model (16 TiB with AdamW) */
 
-int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen) {
+int gpt2_config_make(model_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen) {
     if (V < 2 || maxT < 1 || L < 1 || NH < 1 || C < 1) {
         snprintf(err, errlen, "model dimensions must be positive (vocab-size=%d max-seq-len=%d "
                  "n-layer=%d n-head=%d n-embd=%d; vocab-size at least 2)", V, maxT, L, NH, C);
@@ -83,20 +83,20 @@ int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, ch
 }
 
 /* N = Vp C + maxT C + L (12 C^2 + 13 C) + 2 C, the llm.c count (wte once, padded). */
-size_t gpt2_num_params(const gpt2_config *c) {
+size_t gpt2_num_params(const model_config *c) {
     size_t C = c->C;
     return (size_t)c->Vp * C + (size_t)c->maxT * C + (size_t)c->L * (12 * C * C + 13 * C) + 2 * C;
 }
 
 /* Forward FLOPs per token of one block: 2*12C^2 in matmuls + 2*2*T*C in attention (full T,
  * as the kernels compute it). */
-double gpt2_block_flops(const gpt2_config *c, int T) {
+double gpt2_block_flops(const model_config *c, int T) {
     double C = c->C;
     return 24.0 * C * C + 4.0 * T * C;
 }
 
 /* Forward FLOPs per token of the LM head (2 Vp C) plus softmax (~5V). */
-double gpt2_head_flops(const gpt2_config *c) {
+double gpt2_head_flops(const model_config *c) {
     return 2.0 * c->Vp * c->C + 5.0 * c->V;
 }
 
@@ -118,7 +118,7 @@ void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int laye
 }
 
 /* [wte wpe] (first), blocks l0..l1-1, [lnf_w lnf_b wte] (last; one wte when both). */
-int gpt2_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int gpt2_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                 size_t *total) {
     int C = c->C, n = 0;
     size_t off = 0;
@@ -149,7 +149,7 @@ int gpt2_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_hea
     return n;
 }
 
-void gpt2_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host) {
+void gpt2_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
     float resid_std = 0.02f / sqrtf(2.0f * c->L);
     /* one stream per (kind, layer): independent of which stage holds the tensor */
     rng_state r;
@@ -223,73 +223,73 @@ int gpt2_block_backward_weight(const backend *be, const block_dims *d, block_par
 const char *model_arch_name(int arch) { return arch == MODEL_LLAMA ? "llama" : "gpt2"; }
 
 /* 16 + 12 per block (GPT-2) covers Llama's 3 + 7 per block too. */
-int model_max_tensors(const gpt2_config *c, int nb) {
+int model_max_tensors(const model_config *c, int nb) {
     (void)c;
     return 16 + 12 * nb;
 }
 
-int model_num_tensors(const gpt2_config *c) {
+int model_num_tensors(const model_config *c) {
     return c->arch == MODEL_LLAMA ? 3 + 7 * c->L : 4 + 12 * c->L;
 }
 
-int model_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                  size_t *total) {
     if (c->arch == MODEL_LLAMA) return llama_layout(c, l0, l1, has_embed, has_head, out, total);
     return gpt2_layout(c, l0, l1, has_embed, has_head, out, total);
 }
 
-void model_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host) {
+void model_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
     if (c->arch == MODEL_LLAMA) llama_init_tensor(c, t, seed, host);
     else gpt2_init_tensor(c, t, seed, host);
 }
 
 /* Llama block: norms 2C, qkv QKV C, attproj C^2, MLP 3 H C. */
-size_t model_block_params(const gpt2_config *c) {
+size_t model_block_params(const model_config *c) {
     size_t C = c->C;
     if (c->arch != MODEL_LLAMA) return 12 * C * C + 13 * C;
     size_t HS = C / c->NH, QKV = (size_t)(c->NH + 2 * c->NKV) * HS;
     return 2 * C + QKV * C + C * C + 3 * (size_t)c->H * C;
 }
 
-size_t model_embed_params(const gpt2_config *c) {
+size_t model_embed_params(const model_config *c) {
     size_t n = (size_t)c->Vp * c->C;
     return c->arch == MODEL_LLAMA ? n : n + (size_t)c->maxT * c->C;
 }
 
 /* GPT-2: lnf w and b, plus the tied head's copy of wte unless the stage holds the embedding;
  * Llama: the final norm and lm_head. */
-size_t model_head_params(const gpt2_config *c, int has_embed) {
+size_t model_head_params(const model_config *c, int has_embed) {
     size_t C = c->C, head = (size_t)c->Vp * C;
     if (c->arch == MODEL_LLAMA) return C + head;
     return 2 * C + (has_embed ? 0 : head);
 }
 
 /* The whole model, each tensor once (GPT-2's tied wte once), padded vocabulary included. */
-size_t model_num_params(const gpt2_config *c) {
+size_t model_num_params(const model_config *c) {
     if (c->arch != MODEL_LLAMA) return gpt2_num_params(c);
     return model_embed_params(c) + (size_t)c->L * model_block_params(c) + model_head_params(c, 1);
 }
 
 /* 2 FLOPs per weight of the block's matmuls, plus attention's two products over the full T
  * (NH heads of HS = C channels in total, as the kernels compute it). */
-double model_block_flops(const gpt2_config *c, int T) {
+double model_block_flops(const model_config *c, int T) {
     if (c->arch != MODEL_LLAMA) return gpt2_block_flops(c, T);
     double C = c->C, HS = C / c->NH, QKV = (c->NH + 2.0 * c->NKV) * HS;
     return 2.0 * (QKV * C + C * C + 3.0 * c->H * C) + 4.0 * T * C;
 }
 
-double model_head_flops(const gpt2_config *c) { return gpt2_head_flops(c); }
+double model_head_flops(const model_config *c) { return gpt2_head_flops(c); }
 
 /* Per token: GPT-2 16 C + 4 (stage_act_bytes_per_slot's count); Llama ln1, atty, res2, ln2,
  * res3 (5 C), qkv (QKV), 3 H (up, gate, product) and 2 rstd. */
-size_t model_block_act_floats_per_token(const gpt2_config *c) {
+size_t model_block_act_floats_per_token(const model_config *c) {
     size_t C = c->C;
     if (c->arch != MODEL_LLAMA) return 16 * C + 4;
     size_t QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
     return 5 * C + QKV + 3 * (size_t)c->H + 2;
 }
 
-double model_train_flops_per_token(const gpt2_config *c, int T) {
+double model_train_flops_per_token(const model_config *c, int T) {
     double att = 6.0 * c->L * c->C * T;
     if (c->arch != MODEL_LLAMA) return 6.0 * gpt2_num_params(c) + att;
     return 6.0 * (double)(model_num_params(c) - (size_t)c->Vp * c->C) + att;

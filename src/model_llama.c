@@ -38,7 +38,7 @@ int llama_hidden_size(int C, float ffn_mult, int multiple_of) {
     return h > 0x7fffffffLL ? 0x7fffffff : (int)h;
 }
 
-int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
+int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
                       float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
                       char *err, size_t errlen) {
     if (V < 2 || maxT < 1 || L < 1 || NH < 1 || C < 1) {
@@ -110,7 +110,7 @@ int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV,
 }
 
 /* [wte] (first), blocks l0..l1-1 in llm.c's order, [lnf_w lm_head] (last). */
-int llama_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int llama_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                  size_t *total) {
     int C = c->C, H = c->H, QKV = (c->NH + 2 * c->NKV) * (C / c->NH), n = 0;
     size_t off = 0;
@@ -134,7 +134,7 @@ int llama_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_he
 
 /* N(0, 0.02) matrices, residual projections (attproj, fcproj) scaled by 1/sqrt(2L), norm
  * weights 1, padded vocabulary rows 0; one stream per (kind, layer), as for GPT-2. */
-void llama_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host) {
+void llama_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
     if (t->kind == P_ATTNORMW || t->kind == P_MLPNORMW || t->kind == P_LNFW) {
         for (size_t k = 0; k < t->numel; k++) host[k] = 1.0f;
         return;
@@ -160,7 +160,7 @@ static double scaled_freq(double f) {
 }
 
 /* cos and sin of t * theta^(-2i/HS) (scaled if asked), for t < T and i < HS/2. */
-void llama_rope_tables(const gpt2_config *c, int T, float *fcos, float *fsin) {
+void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     int HS = c->C / c->NH, half = HS / 2;
     for (int i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->rope_theta, (double)(2 * i) / HS);

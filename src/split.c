@@ -11,23 +11,23 @@
 #include "pipelm/split.h"
 
 /* Embedding lookup: a gather and an add per channel, counted as 2C "flops" of work. */
-static double embed_flops(const gpt2_config *c) { return 2.0 * c->C; }
+static double embed_flops(const model_config *c) { return 2.0 * c->C; }
 
-double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T) {
+double split_stage_flops(const split *sp, const model_config *cfg, int s, int T) {
     double f = sp->blocks[s] * model_block_flops(cfg, T);
     if (s == 0) f += embed_flops(cfg);
     if (s == sp->P - 1) f += model_head_flops(cfg);
     return f;
 }
 
-size_t split_stage_params(const split *sp, const gpt2_config *c, int s) {
+size_t split_stage_params(const split *sp, const model_config *c, int s) {
     size_t n = (size_t)sp->blocks[s] * model_block_params(c);
     if (s == 0) n += model_embed_params(c);
     if (s == sp->P - 1) n += model_head_params(c, s == 0);
     return n;
 }
 
-size_t split_stage_act_bytes(const split *sp, const gpt2_config *c, int s, int Bm, int T) {
+size_t split_stage_act_bytes(const split *sp, const model_config *c, int s, int Bm, int T) {
     size_t N = (size_t)Bm * T, C = c->C;
     size_t per_block = N * model_block_act_floats_per_token(c) + (size_t)Bm * c->NH * T * T;
     size_t n = N * C + (size_t)sp->blocks[s] * per_block;
@@ -47,7 +47,7 @@ long long split_exact_limit = 4000000;
 /* What a stage's cost depends on: the model, the pipeline, and a scratch split whose
  * blocks[stage] is set to the count being costed (split_stage_* read only that entry). */
 typedef struct {
-    const gpt2_config *cfg;
+    const model_config *cfg;
     int M, Bm, T;
     split one;
 } cost_ctx;
@@ -157,7 +157,7 @@ static double split_dp(split *sp, cost_ctx *x, int use_mem, double flop_cap) {
 
 /* Balance compute first; among the splits whose largest stage is that cheap, take the one
  * with the smallest largest memory footprint (the first stage holds the most micro-batches). */
-static int split_auto(split *sp, const gpt2_config *cfg, int M, int Bm, int T) {
+static int split_auto(split *sp, const model_config *cfg, int M, int Bm, int T) {
     cost_ctx x = {cfg, M, Bm, T, {sp->P, NULL, NULL}};
     x.one.blocks = calloc((size_t)sp->P, sizeof(int));
     if (!x.one.blocks) return PL_ENOMEM;
@@ -171,7 +171,7 @@ static int split_auto(split *sp, const gpt2_config *cfg, int M, int Bm, int T) {
     return rc;
 }
 
-int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
+int split_make(split *sp, const char *spec, const model_config *cfg, int P, int M, int Bm, int T, char *err,
                size_t errlen) {
     memset(sp, 0, sizeof *sp);
     int L = cfg->L;
@@ -267,7 +267,7 @@ static void water_fill(int *n, const double *extra, int count, int left, double 
  * minimise the busiest rank (the steady state of an interleaved schedule runs at the pace of
  * the busiest rank, not of the busiest stage), then each rank's total is spread over its
  * chunks to even out its stages (the warm-up and cool-down). A middle stage holds >= 1 block. */
-static int split_auto_chunks(split *sp, const gpt2_config *cfg, int P, int V, int T) {
+static int split_auto_chunks(split *sp, const model_config *cfg, int P, int V, int T) {
     int S = P * V, L = cfg->L, rc = PL_OK;
     int *nr = calloc((size_t)P, sizeof(int)), *nc = calloc((size_t)V, sizeof(int));
     double *er = calloc((size_t)P, sizeof(double)), *ec = calloc((size_t)V, sizeof(double));
@@ -299,7 +299,7 @@ static int split_auto_chunks(split *sp, const gpt2_config *cfg, int P, int V, in
     return rc;
 }
 
-int split_make_chunks(split *sp, const char *spec, const gpt2_config *cfg, int P, int V, int M, int Bm, int T,
+int split_make_chunks(split *sp, const char *spec, const model_config *cfg, int P, int V, int M, int Bm, int T,
                       char *err, size_t errlen) {
     if (V <= 1 || strcmp(spec, "auto") != 0) return split_make(sp, spec, cfg, P * (V > 1 ? V : 1), M, Bm, T, err, errlen);
     PL_TRY(split_make(sp, "auto", cfg, P * V, M, Bm, T, err, errlen)); /* the checks, and the buffers */

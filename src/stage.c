@@ -72,10 +72,10 @@ static void *balloc(stage *st, size_t bytes, int *rc) {
 }
 
 /* Widths of a block's fused qkv and MLP hidden layer: 3C and 4C for GPT-2. */
-static size_t qkv_width(const gpt2_config *c) {
+static size_t qkv_width(const model_config *c) {
     return c->arch == MODEL_LLAMA ? (size_t)(c->NH + 2 * c->NKV) * (c->C / c->NH) : 3 * (size_t)c->C;
 }
-static size_t hidden_width(const gpt2_config *c) { return c->arch == MODEL_LLAMA ? (size_t)c->H : 4 * (size_t)c->C; }
+static size_t hidden_width(const model_config *c) { return c->arch == MODEL_LLAMA ? (size_t)c->H : 4 * (size_t)c->C; }
 
 /* One block's activations (res3 too unless skip_res3); GPT-2 per token 16 C + 4 floats,
  * Llama 5 C + QKV + 3 H + 2; plus the B NH T T probabilities. */
@@ -178,7 +178,7 @@ static void free_slot(stage *st, act_slot *s) {
 }
 
 /* Refuse a micro-batch whose buffers would not fit (each fewer than 2^31 elements). */
-static int check_sizes(const gpt2_config *cfg, int has_head, int Bm, int T, char *err, size_t errlen) {
+static int check_sizes(const model_config *cfg, int has_head, int Bm, int T, char *err, size_t errlen) {
     long long N = (long long)Bm * T, W = (long long)(hidden_width(cfg) > qkv_width(cfg) ? hidden_width(cfg)
                                                                                        : qkv_width(cfg));
     const char *what = NULL;
@@ -240,7 +240,7 @@ static int upload_rope(stage *st) {
     return rc;
 }
 
-int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
+int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed, int has_head,
                int Bm, int T, int nslots, const backend *be, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     if (l0 < 0 || l1 < l0 || l1 > cfg->L || T < 1 || T > cfg->maxT || Bm < 1 || nslots < 1) {
@@ -499,7 +499,7 @@ float *stage_output(stage *st, int slot) {
 float *stage_dinput(stage *st) { return st->dres; }
 
 static block_dims dims_of(const stage *st) {
-    const gpt2_config *c = &st->cfg;
+    const model_config *c = &st->cfg;
     block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, (int)hidden_width(c),
                     (int)qkv_width(c), c->norm_eps, st->rope_cos, st->rope_sin, st->blk_scratch};
     return d;
@@ -526,7 +526,7 @@ static int block_backward_weight(const stage *st, const block_dims *d, block_par
  * dL/d(lnf), with the head's wte gradient added to dwte_head. */
 static int head_forward(stage *st, act_slot *s, const float *x, const int *targets, float dloss, double *loss_sum) {
     const backend *be = st->be;
-    const gpt2_config *c = &st->cfg;
+    const model_config *c = &st->cfg;
     int N = st->N, C = c->C, llama = c->arch == MODEL_LLAMA;
     const float *head = llama ? st->lmhead : st->wte; /* Llama's head is its own tensor */
     if (llama) PL_TRY(be->rmsnorm_fwd(s->lnf, s->lnf_rstd, x, st->lnfw, N, C, c->norm_eps));

@@ -60,7 +60,7 @@ static int agree(run *R, int rc, const char *phase) {
 /* --init's model against the model settings given explicitly (o->set_mask: the command line
  * or the config file, never a preset's or the default values): the first that differs is
  * refused, naming it and the file's value. */
-static int init_conflicts(const pl_options *o, const gpt2_config *c, char *err, size_t errlen) {
+static int init_conflicts(const pl_options *o, const model_config *c, char *err, size_t errlen) {
     if ((o->set_mask & CFG_SET_ARCH) && strcmp(o->arch, model_arch_name(c->arch)) != 0) {
         snprintf(err, errlen, "--arch %s conflicts with %.512s, which is a %s model", o->arch, o->init,
                  model_arch_name(c->arch));

@@ -55,8 +55,8 @@ static const char *tpath(const char *name) {
 
 /* The small model of the tests: V=100 (Vp 128), maxT 16, L 3, NH 2, C 16; the driver takes
  * other dimensions from TEST_CKPT_DIMS="V,maxT,L,NH,C". */
-static gpt2_config small_cfg(void) {
-    gpt2_config c;
+static model_config small_cfg(void) {
+    model_config c;
     char err[256];
     int d[5] = {100, 16, 3, 2, 16};
     const char *env = getenv("TEST_CKPT_DIMS");
@@ -185,7 +185,7 @@ static optim_hparams test_hparams(void) {
 }
 
 /* Stage s of a split (blocks per stage) over P stages, on test_be, with its optimizer. */
-static int build_stage(stage *st, optim *opt, const gpt2_config *c, const int *split, int P, int s, char *err,
+static int build_stage(stage *st, optim *opt, const model_config *c, const int *split, int P, int s, char *err,
                        size_t errlen) {
     int l0 = 0;
     for (int i = 0; i < s; i++) l0 += split[i];
@@ -199,7 +199,7 @@ static int build_stage(stage *st, optim *opt, const gpt2_config *c, const int *s
 }
 
 /* The whole model on one stage, with its optimizer. */
-static void whole_stage(stage *st, optim *opt, const gpt2_config *c) {
+static void whole_stage(stage *st, optim *opt, const model_config *c) {
     char err[256];
     int split[1] = {c->L};
     ck_assert_int_eq(build_stage(st, opt, c, split, 1, 0, err, sizeof err), 0);
@@ -271,7 +271,7 @@ static int corrupt_dataset(const char *file, const char *dset) {
 /* Every dataset of a checkpoint (serial HDF5): contiguous, no filter, fp32, and a uint32
  * crc32c attribute equal to the CRC-32C of its bytes. Returns the number checked, -1 on a
  * failure (printed). */
-static int check_crc_attrs(const char *file, const gpt2_config *c) {
+static int check_crc_attrs(const char *file, const model_config *c) {
     ckpt_gtensor *gt = calloc(4 + 12 * (size_t)c->L, sizeof *gt);
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (!gt || f < 0) return -1;
@@ -312,7 +312,7 @@ static int check_crc_attrs(const char *file, const gpt2_config *c) {
 
 /* Save a whole-model checkpoint of fill_state(seed) at `step` into dir (asserting success). */
 static void save_whole(const char *dir, long long step, unsigned long long seed, int keep, char *path, size_t len) {
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -328,7 +328,7 @@ static void save_whole(const char *dir, long long step, unsigned long long seed,
 
 /* Load a checkpoint into a whole-model stage: status, and whether it holds fill_state(seed). */
 static int load_whole(const char *path, unsigned long long seed, int *matches, char *err, size_t errlen) {
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -342,7 +342,7 @@ static int load_whole(const char *path, unsigned long long seed, int *matches, c
 /* Save and load one stage: parameters, both moments and every metadata field come back
  * bit-identical; DIR (with parents) is created, latest names the file, no temp file stays. */
 START_TEST(test_roundtrip) {
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -392,7 +392,7 @@ START_TEST(test_roundtrip) {
     ck_assert(lm.split[0] == 1 && lm.split[1] == 1 && lm.split[2] == 1);
 
     /* read_info gives the same without the tensors */
-    gpt2_config fc;
+    model_config fc;
     ckpt_meta im;
     ck_assert_int_eq(ckpt_read_info(path, &fc, &im, err, sizeof err), 0);
     ck_assert(fc.V == c.V && fc.Vp == c.Vp && fc.L == c.L && fc.C == c.C && fc.NH == c.NH && fc.maxT == c.maxT);
@@ -447,7 +447,7 @@ END_TEST
  * right, a corrupted dataset named); an unknown value is refused, naming it. */
 START_TEST(test_xfer_modes) {
     const char *modes[2] = {"collective", "independent"};
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     for (int k = 0; k < 2; k++) {
         char dir[64], path[1024], err[2048] = "";
         snprintf(dir, sizeof dir, "xfer_%s", modes[k]);
@@ -483,7 +483,7 @@ END_TEST
 START_TEST(test_load_split) {
     char path[1024], err[2048];
     save_whole(tpath("split"), 3, 2, 0, path, sizeof path);
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     int splits[3][3] = {{1, 1, 1}, {0, 3, 0}, {2, 0, 1}};
     int P[3] = {3, 3, 3};
     for (int k = 0; k < 3; k++)
@@ -561,7 +561,7 @@ START_TEST(test_mismatch) {
     const char *want[3] = {"n_embd is 16 in the file but 32 in this run", "n_layer is 3 in the file but 2 in this run",
                            "vocab_size is 100 in the file but 300 in this run"};
     for (int i = 0; i < 3; i++) {
-        gpt2_config c;
+        model_config c;
         gpt2_config_make(&c, dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4], err, sizeof err);
         stage st;
         optim opt;
@@ -652,7 +652,7 @@ static void check_failed_save(const char *mode, const char *dirname, const char 
     char path[1024], err[2048] = "";
     const char *dir = tpath(dirname);
     save_whole(dir, 1, 5, 0, path, sizeof path);
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -695,7 +695,7 @@ START_TEST(test_keep) {
     ck_assert_int_eq(count_named(dir, "ckpt_0"), 2);
     ck_assert(exists(tpath("keep/ckpt_00000003.h5")) && exists(tpath("keep/ckpt_00000004.h5")));
     /* a failed save prunes nothing */
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -757,7 +757,7 @@ END_TEST
 
 /* Write an llm.c fp32 file of fill_state(seed) parameters. */
 static void write_llmc(const char *path, unsigned long long seed) {
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -784,7 +784,7 @@ START_TEST(test_convert_fp32) {
     ck_assert_int_eq(ckpt_convert_main(4, a2, 2), 0);
     ck_assert_msg(same_bytes(in, back), "llm.c -> h5 -> llm.c is not byte-identical");
     /* the checkpoint: step 0, zero moments, the parameters */
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     stage st;
     optim opt;
     whole_stage(&st, &opt, &c);
@@ -855,7 +855,7 @@ START_TEST(test_convert_bf16) {
 END_TEST
 
 /* Save fill_state(seed) of a whole model of config c at `step` into dir; returns the status. */
-static int save_cfg(const gpt2_config *c, const char *dir, long long step, unsigned long long seed, int keep,
+static int save_cfg(const model_config *c, const char *dir, long long step, unsigned long long seed, int keep,
                     char *path, size_t len, char *err, size_t errlen) {
     stage st;
     optim opt;
@@ -874,7 +874,7 @@ static int save_cfg(const gpt2_config *c, const char *dir, long long step, unsig
  * tmpfs holds one checkpoint plus 30% (i < 2) or 70% of another; i odd disables the check. */
 START_TEST(test_enospc) {
     char path[1024], err[2048] = "", err2[2048] = "";
-    gpt2_config c; /* data large against HDF5's metadata, as real models are: ~7 MB a file */
+    model_config c; /* data large against HDF5's metadata, as real models are: ~7 MB a file */
     gpt2_config_make(&c, 256, 64, 2, 2, 128, err, sizeof err);
     char probe[64];
     snprintf(probe, sizeof probe, "size_probe%d", _i);
@@ -927,7 +927,7 @@ END_TEST
  * optimizer of another stage is refused by a save and a load. */
 START_TEST(test_no_optim) {
     char path[1024], err[2048] = "";
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     save_whole(tpath("noopt"), 4, 50, 0, path, sizeof path);
     stage st;
     optim opt;
@@ -1055,7 +1055,7 @@ static void staging_setup(void) {
  * are byte-identical and load back, and a failed map there is reported too. */
 START_TEST(test_staging_backend) {
     char path[1024], path2[1024], err[2048] = "";
-    gpt2_config c = small_cfg();
+    model_config c = small_cfg();
     int split[1] = {c.L};
     staging_setup();
     test_be = &staging_be;
@@ -1214,7 +1214,7 @@ static int drive(int argc, char **argv) {
     }
     if (strcmp(cmd, "mkllmc") == 0 && argc == 4) {
         if (rank != 0) return 0;
-        gpt2_config c = small_cfg();
+        model_config c = small_cfg();
         stage st;
         optim opt;
         int s1[1] = {c.L};
@@ -1231,7 +1231,7 @@ static int drive(int argc, char **argv) {
             if (rank == 0) fprintf(stderr, "%s: split %s has %d stages but the job has %d ranks\n", cmd, argv[save ? 4 : 3], P, size);
             return 2;
         }
-        gpt2_config c = small_cfg();
+        model_config c = small_cfg();
         stage st;
         optim opt;
         if (build_stage(&st, &opt, &c, split, P, rank, err, sizeof err)) {
@@ -1264,7 +1264,7 @@ static int drive(int argc, char **argv) {
         return rc ? 1 : 0;
     }
     if (strcmp(cmd, "bench") == 0 && argc == 5) {
-        gpt2_config c;
+        model_config c;
         const char *p = argv[3];
         int rc = strcmp(p, "gpt2") == 0       ? gpt2_config_make(&c, 50257, 1024, 12, 12, 768, err, sizeof err)
                  : strcmp(p, "tutorial") == 0 ? gpt2_config_make(&c, 10000, 128, 8, 8, 512, err, sizeof err)

@@ -67,7 +67,7 @@ static double model_loss(stage *st, const int *tok, const int *tgt) {
  * with h = 1e-2 on float32 (the numeric estimate's noise is ~1e-4 here); a gradient off by
  * 10% on any checked element fails. */
 START_TEST(test_model_gradcheck) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[256];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
     stage st;
@@ -230,7 +230,7 @@ END_TEST
 
 /* llm.c model file: save (collective on one rank), read back, and refuse broken files. */
 START_TEST(test_model_file) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[512];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
     stage a, b;
@@ -252,7 +252,7 @@ START_TEST(test_model_file) {
     fclose(f);
     write_bytes(tpath("mt.bin"), buf, size - 4);
     int v;
-    gpt2_config c2;
+    model_config c2;
     ck_assert_int_ne(llmc_read_config(tpath("mt.bin"), &c2, &v, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "bytes"));
     ((int32_t *)buf)[0] = 1;
@@ -261,7 +261,7 @@ START_TEST(test_model_file) {
     ck_assert_ptr_nonnull(strstr(err, "bad magic"));
     free(buf);
     /* a config mismatch names the setting and both values */
-    gpt2_config other;
+    model_config other;
     stage c;
     ck_assert_int_eq(gpt2_config_make(&other, 37, 9, 2, 3, 15, err, sizeof err), 0);
     ck_assert_int_eq(stage_init(&c, &other, 0, 2, 1, 1, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
@@ -315,7 +315,7 @@ END_TEST
 
 /* Automatic splits cover every block once; explicit specs are checked. */
 START_TEST(test_split) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[512];
     gpt2_config_make(&cfg, 50257, 1024, 12, 12, 768, err, sizeof err);
     for (int P = 1; P <= 8; P++) {
@@ -348,7 +348,7 @@ END_TEST
 
 /* The busiest rank's forward FLOPs per token of a split over P ranks x V chunks (stage s on
  * rank s mod P). */
-static double busiest_rank(const split *sp, const gpt2_config *c, int P) {
+static double busiest_rank(const split *sp, const model_config *c, int P) {
     double worst = 0;
     for (int r = 0; r < P; r++) {
         double load = 0;
@@ -359,7 +359,7 @@ static double busiest_rank(const split *sp, const gpt2_config *c, int P) {
 }
 
 /* Every split of the blocks over the stages (middle ones >= 1): the least busiest-rank load. */
-static double best_by_search(split *sp, const gpt2_config *c, int P, int s, int left) {
+static double best_by_search(split *sp, const model_config *c, int P, int s, int left) {
     if (s == sp->P - 1) {
         sp->blocks[s] = left;
         return busiest_rank(sp, c, P);
@@ -377,11 +377,11 @@ static double best_by_search(split *sp, const gpt2_config *c, int P, int s, int 
  * finds, and within 1.5 blocks of the ideal per rank on GPT-2 124M. */
 START_TEST(test_split_chunks) {
     char err[512];
-    gpt2_config cfgs[2];
+    model_config cfgs[2];
     gpt2_config_make(&cfgs[0], 10000, 128, 8, 8, 512, err, sizeof err);    /* the tutorial preset */
     gpt2_config_make(&cfgs[1], 50257, 1024, 12, 12, 768, err, sizeof err); /* GPT-2 124M */
     for (int k = 0; k < 2; k++) {
-        const gpt2_config *c = &cfgs[k];
+        const model_config *c = &cfgs[k];
         for (int P = 2; P <= 4; P++)
             for (int V = 2; V <= 3; V++) {
                 if (P * V - 2 > c->L) continue;
@@ -606,7 +606,7 @@ START_TEST(test_file_checks) {
     EXPECT_REFUSED(data_open(&d, spec, 256, 4, 1, 0, err, sizeof err), err, "FIFO");
     EXPECT_REFUSED(data_open(&d, "text:/dev/zero", 256, 4, 1, 0, err, sizeof err), err, "/dev/zero", "device");
     int v;
-    gpt2_config c;
+    model_config c;
     EXPECT_REFUSED(llmc_read_config(fifo, &c, &v, err, sizeof err), err, "model file", "FIFO");
 }
 END_TEST
@@ -642,7 +642,7 @@ END_TEST
 /* Absurd dimensions are refused by name, sizes never overflow, --split parses strictly, and
  * the split search is fast for deep models and agrees with the exhaustive one. */
 START_TEST(test_dims_and_split) {
-    gpt2_config c;
+    model_config c;
     char err[1024];
     EXPECT_REFUSED(gpt2_config_make(&c, 256, 64, 1000000000, 4, 64, err, sizeof err), err, "n-layer=1000000000", "at most");
     EXPECT_REFUSED(gpt2_config_make(&c, 2147483647, 64, 4, 4, 64, err, sizeof err), err, "vocab-size=2147483647");
@@ -677,7 +677,7 @@ START_TEST(test_dims_and_split) {
         for (int ci = 0; ci < 3; ci++)
             for (int P = 1; P <= 8 && P <= Ls[li] + 2; P++)
                 for (int M = 1; M <= 8; M *= 8) {
-                    gpt2_config g;
+                    model_config g;
                     ck_assert_int_eq(gpt2_config_make(&g, 50257, 1024, Ls[li], 1, Cs[ci], err, sizeof err), 0);
                     split a, b;
                     split_exact_limit = 1LL << 62;
@@ -692,7 +692,7 @@ START_TEST(test_dims_and_split) {
                 }
     split_exact_limit = saved;
     /* deep and narrow: n-layer 10000 over 64 stages in well under a second or two */
-    gpt2_config deep;
+    model_config deep;
     ck_assert_int_eq(gpt2_config_make(&deep, 256, 64, 10000, 1, 8, err, sizeof err), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -710,7 +710,7 @@ END_TEST
 
 /* A model file whose weights hold a NaN or an Inf is refused at load, naming the tensor. */
 START_TEST(test_model_file_nonfinite) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[1024];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
     stage a;
@@ -755,7 +755,7 @@ static void forward_two(stage *st, const int *tok, const int *tgt, int N) {
  * (as a zero-bubble schedule defers them) give the same bits as two plain backwards, for the
  * gradients and for dL/d(input); without deferred buffers the second input part is refused. */
 START_TEST(test_split_backward) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[256];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 3, 3, 12, err, sizeof err), 0);
     int B = 2, T = 7, N = B * T, tok[28], tgt[28];
@@ -835,7 +835,7 @@ END_TEST
 /* A backend allocation that fails (injected) stops stage_init with the backend's message and
  * nothing leaked (the sanitizer run checks the second half). */
 START_TEST(test_stage_alloc_failure) {
-    gpt2_config cfg;
+    model_config cfg;
     char err[512];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
     for (long k = 1; k <= 40; k += 13) {

@@ -87,7 +87,7 @@ int ckpt_save_file(const char *path, stage *st, optim *opt, const ckpt_meta *met
 /* One process, no MPI: read a checkpoint's model config (/config) and metadata (/train,
  * /optim, root step) without its tensors. cfg or meta may be NULL. Lets a run resumed from
  * a checkpoint take the model dimensions and the saved split from the file. */
-int ckpt_read_info(const char *path, gpt2_config *cfg, ckpt_meta *meta, char *err, size_t errlen);
+int ckpt_read_info(const char *path, model_config *cfg, ckpt_meta *meta, char *err, size_t errlen);
 
 /* One process (rank 0 of a training run, before step 1): take the lock DIR/.lock of a
  * checkpoint directory (created if need be), so that one job at a time writes it
@@ -150,9 +150,9 @@ typedef struct {
     char path[48];
 } ckpt_gtensor;
 /* The 4 + 12 L tensors of the whole model in schema order; returns the count. */
-int ckpt_global_tensors(const gpt2_config *c, ckpt_gtensor *g);
+int ckpt_global_tensors(const model_config *c, ckpt_gtensor *g);
 /* Read and check the root attributes; fill cfg (/config) and meta (/train, /optim) if not NULL. */
-int ckpt_read_meta(hid_t file, gpt2_config *cfg, ckpt_meta *meta, h5ctx *cx);
+int ckpt_read_meta(hid_t file, model_config *cfg, ckpt_meta *meta, h5ctx *cx);
 /* Collective: write a checkpoint file at exactly `path` (no temp name, no rename); messages
  * name `label` (the final name of a temporary file), or path if label is NULL. opt as for
  * ckpt_save (required). */

@@ -100,19 +100,19 @@ typedef struct {
 int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t errlen);
 /* The same for a model built already (nothing to check for GPT-2, whose dimensions
  * gpt2_config_make bounds). */
-int config_check_model(const gpt2_config *c, cfg_naming naming, char *err, size_t errlen);
+int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen);
 /* The one validation of the training settings a checkpoint records: lr, min-lr, grad-clip,
  * weight-decay >= 0, beta1 and beta2 in [0, 1), eps > 0 (all finite), the lr schedule,
  * warm-up and total steps 0..INT_MAX, batch >= 1, seq-len 1..the model's max-seq-len,
  * micro-batches 1..batch dividing it, markov-branch 1..vocab-size. model NULL: the model is not
  * known yet (--init), its bounds are checked later. */
-int config_check_train(const cfg_train *t, const gpt2_config *model, cfg_naming naming, char *err, size_t errlen);
+int config_check_train(const cfg_train *t, const model_config *model, cfg_naming naming, char *err, size_t errlen);
 /* The training settings of the options, as the checkpoint will record them. */
 void config_train_of(const pl_options *o, cfg_train *t);
 /* The vocabulary a run without --init trains: --vocab-size, or the data's own (text: 256). */
 int config_vocab(const pl_options *o);
 /* The model the options describe (no --init), vocabulary V; messages name the options. */
-int config_model(const pl_options *o, int V, gpt2_config *cfg, char *err, size_t errlen);
+int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen);
 
 /* Fill defaults (preset "tiny"). */
 void config_defaults(pl_options *o);

@@ -23,10 +23,10 @@
 #define LLMC_LLAMA_MAGIC 20240803 /* llm.c's Llama 3 files (docs/formats.md): 2048-byte header */
 
 /* Bytes before the first tensor: 1024 (GPT-2) or 2048 (Llama 3). */
-size_t llmc_header_bytes(const gpt2_config *c);
+size_t llmc_header_bytes(const model_config *c);
 
 /* Read the header: config and version (3 fp32, 5 bf16). */
-int llmc_read_config(const char *path, gpt2_config *cfg, int *version, char *err, size_t errlen);
+int llmc_read_config(const char *path, model_config *cfg, int *version, char *err, size_t errlen);
 /* Load the tensors this stage owns from the file (fp32 or bf16), each into a host view of
  * the stage's parameters (backend map/unmap). The file's config must equal the stage's (err
  * names the first setting that differs, with both values); a backend failure is reported
@@ -39,6 +39,6 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen);
 int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm);
 /* Byte offset, in a version-3 file, of the slice of tensor kind `kind` for layer `layer`
  * (-1 for non-block kinds), and its size in floats. */
-size_t llmc_tensor_offset(const gpt2_config *cfg, int kind, int layer, size_t *numel);
+size_t llmc_tensor_offset(const model_config *cfg, int kind, int layer, size_t *numel);
 
 #endif

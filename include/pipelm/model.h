@@ -16,11 +16,11 @@
 #include <stddef.h>
 #include "pipelm/backend.h"
 
-/* The architectures (gpt2_config.arch). */
+/* The architectures (model_config.arch). */
 enum { MODEL_GPT2 = 0, MODEL_LLAMA = 1 };
 
-/* Model dimensions. Vp = V rounded up to a multiple of 128. The name stays gpt2_config for
- * both architectures; for GPT-2 NKV = NH, H = 4 C and the Llama fields are 0. */
+/* Model dimensions, one struct for every architecture. Vp = V rounded up to a multiple of 128;
+ * for GPT-2 NKV = NH, H = 4 C and the Llama fields are 0. */
 typedef struct {
     int V, Vp, maxT, L, NH, C;
     int arch;              /* MODEL_GPT2 | MODEL_LLAMA */
@@ -32,7 +32,7 @@ typedef struct {
     float ffn_mult;        /* ffn_dim_multiplier; <= 0: none */
     float norm_eps;        /* RMSNorm epsilon */
     float rope_theta;      /* rotary base */
-} gpt2_config;
+} model_config;
 
 /* Tensor kinds: GPT-2's 16 in llm.c file order, then Llama's own. A Llama model uses wte,
  * qkv_w, attproj_w, fc_w (the MLP's "up" input, llm.c c_fc), fcproj_w and lnf_w (the final
@@ -104,49 +104,49 @@ typedef struct {
 } block_dims;
 
 /* Fill cfg from dimensions; computes Vp. Returns 0 or PL_EINVAL with a message in err. */
-int gpt2_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen);
+int gpt2_config_make(model_config *cfg, int V, int maxT, int L, int NH, int C, char *err, size_t errlen);
 /* Parameter count of the whole model (wte once), as llm.c counts it. */
-size_t gpt2_num_params(const gpt2_config *cfg);
+size_t gpt2_num_params(const model_config *cfg);
 /* Forward FLOPs of each part for one token at sequence length T (block, embedding, head). */
-double gpt2_block_flops(const gpt2_config *cfg, int T);
-double gpt2_head_flops(const gpt2_config *cfg);
+double gpt2_block_flops(const model_config *cfg, int T);
+double gpt2_head_flops(const model_config *cfg);
 
 /* Lay out the tensors of blocks [l0, l1) plus the embeddings (has_embed) and the final norm
  * and the tied head copy of wte (has_head) into out (capacity 16 + 12 (l1 - l0)); returns
  * the count, and the total floats (each tensor 64-byte aligned) in *total. */
-int gpt2_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int gpt2_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                 size_t *total);
 /* Initial values of one tensor (GPT-2's: N(0, 0.02), residual projections scaled by
  * 1/sqrt(2L), LayerNorm weight 1, biases 0, padded vocabulary rows 0), from a stream seeded
  * by (seed, kind, layer) so the values do not depend on the split. host holds t->numel. */
-void gpt2_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host);
+void gpt2_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host);
 
 /* ---- both architectures (dispatch on cfg->arch) ---- */
 /* Tensors of a stage holding nb blocks, at most (the table's capacity). */
-int model_max_tensors(const gpt2_config *c, int nb);
+int model_max_tensors(const model_config *c, int nb);
 /* Tensors of the whole model (one wte) in schema order: GPT-2 4 + 12 L, Llama 3 + 7 L. */
-int model_num_tensors(const gpt2_config *c);
+int model_num_tensors(const model_config *c);
 /* The stage's tensor table (gpt2_layout or llama_layout). */
-int model_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                  size_t *total);
 /* Initial value of a tensor (gpt2_init_tensor or llama_init_tensor). */
-void model_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host);
+void model_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host);
 /* Parameter count of the whole model, forward FLOPs per token of a block and of the head,
  * parameters of one block and of the embedding / head parts. */
-size_t model_num_params(const gpt2_config *c);
-double model_block_flops(const gpt2_config *c, int T);
-double model_head_flops(const gpt2_config *c);
-size_t model_block_params(const gpt2_config *c);
-size_t model_embed_params(const gpt2_config *c);
-size_t model_head_params(const gpt2_config *c, int has_embed); /* final norm (+ head unless tied and held) */
+size_t model_num_params(const model_config *c);
+double model_block_flops(const model_config *c, int T);
+double model_head_flops(const model_config *c);
+size_t model_block_params(const model_config *c);
+size_t model_embed_params(const model_config *c);
+size_t model_head_params(const model_config *c, int has_embed); /* final norm (+ head unless tied and held) */
 /* Floats of activations one block keeps per micro-batch (everything, attention probabilities
  * excluded), and of its output gradients, per token. */
-size_t model_block_act_floats_per_token(const gpt2_config *c);
+size_t model_block_act_floats_per_token(const model_config *c);
 const char *model_arch_name(int arch);
 /* Training FLOPs per token (forward + backward), as the benchmark's MFU counts them: 6 per
  * weight that multiplies (GPT-2: every parameter, as llm.c counts; Llama: wte is a lookup
  * and left out) plus 6 L C T for attention. */
-double model_train_flops_per_token(const gpt2_config *c, int T);
+double model_train_flops_per_token(const model_config *c, int T);
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);
 
@@ -159,16 +159,16 @@ typedef enum { CFG_NAME_OPTION, CFG_NAME_ATTR, CFG_NAME_HEADER } cfg_naming;
 /* Fill cfg for Llama (version 3.1): the MLP hidden size from ffn_mult and multiple_of as
  * llm.c's train_llama3.py computes it. Refuses C % NH, an odd head size, sizes too large, and
  * whatever config_check_llama refuses (its messages named by `naming`). */
-int llama_config_make(gpt2_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
+int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
                       float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
                       char *err, size_t errlen);
 /* MLP hidden size: int(2 * 4C / 3), times ffn_mult (if > 0), rounded up to multiple_of. */
 int llama_hidden_size(int C, float ffn_mult, int multiple_of);
-int llama_layout(const gpt2_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+int llama_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                  size_t *total);
-void llama_init_tensor(const gpt2_config *c, const param_tensor *t, unsigned long long seed, float *host);
+void llama_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host);
 /* The RoPE tables for positions 0..T-1 (host, T x HS/2 each), computed in double. */
-void llama_rope_tables(const gpt2_config *c, int T, float *fcos, float *fsin);
+void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin);
 int llama_block_forward(const backend *be, const block_dims *d, const block_params *p, block_acts *a,
                         const float *x);
 int llama_block_backward_input(const backend *be, const block_dims *d, const block_params *p,

@@ -34,7 +34,7 @@ typedef struct {
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;
-    gpt2_config cfg;
+    model_config cfg;
     split sp;
     sched sc;
     stage st;                   /* the rank's parameters: its one stage, or (V > 1) the holder of its chunks */

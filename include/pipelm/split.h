@@ -25,20 +25,20 @@ typedef struct {
  * O(P L log L) search that gives the same split; tests set it to compare the two. */
 extern long long split_exact_limit;
 /* Parse or compute a split of cfg's L blocks over P stages, for M micro-batches of Bm x T. */
-int split_make(split *sp, const char *spec, const gpt2_config *cfg, int P, int M, int Bm, int T, char *err,
+int split_make(split *sp, const char *spec, const model_config *cfg, int P, int M, int Bm, int T, char *err,
                size_t errlen);
 /* The same over P ranks x V chunks (P V stages, stage s on rank s mod P): an explicit spec
  * gives P V counts; "auto" (V > 1) balances the ranks' loads (each the sum of its chunks),
  * then each rank's stages; V = 1 is split_make. */
-int split_make_chunks(split *sp, const char *spec, const gpt2_config *cfg, int P, int V, int M, int Bm, int T,
+int split_make_chunks(split *sp, const char *spec, const model_config *cfg, int P, int V, int M, int Bm, int T,
                       char *err, size_t errlen);
 void split_free(split *sp);
 /* Estimated forward FLOPs per token of stage s. */
-double split_stage_flops(const split *sp, const gpt2_config *cfg, int s, int T);
+double split_stage_flops(const split *sp, const model_config *cfg, int s, int T);
 /* Parameters held by stage s (the tied wte counted on both first and last stage). */
-size_t split_stage_params(const split *sp, const gpt2_config *cfg, int s);
+size_t split_stage_params(const split *sp, const model_config *cfg, int s);
 /* Estimated activation bytes of one micro-batch slot of Bm x T on stage s. */
-size_t split_stage_act_bytes(const split *sp, const gpt2_config *cfg, int s, int Bm, int T);
+size_t split_stage_act_bytes(const split *sp, const model_config *cfg, int s, int Bm, int T);
 /* "[3,3,2]" for metrics. */
 void split_write_json(const split *sp, FILE *out);
 

@@ -43,7 +43,7 @@ typedef struct {
 } act_slot;
 
 typedef struct stage {
-    gpt2_config cfg;
+    model_config cfg;
     int l0, l1, nb;              /* blocks [l0, l1), nb = l1 - l0 */
     int has_embed, has_head;
     int Bm, T, N;                /* micro-batch sequences, sequence length, N = Bm*T */
@@ -99,7 +99,7 @@ enum { STAGE_RECOMPUTE_NONE = 0, STAGE_RECOMPUTE_SELECTIVE = 1, STAGE_RECOMPUTE_
 /* Build a stage and allocate its parameters, gradients and nslots activation slots for
  * micro-batches of Bm sequences of length T. Every backend failure comes back with the
  * backend's message in err. */
-int stage_init(stage *st, const gpt2_config *cfg, int l0, int l1, int has_embed, int has_head,
+int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed, int has_head,
                int Bm, int T, int nslots, const backend *be, char *err, size_t errlen);
 /* Virtual stages: one rank runs V chunks (stages of non-adjacent layer ranges, in ascending
  * order; chunk 0 may hold the embeddings, chunk V-1 the head). Gather their parameters and

@@ -227,7 +227,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (gid[k] >= 0) H5Oclose(gid[k]);
     H5Fclose(f);
 
-    gpt2_config cfg;
+    model_config cfg;
     static ckpt_meta meta;
     char err[2048];
     int which = fuzz_u8(&in) % 3; /* both, config only, meta only */

@@ -46,12 +46,12 @@ static void take_dbl(fuzz_in *in, double *v) {
 }
 
 /* The loader's checks on what a checkpoint of this run records (see ckpt.c read_meta_*). */
-static void check_as_loader(const pl_options *o, const gpt2_config *c) {
+static void check_as_loader(const pl_options *o, const model_config *c) {
     char err[1024];
     if (c->arch == MODEL_LLAMA) {
         cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor,
                        (double)c->ffn_mult, (double)c->norm_eps, (double)c->rope_theta};
-        gpt2_config back;
+        model_config back;
         if (config_check_llama(&l, CFG_NAME_ATTR, err, sizeof err) != 0 ||
             llama_config_make(&back, c->V, c->maxT, c->L, c->NH, c->NKV, c->C, c->multiple_of, (float)l.ffn_mult,
                               (float)l.norm_eps, (float)l.rope_theta, c->use_scaled_rope, CFG_NAME_ATTR, err,
@@ -69,7 +69,7 @@ static void check_as_loader(const pl_options *o, const gpt2_config *c) {
 }
 
 /* The llm.c header of c (as llmc_save writes it) read back by llmc_read_config. */
-static void check_header(const gpt2_config *c) {
+static void check_header(const model_config *c) {
     if (model_num_params(c) > (1ull << 30)) return; /* the file's hole stays small enough for tmpfs metadata */
     int32_t h[256] = {0};
     float hf[256] = {0};
@@ -92,7 +92,7 @@ static void check_header(const gpt2_config *c) {
         perror(path);
         abort();
     }
-    gpt2_config back;
+    model_config back;
     int version = 0;
     char err[1024];
     int rc = llmc_read_config(path, &back, &version, err, sizeof err);
@@ -120,7 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) take_dbl(&in, dbls[i]);
     if (fuzz_u8(&in) & 1) o.set_vocab = 1;
     if (config_validate(&o, err, sizeof err) != 0) return 0;
-    gpt2_config c;
+    model_config c;
     if (config_model(&o, config_vocab(&o), &c, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_config: config_validate accepted a model config_model refuses: %s\n", err);
         abort();

@@ -11,7 +11,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_path("model.bin");
     fuzz_write_file(path, data, size);
-    gpt2_config cfg;
+    model_config cfg;
     int version = 0;
     char err[512];
     if (llmc_read_config(path, &cfg, &version, err, sizeof err) == 0 && gpt2_num_params(&cfg) < (1u << 20)) {
