@@ -1,15 +1,18 @@
 /*
  * backend.c — the backend registry: which backends this binary holds, looked up by name,
- * plus the precision names and the test-only allocation fault injection every backend's
- * alloc consults. The backends themselves live in backend_<name>.c and know nothing of
- * each other.
+ * each completed once with the host defaults (backend.h); the backends' declared options
+ * (--backend-opt) and their environment aliases; the precision names; and the test-only
+ * allocation fault injection every backend's alloc consults. The backends themselves live in
+ * backend_<name>.c; a host-memory one may leave ops to the CPU backend, and knows no other.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/backend.h"
+#include "pipelm/common.h"
 
 #ifdef HAVE_ONEDNN
 extern const backend backend_onednn;
@@ -19,7 +22,7 @@ extern const backend backend_cuda;
 #endif
 
 /* NULL-terminated table of the backends built into this binary, the reference first. */
-static const backend *const backends[] = {
+static const backend *const built[] = {
     &backend_cpu,
 #ifdef HAVE_ONEDNN
     &backend_onednn,
@@ -29,21 +32,84 @@ static const backend *const backends[] = {
 #endif
     NULL,
 };
+#define NBUILT (sizeof built / sizeof built[0] - 1)
+
+/* The registered backends (NULL-terminated): a complete table as built, else its completed
+ * copy in filled[]; refusal: the last table refused, and why. */
+static const backend *registry[NBUILT + 1];
+static backend filled[NBUILT];
+static char refusal[256];
+static int registered;
+
+/* backend_complete, counting the ops it filled in *nfilled. */
+static int complete(backend *b, int *nfilled, char *err, size_t errlen) {
+    *nfilled = 0;
+    if (!b->name || !b->init || !b->finalize || !b->error || !b->describe || !b->set_threads || !b->get_threads) {
+        snprintf(err, errlen, "backend %s: the table lacks a name, init, finalize, error, describe or thread call",
+                 b->name ? b->name : "(unnamed)");
+        return PL_EINVAL;
+    }
+#define FILL_OP(op)                                                                                           \
+    if (!b->op) {                                                                                             \
+        if (!b->host_memory) {                                                                                \
+            snprintf(err, errlen, "backend %s: op %s not provided (a device backend provides every op; only " \
+                     "host-memory backends take the CPU backend's)", b->name, #op);                           \
+            return PL_EINVAL;                                                                                 \
+        }                                                                                                     \
+        b->op = backend_cpu.op;                                                                               \
+        ++*nfilled;                                                                                           \
+    }
+#define PL_MEM_OP(ret, name, params, args, cls) FILL_OP(name)
+#define PL_COMPUTE_OP(ret, name, params, args, cls) FILL_OP(name)
+#include "pipelm/backend_ops.h"
+#undef FILL_OP
+    return PL_OK;
+}
+
+int backend_complete(backend *b, char *err, size_t errlen) {
+    int n;
+    return complete(b, &n, err, errlen);
+}
+
+/* Once, on first use: complete every built table; a refused one is left out. */
+static void register_all(void) {
+    if (registered) return;
+    registered = 1;
+    int n = 0;
+    for (size_t i = 0; i < NBUILT; i++) {
+        int nfilled = 0;
+        char err[200];
+        filled[i] = *built[i];
+        if (complete(&filled[i], &nfilled, err, sizeof err) != PL_OK) {
+            snprintf(refusal, sizeof refusal, "%s", err);
+            continue;
+        }
+        registry[n++] = nfilled ? &filled[i] : built[i];
+    }
+    registry[n] = NULL;
+}
+
+const char *backend_refusal(void) {
+    register_all();
+    return refusal;
+}
 
 /* Linear search: there are at most a handful. */
 const backend *backend_find(const char *name) {
-    for (int i = 0; backends[i]; i++)
-        if (strcmp(backends[i]->name, name) == 0) return backends[i];
+    register_all();
+    for (int i = 0; registry[i]; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
     return NULL;
 }
 
-/* Built once from the table, for messages and --help. */
+/* Built once from the registry, for messages and --help. */
 const char *backend_list(void) {
     static char list[128];
+    register_all();
     if (!list[0])
-        for (int i = 0; backends[i]; i++) {
+        for (int i = 0; registry[i]; i++) {
             if (i) strncat(list, ",", sizeof list - strlen(list) - 1);
-            strncat(list, backends[i]->name, sizeof list - strlen(list) - 1);
+            strncat(list, registry[i]->name, sizeof list - strlen(list) - 1);
         }
     return list;
 }
@@ -72,4 +138,77 @@ int backend_alloc_should_fail(void) {
     }
     if (fail_countdown == 0) return 0;
     return --fail_countdown == 0;
+}
+
+/* ---- declared options (--backend-opt KEY=VALUE) ---- */
+
+/* The declaration of key in decls, or NULL. */
+static const backend_opt_decl *opt_decl(const backend_opt_decl *decls, const char *key, size_t keylen) {
+    for (const backend_opt_decl *d = decls; d && d->key; d++)
+        if (strlen(d->key) == keylen && strncmp(d->key, key, keylen) == 0) return d;
+    return NULL;
+}
+
+/* value (vlen bytes) is one of d's '|'-separated choices. */
+static int opt_choice_ok(const backend_opt_decl *d, const char *value, size_t vlen) {
+    for (const char *c = d->choices; c && *c;) {
+        size_t k = strcspn(c, "|");
+        if (k == vlen && strncmp(c, value, k) == 0) return 1;
+        c += k + (c[k] == '|');
+    }
+    return !d->choices;
+}
+
+/* "share, sync, tf32" for b's options, or "none". */
+static void opt_keys(const backend *b, char *buf, size_t len) {
+    snprintf(buf, len, "%s", b->opts && b->opts->key ? "" : "none");
+    for (const backend_opt_decl *d = b->opts; d && d->key; d++)
+        snprintf(buf + strlen(buf), len - strlen(buf), "%s%s=%s", d == b->opts ? "" : ", ", d->key,
+                 d->choices ? d->choices : "VALUE");
+}
+
+int backend_opts_check(const backend *b, const char *s, char *err, size_t errlen) {
+    for (const char *p = s ? s : ""; *p;) {
+        size_t n = strcspn(p, ","), k = strcspn(p, "=");
+        if (k > n) k = n;
+        const backend_opt_decl *d = k < n ? opt_decl(b->opts, p, k) : NULL;
+        if (!d || !opt_choice_ok(d, p + k + 1, n - k - 1)) {
+            char keys[256];
+            opt_keys(b, keys, sizeof keys);
+            snprintf(err, errlen, "--backend-opt '%.*s': %s (backend %s takes: %s)", (int)(n < 64 ? n : 64), p,
+                     k == n ? "not KEY=VALUE" : !d ? "unknown key" : "bad value", b->name, keys);
+            return PL_EINVAL;
+        }
+        p += n + (p[n] == ',');
+    }
+    return PL_OK;
+}
+
+const char *backend_opt_get(const backend_opt_decl *decls, const backend_options *o, const char *key, char *buf,
+                            size_t len) {
+    const backend_opt_decl *d = opt_decl(decls, key, strlen(key));
+    const char *found = NULL;
+    size_t flen = 0;
+    for (const char *p = o && o->settings ? o->settings : ""; *p;) {
+        size_t n = strcspn(p, ","), k = strcspn(p, "=");
+        if (k < n && k == strlen(key) && strncmp(p, key, k) == 0) found = p + k + 1, flen = n - k - 1;
+        p += n + (p[n] == ',');
+    }
+    const char *env = d && d->env ? getenv(d->env) : NULL;
+    if (found) snprintf(buf, len, "%.*s", (int)flen, found);
+    else snprintf(buf, len, "%s", env && *env ? env : d && d->def ? d->def : "");
+    return buf;
+}
+
+int backend_opt_flag(const backend_opt_decl *decls, const backend_options *o, const char *key) {
+    char v[16];
+    return strcmp(backend_opt_get(decls, o, key, v, sizeof v), "1") == 0;
+}
+
+void backend_print_opts(FILE *out) {
+    register_all();
+    for (int i = 0; registry[i]; i++)
+        for (const backend_opt_decl *d = registry[i]->opts; d && d->key; d++)
+            fprintf(out, "    %-7s %s=%s  %s (default %s%s%s)\n", registry[i]->name, d->key,
+                    d->choices ? d->choices : "VALUE", d->help, d->def, d->env ? "; alias " : "", d->env ? d->env : "");
 }

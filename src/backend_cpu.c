@@ -18,11 +18,11 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include "pipelm/backend.h"
 #include "pipelm/backend_host.h"
+#include "pipelm/backend_math.h"
 #include "pipelm/blas.h"
 #include "pipelm/common.h"
 
@@ -31,48 +31,6 @@ static int cpu_threads = 1;
 
 #define LN_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-
-/* exp(x) for float, vectorisable (no calls, no tables): x = k ln2 + r with |r| <= ln2/2,
- * exp(r) by a degree-6 minimax polynomial (Cephes' coefficients), 2^k built in the exponent
- * bits. Relative error about 2e-7; inputs are clamped to the finite range. */
-static inline float exp_fast(float x) {
-    x = x > 88.3f ? 88.3f : x;
-    x = x < -87.3f ? -87.3f : x;
-    float t = x * 1.44269504088896341f;
-    float fk = (t + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 trick */
-    /* a NaN x (a diverged run) keeps k = 0 so its result stays NaN without the undefined
-     * float-to-int conversion and the shift of a negative (UBSan, test_pipeline.sh NaN) */
-    int k = (int)(fk == fk ? fk : 0.0f);
-    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int bits = (k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* tanh(u) = 1 - 2 / (1 + exp(2u)), through exp_fast (absolute error ~1e-7). */
-static inline float tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + exp_fast(2.0f * u)); }
-
-/* The message of the last failed call, for be->error(). */
-static char cpu_errbuf[256];
-static const char *cpu_error(void) { return cpu_errbuf; }
-
-/* Record a failure and return its code. */
-static int cpu_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int cpu_fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cpu_errbuf, sizeof cpu_errbuf, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static int cpu_set_threads(int n);
 
@@ -96,7 +54,7 @@ static void cpu_describe(char *buf, size_t len) {
 static int cpu_alloc(void **p, size_t bytes) {
     char why[200];
     int rc = host_alloc(p, bytes, why, sizeof why);
-    return rc ? cpu_fail(rc, "%s", why) : 0;
+    return rc ? host_fail(rc, "%s", why) : 0;
 }
 static void cpu_free(void *p) { free(p); }
 static int cpu_copy(void *dst, const void *src, size_t bytes) {
@@ -121,6 +79,8 @@ static int cpu_unmap(void *host, void *p, size_t bytes, int mode) {
     (void)mode;
     return 0;
 }
+/* Every op has finished when it returns: nothing to wait for. */
+static int cpu_synchronize(void) { return 0; }
 
 /* out[i] = wte[tok[i]] + wpe[i % T]. */
 static int cpu_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe,
@@ -335,7 +295,7 @@ static int cpu_sumsq(const float *x, size_t n, double *out) {
     size_t nchunk = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double stackbuf[64];
     double *part = nchunk <= 64 ? stackbuf : malloc(sizeof(double) * nchunk);
-    if (!part) return cpu_fail(PL_ENOMEM, "sum of squares: out of memory for %zu partial sums", nchunk);
+    if (!part) return host_fail(PL_ENOMEM, "sum of squares: out of memory for %zu partial sums", nchunk);
     #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < nchunk; k++) {
         size_t i0 = k * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
@@ -430,13 +390,13 @@ static void rope_rotate(float *out, const float *inp, const float *fcos, const f
 }
 static int cpu_rope_fwd(float *out, const float *inp, const float *fcos, const float *fsin,
                         int N, int T, int NH, int NKV, int HS) {
-    if (HS % 2) return cpu_fail(PL_EBACKEND, "rope_fwd: head size %d is odd", HS);
+    if (HS % 2) return host_fail(PL_EBACKEND, "rope_fwd: head size %d is odd", HS);
     rope_rotate(out, inp, fcos, fsin, N, T, NH, NKV, HS, 1.0f);
     return 0;
 }
 static int cpu_rope_bwd(float *dinp, const float *dout, const float *fcos, const float *fsin,
                         int N, int T, int NH, int NKV, int HS) {
-    if (HS % 2) return cpu_fail(PL_EBACKEND, "rope_bwd: head size %d is odd", HS);
+    if (HS % 2) return host_fail(PL_EBACKEND, "rope_bwd: head size %d is odd", HS);
     rope_rotate(dinp, dout, fcos, fsin, N, T, NH, NKV, HS, -1.0f);
     return 0;
 }
@@ -465,7 +425,7 @@ static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, con
  * the B*NH (b, h) pairs, each pair's products on one thread. */
 static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
     if (NKV < 1 || NH % NKV)
-        return cpu_fail(PL_EBACKEND, "attention_gqa_fwd: %d query heads do not divide into %d kv heads", NH, NKV);
+        return host_fail(PL_EBACKEND, "attention_gqa_fwd: %d query heads do not divide into %d kv heads", NH, NKV);
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
     int changed = blas_threads_outside();
     #pragma omp parallel for schedule(static)
@@ -506,13 +466,13 @@ static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const flo
 static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int NH, int NKV, int HS) {
     if (NKV < 1 || NH % NKV)
-        return cpu_fail(PL_EBACKEND, "attention_gqa_bwd: %d query heads do not divide into %d kv heads", NH, NKV);
+        return host_fail(PL_EBACKEND, "attention_gqa_bwd: %d query heads do not divide into %d kv heads", NH, NKV);
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nt = 1;
 #ifdef _OPENMP
     nt = omp_get_max_threads();
 #endif
     float *datt = malloc(sizeof(float) * (size_t)T * T * nt);
-    if (!datt) return cpu_fail(PL_ENOMEM, "attention_gqa backward: out of memory for %d x %d scratch", nt, T);
+    if (!datt) return host_fail(PL_ENOMEM, "attention_gqa backward: out of memory for %d x %d scratch", nt, T);
     int changed = blas_threads_outside();
     #pragma omp parallel for schedule(static)
     for (int bg = 0; bg < B * NKV; bg++) {
@@ -531,16 +491,6 @@ static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qk
     blas_threads_restore(changed);
     free(datt);
     return 0;
-}
-
-/* GPT-2's causal multi-head attention (qkv (B, T, 3C) = [q | k | v], att (B, NH, T, T), out
- * (B, T, C)): grouped-query attention with one query head per kv head. */
-static int cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    return cpu_attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH);
-}
-static int cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
-                             int B, int T, int C, int NH) {
-    return cpu_attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
 }
 
 /* SwiGLU (Shazeer 2020): out = up * silu(gate), silu(g) = g sigma(g), sigma(g) = 1/(1+exp(-g)). */
@@ -585,7 +535,7 @@ const backend backend_cpu = {
     .host_memory = 1,
     .init = cpu_init,
     .finalize = cpu_finalize,
-    .error = cpu_error,
+    .error = host_error, /* shared with onednn, which takes ops from here */
     .describe = cpu_describe,
     .set_threads = cpu_set_threads,
     .get_threads = cpu_get_threads,
@@ -597,6 +547,7 @@ const backend backend_cpu = {
     .zero = cpu_zero,
     .map = cpu_map,
     .unmap = cpu_unmap,
+    .synchronize = cpu_synchronize,
     .encoder_fwd = cpu_encoder_fwd,
     .encoder_bwd = cpu_encoder_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,
@@ -605,8 +556,6 @@ const backend backend_cpu = {
     .matmul_fwd = cpu_matmul_fwd,
     .matmul_bwd_input = cpu_matmul_bwd_input,
     .matmul_bwd_weight = cpu_matmul_bwd_weight,
-    .attention_fwd = cpu_attention_fwd,
-    .attention_bwd = cpu_attention_bwd,
     .gelu_fwd = cpu_gelu_fwd,
     .gelu_bwd = cpu_gelu_bwd,
     .residual_fwd = cpu_residual_fwd,

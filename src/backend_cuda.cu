@@ -6,18 +6,21 @@
  *   MPI_Comm_split_type) when given, else the node-local rank that the launcher exports
  *   (MPI_LOCALRANKID from MPICH's hydra, OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK,
  *   SLURM_LOCALID, in that order; 0 when none is set). More local ranks than devices is refused
- *   unless PIPELM_CUDA_SHARE=1 (then rank r uses device r % count). No device, or no driver,
- *   is a clean init failure: "no CUDA device: cudaGetDeviceCount: <CUDA's error string>".
- * Precision: fp32 products through cublasGemmEx with CUBLAS_COMPUTE_32F (TF32 only when
- *   PIPELM_CUDA_TF32=1: CUBLAS_COMPUTE_32F_FAST_TF32); bf16: both inputs of every product
- *   (matmuls and the four attention products) converted on the GPU from the fp32 tensors, round
- *   to nearest even with denormals flushed to zero exactly as backend_onednn's f32_to_bf16, fp32
+ *   unless --backend-opt share=1 (alias PIPELM_CUDA_SHARE=1; then rank r uses device r % count).
+ *   No device, or no driver, is a clean init failure: "no CUDA device: cudaGetDeviceCount:
+ *   <CUDA's error string>".
+ * Precision: fp32 products through cublasGemmEx with CUBLAS_COMPUTE_32F (TF32 only with
+ *   --backend-opt tf32=1, alias PIPELM_CUDA_TF32=1: CUBLAS_COMPUTE_32F_FAST_TF32); bf16: both
+ *   inputs of every product (matmuls and the four attention products) converted on the GPU from
+ *   the fp32 tensors, round to nearest even with denormals flushed to zero (backend_math.h's
+ *   f32_to_bf16, as backend_onednn's conversion), fp32
  *   accumulation (CUBLAS_COMPUTE_32F) and fp32 output. Softmax, LayerNorm, loss, AdamW: fp32.
  * Memory: cudaMalloc, zero-filled; map/unmap stage through pinned host buffers kept in a small
  *   pool (an unmap(WRITE) copies host -> device on the stream and records an event that a later
  *   map of the same buffer waits for). to_host/from_host/map(READ)/sumsq synchronise the stream;
  *   copy/zero and every op are queued on it (stream order), so a failure of a queued kernel is
- *   reported by the next synchronising call (PIPELM_CUDA_SYNC=1 synchronises after every op).
+ *   reported by the next synchronising call, synchronize among them (--backend-opt sync=1,
+ *   alias PIPELM_CUDA_SYNC=1, synchronises after every op).
  * Determinism (same bits run after run on the same GPU type; no atomics anywhere):
  *   - products: cuBLAS on one stream with its default CUBLAS_ATOMICS_NOT_ALLOWED;
  *   - row reductions (LayerNorm, softmax, cross-entropy): one block per row, a fixed block size,
@@ -57,6 +60,7 @@
 #define LAUNCH(kern, grid, block, ...) kern<<<(grid), (block), 0, S.st>>>(__VA_ARGS__)
 #endif
 #include "pipelm/backend.h"
+#include "pipelm/backend_math.h"
 
 /* pipelm/common.h's status codes (that header includes mpi.h, which must stay out of nvcc's
  * view); tests/test_cuda.c checks that they agree. */
@@ -78,37 +82,10 @@ enum { CU_EINVAL = 1, CU_ENOMEM = 3, CU_EBACKEND = 11 };
 /* device code                                                                              */
 /* ======================================================================================== */
 
-/* backend_cpu's exp_fast: x = k ln2 + r, degree-6 polynomial for exp(r), 2^k in the exponent
- * bits; inputs clamped to the finite range, a NaN keeps k = 0 (result NaN). */
-__device__ __forceinline__ float d_exp_fast(float x) {
-    x = x > 88.3f ? 88.3f : x;
-    x = x < -87.3f ? -87.3f : x;
-    float t = x * 1.44269504088896341f;
-    float fk = (t + 12582912.0f) - 12582912.0f;
-    int k = (int)(fk == fk ? fk : 0.0f);
-    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * __int_as_float((k + 127) << 23);
-}
-__device__ __forceinline__ float d_tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + d_exp_fast(2.0f * u)); }
-
-/* fp32 -> bf16 bits, round to nearest even; denormals flushed to a signed zero and NaN kept
- * quiet, exactly as backend_onednn's f32_to_bf16 (VCVTNEPS2BF16). */
-__device__ __forceinline__ uint16_t d_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* exp_fast, tanh_fast and the bf16 rounding are backend_math.h's, shared with backend_cpu and
+ * backend_onednn (the same bits where the order of operations is the same). */
 __device__ __forceinline__ void store_cvt(float *d, float v) { *d = v; }
-__device__ __forceinline__ void store_cvt(uint16_t *d, float v) { *d = d_bf16(v); }
+__device__ __forceinline__ void store_cvt(uint16_t *d, float v) { *d = f32_to_bf16(v); }
 
 /* Sums over a warp and over a block (blockDim.x a multiple of 32, every thread calling): a
  * fixed shuffle tree, so the result depends only on the values and the block size. sh: 32
@@ -157,7 +134,7 @@ __device__ float block_max(float v, float *sh) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 __global__ void k_cvt_bf16(uint16_t *dst, const float *src, size_t n) {
-    GRID_STRIDE(i, n) dst[i] = d_bf16(src[i]);
+    GRID_STRIDE(i, n) dst[i] = f32_to_bf16(src[i]);
 }
 
 /* out(N,OC) = b broadcast, or 0 (a product with C = 0). */
@@ -331,7 +308,7 @@ __global__ void k_softmax_causal(float *att, int T) {
     mx = block_max(mx, sh);
     float s = 0.0f;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-        float e = d_exp_fast(a[j] - mx);
+        float e = exp_fast(a[j] - mx);
         a[j] = e;
         s += e;
     }
@@ -357,7 +334,7 @@ __global__ void k_gelu_fwd(float *out, const float *inp, size_t n) {
     GRID_STRIDE(i, n) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + d_tanh_fast(u));
+        out[i] = 0.5f * x * (1.0f + tanh_fast(u));
     }
 }
 /* dinp may alias dout: each element read before it is written, by the same thread. */
@@ -365,7 +342,7 @@ __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, siz
     GRID_STRIDE(i, n) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = d_tanh_fast(u);
+        float th = tanh_fast(u);
         float sech2 = 1.0f - th * th;
         float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = g * dout[i];
@@ -409,7 +386,7 @@ __global__ void k_ce_fwd(float *losses, float *logits, const int *targets, int V
     mx = block_max(mx, sh);
     float s = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float e = d_exp_fast(r[j] - mx);
+        float e = exp_fast(r[j] - mx);
         r[j] = e;
         s += e;
     }
@@ -563,7 +540,7 @@ __global__ void k_unpermute_sum(float *dst, int ld, const float *src, int B, int
 __global__ void k_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
     GRID_STRIDE(i, n) {
         float g = gate[i];
-        out[i] = up[i] * (g / (1.0f + d_exp_fast(-g)));
+        out[i] = up[i] * (g / (1.0f + exp_fast(-g)));
     }
 }
 /* dup = dout silu(g), dgate = dout up sigma(g) (1 + g (1 - sigma(g))); inputs read first. */
@@ -571,7 +548,7 @@ __global__ void k_swiglu_bwd(float *dup, float *dgate, const float *dout, const 
                              size_t n) {
     GRID_STRIDE(i, n) {
         float g = gate[i], u = up[i], d = dout[i];
-        float sg = 1.0f / (1.0f + d_exp_fast(-g));
+        float sg = 1.0f / (1.0f + exp_fast(-g));
         dup[i] = d * (g * sg);
         dgate[i] = d * u * (sg * (1.0f + g * (1.0f - sg)));
     }
@@ -701,7 +678,7 @@ static int fail_shape(void) {
         if (!S.inited) return cu_fail(CU_EBACKEND, "cuda backend: %s before init", (name)); \
     } while (0)
 
-/* After a launch: the launch's own error; with PIPELM_CUDA_SYNC=1 also the kernel's. */
+/* After a launch: the launch's own error; with the sync option also the kernel's. */
 static int launched(const char *kern) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail_cuda(e, kern);
@@ -751,7 +728,8 @@ static int scratch(int k, size_t bytes, void **p) {
 /* init, finalize, describe, threads                                                        */
 /* ======================================================================================== */
 
-/* A non-negative integer environment variable: 1 and *v, or 0 when unset or malformed. */
+/* A non-negative integer environment variable (a launcher's): 1 and *v, or 0 when unset or
+ * malformed. */
 static int env_int(const char *name, int *v) {
     const char *s = getenv(name);
     if (!s || !*s) return 0;
@@ -760,10 +738,6 @@ static int env_int(const char *name, int *v) {
     if (*end || x < 0 || x > 1 << 20) return 0;
     *v = (int)x;
     return 1;
-}
-static int env_flag(const char *name) {
-    const char *s = getenv(name);
-    return s && strcmp(s, "1") == 0;
 }
 
 /* The node-local rank and size the launcher exported (-1 when unknown), and from where. */
@@ -810,16 +784,22 @@ static void cu_finalize(void) {
     S.inited = 0;
 }
 
-/* Device, stream, cuBLAS handle. May be called again (another precision): the device set-up
- * is kept when the device is the same. */
-static int cu_init(const backend_options *opt, char *err, size_t errlen) {
-    int prec = opt ? opt->precision : PL_PREC_FP32;
-    if (prec != PL_PREC_FP32 && prec != PL_PREC_BF16) {
-        snprintf(err, errlen, "backend cuda: unknown precision %d (fp32 or bf16)", prec);
-        return CU_EINVAL;
-    }
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
+/* The settings of this backend (--backend-opt), each with the environment variable it
+ * replaces as its alias. */
+static const backend_opt_decl cu_opts[] = {
+    {"share", "1: more ranks on a node than GPUs share them (rank r uses device r % count)", "0", "0|1",
+     "PIPELM_CUDA_SHARE"},
+    {"sync", "1: synchronise after every op, so a failing kernel is named by its own op (slow)", "0", "0|1",
+     "PIPELM_CUDA_SYNC"},
+    {"tf32", "1: fp32 products may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)", "0", "0|1",
+     "PIPELM_CUDA_TF32"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* The device count, or a clean refusal: no driver, no device. */
+static int cu_count_devices(int *n, char *err, size_t errlen) {
+    *n = 0;
+    cudaError_t e = cudaGetDeviceCount(n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen, "no CUDA device: cudaGetDeviceCount: %s (%s)%s", cudaGetErrorString(e),
@@ -829,79 +809,100 @@ static int cu_init(const backend_options *opt, char *err, size_t errlen) {
                      : "");
         return CU_EINVAL;
     }
-    if (n <= 0) {
+    if (*n <= 0) {
         snprintf(err, errlen, "no CUDA device: cudaGetDeviceCount found none");
         return CU_EINVAL;
     }
-    int lr = 0, ls = -1, dev = 0, share = env_flag("PIPELM_CUDA_SHARE");
+    return 0;
+}
+
+/* This rank's device among n: opt->device, else the local rank (the trainer's, else the
+ * launcher's) modulo n, refused when there are more local ranks than devices and share is 0.
+ * *lr, *ls: the local rank and size used (-1: unknown). */
+static int cu_pick_device(const backend_options *opt, int n, int share, int *dev, int *lr, int *ls, char *err,
+                          size_t errlen) {
     const char *from = NULL;
+    *lr = 0;
+    *ls = -1;
     if (opt && opt->device >= 0) {
         if (opt->device >= n) {
             snprintf(err, errlen, "backend cuda: device %d asked for, but this node has %d CUDA device%s", opt->device,
                      n, n == 1 ? "" : "s");
             return CU_EINVAL;
         }
-        dev = opt->device;
-        from = "requested";
-    } else if (opt && opt->local_ranks > 0) { /* the trainer's MPI_Comm_split_type(SHARED) */
-        lr = opt->local_rank;
-        ls = opt->local_ranks;
-        from = "MPI_Comm_split_type";
-        if (ls > n && !share) {
-            snprintf(err, errlen,
-                     "backend cuda: %d ranks on this node (local rank %d, from %s) but %d CUDA device%s: one device "
-                     "per rank, or PIPELM_CUDA_SHARE=1 to let ranks share devices", ls, lr, from, n, n == 1 ? "" : "s");
-            return CU_EINVAL;
-        }
-        dev = lr % n;
-    } else {
-        from = local_rank_of_env(&lr, &ls);
-        if (!from) {
-            lr = 0;
-            from = "no launcher variable: local rank 0";
-        }
-        int need = ls > lr ? ls : lr + 1;
-        if (need > n && !share) {
-            snprintf(err, errlen,
-                     "backend cuda: %d rank%s on this node (local rank %d, from %s%s) but %d CUDA device%s: one device "
-                     "per rank, or PIPELM_CUDA_SHARE=1 to let ranks share devices",
-                     need, need == 1 ? "" : "s", lr, from, ls >= 0 ? " and its size variable" : "", n,
-                     n == 1 ? "" : "s");
-            return CU_EINVAL;
-        }
-        dev = lr % n;
+        *dev = opt->device;
+        return 0;
     }
+    if (opt && opt->local_ranks > 0) { /* the trainer's MPI_Comm_split_type(SHARED) */
+        *lr = opt->local_rank;
+        *ls = opt->local_ranks;
+        from = "MPI_Comm_split_type";
+    } else if (!(from = local_rank_of_env(lr, ls))) {
+        *lr = 0;
+        from = "no launcher variable: local rank 0";
+    }
+    int need = *ls > *lr ? *ls : *lr + 1;
+    if (need > n && !share) {
+        snprintf(err, errlen,
+                 "backend cuda: %d rank%s on this node (local rank %d, from %s%s) but %d CUDA device%s: one device "
+                 "per rank, or --backend-opt share=1 (PIPELM_CUDA_SHARE=1) to let ranks share devices",
+                 need, need == 1 ? "" : "s", *lr, from,
+                 *ls >= 0 && !(opt && opt->local_ranks > 0) ? " and its size variable" : "", n, n == 1 ? "" : "s");
+        return CU_EINVAL;
+    }
+    *dev = *lr % n;
+    return 0;
+}
+
+/* Device dev made current: its properties, the stream, the pinned double of sumsq, the cuBLAS
+ * handle on the stream (default math, no atomics). On failure nothing is left allocated. */
+static int cu_setup_device(int dev, char *err, size_t errlen) {
+    memset(&S.prop, 0, sizeof S.prop);
+    cudaError_t e = cudaSetDevice(dev);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&S.prop, dev);
+    if (e == cudaSuccess) e = cudaStreamCreate(&S.st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "backend cuda: setting up device %d: %s (%s)", dev, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+        return CU_EINVAL;
+    }
+    e = cudaMallocHost((void **)&S.hd, sizeof(double));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaStreamDestroy(S.st);
+        snprintf(err, errlen, "backend cuda: cudaMallocHost on device %d: %s", dev, cudaGetErrorString(e));
+        return CU_EINVAL;
+    }
+    cublasStatus_t s = cublasCreate(&S.blas);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(S.blas, S.st);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(S.blas, CUBLAS_DEFAULT_MATH);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetAtomicsMode(S.blas, CUBLAS_ATOMICS_NOT_ALLOWED);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cudaFreeHost(S.hd);
+        S.hd = NULL;
+        cudaStreamDestroy(S.st);
+        snprintf(err, errlen, "backend cuda: cuBLAS on device %d: %s (status %d)", dev, cublasGetStatusString(s),
+                 (int)s);
+        return CU_EINVAL;
+    }
+    return 0;
+}
+
+/* Device, stream, cuBLAS handle. May be called again (another precision): the device set-up
+ * is kept when the device is the same. The settings (share, sync, tf32) are read each time. */
+static int cu_init(const backend_options *opt, char *err, size_t errlen) {
+    int prec = opt ? opt->precision : PL_PREC_FP32;
+    if (prec != PL_PREC_FP32 && prec != PL_PREC_BF16) {
+        snprintf(err, errlen, "backend cuda: unknown precision %d (fp32 or bf16)", prec);
+        return CU_EINVAL;
+    }
+    int n = 0, lr = 0, ls = -1, dev = 0, share = backend_opt_flag(cu_opts, opt, "share");
+    TRY(cu_count_devices(&n, err, errlen));
+    TRY(cu_pick_device(opt, n, share, &dev, &lr, &ls, err, errlen));
     if (S.inited && S.dev != dev) cu_finalize();
     if (!S.inited) {
-        memset(&S.prop, 0, sizeof S.prop);
-        e = cudaSetDevice(dev);
-        if (e == cudaSuccess) e = cudaGetDeviceProperties(&S.prop, dev);
-        if (e == cudaSuccess) e = cudaStreamCreate(&S.st);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            snprintf(err, errlen, "backend cuda: setting up device %d: %s (%s)", dev, cudaGetErrorString(e),
-                     cudaGetErrorName(e));
-            return CU_EINVAL;
-        }
-        e = cudaMallocHost((void **)&S.hd, sizeof(double));
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            cudaStreamDestroy(S.st);
-            snprintf(err, errlen, "backend cuda: cudaMallocHost on device %d: %s", dev, cudaGetErrorString(e));
-            return CU_EINVAL;
-        }
-        cublasStatus_t s = cublasCreate(&S.blas);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(S.blas, S.st);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(S.blas, CUBLAS_DEFAULT_MATH);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetAtomicsMode(S.blas, CUBLAS_ATOMICS_NOT_ALLOWED);
-        if (s != CUBLAS_STATUS_SUCCESS) {
-            cudaFreeHost(S.hd);
-            S.hd = NULL;
-            cudaStreamDestroy(S.st);
-            snprintf(err, errlen, "backend cuda: cuBLAS on device %d: %s (status %d)", dev, cublasGetStatusString(s),
-                     (int)s);
-            return CU_EINVAL;
-        }
+        TRY(cu_setup_device(dev, err, errlen));
         S.dev = dev;
         S.ndev = n;
         S.local_rank = lr;
@@ -910,8 +911,8 @@ static int cu_init(const backend_options *opt, char *err, size_t errlen) {
         S.inited = 1;
     }
     S.prec = prec;
-    S.tf32 = env_flag("PIPELM_CUDA_TF32");
-    S.sync_each = env_flag("PIPELM_CUDA_SYNC");
+    S.tf32 = backend_opt_flag(cu_opts, opt, "tf32");
+    S.sync_each = backend_opt_flag(cu_opts, opt, "sync");
     if (opt && opt->threads > 0) S.threads = opt->threads;
     cu_errbuf[0] = 0;
     return 0;
@@ -1122,6 +1123,15 @@ static int cu_unmap(void *host, void *p, size_t bytes, int mode) {
     return pool_put(host, copied);
 }
 
+/* Wait for everything queued on the stream: the clock readers' barrier (backend.h). A
+ * failure of a queued kernel surfaces here. A profiler wanting per-op device time without the
+ * host waits would record cudaEvents around each op instead; not needed yet. */
+static int cu_synchronize(void) {
+    OP("synchronize", NULL, 0, 0, 0, 0);
+    CU_TRY(cudaStreamSynchronize(S.st));
+    return 0;
+}
+
 /* ======================================================================================== */
 /* matrix products                                                                          */
 /* ======================================================================================== */
@@ -1232,10 +1242,6 @@ static int cu_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
 /* pairs, the causal softmax kernel, results permuted back                                   */
 /* ======================================================================================== */
 
-static int att_shape_ok(int B, int T, int C, int NH) {
-    return B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0 && (long long)B * NH * T <= 0x7fffffffLL;
-}
-
 /* dst (B,NH,T,hs) in the product's input type from src with row stride ld. */
 static int permute_in(void *dst, const float *src, int ld, int B, int T, int C, int NH, int bf) {
     size_t n = (size_t)B * T * C;
@@ -1243,76 +1249,6 @@ static int permute_in(void *dst, const float *src, int ld, int B, int T, int C, 
         KERNEL(k_permute<uint16_t>, ew_grid(n), EW_THREADS, (uint16_t *)dst, src, ld, B, T, C, NH);
     else
         KERNEL(k_permute<float>, ew_grid(n), EW_THREADS, (float *)dst, src, ld, B, T, C, NH);
-    return 0;
-}
-
-static int cu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    OP("attention_fwd", "B=%lld T=%lld C=%lld NH=%lld", B, T, C, NH);
-    if (!att_shape_ok(B, T, C, NH)) return fail_shape();
-    if (B == 0 || T == 0) return 0;
-    int bf = S.prec == PL_PREC_BF16, hs = C / NH, BH = B * NH;
-    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
-    long long THS = (long long)T * hs, TT = (long long)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    void *q, *k, *v, *y;
-    TRY(scratch(SCR_Q, n1 * es, &q));
-    TRY(scratch(SCR_K, n1 * es, &k));
-    TRY(scratch(SCR_V, n1 * es, &v));
-    TRY(scratch(SCR_Y, n1 * sizeof(float), &y));
-    TRY(permute_in(q, qkv, 3 * C, B, T, C, NH, bf));
-    TRY(permute_in(k, qkv + C, 3 * C, B, T, C, NH, bf));
-    TRY(permute_in(v, qkv + 2 * C, 3 * C, B, T, C, NH, bf));
-    /* att = scale q k^T */
-    TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
-    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
-    const void *a = att;
-    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
-    /* y = att v */
-    TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
-    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)y, B, T, C, NH);
-    return 0;
-}
-
-/* datt = dy v^T; dv = att^T dy; dpre = att (datt - rowsum(att datt)); dq = s dpre k;
- * dk = s dpre^T q; dqkv overwritten. */
-static int cu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int C,
-                            int NH) {
-    OP("attention_bwd", "B=%lld T=%lld C=%lld NH=%lld", B, T, C, NH);
-    if (!att_shape_ok(B, T, C, NH)) return fail_shape();
-    if (B == 0 || T == 0) return 0;
-    int bf = S.prec == PL_PREC_BF16, hs = C / NH, BH = B * NH;
-    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
-    long long THS = (long long)T * hs, TT = (long long)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    void *q, *k, *v, *dy, *datt, *dq, *dk, *dv;
-    TRY(scratch(SCR_Q, n1 * es, &q));
-    TRY(scratch(SCR_K, n1 * es, &k));
-    TRY(scratch(SCR_V, n1 * es, &v));
-    TRY(scratch(SCR_DY, n1 * es, &dy));
-    TRY(scratch(SCR_DATT, sizeof(float) * (size_t)BH * TT, &datt));
-    TRY(scratch(SCR_Y, n1 * sizeof(float), &dq));
-    TRY(scratch(SCR_DK, n1 * sizeof(float), &dk));
-    TRY(scratch(SCR_DV, n1 * sizeof(float), &dv));
-    TRY(permute_in(q, qkv, 3 * C, B, T, C, NH, bf));
-    TRY(permute_in(k, qkv + C, 3 * C, B, T, C, NH, bf));
-    TRY(permute_in(v, qkv + 2 * C, 3 * C, B, T, C, NH, bf));
-    TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
-    const void *a = att;
-    if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
-    /* datt = dy v^T */
-    TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
-    /* dv = att^T dy */
-    TRY(gemm(1, 0, T, hs, T, 1.0f, a, T, TT, dy, hs, THS, 0.0f, (float *)dv, hs, THS, BH, bf));
-    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T);
-    const void *dp = datt;
-    /* bf16: dpre into SCR_ATT_T, which the dv product (queued before) has finished reading */
-    if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
-    /* dq = s dpre k; dk = s dpre^T q */
-    TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));
-    TRY(gemm(1, 0, T, hs, T, scale, dp, T, TT, q, hs, THS, 0.0f, (float *)dk, hs, THS, BH, bf));
-    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv, 3 * C, (const float *)dq, B, T, C, NH);
-    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv + C, 3 * C, (const float *)dk, B, T, C, NH);
-    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv + 2 * C, 3 * C, (const float *)dv, B, T, C, NH);
     return 0;
 }
 
@@ -1488,8 +1424,9 @@ static int cu_rope_bwd(float *dinp, const float *dout, const float *fcos, const 
 }
 
 /* Grouped-query attention: q permuted to (B, NH, T, HS), k and v permuted with each kv head
- * repeated for its G = NH / NKV query heads, then exactly cu_attention_fwd's batched products
- * over the B*NH pairs (NKV == NH is the same computation as attention_fwd with C = NH HS). */
+ * repeated for its G = NH / NKV query heads (G = 1, GPT-2's multi-head attention: a plain
+ * permute), batched strided products over the B*NH pairs, the causal softmax kernel, results
+ * permuted back. */
 static int gqa_shape_ok(int B, int T, int NH, int NKV, int HS) {
     return B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0 && (long long)B * NH * T <= 0x7fffffffLL;
 }
@@ -1524,8 +1461,10 @@ static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
     return 0;
 }
 
-/* cu_attention_bwd on the repeated k, v; the per-query-head dk, dv are then summed over each
- * group in ascending h (k_unpermute_sum): no atomics, a fixed order. dqkv overwritten. */
+/* datt = dy v^T; dv = att^T dy; dpre = att (datt - rowsum(att datt)); dq = s dpre k;
+ * dk = s dpre^T q, on the repeated k, v; the per-query-head dk, dv are then summed over each
+ * group in ascending h (k_unpermute_sum; G = 1: a copy): no atomics, a fixed order. dqkv
+ * overwritten. */
 static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
                                 int NH, int NKV, int HS) {
     OP("attention_gqa_bwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
@@ -1589,6 +1528,7 @@ extern "C" const backend backend_cuda = {
     .describe = cu_describe,
     .set_threads = cu_set_threads,
     .get_threads = cu_get_threads,
+    .opts = cu_opts,
     .alloc = cu_alloc,
     .free = cu_free,
     .to_host = cu_to_host,
@@ -1597,6 +1537,7 @@ extern "C" const backend backend_cuda = {
     .zero = cu_zero,
     .map = cu_map,
     .unmap = cu_unmap,
+    .synchronize = cu_synchronize,
     .encoder_fwd = cu_encoder_fwd,
     .encoder_bwd = cu_encoder_bwd,
     .layernorm_fwd = cu_layernorm_fwd,
@@ -1605,8 +1546,6 @@ extern "C" const backend backend_cuda = {
     .matmul_fwd = cu_matmul_fwd,
     .matmul_bwd_input = cu_matmul_bwd_input,
     .matmul_bwd_weight = cu_matmul_bwd_weight,
-    .attention_fwd = cu_attention_fwd,
-    .attention_bwd = cu_attention_bwd,
     .gelu_fwd = cu_gelu_fwd,
     .gelu_bwd = cu_gelu_bwd,
     .residual_fwd = cu_residual_fwd,

@@ -4,6 +4,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,3 +45,16 @@ void host_colsum(float *db, const float *dout, int N, int OC) {
         }
     }
 }
+
+/* The one message buffer of the host-memory backends. */
+static char host_errbuf[512];
+
+int host_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(host_errbuf, sizeof host_errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *host_error(void) { return host_errbuf; }

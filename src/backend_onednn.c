@@ -8,16 +8,16 @@
  *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is our own loop: threads split
  *     the columns in chunks of 256 and each chunk sums the rows in order, so db does not depend
  *     on the thread count (as backend_cpu's).
- *   attention_fwd / attention_bwd: the per-(b,h) products as one batched 4-D matmul each, on
- *     strided views of qkv (B,T,3C) (q, k, v at column offsets 0, C, 2C, head h at h*hs, leading
- *     dimension 3C); the causal softmax and its backward are fp32 loops of our own, parallel over
- *     rows (each row's arithmetic fixed, so thread-count independent).
- *   attention_gqa_fwd / attention_gqa_bwd: the same, as G = NH/NKV batched matmuls over the
- *     (B, NKV) pairs (one per query head of a group); dk and dv accumulate over the group's query
- *     heads in ascending order through the sum post-op. NKV == NH is exactly attention_fwd/bwd.
+ *   attention_gqa_fwd / attention_gqa_bwd: G = NH/NKV batched 4-D matmuls over the (B, NKV)
+ *     pairs (one per query head of a group), on strided views of the fused qkv (B, T, (NH + 2 NKV)
+ *     HS); dk and dv accumulate over the group's query heads in ascending order through the sum
+ *     post-op. GPT-2's multi-head attention is NKV == NH: one batched matmul per product over
+ *     the (B, NH) pairs. The causal softmax and its backward are fp32 loops of our own, parallel
+ *     over rows (each row's arithmetic fixed, so thread-count independent).
  *   everything else (encoder, layernorm, RMSNorm, RoPE, GELU, SwiGLU, residual, cross-entropy,
- *     AdamW, sumsq, scale, copies, map/unmap) is delegated to backend_cpu: the memory is host
- *     memory in both.
+ *     AdamW, sumsq, scale, memory, map/unmap, synchronize) is not in this backend's table: the
+ *     registry fills it with backend_cpu's (host memory in both), and its failures report into
+ *     the same message (backend_host.c), which is this backend's error().
  * bf16: the two inputs of every product are converted fp32 -> bf16 (round to nearest even,
  *   AVX512-BF16 VCVTNEPS2BF16 when the CPU has it, an equivalent scalar loop otherwise) into
  *   scratch owned by this file, on every call (no weight cache: no invalidation to get wrong).
@@ -33,7 +33,6 @@
 #include <config.h>
 #endif
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +48,7 @@
 #include <dnnl_debug.h>
 #include "pipelm/backend.h"
 #include "pipelm/backend_host.h"
+#include "pipelm/backend_math.h"
 #include "pipelm/common.h"
 
 #define MM_CACHE 64
@@ -57,17 +57,9 @@
 /* ---------------------------------------------------------------------------------------- */
 /* state and errors */
 
-static char dn_errbuf[512];
-static const char *dn_error(void) { return dn_errbuf; }
-
-static int dn_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int dn_fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(dn_errbuf, sizeof dn_errbuf, fmt, ap);
-    va_end(ap);
-    return code;
-}
+/* Failures go through backend_host.c's message, which the ops taken from the CPU backend
+ * report into as well: error() is the last failure of either. */
+#define dn_fail host_fail
 
 /* A failed oneDNN call: its status name and number, the call, and what we were doing. */
 #define DN_CHECK(call, what)                                                                   \
@@ -143,17 +135,6 @@ static int cur_threads(void) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* fp32 -> bf16, round to nearest even */
-
-/* Scalar twin of VCVTNEPS2BF16: round to nearest even, NaN kept (quiet), and, as the
- * instruction does, denormal inputs flushed to a signed zero. */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static void cvt_scalar(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
@@ -445,6 +426,13 @@ static void dn_finalize(void) {
     backend_cpu.finalize();
 }
 
+/* The settings of this backend (--backend-opt). */
+static const backend_opt_decl dn_opts[] = {
+    {"allow-emulated", "1: run --precision bf16 on a CPU without native bf16 (emulated, slower than fp32)", "0",
+     "0|1", "PIPELM_ONEDNN_ALLOW_EMULATED"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 /* Engine and stream once; precision checked against the CPU each time. May be called again
  * (a new precision or thread count); the primitives already made stay valid (their key holds
  * data type and threads). */
@@ -468,31 +456,31 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     }
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     if (prec == PL_PREC_BF16 && !isa_has_bf16(isa)) {
-        const char *e = getenv("PIPELM_ONEDNN_ALLOW_EMULATED");
-        if (!(e && strcmp(e, "1") == 0)) {
+        if (!backend_opt_flag(dn_opts, opt, "allow-emulated")) {
             snprintf(err, errlen,
                      "backend onednn: --precision bf16: this CPU has no native bf16 support (needs AVX512-BF16 "
                      "or AMX-BF16; oneDNN's effective ISA here is %s, where bf16 would be emulated, slower "
-                     "than fp32; PIPELM_ONEDNN_ALLOW_EMULATED=1 allows it)", isa_name(isa));
+                     "than fp32; --backend-opt allow-emulated=1, or PIPELM_ONEDNN_ALLOW_EMULATED=1, allows it)",
+                     isa_name(isa));
             return PL_EBACKEND;
         }
     }
-    backend_options co = {PL_PREC_FP32, opt ? opt->threads : 0, -1, 0, 0};
+    backend_options co = {PL_PREC_FP32, opt ? opt->threads : 0, -1, 0, 0, NULL};
     int rc = backend_cpu.init(&co, err, errlen);
     if (rc) return rc;
     rc = dn_set_threads(opt && opt->threads > 0 ? opt->threads : cur_threads());
-    if (rc) { snprintf(err, errlen, "%s", dn_errbuf); return rc; }
+    if (rc) { snprintf(err, errlen, "%s", host_error()); return rc; }
     S.prec = prec;
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
-        snprintf(err, errlen, "backend onednn: %s matmul unavailable: %s", backend_precision_name(prec), dn_errbuf);
+        snprintf(err, errlen, "backend onednn: %s matmul unavailable: %s", backend_precision_name(prec), host_error());
         return rc;
     }
 #ifdef DN_HAVE_X86
     S.native_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
 #endif
     S.inited = 1;
-    dn_errbuf[0] = 0;
+    host_fail(0, "%s", ""); /* no failure yet */
     return 0;
 }
 
@@ -513,30 +501,6 @@ static void dn_describe(char *buf, size_t len) {
     do {                                                                                       \
         if (!S.inited) return dn_fail(PL_EBACKEND, "oneDNN backend: %s before init", (what)); \
     } while (0)
-
-/* ---------------------------------------------------------------------------------------- */
-/* memory: our own allocations (fault injection), copies delegated */
-
-static int dn_alloc(void **p, size_t bytes) {
-    char why[200];
-    int rc = host_alloc(p, bytes, why, sizeof why);
-    return rc ? dn_fail(rc, "oneDNN backend: %s", why) : 0;
-}
-static void dn_free(void *p) { free(p); }
-
-/* A delegated call: the CPU backend's status, its message copied into ours. */
-static int cpu_rc(int rc, const char *what) {
-    if (rc) return dn_fail(rc, "%s (cpu backend): %s", what, backend_cpu.error());
-    return 0;
-}
-#define CPU(call, what) return cpu_rc(backend_cpu.call, (what))
-
-static int dn_to_host(void *d, const void *s, size_t n) { CPU(to_host(d, s, n), "to_host"); }
-static int dn_from_host(void *d, const void *s, size_t n) { CPU(from_host(d, s, n), "from_host"); }
-static int dn_copy(void *d, const void *s, size_t n) { CPU(copy(d, s, n), "copy"); }
-static int dn_zero(void *p, size_t n) { CPU(zero(p, n), "zero"); }
-static int dn_map(void **h, void *p, size_t n, int mode) { CPU(map(h, p, n, mode), "map"); }
-static int dn_unmap(void *h, void *p, size_t n, int mode) { CPU(unmap(h, p, n, mode), "unmap"); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* matmuls */
@@ -615,38 +579,11 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
 /* ---------------------------------------------------------------------------------------- */
 /* attention */
 
-/* exp(x) as backend_cpu's exp_fast (same polynomial, so the two agree closely). */
-static inline float exp_fast(float x) {
-    x = x > 88.3f ? 88.3f : x;
-    x = x < -87.3f ? -87.3f : x;
-    float t = x * 1.44269504088896341f;
-    float fk = (t + 12582912.0f) - 12582912.0f;
-    int k = (int)(fk == fk ? fk : 0.0f);
-    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int bits = (k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* 4-D view (B, NH, rows, cols) with strides (sb, sh, sr, sc). */
 static void view4(int64_t *d, int64_t *s, int64_t B, int64_t NH, int64_t r, int64_t c, int64_t sb, int64_t sh,
                   int64_t sr, int64_t sc) {
     d[0] = B; d[1] = NH; d[2] = r; d[3] = c;
     s[0] = sb; s[1] = sh; s[2] = sr; s[3] = sc;
-}
-
-static int check_att(const char *op, int B, int T, int C, int NH) {
-    if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
-        return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape B=%d T=%d C=%d NH=%d", op, B, T, C, NH);
-    return 0;
 }
 
 /* Causal softmax of the rows of att (B*NH*T rows of T), in place; upper triangle zeroed. */
@@ -681,92 +618,12 @@ static void softmax_causal_bwd(float *datt, const float *att, int BH, int T) {
     }
 }
 
-/* att = softmax_causal(q k^T / sqrt(hs)); out = att v, all heads in two batched products. */
-static int dn_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    NEED_INIT("attention_fwd");
-    PL_TRY(check_att("attention_fwd", B, T, C, NH));
-    if (B == 0 || T == 0) return 0;
-    int bf = S.prec == PL_PREC_BF16;
-    int64_t hs = C / NH, C3 = 3 * (int64_t)C, TT = (int64_t)T * T, sb3 = (int64_t)T * C3;
-    char what[112];
-    snprintf(what, sizeof what, "attention_fwd %s B=%d T=%d C=%d NH=%d", bf ? "bf16" : "fp32", B, T, C, NH);
-    const void *base = qkv;
-    size_t es = bf ? 2 : 4;
-    if (bf) PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * C3, &base));
-    const char *q = base, *kk = (const char *)base + es * C, *v = (const char *)base + es * 2 * C;
-    mm_key k;
-    key_init(&k, 4, bf, 0, 0, 1.0f / sqrtf((float)hs));
-    view4(k.ad, k.as, B, NH, T, hs, sb3, hs, C3, 1);          /* q (T, hs) */
-    view4(k.bd, k.bs, B, NH, hs, T, sb3, hs, 1, C3);          /* k^T (hs, T) */
-    view4(k.cd, k.cs, B, NH, T, T, NH * TT, TT, T, 1);        /* att (T, T) */
-    PL_TRY(mm_run(&k, q, kk, att, NULL, what));
-    softmax_causal(att, B * NH, T);
-    const void *a = att;
-    if (bf) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
-    key_init(&k, 4, bf, 0, 0, 1.0f);
-    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, T, 1);        /* att */
-    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);          /* v (T, hs) */
-    view4(k.cd, k.cs, B, NH, T, hs, (int64_t)T * C, hs, C, 1); /* out (T, hs) of (B,T,C) */
-    return mm_run(&k, a, v, out, NULL, what);
-}
-
-/* datt = dy v^T; dv = att^T dy; dpre = softmax backward; dq = s dpre k; dk = s dpre^T q. */
-static int dn_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                            int C, int NH) {
-    NEED_INIT("attention_bwd");
-    PL_TRY(check_att("attention_bwd", B, T, C, NH));
-    if (B == 0 || T == 0) return 0;
-    int bf = S.prec == PL_PREC_BF16;
-    int64_t hs = C / NH, C3 = 3 * (int64_t)C, TT = (int64_t)T * T, sb3 = (int64_t)T * C3, sb1 = (int64_t)T * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    char what[112];
-    snprintf(what, sizeof what, "attention_bwd %s B=%d T=%d C=%d NH=%d", bf ? "bf16" : "fp32", B, T, C, NH);
-    size_t es = bf ? 2 : 4;
-    const void *base = qkv, *dy = dout, *a = att;
-    void *datt_v = NULL;
-    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, &datt_v));
-    float *datt = datt_v;
-    if (bf) {
-        PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * C3, &base));
-        PL_TRY(to_bf16(SCR_B, dout, (size_t)B * T * C, &dy));
-        PL_TRY(to_bf16(SCR_C, att, (size_t)B * NH * TT, &a));
-    }
-    const char *q = base, *kk = (const char *)base + es * C, *v = (const char *)base + es * 2 * C;
-    mm_key k;
-    /* datt = dy v^T */
-    key_init(&k, 4, bf, 0, 0, 1.0f);
-    view4(k.ad, k.as, B, NH, T, hs, sb1, hs, C, 1);
-    view4(k.bd, k.bs, B, NH, hs, T, sb3, hs, 1, C3);
-    view4(k.cd, k.cs, B, NH, T, T, NH * TT, TT, T, 1);
-    PL_TRY(mm_run(&k, dy, v, datt, NULL, what));
-    /* dv = att^T dy */
-    key_init(&k, 4, bf, 0, 0, 1.0f);
-    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, 1, T);
-    view4(k.bd, k.bs, B, NH, T, hs, sb1, hs, C, 1);
-    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
-    PL_TRY(mm_run(&k, a, dy, dqkv + 2 * C, NULL, what));
-    softmax_causal_bwd(datt, att, B * NH, T);
-    const void *dp = datt;
-    if (bf) PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dp));
-    /* dq = s dpre k */
-    key_init(&k, 4, bf, 0, 0, scale);
-    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, T, 1);
-    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);
-    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
-    PL_TRY(mm_run(&k, dp, kk, dqkv, NULL, what));
-    /* dk = s dpre^T q */
-    key_init(&k, 4, bf, 0, 0, scale);
-    view4(k.ad, k.as, B, NH, T, T, NH * TT, TT, 1, T);
-    view4(k.bd, k.bs, B, NH, T, hs, sb3, hs, C3, 1);
-    view4(k.cd, k.cs, B, NH, T, hs, sb3, hs, C3, 1);
-    return mm_run(&k, dp, q, dqkv + C, NULL, what);
-}
-
 /* Grouped-query attention on a fused qkv (B, T, W), W = (NH + 2 NKV) HS: query head h = g G + j
  * (G = NH / NKV) reads kv head g. For each j the G-th query heads form a 4-D batch (B, NKV) of
  * products against the kv heads (query head stride G HS, kv head stride HS), so the products
- * are G batched matmuls; the softmax loops are the ones above. NKV == NH (G = 1) builds exactly
- * dn_attention_fwd's primitives, so the two give the same bits. */
+ * are G batched matmuls; the softmax loops are the ones above. NKV == NH (G = 1) builds the
+ * primitives the former multi-head attention op built (one batched product over (B, NH)), so
+ * GPT-2's attention keeps its bits. */
 static int check_gqa(const char *op, int B, int T, int NH, int NKV, int HS) {
     if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || NH % NKV != 0)
         return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape B=%d T=%d NH=%d NKV=%d HS=%d "
@@ -874,120 +731,26 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     return 0;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* delegated ops */
-
-static int dn_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
-    CPU(encoder_fwd(out, tok, wte, wpe, N, T, C), "encoder_fwd");
-}
-static int dn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
-    CPU(encoder_bwd(dwte, dwpe, dout, tok, N, T, C), "encoder_bwd");
-}
-static int dn_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                            int N, int C) {
-    CPU(layernorm_fwd(out, mean, rstd, inp, w, b, N, C), "layernorm_fwd");
-}
-static int dn_layernorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w,
-                                  const float *mean, const float *rstd, int N, int C) {
-    CPU(layernorm_bwd_input(dinp, dout, inp, w, mean, rstd, N, C), "layernorm_bwd_input");
-}
-static int dn_layernorm_bwd_weight(float *dw, float *db, const float *dout, const float *inp, const float *mean,
-                                   const float *rstd, int N, int C) {
-    CPU(layernorm_bwd_weight(dw, db, dout, inp, mean, rstd, N, C), "layernorm_bwd_weight");
-}
-static int dn_gelu_fwd(float *out, const float *inp, size_t n) { CPU(gelu_fwd(out, inp, n), "gelu_fwd"); }
-static int dn_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
-    CPU(gelu_bwd(dinp, inp, dout, n), "gelu_bwd");
-}
-static int dn_residual_fwd(float *out, const float *a, const float *b, size_t n) {
-    CPU(residual_fwd(out, a, b, n), "residual_fwd");
-}
-static int dn_add_inplace(float *dst, const float *src, size_t n) { CPU(add_inplace(dst, src, n), "add_inplace"); }
-static int dn_crossentropy_fwd(float *losses, float *logits, const int *targets, int N, int V, int Vp) {
-    CPU(crossentropy_fwd(losses, logits, targets, N, V, Vp), "crossentropy_fwd");
-}
-static int dn_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
-    CPU(crossentropy_bwd(probs, targets, dloss, N, V, Vp), "crossentropy_bwd");
-}
-static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                    float wd, int t) {
-    CPU(adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t), "adamw");
-}
-static int dn_sumsq(const float *x, size_t n, double *out) { CPU(sumsq(x, n, out), "sumsq"); }
-static int dn_scale(float *x, float s, size_t n) { CPU(scale(x, s, n), "scale"); }
-/* The Llama family's norm, rotation and gate: fp32 loops, the CPU backend's (the same bits). */
-static int dn_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
-    CPU(rmsnorm_fwd(out, rstd, inp, w, N, C, eps), "rmsnorm_fwd");
-}
-static int dn_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
-                                int N, int C) {
-    CPU(rmsnorm_bwd_input(dinp, dout, inp, w, rstd, N, C), "rmsnorm_bwd_input");
-}
-static int dn_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
-    CPU(rmsnorm_bwd_weight(dw, dout, inp, rstd, N, C), "rmsnorm_bwd_weight");
-}
-static int dn_rope_fwd(float *out, const float *inp, const float *fcos, const float *fsin, int N, int T, int NH,
-                       int NKV, int HS) {
-    CPU(rope_fwd(out, inp, fcos, fsin, N, T, NH, NKV, HS), "rope_fwd");
-}
-static int dn_rope_bwd(float *dinp, const float *dout, const float *fcos, const float *fsin, int N, int T, int NH,
-                       int NKV, int HS) {
-    CPU(rope_bwd(dinp, dout, fcos, fsin, N, T, NH, NKV, HS), "rope_bwd");
-}
-static int dn_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {
-    CPU(swiglu_fwd(out, up, gate, n), "swiglu_fwd");
-}
-static int dn_swiglu_bwd(float *dup, float *dgate, const float *dout, const float *up, const float *gate, size_t n) {
-    CPU(swiglu_bwd(dup, dgate, dout, up, gate, n), "swiglu_bwd");
-}
-
 /* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
 
+/* Only what differs from the CPU backend: the matrix products and attention (oneDNN matmuls),
+ * threads, init and describe. Every other op, memory included, is the CPU backend's (filled in
+ * at registration, backend.h): the memory is host memory in both. */
 const backend backend_onednn = {
     .name = "onednn",
     .host_memory = 1,
     .init = dn_init,
     .finalize = dn_finalize,
-    .error = dn_error,
+    .error = host_error,
     .describe = dn_describe,
     .set_threads = dn_set_threads,
     .get_threads = dn_get_threads,
-    .alloc = dn_alloc,
-    .free = dn_free,
-    .to_host = dn_to_host,
-    .from_host = dn_from_host,
-    .copy = dn_copy,
-    .zero = dn_zero,
-    .map = dn_map,
-    .unmap = dn_unmap,
-    .encoder_fwd = dn_encoder_fwd,
-    .encoder_bwd = dn_encoder_bwd,
-    .layernorm_fwd = dn_layernorm_fwd,
-    .layernorm_bwd_input = dn_layernorm_bwd_input,
-    .layernorm_bwd_weight = dn_layernorm_bwd_weight,
+    .opts = dn_opts,
     .matmul_fwd = dn_matmul_fwd,
     .matmul_bwd_input = dn_matmul_bwd_input,
     .matmul_bwd_weight = dn_matmul_bwd_weight,
-    .attention_fwd = dn_attention_fwd,
-    .attention_bwd = dn_attention_bwd,
-    .gelu_fwd = dn_gelu_fwd,
-    .gelu_bwd = dn_gelu_bwd,
-    .residual_fwd = dn_residual_fwd,
-    .add_inplace = dn_add_inplace,
-    .crossentropy_fwd = dn_crossentropy_fwd,
-    .crossentropy_bwd = dn_crossentropy_bwd,
-    .adamw = dn_adamw,
-    .sumsq = dn_sumsq,
-    .scale = dn_scale,
-    .rmsnorm_fwd = dn_rmsnorm_fwd,
-    .rmsnorm_bwd_input = dn_rmsnorm_bwd_input,
-    .rmsnorm_bwd_weight = dn_rmsnorm_bwd_weight,
-    .rope_fwd = dn_rope_fwd,
-    .rope_bwd = dn_rope_bwd,
     .attention_gqa_fwd = dn_attention_gqa_fwd,
     .attention_gqa_bwd = dn_attention_gqa_bwd,
-    .swiglu_fwd = dn_swiglu_fwd,
-    .swiglu_bwd = dn_swiglu_bwd,
 };

@@ -1,6 +1,7 @@
 /*
- * bench.c — `pipelm bench`: sgemm peak measurement, and the matmul peak of a backend
- * (oneDNN fp32 / bf16) through its matmul_fwd.
+ * bench.c — `pipelm bench`: sgemm peak measurement, the matmul peak of a backend (oneDNN
+ * fp32 / bf16) through its matmul_fwd (the clock read after the backend's synchronize, so a
+ * device backend is timed on its kernels), and the report of a benchmark run.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -57,7 +58,7 @@ double bench_matmul_shape_gflops(const char *backend_name, int precision, int N,
         snprintf(matmul_info, sizeof matmul_info, "bad shape %d x %d x %d", N, C, OC);
         return -1.0;
     }
-    backend_options opt = {precision, threads, -1, 0, 0};
+    backend_options opt = {precision, threads, -1, 0, 0, NULL};
     char err[512] = "";
     if (be->init(&opt, err, sizeof err) != 0) {
         snprintf(matmul_info, sizeof matmul_info, "%s", err);
@@ -81,11 +82,13 @@ double bench_matmul_shape_gflops(const char *backend_name, int precision, int N,
         if (!rc) rc = be->from_host(w, hw, sizeof(float) * nw);
     }
     if (!rc) rc = be->matmul_fwd(out, inp, w, NULL, N, C, OC); /* warm-up: primitive creation */
+    if (!rc) rc = be->synchronize(); /* the clock is read once the queued work is done */
     if (!rc) {
         int reps = 0;
         double t0 = pl_now(), t;
         do {
             rc = be->matmul_fwd(out, inp, w, NULL, N, C, OC);
+            if (!rc) rc = be->synchronize();
             reps++;
             t = pl_now() - t0;
         } while (!rc && t < seconds);
@@ -120,39 +123,51 @@ static double median(const double *x, int n, double *mn, double *mx) {
     return m;
 }
 
-int bench_report(const bench_result *br, const char *json, const char *csv) {
-    int P = br->P;
-    double total_s = 0, mn, mx;
+/* The figures bench_report derives from a bench_result. */
+typedef struct {
+    double tokens_per_s, tflops, med, mn, mx, peak, mfu, bubble;
+    int D, V;
+} bench_figures;
+
+/* Throughput, step-time spread, MFU against the measured peak of all D P ranks, and the
+ * measured bubble: the share of the pipeline phase (step minus optimizer) that ranks spend
+ * not computing, summed over ranks (the quantity the schedule's theory predicts). */
+static void bench_derive(const bench_result *br, bench_figures *f) {
+    double total_s = 0, compute = 0, pipe = 0;
     for (int i = 0; i < br->nsteps; i++) total_s += br->step_s[i];
-    double med = median(br->step_s, br->nsteps, &mn, &mx);
-    double tokens_per_s = total_s > 0 ? (double)br->B * br->T * br->nsteps / total_s : 0;
-    double tflops = tokens_per_s * br->flops_per_token / 1e12;
-    /* measured bubble: the share of the pipeline phase (step minus optimizer) that ranks
-     * spend not computing, summed over ranks — the quantity the schedule's theory predicts */
-    double peak = 0, compute = 0, pipe = 0;
-    for (int r = 0; r < P; r++) {
+    f->med = median(br->step_s, br->nsteps, &f->mn, &f->mx);
+    f->tokens_per_s = total_s > 0 ? (double)br->B * br->T * br->nsteps / total_s : 0;
+    f->tflops = f->tokens_per_s * br->flops_per_token / 1e12;
+    f->peak = 0;
+    for (int r = 0; r < br->P; r++) {
         const double *s = br->stage_stats + BENCH_NSTAT * r;
-        peak += s[6];
+        f->peak += s[6];
         compute += s[0];
         pipe += s[3] - s[2];
     }
-    int D = br->D > 1 ? br->D : 1;
-    peak *= D; /* every replica's ranks compute: the peak of all W = D P ranks */
-    double mfu = peak > 0 ? tflops * 1e3 / peak : 0;
-    double bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
-    int V = br->V > 1 ? br->V : 1;
+    f->D = br->D > 1 ? br->D : 1;
+    f->V = br->V > 1 ? br->V : 1;
+    f->peak *= f->D; /* every replica's ranks compute: the peak of all W = D P ranks */
+    f->mfu = f->peak > 0 ? f->tflops * 1e3 / f->peak : 0;
+    f->bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
+}
+
+/* The summary and the per-rank table, on stdout. */
+static void bench_print(const bench_result *br, const bench_figures *f) {
+    int P = br->P, D = f->D, V = f->V;
     char chunks[48] = "";
     if (V > 1) snprintf(chunks, sizeof chunks, " (ranks) x %d chunks", V);
     pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
             P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B,
             br->T, br->nsteps);
-    pl_info("  throughput      %10.1f tokens/s\n", tokens_per_s);
-    pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * med, 1e3 * mn, 1e3 * mx);
-    pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", tflops, br->flops_per_token);
-    pl_info("  MFU             %10.1f %% of %.1f GFLOP/s measured %s peak (all ranks)\n", 100 * mfu, peak,
+    pl_info("  throughput      %10.1f tokens/s\n", f->tokens_per_s);
+    pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * f->med, 1e3 * f->mn, 1e3 * f->mx);
+    pl_info("  model FLOP/s    %10.4f TFLOP/s (%.3g FLOP/token = 6N + 6LCT)\n", f->tflops, br->flops_per_token);
+    pl_info("  MFU             %10.1f %% of %.1f GFLOP/s measured %s peak (all ranks)\n", 100 * f->mfu, f->peak,
             br->peak_what ? br->peak_what : "sgemm");
     pl_info("  BLAS kernel     %10s (%s)\n", blas_kernel(), blas_kernel_origin());
-    pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * bubble, 100 * br->bubble_theoretical);
+    pl_info("  bubble          %10.1f %% measured, %.1f %% theoretical\n", 100 * f->bubble,
+            100 * br->bubble_theoretical);
     pl_info("  stage  rank  blocks  compute ms  wait ms  optim ms  idle ms  peak RSS MB   peak GF/s  dp-wait ms  AdamW MB"
             "  in flight (bound)  act MB\n");
     for (int r = 0; r < P; r++) {
@@ -165,53 +180,71 @@ int bench_report(const bench_result *br, const char *json, const char *csv) {
     if (D > 1)
         pl_info("  (dp-wait: the replicas' gradient reduction not hidden behind the backward, per step; optim ms "
                 "includes it; AdamW MB: m and v on one rank)\n");
+}
+
+/* The results as one JSON object. */
+static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) {
+    fprintf(f, "{\"stages_count\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"batch\":%d,\"seq_len\":%d,"
+               "\"steps\":%d,\"tokens_per_s\":%.3f,\"step_ms\":{\"min\":%.3f,\"median\":%.3f,\"max\":%.3f},"
+               "\"tflops\":%.6f,\"mfu\":%.6f,\"peak_gflops\":%.3f,\"flops_per_token\":%.6g,"
+               "\"bubble_measured\":%.6f,\"bubble_theoretical\":%.6f,\"blas_kernel\":\"%s\",\"stages\":[",
+            br->P, br->schedule, br->M, br->B, br->T, br->nsteps, g->tokens_per_s, 1e3 * g->mn, 1e3 * g->med,
+            1e3 * g->mx, g->tflops, g->mfu, g->peak, br->flops_per_token, g->bubble, br->bubble_theoretical,
+            blas_kernel());
+    for (int r = 0; r < br->P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        double idle = s[3] - s[0] - s[1] - s[2];
+        fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
+                   "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
+                   "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
+                   "\"inflight_bound\":%d,\"act_mb_peak\":%.3f}",
+                r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
+                s[8], s[9], (int)s[10], (int)s[11], s[12]);
+    }
+    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d}\n", g->D, br->zero, g->V);
+}
+
+/* The results as a CSV header and one row (the per-rank figures as their maxima). */
+static void bench_csv(FILE *f, const bench_result *br, const bench_figures *g) {
+    fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
+               "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max,"
+               "chunks_per_rank,act_mb_peak_max\n");
+    double dw = 0, om = 0, am = 0;
+    for (int r = 0; r < br->P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        if (s[8] > dw) dw = s[8];
+        if (s[9] > om) om = s[9];
+        if (s[12] > am) am = s[12];
+    }
+    fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f\n", br->schedule,
+            br->P, br->M, br->B, br->T, g->tokens_per_s, 1e3 * g->mn, 1e3 * g->med, 1e3 * g->mx, g->tflops, g->mfu,
+            g->peak, g->bubble, br->bubble_theoretical, g->D, br->zero, dw, om, g->V, am);
+}
+
+/* Write one output file of the report through write (flag names it in messages). */
+static int bench_write(const char *path, const char *flag, const bench_result *br, const bench_figures *g,
+                       void (*write)(FILE *, const bench_result *, const bench_figures *)) {
+    FILE *f = NULL;
+    char e[1024];
+    if (pl_open_output(path, flag, &f, e, sizeof e) != PL_OK) {
+        pl_error("%s", e);
+        return PL_EIO;
+    }
+    write(f, br, g);
+    if (pl_close_output(f, path, flag, e, sizeof e) != PL_OK) {
+        pl_error("%s", e);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
+int bench_report(const bench_result *br, const char *json, const char *csv) {
+    bench_figures g;
+    bench_derive(br, &g);
+    bench_print(br, &g);
     int rc = 0;
-    if (json && json[0]) {
-        FILE *f = NULL;
-        char e[1024];
-        if (pl_open_output(json, "--json", &f, e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
-        else {
-            fprintf(f, "{\"stages_count\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"batch\":%d,\"seq_len\":%d,"
-                       "\"steps\":%d,\"tokens_per_s\":%.3f,\"step_ms\":{\"min\":%.3f,\"median\":%.3f,\"max\":%.3f},"
-                       "\"tflops\":%.6f,\"mfu\":%.6f,\"peak_gflops\":%.3f,\"flops_per_token\":%.6g,"
-                       "\"bubble_measured\":%.6f,\"bubble_theoretical\":%.6f,\"blas_kernel\":\"%s\",\"stages\":[",
-                    P, br->schedule, br->M, br->B, br->T, br->nsteps, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx,
-                    tflops, mfu, peak, br->flops_per_token, bubble, br->bubble_theoretical, blas_kernel());
-            for (int r = 0; r < P; r++) {
-                const double *s = br->stage_stats + BENCH_NSTAT * r;
-                double idle = s[3] - s[0] - s[1] - s[2];
-                fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
-                           "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
-                           "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
-                           "\"inflight_bound\":%d,\"act_mb_peak\":%.3f}",
-                        r ? "," : "", r * D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
-                        s[8], s[9], (int)s[10], (int)s[11], s[12]);
-            }
-            fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d}\n", D, br->zero, V);
-            if (pl_close_output(f, json, "--json", e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
-        }
-    }
-    if (csv && csv[0]) {
-        FILE *f = NULL;
-        char e[1024];
-        if (pl_open_output(csv, "--csv", &f, e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
-        else {
-            fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
-                       "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max,"
-                       "chunks_per_rank,act_mb_peak_max\n");
-            double dw = 0, om = 0, am = 0;
-            for (int r = 0; r < P; r++) {
-                const double *s = br->stage_stats + BENCH_NSTAT * r;
-                if (s[8] > dw) dw = s[8];
-                if (s[9] > om) om = s[9];
-                if (s[12] > am) am = s[12];
-            }
-            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f\n", br->schedule,
-                    P, br->M, br->B, br->T, tokens_per_s, 1e3 * mn, 1e3 * med, 1e3 * mx, tflops, mfu, peak, bubble,
-                    br->bubble_theoretical, D, br->zero, dw, om, V, am);
-            if (pl_close_output(f, csv, "--csv", e, sizeof e) != PL_OK) { pl_error("%s", e); rc = PL_EIO; }
-        }
-    }
+    if (json && json[0] && bench_write(json, "--json", br, &g, bench_json) != PL_OK) rc = PL_EIO;
+    if (csv && csv[0] && bench_write(csv, "--csv", br, &g, bench_csv) != PL_OK) rc = PL_EIO;
     return rc;
 }
 

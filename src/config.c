@@ -115,6 +115,10 @@ static const opt_desc options[] = {
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
              "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; --backend onednn or cuda)"),
+    O_STR("backend-opt", backend_opt, "a backend setting KEY=VALUE (repeatable, or k=v,k=v; the keys are listed "
+          "below)"),
+    O_INT("profile-ops", profile_ops, "1: time the backend ops by class, as bench always does and reports "
+          "(alias PIPELM_PROFILE_OPS=1)"),
     O_INT("threads", threads, "CPU threads per rank (0: cores / ranks on the node)"),
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
@@ -318,12 +322,15 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
             snprintf(err, errlen, "%s: bad value '%s' for --%s (expected %s)", where, shown, d->name, list);
             return PL_EINVAL;
         }
-        if (strlen(val) >= d->size) {
+        /* --backend-opt is repeatable: each one adds "," and its value */
+        size_t have = d->offset == offsetof(pl_options, backend_opt) && *(char *)dst ? strlen(dst) + 1 : 0;
+        if (have + strlen(val) >= d->size) {
             snprintf(err, errlen, "%s: value of --%s is too long (%zu characters, at most %zu)",
-                     where, d->name, strlen(val), d->size - 1);
+                     where, d->name, have + strlen(val), d->size - 1);
             return PL_EINVAL;
         }
-        strcpy((char *)dst, val);
+        if (have) strcat(strcat((char *)dst, ","), val);
+        else strcpy((char *)dst, val);
         break;
     }
     static const struct { size_t off; unsigned bit; } model_bits[] = {
@@ -850,6 +857,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
             o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
+    const backend *be = backend_find(o->backend); /* an unknown one: the run says which are built */
+    if (be && backend_opts_check(be, o->backend_opt, err, errlen) != PL_OK) return PL_EINVAL;
 #undef REQUIRE
     /* lr, betas, eps, weight decay, batch, seq-len, markov-branch, the model: the checkpoint's ranges */
     return validate_model_and_train(o, err, errlen);
@@ -880,6 +889,8 @@ void config_print_help(FILE *out, int bench) {
                  options[i].optional_default ? "]" : "");
         fprintf(out, "  %-24s %s\n", flag, help_text(&options[i], help, sizeof help));
     }
+    fprintf(out, "  backend settings (--backend-opt KEY=VALUE; the variable named is an older alias):\n");
+    backend_print_opts(out);
 }
 
 /* Print a string as a JSON string literal. */

@@ -209,10 +209,12 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
         PL_TRY(timed_wait(e, &e->rq_f[k], "wait recv F", SCHED_RECV_F, s, m, rank_of(e, s - 1), step));
         PL_TRY(unview(e, HV_RF, c, m, e->recv_f[c] + m * slice, slice));
     }
+    PL_TRY(st->be->synchronize()); /* the clock times this F, not what a device backend still runs */
     double t0 = pl_now();
     PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                          s > 0 ? e->recv_f[c] + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                          dloss, &e->mb_loss[m], &slot));
+    PL_TRY(st->be->synchronize());
     double t1 = pl_now();
     e->t_fwd += t1 - t0;
     charge(e, c, SCHED_F, t0, t1);
@@ -258,12 +260,14 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
         PL_TRY(timed_wait(e, &e->sq_f[k], "wait send F", SCHED_SEND_F, s, m, rank_of(e, s + 1), step));
         PL_TRY(unview(e, HV_SF, c, m, stage_output(st, slot), slice));
     }
+    PL_TRY(st->be->synchronize());
     double t0 = pl_now();
     const float *dout = s < e->S - 1 ? e->recv_b[c] + m * slice : NULL;
     PL_TRY(whole ? stage_backward(st, slot, dout) : stage_backward_input(st, slot, dout));
     if (s > 0) PL_TRY(st->be->copy(e->send_b[c] + m * slice, stage_dinput(st), slice * sizeof(float)));
     e->b_done[k] = 1;
     if (whole) e->next_b[c]++;
+    PL_TRY(st->be->synchronize());
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, op, t0, t1);
@@ -288,9 +292,11 @@ static int run_weight(engine *e, long step, int c, int m) {
                  "(micro-batch %d is next); refusing to run it", step, s, m, e->next_b[c]);
         return PL_EINVAL;
     }
+    PL_TRY(st->be->synchronize());
     double t0 = pl_now();
     PL_TRY(stage_backward_weight(st, slot));
     e->next_b[c]++;
+    PL_TRY(st->be->synchronize());
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, SCHED_W, t0, t1);

@@ -176,7 +176,7 @@ int gpt2_block_forward(const backend *be, const block_dims *d, const block_param
     int N = d->N, C = d->C;
     PL_TRY(be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C));
     PL_TRY(be->matmul_fwd(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C));           // (N, 3C)
-    PL_TRY(be->attention_fwd(a->atty, a->att, a->qkv, d->B, d->T, C, d->NH));          // (N, C)
+    PL_TRY(be->attention_gqa_fwd(a->atty, a->att, a->qkv, d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, C)
     PL_TRY(be->matmul_fwd(a->res2, a->atty, p->attprojw, p->attprojb, N, C, C));     // (N, C)
     PL_TRY(be->residual_fwd(a->res2, a->res2, x, (size_t)N * C));
     PL_TRY(be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C));
@@ -201,7 +201,7 @@ int gpt2_block_backward_input(const backend *be, const block_dims *d, const bloc
     /* res2 = x + attproj(attn(qkv(ln1(x)))) */
     PL_TRY(be->copy(dd->attproj, dres, nc));
     PL_TRY(be->matmul_bwd_input(dd->ln1, dres, p->attprojw, N, C, C));        // (N, C) d(atty)
-    PL_TRY(be->attention_bwd(dd->qkv, dd->ln1, a->qkv, a->att, d->B, d->T, C, d->NH)); // (N, 3C)
+    PL_TRY(be->attention_gqa_bwd(dd->qkv, dd->ln1, a->qkv, a->att, d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, 3C)
     PL_TRY(be->matmul_bwd_input(dd->ln1, dd->qkv, p->qkvw, N, C, 3 * C));     // (N, C)
     return be->layernorm_bwd_input(dres, dd->ln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
 }

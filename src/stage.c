@@ -641,7 +641,8 @@ static int recompute_block(stage *st, act_slot *s, int b, const float *x) {
         return st->be->attention_gqa_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.NH, st->cfg.NKV,
                                          d.HS);
     if (st->recompute == STAGE_RECOMPUTE_SELECTIVE)
-        return st->be->attention_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.C, st->cfg.NH);
+        return st->be->attention_gqa_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.NH, st->cfg.NH,
+                                         st->cfg.C / st->cfg.NH);
     return PL_OK;
 }
 

@@ -156,14 +156,15 @@ static int lock_ckpt_dir(const run *R, char *err, size_t errlen) {
 /* The backend named by --backend, set up with --precision and this rank's threads. */
 static int setup_backend(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    backend_options bo = {PL_PREC_FP32, R->lay.threads, -1, R->lay.local_rank, R->lay.local_ranks};
+    backend_options bo = {PL_PREC_FP32, R->lay.threads, -1, R->lay.local_rank, R->lay.local_ranks, o->backend_opt};
     if (backend_parse_precision(o->precision, &bo.precision) != 0) {
         snprintf(err, errlen, "--precision %s: not fp32 or bf16", o->precision);
         return PL_EINVAL;
     }
     const backend *be = backend_find(o->backend);
     if (!be) {
-        snprintf(err, errlen, "unknown or unbuilt backend '%s' (this build has: %s)", o->backend, backend_list());
+        snprintf(err, errlen, "unknown or unbuilt backend '%s' (this build has: %s)%s%s", o->backend, backend_list(),
+                 backend_refusal()[0] ? "; refused: " : "", backend_refusal());
         return PL_EINVAL;
     }
     char e2[512] = "";
@@ -171,9 +172,10 @@ static int setup_backend(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "backend %s cannot run here: %s", be->name, e2);
         return PL_EINVAL;
     }
-    /* a benchmark also says where the step goes: its ops are timed by class */
+    /* a benchmark also says where the step goes: its ops are timed by class (--profile-ops,
+     * alias PIPELM_PROFILE_OPS) */
     const char *pe = getenv("PIPELM_PROFILE_OPS");
-    R->profiled = o->bench || (pe && strcmp(pe, "0") != 0 && pe[0]);
+    R->profiled = o->bench || o->profile_ops || (pe && strcmp(pe, "0") != 0 && pe[0]);
     R->be = R->profiled ? backend_profiled(be) : be;
     return be->set_threads(R->lay.threads);
 }

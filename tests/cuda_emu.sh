@@ -1,5 +1,6 @@
 #!/bin/bash
-# Run tests/test_cuda.c against src/backend_cuda.cu compiled for the host with the CUDA
+# Run tests/test_cuda.c (and tests/test_backends.c, the conformance test) against
+# src/backend_cuda.cu compiled for the host with the CUDA
 # emulation of tests/cuda_emu.h (every kernel thread a real thread, cuBLAS as loops, device
 # memory as NaN-filled host memory), under AddressSanitizer and UBSan. For a machine without a
 # GPU: it checks the kernels' indexing, barriers and reductions, the row-major -> cuBLAS
@@ -29,9 +30,15 @@ for f in src/backend_cpu.c src/backend_host.c src/blas.c; do
     mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done
-mpicc -std=gnu11 -O1 -g -Wall -Wextra $san $(pkg-config --cflags check) -I"$top/include" \
-    -c "$top/tests/test_cuda.c" -o "$out/test_cuda.o"
-mpicc $san -fopenmp -pthread -o "$out/test_cuda_emu" "$out"/*.o $blas_libs $(pkg-config --libs check) -lstdc++ -lm
+for t in test_cuda test_backends; do
+    mpicc -std=gnu11 -O1 -g -Wall -Wextra $san $(pkg-config --cflags check) -I"$top/include" \
+        -c "$top/tests/$t.c" -o "$out/$t.test.o"
+done
+mkdir "$out/lib" && mv "$out"/*.o "$out/lib/"
+for t in test_cuda test_backends; do
+    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/blas.o" "$out/lib/$t.test.o" \
+        $blas_libs $(pkg-config --libs check) -lstdc++ -lm
+done
 set +x
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 CK_FORK=no
@@ -44,3 +51,11 @@ rc=0
 EMU_NDEV=1 TEST_CUDA_VERBOSE=${TEST_CUDA_VERBOSE:-0} "$out/test_cuda_emu" || rc=$?
 if [ "$rc" != 0 ]; then echo "cuda_emu: EMU_NDEV=1: exit $rc"; exit 1; fi
 echo "cuda_emu: EMU_NDEV=1: passed"
+# the conformance test: with no device only cpu runs (77); with one, cuda against cpu
+rc=0
+EMU_NDEV=0 "$out/test_backends_emu" || rc=$?
+if [ "$rc" != 77 ]; then echo "cuda_emu: test_backends, EMU_NDEV=0: exit $rc, want 77"; exit 1; fi
+rc=0
+EMU_NDEV=1 TEST_BACKENDS_VERBOSE=${TEST_CUDA_VERBOSE:-0} "$out/test_backends_emu" || rc=$?
+if [ "$rc" != 0 ]; then echo "cuda_emu: test_backends, EMU_NDEV=1: exit $rc"; exit 1; fi
+echo "cuda_emu: test_backends: passed"

@@ -27,13 +27,15 @@
  *     att, dpre): att (softmax of the rounded q k^T, checked against backend_cpu on the rounded
  *     qkv), out and dv max-rel <= TOL32; dq, dk l2-rel <= 1e-4 (their reference rounds a double
  *     dpre, the backend its fp32 dpre: a value on a rounding boundary may go the other way);
- *   TF32 (PIPELM_CUDA_TF32=1) matmul vs fp32:  max-rel <= 5e-3.
+ *   TF32 (--backend-opt tf32=1, and its alias PIPELM_CUDA_TF32=1) matmul vs fp32: max-rel <= 5e-3.
  * Llama ops (RMSNorm N=21 C=24 and N=300 C=203; RoPE HS=6 T=5; grouped-query attention B2 T5
  *   NH6 NKV2 HS6, B2 T13 NH8 NKV1 HS8, B3 T7 NH4 NKV4 HS6; SwiGLU n=1031): fp32 against
  *   backend_cpu max-rel <= TOL32 (the reductions and the products differ from the CPU's only
  *   in summation order, and a GPU may fuse a multiply-add); gqa bf16 as attention above
- *   (l2-rel <= 2e-2, cos >= 0.9998); with NKV == NH gqa is bit-identical to this backend's
- *   attention_fwd/bwd (the same kernels and products); every op twice bit-identical.
+ *   (l2-rel <= 2e-2, cos >= 0.9998); NKV == NH is GPT-2's multi-head attention (the attention
+ *   cases: C = 15, 24, 96 with NH = 3, 3, 4); every op twice bit-identical.
+ * Shared measures and checks: tests/backend_compare.h; the op-by-op conformance of every
+ *   backend against backend_cpu: tests/test_backends.c.
  * Determinism: every op twice on the same inputs is bit-identical (fp32 and bf16).
  * Failures: an injected allocation failure, a too-large and an impossible allocation return
  *   PL_ENOMEM with a message; a bad shape PL_EBACKEND naming the op; more local ranks than
@@ -50,36 +52,21 @@
 
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "backend_compare.h"
 
 extern const backend backend_cuda;
 
-#define TOL32 1e-5
-#define TOL16_REL 1e-2
-#define TOL16_COS 0.9999
-#define TOL16_MIN 1e-4
-#define TOL16_ATT_REL 2e-2
-#define TOL16_ATT_COS 0.9998
 #define TOL16_EMU_L2 1e-4
 #define TOL_TF32 5e-3
 #define TOL_SUMSQ 1e-12
 
 static const backend *gpu = &backend_cuda;
 static const backend *cpu = &backend_cpu;
-static int verbose = 0;
 static int have_device = 0;
 static char init_err[512] = "";
 
 // ----------------------------------------------------------------------------
 // helpers
-
-static uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 0x9E3779B97F4A7C15ull + 0x1234567ull; }
-static double rng_u01(void) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
 
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -144,7 +131,7 @@ static float *dget(const float *d, size_t n) {
 
 /* The CUDA backend in precision prec (init again). */
 static void use_prec(int prec) {
-    backend_options o = {prec, 1, -1, 0, 0};
+    backend_options o = {prec, 1, -1, 0, 0, NULL};
     char err[512] = "";
     int rc = gpu->init(&o, err, sizeof err);
     ck_assert_msg(rc == 0, "cuda init %s: %s", backend_precision_name(prec), err);
@@ -170,93 +157,18 @@ static float *hround(const float *x, size_t n) {
     return r;
 }
 
-/* x - base, widened (base may be NULL) */
-static double *incr(const float *x, const float *base, size_t n) {
-    double *d = xmalloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++) d[i] = (double)x[i] - (base ? (double)base[i] : 0.0);
-    return d;
-}
-static double max_rel_d(const double *x, const double *r, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(x[i] - r[i]);
-        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
-        if (fabs(r[i]) > den) den = fabs(r[i]);
-    }
-    return den > 0 ? num / den : num;
-}
-static void l2_cos_d(const double *x, const double *r, size_t n, double *rel, double *cs) {
-    double dd = 0, rr = 0, xx = 0, xr = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = x[i] - r[i];
-        dd += d * d;
-        rr += r[i] * r[i];
-        xx += x[i] * x[i];
-        xr += x[i] * r[i];
-    }
-    *rel = rr > 0 ? sqrt(dd / rr) : sqrt(dd);
-    *cs = xx > 0 && rr > 0 ? xr / sqrt(xx * rr) : 0;
-    if (isnan(*rel)) *rel = INFINITY;
-    if (isnan(*cs)) *cs = -1;
-}
-
-static double worst32 = 0, worst16 = 0, worst16cos = 1, worst16a = 0, worst16acos = 1;
-
-/* fp32: max-rel of the increments over base <= tol */
-static void check_max(const char *what, const float *x, const float *ref, const float *base, size_t n, double tol) {
-    double *a = incr(x, base, n), *r = incr(ref, base, n);
-    double e = max_rel_d(a, r, n);
-    free(a);
-    free(r);
-    if (verbose) printf("  %-50s max-rel %.3e (tol %.0e)\n", what, e, tol);
-    if (tol == TOL32 && e > worst32) worst32 = e;
-    ck_assert_msg(e <= tol, "%s: max relative error %.3e > %.0e", what, e, tol);
-}
-static void check32(const char *what, const float *x, const float *ref, const float *base, size_t n) {
-    check_max(what, x, ref, base, n, TOL32);
-}
-/* bf16 vs the fp32 reference: l2-rel, cosine, and not suspiciously exact */
-static void check16(const char *what, const float *x, const float *ref, const float *base, size_t n, int att) {
-    double *a = incr(x, base, n), *r = incr(ref, base, n);
-    double rel, cs;
-    l2_cos_d(a, r, n, &rel, &cs);
-    free(a);
-    free(r);
-    double trel = att ? TOL16_ATT_REL : TOL16_REL, tcos = att ? TOL16_ATT_COS : TOL16_COS;
-    if (verbose) printf("  %-50s l2-rel %.3e cos %.7f (tol %.0e, %.4f)\n", what, rel, cs, trel, tcos);
-    if (att) {
-        if (rel > worst16a) worst16a = rel;
-        if (cs < worst16acos) worst16acos = cs;
-    } else {
-        if (rel > worst16) worst16 = rel;
-        if (cs < worst16cos) worst16cos = cs;
-    }
-    ck_assert_msg(rel <= trel, "%s: bf16 l2 relative error %.3e > %.0e", what, rel, trel);
-    ck_assert_msg(cs >= tcos, "%s: bf16 cosine %.7f < %.4f", what, cs, tcos);
-    ck_assert_msg(rel >= TOL16_MIN, "%s: bf16 result as exact as fp32 (l2-rel %.3e): were the products bf16?", what,
-                  rel);
-}
 /* against a double reference (already the increment) */
 static void check_vs_double(const char *what, const float *x, const float *base, const double *ref, size_t n,
                             int l2, double tol) {
     double *a = incr(x, base, n);
     double e, cs = 1;
     if (l2)
-        l2_cos_d(a, ref, n, &e, &cs);
+        l2_cos(a, ref, n, &e, &cs);
     else
-        e = max_rel_d(a, ref, n);
+        e = max_rel(a, ref, n);
     free(a);
     if (verbose) printf("  %-50s %s %.3e (tol %.0e)\n", what, l2 ? "l2-rel" : "max-rel", e, tol);
     ck_assert_msg(e <= tol, "%s: %s error %.3e > %.0e", what, l2 ? "l2 relative" : "max relative", e, tol);
-}
-/* bit-identical */
-static void check_same(const char *what, const float *a, const float *b, size_t n) {
-    size_t nd = 0, first = 0;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0 && nd++ == 0) first = i;
-    if (verbose) printf("  %-50s %s\n", what, nd ? "DIFFERS" : "bit-identical");
-    ck_assert_msg(nd == 0, "%s: %zu of %zu values differ (first [%zu]: %.9g vs %.9g)", what, nd, n, first,
-                  nd ? (double)a[first] : 0.0, nd ? (double)b[first] : 0.0);
 }
 /* the device buffer d holds the same bits as the host h */
 static void check_same_dev(const char *what, const float *d, const float *h, size_t n) {
@@ -294,12 +206,12 @@ START_TEST(test_nodevice) {
     ck_assert_msg(strstr(gpu->error(), "injected") != NULL, "error() = '%s'", gpu->error());
     backend_fail_alloc_after(0);
     /* unknown precision: refused whether or not there is a device */
-    backend_options bad = {7, 1, -1, 0, 0};
+    backend_options bad = {7, 1, -1, 0, 0, NULL};
     char err[512] = "";
     ck_assert_int_ne(gpu->init(&bad, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "precision") != NULL, "init(precision 7): '%s'", err);
     /* back to what main found: a device, or the message of its absence */
-    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0};
+    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     err[0] = 0;
     int rc = gpu->init(&o, err, sizeof err);
     ck_assert_int_eq(rc == 0, have_device);
@@ -434,8 +346,8 @@ START_TEST(test_failures) {
     gpu->free(p);
 
     /* bad shapes: refused with the op named, nothing launched */
-    ck_assert_int_eq(gpu->attention_fwd(NULL, NULL, NULL, 2, 7, 24, 5), PL_EBACKEND);
-    ck_assert_msg(strstr(gpu->error(), "attention_fwd") && strstr(gpu->error(), "invalid shape"), "error() = '%s'",
+    ck_assert_int_eq(gpu->attention_gqa_fwd(NULL, NULL, NULL, 2, 7, 5, 2, 24), PL_EBACKEND); /* NH % NKV */
+    ck_assert_msg(strstr(gpu->error(), "attention_gqa_fwd") && strstr(gpu->error(), "invalid shape"), "error() = '%s'",
                   gpu->error());
     ck_assert_int_eq(gpu->matmul_fwd(NULL, NULL, NULL, NULL, -1, 4, 4), PL_EBACKEND);
     ck_assert_msg(strstr(gpu->error(), "matmul_fwd") != NULL, "error() = '%s'", gpu->error());
@@ -448,7 +360,7 @@ START_TEST(test_failures) {
     env_set("MPI_LOCALRANKID", "999");
     env_set("MPI_LOCALNRANKS", "1000");
     env_set("PIPELM_CUDA_SHARE", NULL);
-    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0};
+    backend_options o = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     char err[512] = "";
     int rc = gpu->init(&o, err, sizeof err);
     if (verbose) printf("  1000 local ranks: %s\n", err);
@@ -461,7 +373,7 @@ START_TEST(test_failures) {
     OK(gpu->alloc(&p, 64));
     gpu->free(p);
     /* a device ordinal that does not exist */
-    backend_options od = {PL_PREC_FP32, 1, 1 << 20, 0, 0};
+    backend_options od = {PL_PREC_FP32, 1, 1 << 20, 0, 0, NULL};
     ck_assert_int_ne(gpu->init(&od, err, sizeof err), 0);
     for (int i = 0; i < 3; i++) {
         env_set(vars[i], saved[i]);
@@ -730,6 +642,12 @@ START_TEST(test_tf32) {
     use_prec(PL_PREC_FP32);
     gpu->describe(d, sizeof d);
     ck_assert_msg(strstr(d, "TF32") == NULL, "describe without PIPELM_CUDA_TF32: '%s'", d);
+    backend_options opt = {PL_PREC_FP32, 1, -1, 0, 0, "sync=0,tf32=1"}; /* the option, not the alias */
+    char err[512] = "";
+    ck_assert_msg(gpu->init(&opt, err, sizeof err) == 0, "init with tf32=1: %s", err);
+    gpu->describe(d, sizeof d);
+    ck_assert_msg(strstr(d, "TF32") != NULL, "describe with --backend-opt tf32=1: '%s'", d);
+    use_prec(PL_PREC_FP32);
     if (saved) {
         env_set("PIPELM_CUDA_TF32", saved);
         use_prec(PL_PREC_FP32);
@@ -753,8 +671,8 @@ static att_res gpu_attention(const float *qkv, const float *dout, int B, int T, 
     float *g_qkv = dput(qkv, n3), *g_dout = dput(dout, n1);
     float *g_out = dconst(n1, 999.0f), *g_att = dconst(na, 999.0f);
     float *g_dqkv = dconst(n3, 777.0f);
-    OK(gpu->attention_fwd(g_out, g_att, g_qkv, B, T, C, NH));
-    OK(gpu->attention_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, C, NH));
+    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NH, C / NH)); /* GPT-2's: NKV = NH */
+    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NH, C / NH));
     att_res r = {dget(g_out, n1), dget(g_att, na), dget(g_dqkv, n3)};
     gpu->free(g_qkv); gpu->free(g_dout); gpu->free(g_out); gpu->free(g_att); gpu->free(g_dqkv);
     return r;
@@ -762,8 +680,8 @@ static att_res gpu_attention(const float *qkv, const float *dout, int B, int T, 
 static att_res cpu_attention(const float *qkv, const float *dout, int B, int T, int C, int NH) {
     size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     att_res r = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
-    CPU_OK(cpu->attention_fwd(r.out, r.att, qkv, B, T, C, NH));
-    CPU_OK(cpu->attention_bwd(r.dqkv, dout, qkv, r.att, B, T, C, NH));
+    CPU_OK(cpu->attention_gqa_fwd(r.out, r.att, qkv, B, T, NH, NH, C / NH));
+    CPU_OK(cpu->attention_gqa_bwd(r.dqkv, dout, qkv, r.att, B, T, NH, NH, C / NH));
     return r;
 }
 static void att_free(att_res *r) {
@@ -1197,15 +1115,6 @@ static void gqa_case(int B, int T, int NH, int NKV, int HS) {
     }
     for (size_t r = 0; r < (size_t)B * NH * T; r++)
         for (int j = (int)(r % T) + 1; j < T; j++) ck_assert(g.att[r * T + j] == 0.0f);
-    if (NKV == NH) { /* the same kernels and products as this backend's attention: the same bits */
-        att_res m = gpu_attention(qkv, dout, B, T, NH * HS, NH);
-        const float *mv[3] = {m.out, m.att, m.dqkv};
-        for (int i = 0; i < 3; i++) {
-            snprintf(what, sizeof what, "fp32 gqa NKV=NH %s vs attention", nm[i]);
-            check_same(what, gv[i], mv[i], ns[i]);
-        }
-        att_free(&m);
-    }
     att_free(&g2);
 
     use_prec(PL_PREC_BF16);
@@ -1317,12 +1226,12 @@ int main(void) {
     verbose = vb && *vb && strcmp(vb, "0") != 0;
     unsetenv("PIPELM_CUDA_TF32"); /* fp32 means fp32 here; test_tf32 sets it itself */
     char err[512] = "";
-    backend_options co = {PL_PREC_FP32, 1, -1, 0, 0};
+    backend_options co = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     if (cpu->init(&co, err, sizeof err) != 0) {
         fprintf(stderr, "test_cuda: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;
     }
-    backend_options go = {PL_PREC_FP32, 1, -1, 0, 0};
+    backend_options go = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     int rc = gpu->init(&go, init_err, sizeof init_err);
     have_device = rc == 0;
     if (!have_device && strncmp(init_err, "no CUDA device", 14) != 0) {

@@ -464,7 +464,7 @@ typedef struct {
 } att_ctx;
 static double att_obj(void *p) {
     att_ctx *c = p;
-    be->attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH);
     return dot_fd(c->out, c->R, (size_t)c->B * c->T * c->C);
 }
 
@@ -509,13 +509,13 @@ START_TEST(test_attention) {
         fill_rand(dout, nout, -1, 1);
         fill_const(out, nout, 999.0f);
         fill_const(att, natt, 7.0f); /* the masked triangle must be written as 0 */
-        be->attention_fwd(out, att, qkv, B, T, C, NH);
+        be->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH); /* GPT-2's: NKV = NH */
         double *rout = dalloc(nout), *ratt = dalloc(natt);
         attention_ref(rout, ratt, qkv, B, T, C, NH);
         char what[64];
-        snprintf(what, sizeof(what), "attention_fwd out C=%d NH=%d", C, NH);
+        snprintf(what, sizeof(what), "attention (NKV = NH) out C=%d NH=%d", C, NH);
         check_close(what, out, rout, nout, TOL_FWD);
-        snprintf(what, sizeof(what), "attention_fwd att C=%d NH=%d", C, NH);
+        snprintf(what, sizeof(what), "attention (NKV = NH) att C=%d NH=%d", C, NH);
         check_close(what, att, ratt, natt, TOL_FWD);
         for (int bh = 0; bh < B * NH; bh++)
             for (int t = 0; t < T; t++)
@@ -524,7 +524,7 @@ START_TEST(test_attention) {
 
         float *dqkv = falloc(nqkv);
         fill_const(dqkv, nqkv, 1000.0f); /* overwritten */
-        be->attention_bwd(dqkv, dout, qkv, att, B, T, C, NH);
+        be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
         float *sout = falloc(nout), *satt = falloc(natt);
         att_ctx ctx = {sout, satt, qkv, dout, B, T, C, NH};
         double *nq = dalloc(nqkv);
@@ -870,8 +870,8 @@ START_TEST(test_attention_threads) {
         out[r] = falloc((size_t)B * T * C);
         att[r] = falloc((size_t)B * NH * T * T);
         dqkv[r] = falloc((size_t)B * T * 3 * C);
-        be->attention_fwd(out[r], att[r], qkv, B, T, C, NH);
-        be->attention_bwd(dqkv[r], dout, qkv, att[r], B, T, C, NH);
+        be->attention_gqa_fwd(out[r], att[r], qkv, B, T, NH, NH, C / NH);
+        be->attention_gqa_bwd(dqkv[r], dout, qkv, att[r], B, T, NH, NH, C / NH);
     }
     be->set_threads(default_threads);
     ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * B * T * C) == 0, "attention out differs with 1 and 2 threads");
@@ -1123,15 +1123,6 @@ START_TEST(test_attention_gqa) {
         snprintf(what, sizeof(what), "attention_gqa dqkv NKV=%d", NKV);
         check_grad(what, aq, nq, nqkv);
 
-        if (NKV == NH) { /* ordinary multi-head attention: the same bits as attention_fwd/bwd */
-            float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
-            be->attention_fwd(out2, att2, qkv, B, T, NH * HS, NH);
-            be->attention_bwd(dqkv2, dout, qkv, att2, B, T, NH * HS, NH);
-            ck_assert_msg(memcmp(out, out2, sizeof(float) * nout) == 0, "gqa NKV=NH out != attention_fwd");
-            ck_assert_msg(memcmp(att, att2, sizeof(float) * natt) == 0, "gqa NKV=NH att != attention_fwd");
-            ck_assert_msg(memcmp(dqkv, dqkv2, sizeof(float) * nqkv) == 0, "gqa NKV=NH dqkv != attention_bwd");
-            be->free(out2); be->free(att2); be->free(dqkv2);
-        }
         free(rout); free(ratt); free(nq); free(aq);
         be->free(qkv); be->free(out); be->free(att); be->free(dout); be->free(dqkv);
         be->free(sout); be->free(satt);
@@ -1266,7 +1257,7 @@ START_TEST(test_backend_failures) {
     be->free(p);
     ck_assert_int_eq(be->alloc(&p, SIZE_MAX - 8), PL_ENOMEM);
     ck_assert_msg(strstr(be->error(), "too large") != NULL, "error() = '%s'", be->error());
-    backend_options bo = {PL_PREC_BF16, 0, -1, 0, 0};
+    backend_options bo = {PL_PREC_BF16, 0, -1, 0, 0, NULL};
     char err[256] = "";
     ck_assert_int_ne(be->init(&bo, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "fp32 only") != NULL, "init(bf16): '%s'", err);
@@ -1317,7 +1308,7 @@ int main(void) {
     default_threads = omp_get_max_threads();
 #endif
     char err[256] = "";
-    backend_options bo = {PL_PREC_FP32, 0, -1, 0, 0};
+    backend_options bo = {PL_PREC_FP32, 0, -1, 0, 0, NULL};
     if (be->init(&bo, err, sizeof(err)) != 0) {
         fprintf(stderr, "test_ops: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;

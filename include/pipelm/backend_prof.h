@@ -1,8 +1,10 @@
 /*
  * backend_prof.h — a backend that times another: every op of the wrapped table runs as
  * before and its wall time is added to its class (matmul, attention, norm/GELU/residual,
- * loss, optimizer, memory), so a benchmark can say where a step goes. Same results, bit for
- * bit; the cost is two clock reads per op. One wrapped backend per process.
+ * loss, optimizer, memory: the classes backend_ops.h gives), so a benchmark can say where a
+ * step goes. Same results, bit for bit; the cost is two clock reads and two synchronize calls
+ * per op (the backend's queued work is waited for, so a device backend's time is its kernels'),
+ * which return at once on a host backend. One wrapped backend per process.
  */
 #ifndef PIPELM_BACKEND_PROF_H
 #define PIPELM_BACKEND_PROF_H

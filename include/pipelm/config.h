@@ -49,6 +49,8 @@ typedef struct {
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */
     char precision[8];   /* fp32 | bf16 (checked as it is parsed) */
+    char backend_opt[256]; /* --backend-opt KEY=VALUE, repeatable: "k=v,k=v" (checked against the backend) */
+    int profile_ops;     /* 1: time the backend's ops by class (always on in bench) */
     int threads, log_every, timers_every, progress;
     /* checkpoints */
     char ckpt_dir[PL_PATH], resume[PL_PATH];
