@@ -1,11 +1,13 @@
 #!/bin/bash
 # jobs/setup.sh — install what is missing (Debian 12, as root), bootstrap, configure and build
-# pipelm in ./build. With --test, also run the whole test suite (make check) and print the
-# per-test summaries. With --test --full (what .ci/run does), then also the sanitizer stage (the
-# same make check in ./build-asan, configured --enable-sanitizers) and the fuzz stage
-# (tests/fuzz/run.sh: every fuzz target for FUZZ_SECONDS, default 60, in ./build-fuzz).
-# PIPELM_CI_STAGES picks stages (default "tests", or "tests sanitizers fuzz" with --full).
-# Exits non-zero if any stage fails; prints each stage's time.
+# pipelm in ./build. With --test, also run the test suite's plain tier (make check: every unit,
+# multi-rank and reference test, a few minutes on 2 cores) and print the per-test summaries.
+# With --test --full (what .ci/run does): the full tier (PIPELM_TEST_FULL=1: the slow checks
+# too, docs/testing.md), then the sanitizer stage (the full tier in ./build-asan, configured
+# --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
+# FUZZ_SECONDS, default 60, in ./build-fuzz). PIPELM_CI_STAGES picks stages (default "tests",
+# or "tests sanitizers fuzz" with --full); PIPELM_TEST_JOBS tests run at once (default 2).
+# Exits non-zero if any stage fails; prints each stage's time as it ends, and all of them last.
 # PIPELM_BUILD names the build directory instead of build (then BUILD-asan and BUILD-fuzz).
 # Safe to run again: installed packages and a configured build are reused.
 set -euo pipefail
@@ -26,13 +28,19 @@ for p in $want; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
+    t_install=$(date +%s)
     echo "setup: installing$missing"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+    printf 'stage %-10s %5d s  ok\n' install $(($(date +%s) - t_install))
 fi
 
+# stage_time NAME T0 RC: one line with the stage's time since T0 (date +%s) and its outcome
+stage_time() { printf 'stage %-10s %5d s  %s\n' "$1" $(($(date +%s) - $2)) "$([ "$3" -eq 0 ] && echo ok || echo FAILED)"; }
+
+t_build=$(date +%s)
 [ -x configure ] && [ configure -nt configure.ac ] && [ configure -nt Makefile.am ] || autoreconf -fi
 build=${PIPELM_BUILD:-build}
 mkdir -p "$build"
@@ -44,6 +52,8 @@ cuda_flag=
 [ -x "$cuda/bin/nvcc" ] && [ "${PIPELM_CUDA:-1}" != 0 ] && cuda_flag="--with-cuda=$cuda"
 [ -f Makefile ] || ../configure $cuda_flag
 make -j"$(nproc)"
+times=$(stage_time build "$t_build" 0)$'\n'
+printf '%s' "$times"
 
 # logs DIR: the summary lines of each test's log; counts DIR: "N passed, N failed, N skipped"
 # over automake's .trs files
@@ -70,7 +80,10 @@ if [ "${1:-}" = "--test" ]; then
     full=0
     [ "${2:-}" = "--full" ] && full=1
     if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz}; else stages=${PIPELM_CI_STAGES:-tests}; fi
-    times=""
+    # the full mode runs the tests' full tier (docs/testing.md), in both test stages
+    [ $full -eq 1 ] && export PIPELM_TEST_FULL=1
+    # tests at once: each works in its own directory, shares no file or port (docs/testing.md)
+    jobs=${PIPELM_TEST_JOBS:-2}
     top=$(dirname "$(pwd)") # we are in $build/
     asan=$top/$build-asan
     for stage in $stages; do
@@ -78,7 +91,7 @@ if [ "${1:-}" = "--test" ]; then
         rc=0
         case $stage in
         tests)
-            make -j1 check || rc=$?
+            make -j"$jobs" check || rc=$?
             [ $rc -eq 0 ] || { echo "setup: make check failed"; cat test-suite.log || true; }
             logs tests
             echo "tests: $(counts tests)"
@@ -88,7 +101,7 @@ if [ "${1:-}" = "--test" ]; then
             (mkdir -p "$asan" && cd "$asan" &&
                 { [ -f Makefile ] || ../configure --enable-sanitizers; } && make -j"$(nproc)") || rc=$?
             if [ $rc -eq 0 ]; then
-                (cd "$asan" && make -j1 check) || rc=$?
+                (cd "$asan" && make -j"$jobs" check) || rc=$?
                 [ $rc -eq 0 ] || { echo "setup: sanitizer make check failed"; cat "$asan/test-suite.log" || true; }
                 for r in $(find "$asan/tests" -name '*.san.*' -type f | sort); do
                     echo "== sanitizer report $r"; cat "$r"; rc=1
@@ -103,7 +116,9 @@ if [ "${1:-}" = "--test" ]; then
         *) echo "setup: unknown stage '$stage' in PIPELM_CI_STAGES"; rc=1 ;;
         esac
         [ $rc -eq 0 ] || status=1
-        times="$times$(printf 'stage %-10s %5d s  %s' "$stage" $(($(date +%s) - t0)) "$([ $rc -eq 0 ] && echo ok || echo FAILED)")"$'\n'
+        line=$(stage_time "$stage" "$t0" $rc)
+        echo "$line"
+        times="$times$line"$'\n'
     done
     printf '%s' "$times"
     exit $status

@@ -33,9 +33,8 @@ const char *blas_better_kernel(const char *detected) {
     return NULL;
 }
 
-void blas_choose_kernel(char **argv) {
-    const char *off = getenv("PIPELM_BLAS_AUTO");
-    if (getenv("PIPELM_REEXECUTED") || (off && strcmp(off, "0") == 0)) return;
+void blas_choose_kernel(char **argv, int enabled) {
+    if (getenv("PIPELM_REEXECUTED") || !enabled) return;
     int again = 0;
     const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : blas_better_kernel(openblas_get_corename());
     if (better) {

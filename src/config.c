@@ -123,6 +123,10 @@ static const opt_desc options[] = {
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
     O_INT("progress", progress, "progress bar on a terminal: 1 auto, 0 never"),
+    O_INT("bind", bind, "1: when a node's ranks all start on the same CPUs, bind each to its own slice; 0: never "
+          "(default 1, or PIPELM_BIND)"),
+    O_INT("blas-auto", blas_auto, "1: if OpenBLAS fell back to a pre-AVX2 kernel, re-execute once with the best one the "
+          "CPU allows; 0: keep the library's choice (default 1, or PIPELM_BLAS_AUTO)"),
     O_STR("ckpt-dir", ckpt_dir, "directory for checkpoints (one HDF5 file per save)"),
     O_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
     O_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
@@ -141,8 +145,23 @@ static const opt_desc options[] = {
           "checkpoint's collective HDF5 calls)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
+    O_DBL("stop-grace", stop_grace, "seconds a stop signal waits for a step that cannot end before the job is aborted "
+          "(0: 30 s plus 3 times the slowest step; default 0, or PIPELM_STOP_GRACE)"),
 };
 #define NOPT ((int)(sizeof options / sizeof options[0]))
+
+/* The run options whose environment variable is kept as an alias: it sets the default, a config
+ * file or the command line wins. Read as they always were: "0" turns the binding or the kernel
+ * choice off, anything else leaves it on; a grace that is not a positive number is automatic. */
+static void env_aliases(pl_options *o) {
+    const char *v = getenv("PIPELM_BIND");
+    o->bind = !(v && strcmp(v, "0") == 0);
+    v = getenv("PIPELM_BLAS_AUTO");
+    o->blas_auto = !(v && strcmp(v, "0") == 0);
+    v = getenv("PIPELM_STOP_GRACE");
+    double g = v ? atof(v) : 0;
+    o->stop_grace = isfinite(g) && g > 0 && g <= 1e7 ? g : 0;
+}
 
 void config_defaults(pl_options *o) {
     memset(o, 0, sizeof *o);
@@ -175,6 +194,7 @@ void config_defaults(pl_options *o) {
     o->fail_rank = -1;
     snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
+    env_aliases(o);
 }
 
 /* Presets: model dimensions plus the training settings they were tuned with. */
@@ -841,6 +861,10 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->chunks >= 0 && o->chunks <= 64, "--chunks-per-rank must be 0 to 64 (got %d)", o->chunks);
     REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
+    REQUIRE(o->bind == 0 || o->bind == 1, "--bind must be 0 or 1 (got %d)", o->bind);
+    REQUIRE(o->blas_auto == 0 || o->blas_auto == 1, "--blas-auto must be 0 or 1 (got %d)", o->blas_auto);
+    REQUIRE(o->stop_grace >= 0 && o->stop_grace <= 1e7, "--stop-grace must be in [0, 1e7] seconds (got %g)",
+            o->stop_grace);
     REQUIRE(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %d)", o->ckpt_every);
     REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);
     REQUIRE(!o->ckpt_every || o->ckpt_dir[0], "--ckpt-every needs --ckpt-dir");

@@ -29,7 +29,7 @@ static int env_int(const char *name) {
     return *end == 0 && n > 0 && n < 1 << 20 ? (int)n : 0;
 }
 
-int layout_choose(layout *L, MPI_Comm comm, int threads_opt) {
+int layout_choose(layout *L, MPI_Comm comm, int threads_opt, int bind) {
     memset(L, 0, sizeof *L);
     L->bound_first = -1;
     MPI_Comm node;
@@ -58,8 +58,7 @@ int layout_choose(layout *L, MPI_Comm comm, int threads_opt) {
     }
     L->oversubscribed = (long)sharers * L->threads > L->cpus;
     /* bind each rank to its own slice when they all start on the same CPUs and it fits */
-    const char *bind = getenv("PIPELM_BIND");
-    if (L->shared_mask && sharers > 1 && !L->oversubscribed && !(bind && strcmp(bind, "0") == 0)) {
+    if (L->shared_mask && sharers > 1 && !L->oversubscribed && bind) {
         cpu_set_t mine;
         CPU_ZERO(&mine);
         int first = L->local_rank * L->threads;

@@ -9,6 +9,8 @@
 #include <time.h>
 #include <mpi.h>
 #include "pipelm/blas.h"
+#include "pipelm/common.h"
+#include "pipelm/config.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/signals.h"
 
@@ -21,8 +23,24 @@ __attribute__((constructor)) static void early_signals(int argc, char **argv) {
         signals_install();
 }
 
+/* The run's --blas-auto, needed before MPI starts (the kernel choice re-executes the program):
+ * train and bench parse their options here once more (config file and command line, no MPI),
+ * the other commands and options that do not parse (pipelm_main reports them) take the
+ * default, which PIPELM_BLAS_AUTO sets. */
+static int blas_auto_setting(int argc, char **argv) {
+    static pl_options o; /* large: not on the stack */
+    char err[1024];
+    config_defaults(&o);
+    int bench = argc > 1 && strcmp(argv[1], "bench") == 0;
+    if (argc > 1 && (bench || strcmp(argv[1], "train") == 0) &&
+        config_parse(&o, argc, argv, 2, bench, err, sizeof err) != PL_OK)
+        config_defaults(&o);
+    return o.blas_auto;
+}
+
 int main(int argc, char **argv) {
-    blas_choose_kernel(argv); /* may re-execute with OPENBLAS_CORETYPE set: before MPI starts */
+    /* may re-execute with OPENBLAS_CORETYPE set: before MPI starts */
+    blas_choose_kernel(argv, blas_auto_setting(argc, argv));
     MPI_Init(&argc, &argv);
     int abort_needed = 0;
     int status = pipelm_main(argc, argv, MPI_COMM_WORLD, NULL, &abort_needed);

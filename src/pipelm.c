@@ -19,10 +19,10 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "pipelm %s — pipeline-parallel GPT-2 training over MPI\n\n"
+            "pipelm %s — pipeline-parallel training of GPT-2 and Llama 3 models over MPI\n\n"
             "usage: mpiexec -n P pipelm <command> [options]\n\n"
             "commands:\n"
-            "  train      train a GPT-2 model, one pipeline stage per MPI rank\n"
+            "  train      train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
             "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
@@ -51,7 +51,7 @@ static void exit_help(FILE *out) {
 
 static void train_usage(FILE *out) {
     fprintf(out, "usage: mpiexec -n P pipelm train [options]\n\n"
-                 "Trains GPT-2 (llm.c's definition) split into P pipeline stages, one per rank.\n"
+                 "Trains GPT-2 or Llama 3 (--arch; llm.c's definitions) split into P pipeline stages, one per rank.\n"
                  "Settings come from the preset, then --config FILE, then the command line.\n\noptions:\n");
     config_print_help(out, 0);
     exit_help(out);

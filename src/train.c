@@ -465,7 +465,7 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
 /* Threads and binding per rank (layout.c); when ranks x threads exceed the CPUs, waiting
  * ranks yield their core (R->polite) and the user is told. */
 static int set_threads(run *R) {
-    PL_TRY(layout_choose(&R->lay, R->world, R->o->threads));
+    PL_TRY(layout_choose(&R->lay, R->world, R->o->threads, R->o->bind));
     backend_cpu.set_threads(R->lay.threads); /* the backend chosen later is set up with the same */
     R->polite = R->lay.oversubscribed;
     if (R->polite)
@@ -620,8 +620,8 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     comm_watchdog_s = o->watchdog;
     comm_notice_s = o->watchdog > 0 && o->watchdog < 120 ? o->watchdog / 4 : 30.0;
     comm_polite = R->polite;
-    /* PIPELM_STOP_GRACE (seconds): how long a stop signal waits for a step that cannot end */
-    L->grace = getenv("PIPELM_STOP_GRACE") ? atof(getenv("PIPELM_STOP_GRACE")) : 0;
+    /* --stop-grace (seconds): how long a stop signal waits for a step that cannot end */
+    L->grace = o->stop_grace;
     comm_stop_grace_s = L->grace > 0 ? L->grace : 60.0;
     signals_install(); /* from here on a stop request ends the run cleanly */
     int color = (R->rank == 0 || R->rank == R->P - 1) ? R->d : MPI_UNDEFINED;

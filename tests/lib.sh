@@ -9,6 +9,14 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/pipelm_test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 PASS=0
 FAIL=0
+T_START=$(date +%s)
+
+# full_tier: true in the full tier (PIPELM_TEST_FULL=1: ./jobs/setup.sh --test --full, .ci/run),
+# which adds the slow checks to the plain tier's (make check, ./jobs/setup.sh --test). A test
+# that leaves a check to the full tier says which and why (docs/testing.md lists them).
+full_tier() { [ "${PIPELM_TEST_FULL:-0}" = 1 ]; }
+# full_only NAME: note that check NAME runs in the full tier only
+full_only() { echo "skip - $1 (full tier only: PIPELM_TEST_FULL=1)"; }
 
 # ok NAME: count a passed check; bad NAME WHY: count a failure and say why.
 ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
@@ -45,8 +53,8 @@ descendants() {
     done
 }
 
-# finish: print the plain summary line and exit with the right status.
+# finish: print the plain summary line (and the test's time) and exit with the right status.
 finish() {
-    echo "$PASS passed, $FAIL failed"
+    echo "$PASS passed, $FAIL failed in $(($(date +%s) - T_START)) s"
     [ "$FAIL" -eq 0 ]
 }

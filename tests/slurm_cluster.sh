@@ -317,6 +317,10 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# a requeued job becomes eligible once its hold (above) ends, and only the periodic scheduling
+# passes start it (default every 60 s, backfill every 30 s): every 2 s here, a few jobs on one
+# or two nodes, so the tests wait for the jobs, not for the scheduler
+SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 JobRequeue=1
 InactiveLimit=0

@@ -73,10 +73,13 @@ sys.exit(0 if a[0] != b[0] and abs(a[0] - b[0]) <= 1e-2 * a[0] else 1)
 EOF
     then ok "bf16 step-1 loss differs from fp32 by under 1%"; else bad "bf16 vs fp32 step 1" "$(losses ref_bf16.jsonl | head -1) vs $(losses cpu.jsonl | head -1)"; fi
 
-    # learning: the tiny preset reaches the entropy floor + 0.25 nats within 400 steps
-    mpirun_t 300 2 train --preset tiny --steps 400 --microbatches 4 --progress 0 --log-every 1000 --eval-every 0 \
-        --backend onednn --precision bf16 --metrics learn.jsonl > learn.out 2>&1
-    if python3 - learn.jsonl <<'EOF'
+    # learning: the tiny preset reaches the entropy floor + 0.25 nats within 400 steps (full
+    # tier only: 400 steps are half this test's time; the plain tier keeps every bf16 bit check)
+    if ! full_tier; then full_only "bf16 learns to the entropy floor + 0.25 in 400 steps"
+    else
+        mpirun_t 300 2 train --preset tiny --steps 400 --microbatches 4 --progress 0 --log-every 1000 --eval-every 0 \
+            --backend onednn --precision bf16 --metrics learn.jsonl > learn.out 2>&1
+        if python3 - learn.jsonl <<'EOF'
 import json, sys
 run = val = None
 for l in open(sys.argv[1]):
@@ -87,7 +90,8 @@ floor = run["entropy_floor"]
 print("val_loss %.4f floor %.4f" % (val, floor))
 sys.exit(0 if val is not None and val <= floor + 0.25 else 1)
 EOF
-    then ok "bf16 learns: $(grep -m1 'val ' learn.out | tr -s ' ') (floor + 0.25 reached)"; else bad "bf16 learning" "$(tail -n 3 learn.out | tr '\n' ' ')"; fi
+        then ok "bf16 learns: $(grep -m1 'val ' learn.out | tr -s ' ') (floor + 0.25 reached)"; else bad "bf16 learning" "$(tail -n 3 learn.out | tr '\n' ' ')"; fi
+    fi
 
     # checkpoints keep fp32 master weights: bf16 on 2 stages -> bf16 on 3 stages resumes
     # bit-identically to the straight run; bf16 -> fp32 (cpu backend, 1 stage) and back run

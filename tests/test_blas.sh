@@ -1,8 +1,8 @@
 #!/bin/bash
 # The OpenBLAS kernel: on a CPU that Debian's OpenBLAS does not recognise (it falls back to an
 # SSE3 kernel) pipelm re-executes itself once with the best kernel the CPU's features allow;
-# an OPENBLAS_CORETYPE set by the user always wins; PIPELM_BLAS_AUTO=0 keeps the library's
-# own choice. The banner and `bench --peak` say which kernel runs and why.
+# an OPENBLAS_CORETYPE set by the user always wins; --blas-auto 0 (or its alias
+# PIPELM_BLAS_AUTO=0) keeps the library's own choice. The banner and `bench --peak` say which kernel runs and why.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 # what the library picks on its own, without pipelm
@@ -34,6 +34,9 @@ else bad "OPENBLAS_CORETYPE=Haswell" "$b"; fi
 b=$(banner -u OPENBLAS_CORETYPE PIPELM_BLAS_AUTO=0)
 if echo "$b" | grep -q "kernel $own (detected by OpenBLAS)"; then ok "PIPELM_BLAS_AUTO=0 keeps OpenBLAS's own $own"
 else bad "PIPELM_BLAS_AUTO=0" "$b"; fi
+b=$(env -u OPENBLAS_CORETYPE "$PIPELM" train --blas-auto 0 --steps 1 --progress 0 2>&1 | grep '^BLAS:')
+if echo "$b" | grep -q "kernel $own (detected by OpenBLAS)"; then ok "--blas-auto 0 keeps OpenBLAS's own $own"
+else bad "--blas-auto 0" "$b"; fi
 # under mpiexec every rank re-executes before MPI starts
 b=$(env -u OPENBLAS_CORETYPE timeout 60 "$MPIEXEC" -n 2 "$PIPELM" train --steps 1 --progress 0 2>&1 | grep '^BLAS:')
 if echo "$b" | grep -q "kernel $want "; then ok "2 ranks under mpiexec: $want"; else bad "mpiexec kernel" "$b"; fi

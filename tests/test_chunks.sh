@@ -28,12 +28,24 @@ for M in 2 5 8; do
 done
 
 # every chunked schedule, on P x V layouts with even and odd M (5: interleaved pads to a
-# multiple of its group size and leaves the padding out)
+# multiple of its group size and leaves the padding out). The full tier runs all 36; the plain
+# tier 14: every layout and every schedule with each M (M rotating over the pairs), and the
+# three runs the checks after the loop read (P=2 V=2 M=8 interleaved and looped, P=3 V=2 M=8)
+plain_run() { # plain_run LAYOUT_INDEX SCHEDULE_INDEX M NAME
+    case $4 in run_2x2_interleaved-1f1b_8 | run_2x2_looped-bfs_8 | run_3x2_interleaved-1f1b_8) return 0 ;; esac
+    local ms=(2 5 8)
+    [ "${ms[$((($1 + $2 + 2) % 3))]}" = "$3" ]
+}
+left=0
+li=0
 for PV in 2x2 2x3 3x2 4x2; do
     P=${PV%x*} V=${PV#*x}
+    si=0
     for S in interleaved-1f1b looped-bfs interleaved-zb; do
+        si=$((si + 1))
         for M in 2 5 8; do
             f=run_${PV}_${S}_$M
+            if ! full_tier && ! plain_run $li $((si - 1)) $M $f; then left=$((left + 1)); continue; fi
             tag="P=$P V=$V $S M=$M"
             if ! mpirun_t 180 $P train $C --microbatches $M --schedule $S --chunks-per-rank $V --metrics $f.jsonl \
                     --save-final $f.bin > $f.out 2>&1; then
@@ -52,7 +64,9 @@ for PV in 2x2 2x3 3x2 4x2; do
             done
         done
     done
+    li=$((li + 1))
 done
+[ $left = 0 ] || full_only "$left more of the 36 layout x schedule x M runs"
 # interleaving holds fewer micro-batches than looping: rank 0's peak at P=2 V=2 M=8
 pi=$(grep '"event":"end"' run_2x2_interleaved-1f1b_8.jsonl | sed 's/.*"inflight_peak":\[\([0-9]*\).*/\1/')
 pl=$(grep '"event":"end"' run_2x2_looped-bfs_8.jsonl | sed 's/.*"inflight_peak":\[\([0-9]*\).*/\1/')

@@ -51,6 +51,23 @@ expect "missing config file" 2 "cannot open" run train --config none.ini
 printf 'precision = fp16\n' > prec.ini
 expect "bad precision in config" 2 "prec.ini, line 1: bad value 'fp16' for --precision" run train --config prec.ini
 
+# run options with an environment alias (docs/testing.md): the variable sets the default, a
+# config file or the command line wins; the settings in effect are in the metrics run line
+opts() { head -n 1 "$1" | grep -o '"bind":[0-9]*,"blas-auto":[0-9]*\|"stop-grace":[0-9.]*' | tr '\n' ' '; }
+R1="--steps 1 --batch 4 --seq-len 16 --progress 0"
+run train $R1 --metrics o1.jsonl > /dev/null 2>&1
+PIPELM_BIND=0 PIPELM_BLAS_AUTO=0 PIPELM_STOP_GRACE=7 run train $R1 --metrics o2.jsonl > /dev/null 2>&1
+printf 'bind = 1\nstop_grace = 4\n' > opts.ini
+PIPELM_BIND=0 PIPELM_BLAS_AUTO=0 PIPELM_STOP_GRACE=7 run train $R1 --config opts.ini --blas-auto 1 --metrics o3.jsonl \
+    > /dev/null 2>&1
+if [ "$(opts o1.jsonl)" = '"bind":1,"blas-auto":1 "stop-grace":0 ' ] &&
+    [ "$(opts o2.jsonl)" = '"bind":0,"blas-auto":0 "stop-grace":7 ' ] &&
+    [ "$(opts o3.jsonl)" = '"bind":1,"blas-auto":1 "stop-grace":4 ' ]; then
+    ok "--bind, --blas-auto, --stop-grace: defaults, PIPELM_BIND/BLAS_AUTO/STOP_GRACE aliases, config file and command line win"
+else bad "run options and their aliases" "$(opts o1.jsonl)| $(opts o2.jsonl)| $(opts o3.jsonl)"; fi
+expect "--bind 2 refused" 2 "\-\-bind must be 0 or 1 (got 2)" run train --bind 2
+expect "--stop-grace -1 refused" 2 "\-\-stop-grace must be in \[0, 1e7\] seconds (got -1)" run train --stop-grace -1
+
 # metrics schema: run line first, step lines, val, end last
 run train --steps 3 --batch 4 --seq-len 16 --eval-every 2 --metrics m.jsonl --progress 0 > /dev/null 2>&1
 head -n 1 m.jsonl | grep -q '"event":"run".*"ranks":1,"stages":1,"split":\[4\],"schedule":"1f1b","microbatches":1,"data":"markov.*"entropy_floor":0\.' \

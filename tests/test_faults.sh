@@ -121,7 +121,7 @@ if [ $rc -ne 0 ] && [ $rc -ne 75 ] && grep -q "second stop signal (SIGTERM)" s.o
     ok "a second SIGTERM ends the job at once: rc $rc in $(since $t0) s"
 else bad "second SIGTERM" "rc=$rc after $(since $t0) s: $(grep -E 'error' s.out | head -3)"; fi
 # a stop that the step cannot honour (a peer is stopped) aborts after the grace period
-PIPELM_STOP_GRACE=3 start_long s.out
+start_long s.out --stop-grace 3
 p2=$(pid_of 2)
 kill -STOP "$p2"
 sleep 0.5

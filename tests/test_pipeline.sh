@@ -15,9 +15,17 @@ mpirun_t 120 1 train $COMMON --metrics ref.jsonl --save-final ref.bin > ref.out 
 # uneven explicit splits of the 4 tiny blocks (first/last stage may hold none)
 uneven() { case $1 in 1) echo 4 ;; 2) echo 1,3 ;; 3) echo 0,3,1 ;; 4) echo 0,1,2,1 ;; esac; }
 
+# The full tier runs both splits of every P x schedule (24 runs); the plain tier one, the
+# automatic and the uneven split alternating, so each P and each schedule meets both (12 runs)
+left=0
 for P in 1 2 3 4; do
+    si=0
     for S in 1f1b gpipe zb-h1; do
+        si=$((si + 1))
+        k=0
         for SPLIT in auto "$(uneven $P)"; do
+            k=$((k + 1))
+            if ! full_tier && [ $(((P + si + k) % 2)) = 1 ]; then left=$((left + 1)); continue; fi
             tag="P=$P $S split=$SPLIT"
             f="run_${P}_${S}_${SPLIT//,/-}"
             if ! mpirun_t 120 $P train $COMMON --schedule $S --split $SPLIT --metrics $f.jsonl \
@@ -48,6 +56,7 @@ for P in 1 2 3 4; do
         done
     done
 done
+[ $left = 0 ] || full_only "the other split of each P x schedule ($left runs)"
 
 # activation recomputation (selective: attention probabilities; full: whole blocks; or one per
 # stage) gives the same bits, with plain and split (zb-h1) backwards

@@ -15,7 +15,7 @@ on interleaved pairs (as complex numbers), grouped-query attention by repeating 
 SwiGLU with c_fc2 as the gate through silu, an untied lm_head. Before comparing, the
 reference's own gradients are checked against central finite differences.
 
-    torch_llama.py --pipelm PATH [--keep DIR] [--timeout SEC]
+    torch_llama.py --pipelm PATH [--keep DIR] [--timeout SEC] [--self-check all|first]
     torch_llama.py --write-model OUT [--version 3|5]   (a model file for other tests)
     torch_llama.py --check-bf16 FILE   (FILE, fp32, holds the test model rounded to bf16)
 
@@ -259,12 +259,12 @@ def long_config():
 
 
 def run(args):
-    rc = run_case(args, "odd shapes", default_config(), 3, 7, 5)
-    rc2 = run_case(args, "long context", long_config(), 1, 2048, 2)
+    rc = run_case(args, "odd shapes", default_config(), 3, 7, 5, True)
+    rc2 = run_case(args, "long context", long_config(), 1, 2048, 2, args.self_check == "all")
     return rc or rc2
 
 
-def run_case(args, label, cfg, B, T, S):
+def run_case(args, label, cfg, B, T, S, self_check):
     print("\n=== %s ===" % label)
     hp = dict(lr=1e-3, b1=0.9, b2=0.95, eps=1e-8, wd=0.1)
     work = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="torch_llama.")
@@ -281,11 +281,14 @@ def run_case(args, label, cfg, B, T, S):
               % (cfg.V, cfg.C, cfg.L, cfg.NH, cfg.NKV, cfg.HS, cfg.H, cfg.theta, cfg.scaled, B, T, S))
         fails = []
         inp, tgt = batch(tokens, 0, B, T)
-        _, g0 = loss_and_grads(cfg, params, inp, tgt)
-        fd = finite_difference_check(cfg, params, inp, tgt, g0, np.random.RandomState(5))
-        print("reference self-check: autograd vs central differences, worst %.2e" % fd)
-        if fd > 1e-6:
-            fails.append("the torch reference disagrees with finite differences (%.2e)" % fd)
+        if self_check:
+            _, g0 = loss_and_grads(cfg, params, inp, tgt)
+            fd = finite_difference_check(cfg, params, inp, tgt, g0, np.random.RandomState(5))
+            print("reference self-check: autograd vs central differences, worst %.2e" % fd)
+            if fd > 1e-6:
+                fails.append("the torch reference disagrees with finite differences (%.2e)" % fd)
+        else:
+            print("reference self-check: not on this case (--self-check first)")
         cmd = (["timeout", str(args.timeout)] if args.timeout > 0 else []) + [
             args.pipelm, "train", "--init", model, "--data", data, "--batch", str(B), "--seq-len", str(T),
             "--steps", str(S), "--microbatches", "1", "--lr", repr(hp["lr"]), "--lr-schedule", "constant",
@@ -356,6 +359,10 @@ def main():
     ap.add_argument("--version", type=int, default=3, choices=(3, 5))
     ap.add_argument("--check-bf16", metavar="FILE", help="exit 0 iff FILE (an fp32 llm.c Llama file) holds the "
                     "test model rounded to bf16, bit for bit")
+    ap.add_argument("--self-check", choices=("all", "first"), default="all",
+                    help="check the reference's gradients against finite differences on every case (all), or "
+                    "on the odd-shapes case only (first): the long-context case runs the same code at T = 2048, "
+                    "where the check is nine tenths of the script's time")
     ap.add_argument("extra", nargs="*", help="more pipelm train options (after --)")
     args = ap.parse_args()
     torch.set_num_threads(1)

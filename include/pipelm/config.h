@@ -52,6 +52,7 @@ typedef struct {
     char backend_opt[256]; /* --backend-opt KEY=VALUE, repeatable: "k=v,k=v" (checked against the backend) */
     int profile_ops;     /* 1: time the backend's ops by class (always on in bench) */
     int threads, log_every, timers_every, progress;
+    int bind, blas_auto;  /* 1 (default) or 0: bind the ranks to CPUs (layout.c), choose the OpenBLAS kernel (main.c) */
     /* checkpoints */
     char ckpt_dir[PL_PATH], resume[PL_PATH];
     int ckpt_every, ckpt_keep;
@@ -65,6 +66,7 @@ typedef struct {
     int fail_rank, fail_step;
     char fail_at[16];    /* before | during | after (the step) | save (in a checkpoint) | nan */
     double watchdog;     /* seconds one wait may take before the job is aborted; 0 = never */
+    double stop_grace;   /* seconds a stop signal waits for a step that cannot end; 0 = automatic */
     /* which model settings were given explicitly, on the command line or in the config file
      * (so --init can check or adopt them, and name only those): set_vocab for --vocab-size,
      * set_dims for any dimension or --arch, set_mask one bit per setting (CFG_SET_*) */
@@ -116,7 +118,8 @@ int config_vocab(const pl_options *o);
 /* The model the options describe (no --init), vocabulary V; messages name the options. */
 int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen);
 
-/* Fill defaults (preset "tiny"). */
+/* Fill defaults (preset "tiny"). The run options that have an environment variable as an alias
+ * (PIPELM_BIND, PIPELM_BLAS_AUTO, PIPELM_STOP_GRACE: docs/testing.md) take their default from it. */
 void config_defaults(pl_options *o);
 /* Apply a preset by name; PL_EINVAL for an unknown one (err names the known ones). */
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen);

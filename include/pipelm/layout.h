@@ -7,7 +7,7 @@
  * ranks of a node all start with the whole node (no binding from outside), each is bound to
  * its own slice of CPUs, so ranks do not migrate onto each other's cores; a binding from
  * outside is kept. More busy threads than CPUs is allowed when asked for, with a warning,
- * and makes waiting ranks yield their core. PIPELM_BIND=0 turns the binding off.
+ * and makes waiting ranks yield their core. --bind 0 (or PIPELM_BIND=0) turns the binding off.
  */
 #ifndef PIPELM_LAYOUT_H
 #define PIPELM_LAYOUT_H
@@ -27,8 +27,8 @@ typedef struct {
 } layout;
 
 /* Collective over comm (a node split): choose threads and binding; threads_opt is --threads
- * (0: not given). Returns PL_OK or PL_EMPI. */
-int layout_choose(layout *L, MPI_Comm comm, int threads_opt);
+ * (0: not given), bind is --bind (0: never bind). Returns PL_OK or PL_EMPI. */
+int layout_choose(layout *L, MPI_Comm comm, int threads_opt, int bind);
 /* One line for the banner: "2 ranks on this node x 1 thread, 2 CPUs; bound: rank 0 -> CPU 0". */
 void layout_describe(const layout *L, char *buf, size_t len);
 
