@@ -27,6 +27,7 @@
 #include <ini.h>
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "pipelm/arch.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
 #include "pipelm/sched.h"
@@ -713,10 +714,7 @@ int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t 
 }
 
 int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
-    if (c->arch != MODEL_LLAMA) return PL_OK;
-    cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor, c->ffn_mult,
-                   c->norm_eps, c->rope_theta};
-    return config_check_llama(&l, naming, err, errlen);
+    return arch_of(c)->config_check(c, naming, err, errlen);
 }
 
 static const cfg_name N_LR = {"lr", "/train/lr", "lr"};
@@ -796,15 +794,14 @@ int config_vocab(const pl_options *o) {
 }
 
 int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
-    if (strcmp(o->arch, "llama") != 0)
-        return gpt2_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen);
-    /* wide first: a value the float would turn into inf or 0 is named as it was given */
-    cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
-                   o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
-    if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
-    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
-                             o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
-                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+    const model_arch *A = arch_find(o->arch);
+    if (!A) { /* the option's choices are the registry's names: only a caller filling o by hand gets here */
+        char known[128];
+        arch_names(" or ", known, sizeof known);
+        snprintf(err, errlen, "--arch must be %s (got '%s')", known, o->arch);
+        return PL_EINVAL;
+    }
+    return A->config_from_options(o, V, cfg, err, errlen);
 }
 
 /* The model and training settings of a run without --init, through the one validation; with
