@@ -479,6 +479,21 @@ static void word_name(const char *word, char name[64]) {
     name[n] = 0;
 }
 
+/* '_' and '-' are one: args[cur] as getopt_long gets it, the name's '_' turned into '-' (the
+ * copy kept in owned[cur], to free). */
+static int normalise_word(char **args, char **owned, int cur, const char *word, char *err, size_t errlen) {
+    size_t nlen = strcspn(word, "=");
+    if (!memchr(word, '_', nlen)) return PL_OK;
+    if (!(owned[cur] = strdup(word))) {
+        snprintf(err, errlen, "out of memory parsing the command line");
+        return PL_ENOMEM;
+    }
+    for (size_t k = 2; k < nlen; k++)
+        if (owned[cur][k] == '_') owned[cur][k] = '-';
+    args[cur] = owned[cur];
+    return PL_OK;
+}
+
 /* Gather the command line argv[first..argc) into cli through getopt_long (see the top of the
  * file); *preset: the value of --preset, if given. */
 static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int bench,
@@ -518,17 +533,7 @@ static int parse_command_line(pending_list *cli, int argc, char **argv, int firs
         int r = 0, m = -1; /* getopt_long's answer; the option it matched (with r == ':', the
                             * one whose value is missing), or -1 */
         if (word[2]) {     /* "--" alone never reaches getopt_long: it would end the options */
-            size_t nlen = strcspn(word, "=");
-            if (memchr(word, '_', nlen)) { /* '_' and '-' are one: getopt gets the name with '-' */
-                if (!(owned[cur] = strdup(word))) {
-                    snprintf(err, errlen, "out of memory parsing the command line");
-                    rc = PL_ENOMEM;
-                    goto out;
-                }
-                for (size_t k = 2; k < nlen; k++)
-                    if (owned[cur][k] == '_') owned[cur][k] = '-';
-                args[cur] = owned[cur];
-            }
+            if ((rc = normalise_word(args, owned, cur, word, err, errlen)) != PL_OK) goto out;
             r = getopt_long(nargs, args, "+:", lo, NULL);
             if (r == -1) break;
             m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
