@@ -97,6 +97,14 @@ static void add_row(const model_config *c, param_tensor *out, int *n, size_t *of
     t->tied_copy = tied_copy;
 }
 
+int model_tensor_is_tied(const model_config *c, const param_tensor *t) {
+    const model_arch *A = arch_of(c);
+    if (t->tied_copy) return 1;
+    for (int i = 0; t->part == PART_EMBED && i < A->head.n; i++)
+        if (A->head.rows[i].tied == t->row) return 1;
+    return 0;
+}
+
 /* [embeddings] (first), blocks l0..l1-1, [head] (last; its tied rows only without the
  * embeddings, as copies). */
 int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,

@@ -128,6 +128,9 @@ int model_num_tensors(const model_config *c);
  * model_max_tensors); returns the count, and the total floats (each tensor 64-byte aligned). */
 int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
                  size_t *total);
+/* 1 if a tensor's gradient takes part in the tied sum: the head's tied copy, or the embedding
+ * row a head row is tied to (GPT-2's wte on either end); 0 otherwise (every Llama tensor). */
+int model_tensor_is_tied(const model_config *c, const param_tensor *t);
 /* Initial values of one tensor by its row's rule (norm weights 1, biases 0, matrices N(0, 0.02),
  * residual projections scaled by 1/sqrt(2L), padded vocabulary rows 0), from a stream seeded
  * by (seed, kind, layer) so the values do not depend on the split. host holds t->numel. */
