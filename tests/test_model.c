@@ -935,6 +935,17 @@ START_TEST(test_arch_tables) {
     ck_assert_int_eq(stage_init(&last, &cfgs[0], 1, 2, 0, 1, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
     const param_tensor *w = stage_find_tensor(&last, P_WTE, -1);
     ck_assert(w && w->tied_copy && w->part == PART_HEAD);
+    ck_assert(model_tensor_is_tied(&cfgs[0], w));
+    ck_assert(!model_tensor_is_tied(&cfgs[0], stage_find_tensor(&last, P_LNFW, -1)));
+    stage lfirst;
+    ck_assert_int_eq(stage_init(&lfirst, &cfgs[2], 0, 1, 1, 0, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    for (int i = 0; i < lfirst.ntensors; i++) ck_assert(!model_tensor_is_tied(&cfgs[2], &lfirst.tensors[i]));
+    stage_free(&lfirst);
+    stage gfirst;
+    ck_assert_int_eq(stage_init(&gfirst, &cfgs[0], 0, 1, 1, 0, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    ck_assert(model_tensor_is_tied(&cfgs[0], stage_find_tensor(&gfirst, P_WTE, -1)));
+    ck_assert(!model_tensor_is_tied(&cfgs[0], stage_find_tensor(&gfirst, P_WPE, -1)));
+    stage_free(&gfirst);
     ck_assert_uint_eq(split_stage_params(&(split){.P = 2, .blocks = (int[]){1, 1}}, &cfgs[0], 1),
                       model_block_params(&cfgs[0]) + model_head_params(&cfgs[0], 0));
     stage_free(&last);
