@@ -117,8 +117,9 @@ int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen);
 /* Give every slot its own output gradients, so weight parts may be deferred past other
  * micro-batches' input parts (zero-bubble schedules). */
 int stage_init_deferred(stage *st, char *err, size_t errlen);
-/* Switch to recomputation (after stage_init, before the first forward): frees what the mode
- * no longer keeps per slot. */
+/* Switch to recomputation (after stage_init, before the first forward): every slot is carved
+ * again with only the rows the mode keeps (KEEP_* in arch.h); the others live in one shared
+ * set. Selective recomputation rewrites a slot's attention output with the bits it had. */
 int stage_init_recompute(stage *st, int mode, char *err, size_t errlen);
 /* Bytes of activations one in-flight micro-batch holds (model_slot_act_bytes of the stage's
  * shape and mode, for the stage table and the engine's peak), and the bytes its slot
