@@ -27,6 +27,7 @@
 #include <ini.h>
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "pipelm/arch.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
 #include "pipelm/sched.h"
@@ -505,6 +506,21 @@ static void word_name(const char *word, char name[64]) {
     name[n] = 0;
 }
 
+/* '_' and '-' are one: args[cur] as getopt_long gets it, the name's '_' turned into '-' (the
+ * copy kept in owned[cur], to free). */
+static int normalise_word(char **args, char **owned, int cur, const char *word, char *err, size_t errlen) {
+    size_t nlen = strcspn(word, "=");
+    if (!memchr(word, '_', nlen)) return PL_OK;
+    if (!(owned[cur] = strdup(word))) {
+        snprintf(err, errlen, "out of memory parsing the command line");
+        return PL_ENOMEM;
+    }
+    for (size_t k = 2; k < nlen; k++)
+        if (owned[cur][k] == '_') owned[cur][k] = '-';
+    args[cur] = owned[cur];
+    return PL_OK;
+}
+
 /* Gather the command line argv[first..argc) into cli through getopt_long (see the top of the
  * file); *preset: the value of --preset, if given. */
 static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int bench,
@@ -544,17 +560,7 @@ static int parse_command_line(pending_list *cli, int argc, char **argv, int firs
         int r = 0, m = -1; /* getopt_long's answer; the option it matched (with r == ':', the
                             * one whose value is missing), or -1 */
         if (word[2]) {     /* "--" alone never reaches getopt_long: it would end the options */
-            size_t nlen = strcspn(word, "=");
-            if (memchr(word, '_', nlen)) { /* '_' and '-' are one: getopt gets the name with '-' */
-                if (!(owned[cur] = strdup(word))) {
-                    snprintf(err, errlen, "out of memory parsing the command line");
-                    rc = PL_ENOMEM;
-                    goto out;
-                }
-                for (size_t k = 2; k < nlen; k++)
-                    if (owned[cur][k] == '_') owned[cur][k] = '-';
-                args[cur] = owned[cur];
-            }
+            if ((rc = normalise_word(args, owned, cur, word, err, errlen)) != PL_OK) goto out;
             r = getopt_long(nargs, args, "+:", lo, NULL);
             if (r == -1) break;
             m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
@@ -740,10 +746,7 @@ int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t 
 }
 
 int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
-    if (c->arch != MODEL_LLAMA) return PL_OK;
-    cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor, c->ffn_mult,
-                   c->norm_eps, c->rope_theta};
-    return config_check_llama(&l, naming, err, errlen);
+    return arch_of(c)->config_check(c, naming, err, errlen);
 }
 
 static const cfg_name N_LR = {"lr", "/train/lr", "lr"};
@@ -823,15 +826,14 @@ int config_vocab(const pl_options *o) {
 }
 
 int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
-    if (strcmp(o->arch, "llama") != 0)
-        return gpt2_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen);
-    /* wide first: a value the float would turn into inf or 0 is named as it was given */
-    cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
-                   o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
-    if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
-    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
-                             o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
-                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+    const model_arch *A = arch_find(o->arch);
+    if (!A) { /* the option's choices are the registry's names: only a caller filling o by hand gets here */
+        char known[128];
+        arch_names(" or ", known, sizeof known);
+        snprintf(err, errlen, "--arch must be %s (got '%s')", known, o->arch);
+        return PL_EINVAL;
+    }
+    return A->config_from_options(o, V, cfg, err, errlen);
 }
 
 /* The model and training settings of a run without --init, through the one validation; with

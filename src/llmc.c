@@ -1,5 +1,7 @@
 /*
- * llmc.c — llm.c model-file reading and collective writing.
+ * llmc.c — llm.c model-file reading and collective writing. Which tensors a file holds, in
+ * which order and with how many rows, is the architecture's table (arch.h: file_index,
+ * file_rows); its header is the architecture's own.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -13,133 +15,91 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
 
-#define HEADER_BYTES 1024 /* GPT-2: 256 int32 */
-#define LLAMA_HEADER_BYTES 2048 /* Llama 3: 256 int32, then 256 float32 */
-
-/* The kinds of each architecture's file in file order (each block kind holds all layers). */
-static const int gpt2_order[] = {P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W,
-                                 P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB};
-static const int llama_order[] = {P_WTE, P_ATTNORMW, P_QKVW, P_ATTPROJW, P_MLPNORMW, P_FCW, P_FC2W, P_FCPROJW,
-                                  P_LNFW, P_LMHEAD};
-
-size_t llmc_header_bytes(const model_config *c) { return c->arch == MODEL_LLAMA ? LLAMA_HEADER_BYTES : HEADER_BYTES; }
-
-/* Floats of one layer's slice of a Llama kind in the file (wte and lm_head unpadded: V rows). */
-static size_t llama_kind_numel(const model_config *c, int kind) {
-    size_t C = c->C, H = c->H, QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
-    switch (kind) {
-    case P_WTE: case P_LMHEAD: return (size_t)c->V * C;
-    case P_QKVW: return QKV * C;
-    case P_ATTPROJW: return C * C;
-    case P_FCW: case P_FC2W: case P_FCPROJW: return H * C;
-    default: return C; /* the three norms */
-    }
+/* The row of the architecture's tables with file index i, and whether it is per layer; NULL
+ * past the last. */
+static const arch_param *file_row(const model_arch *A, int i, int *per_layer) {
+    const arch_params *parts[3] = {&A->embed, &A->block, &A->head};
+    for (int p = 0; p < 3; p++)
+        for (int k = 0; k < parts[p]->n; k++)
+            if (parts[p]->rows[k].file_index == i) {
+                *per_layer = p == 1;
+                return &parts[p]->rows[k];
+            }
+    return NULL;
 }
 
-/* Floats of one layer's slice of a kind (or of the whole tensor for non-block kinds). */
-static size_t kind_numel(const model_config *c, int kind) {
-    size_t C = c->C;
-    if (c->arch == MODEL_LLAMA) return llama_kind_numel(c, kind);
-    switch (kind) {
-    case P_WTE: return (size_t)c->Vp * C;
-    case P_WPE: return (size_t)c->maxT * C;
-    case P_QKVW: return 3 * C * C;
-    case P_QKVB: return 3 * C;
-    case P_ATTPROJW: return C * C;
-    case P_FCW: case P_FCPROJW: return 4 * C * C;
-    case P_FCB: return 4 * C;
-    default: return C; /* ln*, attprojb, fcprojb, lnf* */
-    }
-}
-
-static int is_block_kind(int kind) {
-    return (kind >= P_LN1W && kind <= P_FCPROJB) || kind == P_ATTNORMW || kind == P_MLPNORMW || kind == P_FC2W;
-}
+size_t llmc_header_bytes(const model_config *c) { return arch_of(c)->header_bytes; }
 
 /* In file order: the kinds before `kind`, all layers each, then `layer` slices of it. */
 size_t llmc_tensor_offset(const model_config *c, int kind, int layer, size_t *numel) {
+    const model_arch *A = arch_of(c);
     size_t off = 0; /* in elements after the header */
-    const int *order = c->arch == MODEL_LLAMA ? llama_order : gpt2_order;
-    int n = c->arch == MODEL_LLAMA ? (int)(sizeof llama_order / sizeof *llama_order) : P_NKINDS_GPT2;
-    for (int i = 0; i < n && order[i] != kind; i++)
-        off += kind_numel(c, order[i]) * (is_block_kind(order[i]) ? (size_t)c->L : 1);
-    if (is_block_kind(kind)) off += kind_numel(c, kind) * (size_t)layer;
-    if (numel) *numel = kind_numel(c, kind);
+    int per_layer = 0;
+    const arch_param *r;
+    for (int i = 0; (r = file_row(A, i, &per_layer)) && r->kind != kind; i++)
+        off += arch_param_numel(c, r, 1) * (per_layer ? (size_t)c->L : 1);
+    if (!r) { /* not a kind of this file: nothing */
+        if (numel) *numel = 0;
+        return off;
+    }
+    if (per_layer) off += arch_param_numel(c, r, 1) * (size_t)layer;
+    if (numel) *numel = arch_param_numel(c, r, 1);
     return off;
 }
 
 /* Elements of the whole file after the header. */
 static size_t file_elems(const model_config *c) {
-    int last = c->arch == MODEL_LLAMA ? P_LMHEAD : P_LNFB;
-    return llmc_tensor_offset(c, last, -1, NULL) + kind_numel(c, last);
+    return llmc_tensor_offset(c, -1, -1, NULL);
 }
 
-/* A Llama 3 header (ints h, floats f) into cfg; the message names the bad field. Its Llama
- * settings go through the one validation the command line and checkpoints use (config.c), so
- * a model --init accepts trains into checkpoints that resume. A bad header is a bad file:
- * PL_EIO. */
-static int llama_header(const char *path, const int32_t *h, const float *f, model_config *cfg, char *err,
-                        size_t errlen) {
-    char e2[512];
-    cfg_llama l = {h[5], h[6], h[8], h[9], h[10], h[11], f[0], f[1], f[2]};
-    int rc = h[5] >= 1 ? config_check_llama(&l, CFG_NAME_HEADER, e2, sizeof e2) : PL_OK;
-    if (rc == PL_OK)
-        rc = llama_config_make(cfg, h[3], h[2], h[4], h[5], h[6], h[7], h[8], f[0], f[1], f[2], h[9], CFG_NAME_HEADER,
-                               e2, sizeof e2);
-    if (rc != PL_OK) {
-        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
-        return PL_EIO;
-    }
-    cfg->ver_major = h[10];
-    cfg->ver_minor = h[11];
-    return PL_OK;
+/* "expected 20240326, an llm.c GPT-2 model file, or 20240803, an llm.c Llama 3 one". */
+static void known_magics(char *buf, size_t len) {
+    size_t o = 0;
+    for (int i = 0; i < arch_count && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%d, %s", i ? ", or " : "", (int)arch_registry[i]->magic,
+                              arch_registry[i]->file_desc);
 }
+
+/* The architecture whose files start with this magic, or NULL. */
+static const model_arch *arch_of_magic(int32_t magic) {
+    for (int i = 0; i < arch_count; i++)
+        if (arch_registry[i]->magic == magic) return arch_registry[i];
+    return NULL;
+}
+
+#define MAX_HEADER_BYTES 4096
 
 int llmc_read_config(const char *path, model_config *cfg, int *version, char *err, size_t errlen) {
     int fd;
     size_t fsize = 0;
     PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, &fsize, err, errlen));
-    int32_t h[256];
-    float hf[256];
+    int32_t h[MAX_HEADER_BYTES / 4];
     ssize_t r = pread(fd, h, sizeof h, 0);
-    ssize_t rf = r == (ssize_t)sizeof h && h[0] == LLMC_LLAMA_MAGIC ? pread(fd, hf, sizeof hf, sizeof h) : 0;
     close(fd);
-    size_t got = r > 0 ? (size_t)r / sizeof(int32_t) : 0;
+    size_t got = r > 0 ? (size_t)r : 0;
     long long size = (long long)fsize;
-    if (got != 256) {
+    if (got < 1024) {
         snprintf(err, errlen, "model file %s: shorter than the 1024-byte header", path);
         return PL_EIO;
     }
-    if (h[0] != LLMC_MODEL_MAGIC && h[0] != LLMC_LLAMA_MAGIC) {
-        snprintf(err, errlen, "model file %s: bad magic %d (expected %d, an llm.c GPT-2 model file, or %d, an llm.c "
-                 "Llama 3 one)", path, h[0], LLMC_MODEL_MAGIC, LLMC_LLAMA_MAGIC);
+    const model_arch *A = arch_of_magic(h[0]);
+    if (!A) {
+        char known[256];
+        known_magics(known, sizeof known);
+        snprintf(err, errlen, "model file %s: bad magic %d (expected %s)", path, h[0], known);
         return PL_EIO;
     }
     if (h[1] != 3 && h[1] != 5) {
         snprintf(err, errlen, "model file %s: unsupported version %d (3 = fp32, 5 = bf16)", path, h[1]);
         return PL_EIO;
     }
-    char e2[512];
-    if (h[0] == LLMC_LLAMA_MAGIC) {
-        if (rf != (ssize_t)sizeof hf) {
-            snprintf(err, errlen, "model file %s: shorter than the 2048-byte Llama 3 header", path);
-            return PL_EIO;
-        }
-        PL_TRY(llama_header(path, h, hf, cfg, err, errlen));
-    } else if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], e2, sizeof e2) != PL_OK) {
-        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
-        return PL_EIO;
-    }
-    if (h[0] == LLMC_MODEL_MAGIC && h[7] != cfg->Vp) {
-        snprintf(err, errlen, "model file %s: padded vocab %d is not V=%d rounded up to 128 (%d)",
-                 path, h[7], cfg->V, cfg->Vp);
-        return PL_EIO;
-    }
+    PL_TRY(A->llmc_header_read(path, h, got, cfg, err, errlen));
     size_t expect = llmc_header_bytes(cfg) + file_elems(cfg) * (h[1] == 3 ? 4 : 2);
     if ((size_t)size != expect) {
         snprintf(err, errlen, "model file %s: %lld bytes, but its header (%s V=%d L=%d C=%d, version %d) "
@@ -214,22 +174,20 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
         return PL_EINVAL;
     }
     const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head",
-                           "MLP hidden size", "use-scaled-rope"};
-    int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C, fc.NKV, fc.H, fc.use_scaled_rope};
-    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV, c->H, c->use_scaled_rope};
-    if (fc.arch == MODEL_LLAMA && (fc.norm_eps != c->norm_eps || fc.rope_theta != c->rope_theta)) {
-        snprintf(err, errlen, "model file %s: %s is %g in the file but %g in this run", path,
-                 fc.norm_eps != c->norm_eps ? "norm-eps" : "rope-theta",
-                 (double)(fc.norm_eps != c->norm_eps ? fc.norm_eps : fc.rope_theta),
-                 (double)(fc.norm_eps != c->norm_eps ? c->norm_eps : c->rope_theta));
-        return PL_EINVAL;
-    }
-    for (int i = 0; i < 8; i++)
+                           "MLP hidden size"};
+    int a[] = {fc.V, fc.maxT, fc.L, fc.NH, fc.C, fc.NKV, fc.H};
+    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV, c->H};
+    for (int i = 0; i < 7; i++)
         if (a[i] != b[i]) {
             snprintf(err, errlen, "model file %s: %s is %d in the file but %d in this run",
                      path, names[i], a[i], b[i]);
             return PL_EINVAL;
         }
+    char e2[512];
+    if (arch_of(c)->same_settings(&fc, c, CFG_NAME_HEADER, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "model file %s: %s", path, e2);
+        return PL_EINVAL;
+    }
     int fd;
     PL_TRY(pl_open_input_fd(path, "model file", 0, &fd, NULL, err, errlen));
     int rc = PL_OK;
@@ -239,7 +197,7 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
         size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
         float *p = st->params + t->offset;
         void *host = NULL;
-        size_t bytes = t->numel * sizeof(float); /* Llama's wte, lm_head: the file holds V of Vp rows */
+        size_t bytes = t->numel * sizeof(float); /* a row whose file holds V of its Vp rows: the rest 0 */
         if (be->map(&host, p, bytes, PL_MAP_WRITE) != PL_OK || !host) {
             snprintf(err, errlen, "model file %s: backend %s: mapping tensor %s (%zu bytes) for reading failed: %s",
                      path, be->name, t->name, bytes, backend_msg(be));
@@ -267,7 +225,7 @@ static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
     const backend *be = st->be;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
-        if (t->kind == P_WTE && !st->has_embed) continue;
+        if (t->tied_copy) continue; /* written from its owner, the first stage */
         size_t numel;
         size_t off = llmc_tensor_offset(c, t->kind, t->layer, &numel);
         float *p = (grads ? st->grads : st->params) + t->offset;
@@ -320,20 +278,10 @@ int llmc_save(const char *path_in, stage *st, int grads, MPI_Comm comm) {
             snprintf(err, sizeof err, "%s", strerror(errno));
             rc = PL_EIO;
         } else {
-            int32_t h[256] = {0};
-            float hf[256] = {0};
-            if (c->arch == MODEL_LLAMA) { /* llm.c's Llama 3 header: ints, then floats */
-                h[0] = LLMC_LLAMA_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH;
-                h[6] = c->NKV; h[7] = c->C; h[8] = c->multiple_of; h[9] = c->use_scaled_rope;
-                h[10] = c->ver_major; h[11] = c->ver_minor;
-                hf[0] = c->ffn_mult; hf[1] = c->norm_eps; hf[2] = c->rope_theta;
-            } else {
-                h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L;
-                h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
-            }
-            int llama = c->arch == MODEL_LLAMA;
-            if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
-                (llama && pwrite(fd, hf, sizeof hf, sizeof h) != (ssize_t)sizeof hf) ||
+            int32_t hdr[MAX_HEADER_BYTES / 4] = {0};
+            const model_arch *A = arch_of(c);
+            A->llmc_header_write(c, hdr);
+            if (pwrite(fd, hdr, A->header_bytes, 0) != (ssize_t)A->header_bytes ||
                 ftruncate(fd, (off_t)(llmc_header_bytes(c) + file_elems(c) * 4)) != 0) {
                 snprintf(err, sizeof err, "%s", strerror(errno));
                 rc = PL_EIO;

@@ -1,11 +1,13 @@
 /*
- * model.c — GPT-2's tensor table and the math of one block, as calls to the backend.
+ * model.c — GPT-2 (as llm.c defines it): its descriptor (the rows of arch.h) and the math of
+ * one block, of the embedding and of the final LayerNorm, as calls to the backend.
  *
  * Straight-line llm.c-style code, in the order the paper writes the model:
  *   x = wte[tok] + wpe[pos]
  *   per block: x = x + attproj(attn(qkv(ln1(x))));  x = x + fcproj(gelu(fc(ln2(x))))
  *   logits = lnf(x) wte^T;  loss = mean cross-entropy over the V real columns
- * Shapes use B (micro-batch sequences) T C NH L V, N = B*T rows.
+ * The head is tied: its output matrix is wte. Shapes use B (micro-batch sequences) T C NH L
+ * V, N = B*T rows.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -15,14 +17,60 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include "pipelm/arch.h"
 #include "pipelm/common.h"
-#include "pipelm/model.h"
-#include "pipelm/rng.h"
+#include "pipelm/llmc.h"
 
-const char *const param_kind_name[P_NKINDS] = {
-    "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
-    "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b", "lnf_w", "lnf_b",
-    "attn_norm_w", "mlp_norm_w", "fc2_w", "lm_head",
+/* GPT-2's tables, each indexed by its own enum. */
+enum { GE_WTE, GE_WPE };                                          /* embeddings */
+enum { G_LN1W, G_LN1B, G_QKVW, G_QKVB, G_ATTPROJW, G_ATTPROJB, G_LN2W, G_LN2B, G_FCW, G_FCB, G_FCPROJW,
+       G_FCPROJB };                                               /* one block */
+enum { GH_LNFW, GH_LNFB, GH_WTE };                                /* the head */
+enum { GA_LN1, GA_LN1_MEAN, GA_LN1_RSTD, GA_QKV, GA_ATT, GA_ATTY, GA_RES2, GA_LN2, GA_LN2_MEAN, GA_LN2_RSTD,
+       GA_FCH, GA_FCH_GELU, GA_RES3 };                            /* a block's activations */
+enum { GD_FCPROJ, GD_FC, GD_LN2, GD_ATTPROJ, GD_QKV, GD_LN1 };    /* its output gradients */
+enum { GHA_LNF, GHA_MEAN, GHA_RSTD, GHA_DLNF };                   /* the head's activations */
+
+/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied */
+static const arch_param gpt2_embed[] = {
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_VP, 1, NULL, -1},
+    {"wpe", P_WPE, AD_MAXT, AD_C, 1, INIT_NORMAL, 1, AD_MAXT, 1, NULL, -1},
+};
+static const arch_param gpt2_block[] = {
+    {"ln1_w", P_LN1W, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, NULL, -1},
+    {"ln1_b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 1, NULL, -1},
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, NULL, -1},
+    {"qkv_b", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 1, NULL, -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, NULL, -1},
+    {"attproj_b", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 1, NULL, -1},
+    {"ln2_w", P_LN2W, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
+    {"ln2_b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 1, NULL, -1},
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},
+    {"fc_b", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 1, NULL, -1},
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, NULL, -1},
+    {"fcproj_b", P_FCPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 13, AD_C, 1, NULL, -1},
+};
+static const arch_param gpt2_head[] = {
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, NULL, -1},
+    {"lnf_b", P_LNFB, AD_C, AD_NONE, 0, INIT_ZERO, 15, AD_C, 1, NULL, -1},
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, -1, AD_VP, 1, NULL, GE_WTE}, /* tied: the head reads wte */
+};
+/* name, floats per token, modes that keep it per slot */
+static const arch_act gpt2_acts[] = {
+    {"ln1", AD_C, KEEP_NONE | KEEP_SELECTIVE}, {"ln1_mean", AD_1, KEEP_NONE | KEEP_SELECTIVE},
+    {"ln1_rstd", AD_1, KEEP_NONE | KEEP_SELECTIVE}, {"qkv", AD_QKV, KEEP_NONE | KEEP_SELECTIVE},
+    {"att", AD_NHT, KEEP_NONE}, {"atty", AD_C, KEEP_NONE | KEEP_SELECTIVE},
+    {"res2", AD_C, KEEP_NONE | KEEP_SELECTIVE}, {"ln2", AD_C, KEEP_NONE | KEEP_SELECTIVE},
+    {"ln2_mean", AD_1, KEEP_NONE | KEEP_SELECTIVE}, {"ln2_rstd", AD_1, KEEP_NONE | KEEP_SELECTIVE},
+    {"fch", AD_H, KEEP_NONE | KEEP_SELECTIVE}, {"fch_gelu", AD_H, KEEP_NONE | KEEP_SELECTIVE},
+    {"res3", AD_C, KEEP_ALL},
+};
+static const arch_act gpt2_douts[] = {
+    {"fcproj", AD_C, KEEP_ALL}, {"fc", AD_H, KEEP_ALL}, {"ln2", AD_C, KEEP_ALL},
+    {"attproj", AD_C, KEEP_ALL}, {"qkv", AD_QKV, KEEP_ALL}, {"ln1", AD_C, KEEP_ALL},
+};
+static const arch_act gpt2_head_acts[] = {
+    {"lnf", AD_C, KEEP_ALL}, {"lnf_mean", AD_1, KEEP_ALL}, {"lnf_rstd", AD_1, KEEP_ALL}, {"dlnf", AD_C, KEEP_ALL},
 };
 
 /* Limits on model dimensions: generous for any real GPT-2-style model, small enough that
@@ -82,215 +130,162 @@ int gpt2_config_make(model_config *cfg, int V, int maxT, int L, int NH, int C, c
     return PL_OK;
 }
 
-/* N = Vp C + maxT C + L (12 C^2 + 13 C) + 2 C, the llm.c count (wte once, padded). */
-size_t gpt2_num_params(const model_config *c) {
-    size_t C = c->C;
-    return (size_t)c->Vp * C + (size_t)c->maxT * C + (size_t)c->L * (12 * C * C + 13 * C) + 2 * C;
+
+/* The options' GPT-2 (nothing beyond the dimensions). */
+static int gpt2_from_options(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
+    return gpt2_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, err, errlen);
 }
 
-/* Forward FLOPs per token of one block: 2*12C^2 in matmuls + 2*2*T*C in attention (full T,
- * as the kernels compute it). */
-double gpt2_block_flops(const model_config *c, int T) {
-    double C = c->C;
-    return 24.0 * C * C + 4.0 * T * C;
+/* GPT-2 has no settings beyond the dimensions gpt2_config_make bounds: nothing to check,
+ * nothing an --init file could conflict with, nothing else a file must agree on. */
+static int gpt2_check(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
+    (void)c; (void)naming; (void)err; (void)errlen;
+    return PL_OK;
+}
+static int gpt2_conflicts(const pl_options *o, const model_config *c, char *err, size_t errlen) {
+    (void)o; (void)c; (void)err; (void)errlen;
+    return PL_OK;
+}
+static int gpt2_same(const model_config *f, const model_config *r, cfg_naming naming, char *err, size_t errlen) {
+    (void)f; (void)r; (void)naming; (void)err; (void)errlen;
+    return PL_OK;
 }
 
-/* Forward FLOPs per token of the LM head (2 Vp C) plus softmax (~5V). */
-double gpt2_head_flops(const model_config *c) {
-    return 2.0 * c->Vp * c->C + 5.0 * c->V;
-}
-
-/* Append one tensor to the table, 64-byte aligned. */
-void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1) {
-    param_tensor *t = &out[(*n)++];
-    memset(t, 0, sizeof *t);
-    if (layer >= 0) snprintf(t->name, sizeof t->name, "h.%d.%s", layer, param_kind_name[kind]);
-    else snprintf(t->name, sizeof t->name, "%s", param_kind_name[kind]);
-    t->kind = kind;
-    t->layer = layer;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = ndim == 2 ? d1 : 1;
-    t->numel = (size_t)d0 * (ndim == 2 ? d1 : 1);
-    t->offset = *off;
-    t->decay = ndim == 2;
-    *off += (t->numel + 15) / 16 * 16;
-}
-
-/* [wte wpe] (first), blocks l0..l1-1, [lnf_w lnf_b wte] (last; one wte when both). */
-int gpt2_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
-                size_t *total) {
-    int C = c->C, n = 0;
-    size_t off = 0;
-    if (has_embed) {
-        model_add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);    // (Vp, C)
-        model_add_tensor(out, &n, &off, P_WPE, -1, 2, c->maxT, C);  // (maxT, C)
-    }
-    for (int l = l0; l < l1; l++) {
-        model_add_tensor(out, &n, &off, P_LN1W, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_LN1B, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_QKVW, l, 2, 3 * C, C);     // (3C, C)
-        model_add_tensor(out, &n, &off, P_QKVB, l, 1, 3 * C, 0);     // (3C)
-        model_add_tensor(out, &n, &off, P_ATTPROJW, l, 2, C, C);     // (C, C)
-        model_add_tensor(out, &n, &off, P_ATTPROJB, l, 1, C, 0);     // (C)
-        model_add_tensor(out, &n, &off, P_LN2W, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_LN2B, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_FCW, l, 2, 4 * C, C);      // (4C, C)
-        model_add_tensor(out, &n, &off, P_FCB, l, 1, 4 * C, 0);      // (4C)
-        model_add_tensor(out, &n, &off, P_FCPROJW, l, 2, C, 4 * C);  // (C, 4C)
-        model_add_tensor(out, &n, &off, P_FCPROJB, l, 1, C, 0);      // (C)
-    }
-    if (has_head) {
-        model_add_tensor(out, &n, &off, P_LNFW, -1, 1, C, 0);        // (C)
-        model_add_tensor(out, &n, &off, P_LNFB, -1, 1, C, 0);        // (C)
-        if (!has_embed) model_add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);
-    }
-    *total = off;
-    return n;
-}
-
-void gpt2_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
-    float resid_std = 0.02f / sqrtf(2.0f * c->L);
-    /* one stream per (kind, layer): independent of which stage holds the tensor */
-    rng_state r;
-    rng_seed(&r, seed, 1000003ULL * (unsigned long long)(t->kind + 1) + (unsigned long long)(t->layer + 1));
-    switch (t->kind) {
-    case P_LN1W: case P_LN2W: case P_LNFW:
-        for (size_t k = 0; k < t->numel; k++) host[k] = 1.0f;
-        break;
-    case P_LN1B: case P_LN2B: case P_LNFB: case P_QKVB: case P_ATTPROJB: case P_FCB: case P_FCPROJB:
-        memset(host, 0, t->numel * sizeof(float));
-        break;
-    default: {
-        float std = (t->kind == P_ATTPROJW || t->kind == P_FCPROJW) ? resid_std : 0.02f;
-        for (size_t k = 0; k < t->numel; k++) host[k] = std * rng_normal(&r);
-        if (t->kind == P_WTE) /* padded vocabulary rows are zero */
-            memset(host + (size_t)c->V * c->C, 0, (size_t)(c->Vp - c->V) * c->C * sizeof(float));
-    }
-    }
+/* The banner's model line. */
+static void gpt2_describe(const model_config *c, char *buf, size_t len) {
+    snprintf(buf, len, "V=%d (padded %d) C=%d L=%d NH=%d maxT=%d", c->V, c->Vp, c->C, c->L, c->NH, c->maxT);
 }
 
 /* x = x + attproj(attn(qkv(ln1(x))));  x = x + fcproj(gelu(fc(ln2(x)))). */
-int gpt2_block_forward(const backend *be, const block_dims *d, const block_params *p, block_acts *a,
-                       const float *x) {
+static int gpt2_block_forward(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                              const float *x) {
     int N = d->N, C = d->C;
-    PL_TRY(be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C));
-    PL_TRY(be->matmul_fwd(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C));           // (N, 3C)
-    PL_TRY(be->attention_gqa_fwd(a->atty, a->att, a->qkv, d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, C)
-    PL_TRY(be->matmul_fwd(a->res2, a->atty, p->attprojw, p->attprojb, N, C, C));     // (N, C)
-    PL_TRY(be->residual_fwd(a->res2, a->res2, x, (size_t)N * C));
-    PL_TRY(be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C));
-    PL_TRY(be->matmul_fwd(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C));              // (N, 4C)
-    PL_TRY(be->gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * C));
-    PL_TRY(be->matmul_fwd(a->res3, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C)); // (N, C)
-    return be->residual_fwd(a->res3, a->res3, a->res2, (size_t)N * C);
+    PL_TRY(be->layernorm_fwd(a[GA_LN1], a[GA_LN1_MEAN], a[GA_LN1_RSTD], x, p[G_LN1W], p[G_LN1B], N, C));
+    PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, 3 * C));          // (N, 3C)
+    PL_TRY(be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, C)
+    PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], p[G_ATTPROJB], N, C, C));    // (N, C)
+    PL_TRY(be->residual_fwd(a[GA_RES2], a[GA_RES2], x, (size_t)N * C));
+    PL_TRY(be->layernorm_fwd(a[GA_LN2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], a[GA_RES2], p[G_LN2W], p[G_LN2B], N, C));
+    PL_TRY(be->matmul_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, 4 * C));             // (N, 4C)
+    PL_TRY(be->gelu_fwd(a[GA_FCH_GELU], a[GA_FCH], (size_t)N * 4 * C));
+    PL_TRY(be->matmul_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], p[G_FCPROJB], N, 4 * C, C)); // (N, C)
+    return be->residual_fwd(a[GA_RES3], a[GA_RES3], a[GA_RES2], (size_t)N * C);
 }
 
 /* dL/dx through the block, dres updated in place, in reverse op order; every weight op's
  * output gradient lands in dd (the residual gradients are copied: dres moves on). */
-int gpt2_block_backward_input(const backend *be, const block_dims *d, const block_params *p,
-                              const block_acts *a, const float *x, float *dres, const block_douts *dd) {
+static int gpt2_block_backward_input(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                     const float *x, float *dres, float *const *dd) {
     int N = d->N, C = d->C;
     size_t nc = (size_t)N * C * sizeof(float);
     /* res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    PL_TRY(be->copy(dd->fcproj, dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd->fc, dres, p->fcprojw, N, 4 * C, C));      // (N, 4C)
-    PL_TRY(be->gelu_bwd(dd->fc, a->fch, dd->fc, (size_t)N * 4 * C));
-    PL_TRY(be->matmul_bwd_input(dd->ln2, dd->fc, p->fcw, N, C, 4 * C));       // (N, C)
-    PL_TRY(be->layernorm_bwd_input(dres, dd->ln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C));
+    PL_TRY(be->copy(dd[GD_FCPROJ], dres, nc));
+    PL_TRY(be->matmul_bwd_input(dd[GD_FC], dres, p[G_FCPROJW], N, 4 * C, C));       // (N, 4C)
+    PL_TRY(be->gelu_bwd(dd[GD_FC], a[GA_FCH], dd[GD_FC], (size_t)N * 4 * C));
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN2], dd[GD_FC], p[G_FCW], N, C, 4 * C));     // (N, C)
+    PL_TRY(be->layernorm_bwd_input(dres, dd[GD_LN2], a[GA_RES2], p[G_LN2W], a[GA_LN2_MEAN], a[GA_LN2_RSTD], N, C));
     /* res2 = x + attproj(attn(qkv(ln1(x)))) */
-    PL_TRY(be->copy(dd->attproj, dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd->ln1, dres, p->attprojw, N, C, C));        // (N, C) d(atty)
-    PL_TRY(be->attention_gqa_bwd(dd->qkv, dd->ln1, a->qkv, a->att, d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, 3C)
-    PL_TRY(be->matmul_bwd_input(dd->ln1, dd->qkv, p->qkvw, N, C, 3 * C));     // (N, C)
-    return be->layernorm_bwd_input(dres, dd->ln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    PL_TRY(be->copy(dd[GD_ATTPROJ], dres, nc));
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dres, p[G_ATTPROJW], N, C, C));         // (N, C) d(atty)
+    PL_TRY(be->attention_gqa_bwd(dd[GD_QKV], dd[GD_LN1], a[GA_QKV], a[GA_ATT], d->B, d->T, d->NH, d->NH, C / d->NH));
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dd[GD_QKV], p[G_QKVW], N, C, 3 * C));   // (N, C)
+    return be->layernorm_bwd_input(dres, dd[GD_LN1], x, p[G_LN1W], a[GA_LN1_MEAN], a[GA_LN1_RSTD], N, C);
 }
 
 /* dW += dY^T X and the bias / LayerNorm sums of the block, in the input part's op order. */
-int gpt2_block_backward_weight(const backend *be, const block_dims *d, block_params *g, const block_acts *a,
-                               const float *x, const block_douts *dd) {
+static int gpt2_block_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
+                                      const float *x, float *const *dd) {
     int N = d->N, C = d->C;
-    PL_TRY(be->matmul_bwd_weight(g->fcprojw, g->fcprojb, dd->fcproj, a->fch_gelu, N, 4 * C, C));
-    PL_TRY(be->matmul_bwd_weight(g->fcw, g->fcb, dd->fc, a->ln2, N, C, 4 * C));
-    PL_TRY(be->layernorm_bwd_weight(g->ln2w, g->ln2b, dd->ln2, a->res2, a->ln2_mean, a->ln2_rstd, N, C));
-    PL_TRY(be->matmul_bwd_weight(g->attprojw, g->attprojb, dd->attproj, a->atty, N, C, C));
-    PL_TRY(be->matmul_bwd_weight(g->qkvw, g->qkvb, dd->qkv, a->ln1, N, C, 3 * C));
-    return be->layernorm_bwd_weight(g->ln1w, g->ln1b, dd->ln1, x, a->ln1_mean, a->ln1_rstd, N, C);
+    PL_TRY(be->matmul_bwd_weight(g[G_FCPROJW], g[G_FCPROJB], dd[GD_FCPROJ], a[GA_FCH_GELU], N, 4 * C, C));
+    PL_TRY(be->matmul_bwd_weight(g[G_FCW], g[G_FCB], dd[GD_FC], a[GA_LN2], N, C, 4 * C));
+    PL_TRY(be->layernorm_bwd_weight(g[G_LN2W], g[G_LN2B], dd[GD_LN2], a[GA_RES2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], N,
+                                    C));
+    PL_TRY(be->matmul_bwd_weight(g[G_ATTPROJW], g[G_ATTPROJB], dd[GD_ATTPROJ], a[GA_ATTY], N, C, C));
+    PL_TRY(be->matmul_bwd_weight(g[G_QKVW], g[G_QKVB], dd[GD_QKV], a[GA_LN1], N, C, 3 * C));
+    return be->layernorm_bwd_weight(g[G_LN1W], g[G_LN1B], dd[GD_LN1], x, a[GA_LN1_MEAN], a[GA_LN1_RSTD], N, C);
 }
 
-/* ---- both architectures: the entry points the stage, split, report and files call ---- */
-
-const char *model_arch_name(int arch) { return arch == MODEL_LLAMA ? "llama" : "gpt2"; }
-
-/* 16 + 12 per block (GPT-2) covers Llama's 3 + 7 per block too. */
-int model_max_tensors(const model_config *c, int nb) {
-    (void)c;
-    return 16 + 12 * nb;
+/* Selective recomputation dropped the probabilities: recompute them (the output is rewritten
+ * with the bits it had). */
+static int gpt2_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
+    return be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->C / d->NH);
 }
 
-int model_num_tensors(const model_config *c) {
-    return c->arch == MODEL_LLAMA ? 3 + 7 * c->L : 4 + 12 * c->L;
+/* x = wte[tok] + wpe[pos], and its gradient. */
+static int gpt2_embed_forward(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok) {
+    return be->encoder_fwd(x, tok, p[GE_WTE], p[GE_WPE], d->N, d->T, d->C);
+}
+static int gpt2_embed_backward(const backend *be, const block_dims *d, float *const *g, const float *dx,
+                               const int *tok) {
+    return be->encoder_bwd(g[GE_WTE], g[GE_WPE], dx, tok, d->N, d->T, d->C);
 }
 
-int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
-                 size_t *total) {
-    if (c->arch == MODEL_LLAMA) return llama_layout(c, l0, l1, has_embed, has_head, out, total);
-    return gpt2_layout(c, l0, l1, has_embed, has_head, out, total);
+/* The final LayerNorm, its input part (into dres) and its weight part. */
+static int gpt2_head_norm_forward(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                  const float *x) {
+    return be->layernorm_fwd(a[GHA_LNF], a[GHA_MEAN], a[GHA_RSTD], x, p[GH_LNFW], p[GH_LNFB], d->N, d->C);
+}
+static int gpt2_head_norm_backward_input(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                         const float *x, float *dres) {
+    return be->layernorm_bwd_input(dres, a[GHA_DLNF], x, p[GH_LNFW], a[GHA_MEAN], a[GHA_RSTD], d->N, d->C);
+}
+static int gpt2_head_norm_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
+                                          const float *x) {
+    return be->layernorm_bwd_weight(g[GH_LNFW], g[GH_LNFB], a[GHA_DLNF], x, a[GHA_MEAN], a[GHA_RSTD], d->N, d->C);
 }
 
-void model_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
-    if (c->arch == MODEL_LLAMA) llama_init_tensor(c, t, seed, host);
-    else gpt2_init_tensor(c, t, seed, host);
+/* llm.c's GPT-2 header: 256 int32 (magic, version, maxT, V, L, NH, C, Vp). */
+static void gpt2_header_write(const model_config *c, void *hdr) {
+    int32_t *h = hdr;
+    h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L;
+    h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+}
+static int gpt2_header_read(const char *path, const void *hdr, size_t got, model_config *cfg, char *err,
+                            size_t errlen) {
+    const int32_t *h = hdr;
+    char e2[512];
+    (void)got;
+    if (gpt2_config_make(cfg, h[3], h[2], h[4], h[5], h[6], e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
+        return PL_EIO;
+    }
+    if (h[7] != cfg->Vp) {
+        snprintf(err, errlen, "model file %s: padded vocab %d is not V=%d rounded up to 128 (%d)",
+                 path, h[7], cfg->V, cfg->Vp);
+        return PL_EIO;
+    }
+    return PL_OK;
 }
 
-/* Llama block: norms 2C, qkv QKV C, attproj C^2, MLP 3 H C. */
-size_t model_block_params(const model_config *c) {
-    size_t C = c->C;
-    if (c->arch != MODEL_LLAMA) return 12 * C * C + 13 * C;
-    size_t HS = C / c->NH, QKV = (size_t)(c->NH + 2 * c->NKV) * HS;
-    return 2 * C + QKV * C + C * C + 3 * (size_t)c->H * C;
+/* No /config attributes beyond the common ones. */
+static void gpt2_attrs_of(const model_config *c, long long *ints, double *f64) { (void)c; (void)ints; (void)f64; }
+static int gpt2_of_attrs(const long long *k, const long long *ints, const double *f64, model_config *cfg, char *err,
+                         size_t errlen) {
+    char e2[256];
+    (void)ints; (void)f64;
+    if (gpt2_config_make(cfg, (int)k[0], (int)k[2], (int)k[3], (int)k[4], (int)k[5], e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "bad /config: %s", e2);
+        return PL_EIO;
+    }
+    return PL_OK;
 }
 
-size_t model_embed_params(const model_config *c) {
-    size_t n = (size_t)c->Vp * c->C;
-    return c->arch == MODEL_LLAMA ? n : n + (size_t)c->maxT * c->C;
-}
-
-/* GPT-2: lnf w and b, plus the tied head's copy of wte unless the stage holds the embedding;
- * Llama: the final norm and lm_head. */
-size_t model_head_params(const model_config *c, int has_embed) {
-    size_t C = c->C, head = (size_t)c->Vp * C;
-    if (c->arch == MODEL_LLAMA) return C + head;
-    return 2 * C + (has_embed ? 0 : head);
-}
-
-/* The whole model, each tensor once (GPT-2's tied wte once), padded vocabulary included. */
-size_t model_num_params(const model_config *c) {
-    if (c->arch != MODEL_LLAMA) return gpt2_num_params(c);
-    return model_embed_params(c) + (size_t)c->L * model_block_params(c) + model_head_params(c, 1);
-}
-
-/* 2 FLOPs per weight of the block's matmuls, plus attention's two products over the full T
- * (NH heads of HS = C channels in total, as the kernels compute it). */
-double model_block_flops(const model_config *c, int T) {
-    if (c->arch != MODEL_LLAMA) return gpt2_block_flops(c, T);
-    double C = c->C, HS = C / c->NH, QKV = (c->NH + 2.0 * c->NKV) * HS;
-    return 2.0 * (QKV * C + C * C + 3.0 * c->H * C) + 4.0 * T * C;
-}
-
-double model_head_flops(const model_config *c) { return gpt2_head_flops(c); }
-
-/* Per token: GPT-2 16 C + 4 (stage_act_bytes_per_slot's count); Llama ln1, atty, res2, ln2,
- * res3 (5 C), qkv (QKV), 3 H (up, gate, product) and 2 rstd. */
-size_t model_block_act_floats_per_token(const model_config *c) {
-    size_t C = c->C;
-    if (c->arch != MODEL_LLAMA) return 16 * C + 4;
-    size_t QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
-    return 5 * C + QKV + 3 * (size_t)c->H + 2;
-}
-
-double model_train_flops_per_token(const model_config *c, int T) {
-    double att = 6.0 * c->L * c->C * T;
-    if (c->arch != MODEL_LLAMA) return 6.0 * gpt2_num_params(c) + att;
-    return 6.0 * (double)(model_num_params(c) - (size_t)c->Vp * c->C) + att;
-}
+const model_arch arch_gpt2 = {
+    .name = "gpt2", .id = MODEL_GPT2,
+    .embed = ARCH_ROWS(gpt2_embed), .block = ARCH_ROWS(gpt2_block), .head = ARCH_ROWS(gpt2_head),
+    .acts = ARCH_ROWS(gpt2_acts), .douts = ARCH_ROWS(gpt2_douts), .head_acts = ARCH_ROWS(gpt2_head_acts),
+    .scratch = NULL, .nscratch = 0,
+    .block_out = GA_RES3, .head_out = GHA_LNF, .head_dout = GHA_DLNF, .head_matrix = GH_WTE, .tied = 1,
+    .head_desc = "the final LayerNorm",
+    .config_from_options = gpt2_from_options, .config_check = gpt2_check, .init_conflicts = gpt2_conflicts,
+    .same_settings = gpt2_same, .describe = gpt2_describe,
+    .block_forward = gpt2_block_forward, .block_backward_input = gpt2_block_backward_input,
+    .block_backward_weight = gpt2_block_backward_weight, .block_recompute_selective = gpt2_recompute_selective,
+    .embed_forward = gpt2_embed_forward, .embed_backward = gpt2_embed_backward,
+    .head_norm_forward = gpt2_head_norm_forward, .head_norm_backward_input = gpt2_head_norm_backward_input,
+    .head_norm_backward_weight = gpt2_head_norm_backward_weight, .scratch_fill = NULL,
+    .magic = LLMC_MODEL_MAGIC, .header_bytes = 1024, .file_desc = "an llm.c GPT-2 model file",
+    .llmc_header_write = gpt2_header_write, .llmc_header_read = gpt2_header_read,
+    .attr_int = NULL, .nattr_int = 0, .attr_f64 = NULL, .nattr_f64 = 0,
+    .attrs_of = gpt2_attrs_of, .config_of_attrs = gpt2_of_attrs,
+};

@@ -1,6 +1,7 @@
 /*
- * model_llama.c — Llama 3 (as Meta defines it and llm.c's train_llama3.py writes it): the
- * tensor table, initial values, the rotary tables and one block's math as backend calls.
+ * model_llama.c — Llama 3 (as Meta defines it and llm.c's train_llama3.py writes it): its
+ * descriptor (the rows of arch.h), the rotary tables, and the math of one block, of the
+ * embedding and of the final RMSNorm as backend calls.
  *
  *   x = wte[tok]
  *   per block: x = x + attproj(attn_gqa(rope(qkv(rmsnorm1(x)))))
@@ -13,14 +14,68 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
-#include "pipelm/model.h"
-#include "pipelm/rng.h"
+#include "pipelm/llmc.h"
+
+/* Llama's tables, each indexed by its own enum. */
+enum { LE_WTE };                                                             /* embeddings */
+enum { L_ATTNORM, L_QKVW, L_ATTPROJW, L_MLPNORM, L_FCW, L_FC2W, L_FCPROJW }; /* one block */
+enum { LH_NORM, LH_LMHEAD };                                                 /* the head */
+enum { LA_ATTNORM, LA_ATTNORM_RSTD, LA_QKV, LA_ATT, LA_ATTY, LA_RES2, LA_MLPNORM, LA_MLPNORM_RSTD, LA_UP, LA_GATE,
+       LA_PROD, LA_RES3 };                                                   /* a block's activations */
+enum { LD_FCPROJ, LD_UP, LD_GATE, LD_MLPNORM, LD_ATTPROJ, LD_QKV, LD_ATTNORM }; /* its output gradients */
+enum { LHA_NORM, LHA_RSTD, LHA_DNORM };                                      /* the head's activations */
+enum { LX_COS, LX_SIN, LX_SCRATCH, LX_ZERO_POS, LX_DZERO_POS };              /* stage scratch */
+
+/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied */
+static const arch_param llama_embed[] = {
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, NULL, -1}, /* a lookup: not in the MFU */
+};
+static const arch_param llama_block[] = {
+    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 1, AD_C, 1, NULL, -1},
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 2, AD_QKV, 1, NULL, -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 3, AD_C, 1, NULL, -1},
+    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 4, AD_C, 1, NULL, -1},
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 5, AD_H, 1, NULL, -1},        /* up */
+    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 6, AD_H, 1, NULL, -1},      /* gate */
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 7, AD_C, 1, NULL, -1},
+};
+static const arch_param llama_head[] = {
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
+    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 9, AD_V, 1, NULL, -1},
+};
+#define K_NS (KEEP_NONE | KEEP_SELECTIVE)
+/* name, floats per token, modes that keep it per slot */
+static const arch_act llama_acts[] = {
+    {"attn_norm", AD_C, K_NS}, {"attn_norm_rstd", AD_1, K_NS}, {"qkv", AD_QKV, K_NS}, /* qkv: rotated */
+    {"att", AD_NHT, KEEP_NONE}, {"atty", AD_C, K_NS}, {"res2", AD_C, K_NS}, {"mlp_norm", AD_C, K_NS},
+    {"mlp_norm_rstd", AD_1, K_NS}, {"up", AD_H, K_NS}, {"gate", AD_H, K_NS}, {"up_silu_gate", AD_H, K_NS},
+    {"res3", AD_C, KEEP_ALL},
+};
+static const arch_act llama_douts[] = {
+    {"fcproj", AD_C, KEEP_ALL}, {"up", AD_H, KEEP_ALL}, {"gate", AD_H, KEEP_ALL}, {"mlp_norm", AD_C, KEEP_ALL},
+    {"attproj", AD_C, KEEP_ALL}, {"qkv", AD_QKV, KEEP_ALL}, {"attn_norm", AD_C, KEEP_ALL},
+};
+static const arch_act llama_head_acts[] = {
+    {"norm", AD_C, KEEP_ALL}, {"norm_rstd", AD_1, KEEP_ALL}, {"dnorm", AD_C, KEEP_ALL},
+};
+/* the rotary tables; one transient of N max(H, QKV); the zero position rows the shared
+ * embedding op adds (Llama has no wpe) and their gradient, never read */
+static const arch_scratch llama_scratch[] = {
+    {"rope_cos", AD_HALF_HS, SCR_PER_POSITION, SCR_ALL, SCR_FILL},
+    {"rope_sin", AD_HALF_HS, SCR_PER_POSITION, SCR_ALL, SCR_FILL},
+    {"block_scratch", AD_WIDE, SCR_PER_TOKEN, SCR_ALL, SCR_ZEROS},
+    {"zero_pos", AD_C, SCR_PER_POSITION, SCR_EMBED, SCR_ZEROS},
+    {"dzero_pos", AD_C, SCR_PER_POSITION, SCR_EMBED, SCR_SINK},
+};
 
 #define LLAMA_MAX_VOCAB (1 << 24)
 #define LLAMA_MAX_SEQ (1 << 20)
@@ -99,52 +154,14 @@ int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV
     cfg->arch = MODEL_LLAMA;
     cfg->NKV = NKV;
     cfg->H = (int)H;
-    cfg->multiple_of = multiple_of;
-    cfg->use_scaled_rope = use_scaled_rope;
-    cfg->ver_major = 3;
-    cfg->ver_minor = 1;
-    cfg->ffn_mult = ffn_mult; /* 0..64, 0 = none (config_check_llama) */
-    cfg->norm_eps = norm_eps;
-    cfg->rope_theta = rope_theta;
+    cfg->llama.multiple_of = multiple_of;
+    cfg->llama.use_scaled_rope = use_scaled_rope;
+    cfg->llama.ver_major = 3;
+    cfg->llama.ver_minor = 1;
+    cfg->llama.ffn_mult = ffn_mult; /* 0..64, 0 = none (config_check_llama) */
+    cfg->llama.norm_eps = norm_eps;
+    cfg->llama.rope_theta = rope_theta;
     return PL_OK;
-}
-
-/* [wte] (first), blocks l0..l1-1 in llm.c's order, [lnf_w lm_head] (last). */
-int llama_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
-                 size_t *total) {
-    int C = c->C, H = c->H, QKV = (c->NH + 2 * c->NKV) * (C / c->NH), n = 0;
-    size_t off = 0;
-    if (has_embed) model_add_tensor(out, &n, &off, P_WTE, -1, 2, c->Vp, C);  // (Vp, C)
-    for (int l = l0; l < l1; l++) {
-        model_add_tensor(out, &n, &off, P_ATTNORMW, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_QKVW, l, 2, QKV, C);           // (QKV, C)
-        model_add_tensor(out, &n, &off, P_ATTPROJW, l, 2, C, C);         // (C, C)
-        model_add_tensor(out, &n, &off, P_MLPNORMW, l, 1, C, 0);         // (C)
-        model_add_tensor(out, &n, &off, P_FCW, l, 2, H, C);              // (H, C) up
-        model_add_tensor(out, &n, &off, P_FC2W, l, 2, H, C);             // (H, C) gate
-        model_add_tensor(out, &n, &off, P_FCPROJW, l, 2, C, H);          // (C, H)
-    }
-    if (has_head) {
-        model_add_tensor(out, &n, &off, P_LNFW, -1, 1, C, 0);            // (C)
-        model_add_tensor(out, &n, &off, P_LMHEAD, -1, 2, c->Vp, C);      // (Vp, C)
-    }
-    *total = off;
-    return n;
-}
-
-/* N(0, 0.02) matrices, residual projections (attproj, fcproj) scaled by 1/sqrt(2L), norm
- * weights 1, padded vocabulary rows 0; one stream per (kind, layer), as for GPT-2. */
-void llama_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
-    if (t->kind == P_ATTNORMW || t->kind == P_MLPNORMW || t->kind == P_LNFW) {
-        for (size_t k = 0; k < t->numel; k++) host[k] = 1.0f;
-        return;
-    }
-    rng_state r;
-    rng_seed(&r, seed, 1000003ULL * (unsigned long long)(t->kind + 1) + (unsigned long long)(t->layer + 1));
-    float std = (t->kind == P_ATTPROJW || t->kind == P_FCPROJW) ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
-    for (size_t k = 0; k < t->numel; k++) host[k] = std * rng_normal(&r);
-    if (t->kind == P_WTE || t->kind == P_LMHEAD)
-        memset(host + (size_t)c->V * c->C, 0, (size_t)(c->Vp - c->V) * c->C * sizeof(float));
 }
 
 /* Llama 3.1's rescaling of one rotary frequency (scale 8, low/high frequency factors 1 and 4,
@@ -163,8 +180,8 @@ static double scaled_freq(double f) {
 void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     int HS = c->C / c->NH, half = HS / 2;
     for (int i = 0; i < half; i++) {
-        double f = 1.0 / pow((double)c->rope_theta, (double)(2 * i) / HS);
-        if (c->use_scaled_rope) f = scaled_freq(f);
+        double f = 1.0 / pow((double)c->llama.rope_theta, (double)(2 * i) / HS);
+        if (c->llama.use_scaled_rope) f = scaled_freq(f);
         for (int t = 0; t < T; t++) {
             double a = (double)t * f;
             fcos[(size_t)t * half + i] = (float)cos(a);
@@ -173,57 +190,267 @@ void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     }
 }
 
+/* The options' Llama: wide first, so a value the float would turn into inf or 0 is named as
+ * it was given. */
+static int llama_from_options(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
+    cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
+                   o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
+    if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
+    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
+                             o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
+                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+}
+
+/* A built model's Llama settings through the one validation (config_check_llama). */
+static int llama_check(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
+    const llama_config *q = &c->llama;
+    cfg_llama l = {c->NH, c->NKV, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor, q->ffn_mult,
+                   q->norm_eps, q->rope_theta};
+    return config_check_llama(&l, naming, err, errlen);
+}
+
+/* --init's Llama settings against those given explicitly: multiple-of, use-scaled-rope,
+ * then ffn-dim-multiplier, norm-eps and rope-theta (compared as the floats the file holds). */
+static int llama_conflicts(const pl_options *o, const model_config *c, char *err, size_t errlen) {
+    const llama_config *q = &c->llama;
+    const char *names[] = {"multiple-of", "use-scaled-rope"};
+    unsigned bits[] = {CFG_SET_MULT, CFG_SET_SCALED};
+    int a[] = {o->multiple_of, o->use_scaled_rope}, b[] = {q->multiple_of, q->use_scaled_rope};
+    for (int i = 0; i < 2; i++)
+        if ((o->set_mask & bits[i]) && a[i] != b[i]) {
+            snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i], o->init, names[i],
+                     b[i]);
+            return PL_EINVAL;
+        }
+    const char *fn[] = {"ffn-dim-multiplier", "norm-eps", "rope-theta"};
+    unsigned fb[] = {CFG_SET_FFN, CFG_SET_EPS, CFG_SET_THETA};
+    double fa[] = {o->ffn_dim_multiplier, o->norm_eps, o->rope_theta}, ff[] = {q->ffn_mult, q->norm_eps, q->rope_theta};
+    for (int i = 0; i < 3; i++)
+        if ((o->set_mask & fb[i]) && (float)fa[i] != (float)ff[i]) {
+            snprintf(err, errlen, "--%s %g conflicts with %.512s, which has %s %g", fn[i], fa[i], o->init, fn[i], ff[i]);
+            return PL_EINVAL;
+        }
+    return PL_OK;
+}
+
+/* A file's settings beyond the dimensions against the run's: use-scaled-rope, norm-eps,
+ * rope-theta (named as attributes or as llm.c header fields). */
+static int llama_same(const model_config *f, const model_config *r, cfg_naming naming, char *err, size_t errlen) {
+    int attr = naming == CFG_NAME_ATTR;
+    const llama_config *a = &f->llama, *b = &r->llama;
+    if (a->use_scaled_rope != b->use_scaled_rope) {
+        snprintf(err, errlen, "%s is %d in the file but %d in this run", attr ? "use_scaled_rope" : "use-scaled-rope",
+                 a->use_scaled_rope, b->use_scaled_rope);
+        return PL_EINVAL;
+    }
+    if (a->norm_eps != b->norm_eps || a->rope_theta != b->rope_theta) {
+        int eps = a->norm_eps != b->norm_eps;
+        snprintf(err, errlen, "%s is %g in the file but %g in this run",
+                 eps ? (attr ? "norm_eps" : "norm-eps") : (attr ? "rope_theta" : "rope-theta"),
+                 (double)(eps ? a->norm_eps : a->rope_theta), (double)(eps ? b->norm_eps : b->rope_theta));
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+/* The banner's model line. */
+static void llama_describe(const model_config *c, char *buf, size_t len) {
+    snprintf(buf, len, "llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g", c->V,
+             c->Vp, c->C, c->L, c->NH, c->NKV, c->H, c->maxT, (double)c->llama.rope_theta,
+             c->llama.use_scaled_rope ? " (scaled)" : "", (double)c->llama.norm_eps);
+}
+
 /* x = x + attproj(attn(rope(qkv(rms1(x)))));  x = x + fcproj(fc(h) * silu(fc2(h))), h = rms2(x).
  * The unrotated projections go to the scratch: only the rotated ones are kept. */
-int llama_block_forward(const backend *be, const block_dims *d, const block_params *p, block_acts *a,
-                        const float *x) {
+static int llama_block_forward(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                               const float *x) {
     int N = d->N, C = d->C, H = d->H, QKV = d->QKV;
-    PL_TRY(be->rmsnorm_fwd(a->ln1, a->ln1_rstd, x, p->ln1w, N, C, d->eps));
-    PL_TRY(be->matmul_fwd(d->scratch, a->ln1, p->qkvw, NULL, N, C, QKV));               // (N, QKV)
-    PL_TRY(be->rope_fwd(a->qkv, d->scratch, d->fcos, d->fsin, N, d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->attention_gqa_fwd(a->atty, a->att, a->qkv, d->B, d->T, d->NH, d->NKV, d->HS)); // (N, C)
-    PL_TRY(be->matmul_fwd(a->res2, a->atty, p->attprojw, NULL, N, C, C));
-    PL_TRY(be->residual_fwd(a->res2, a->res2, x, (size_t)N * C));
-    PL_TRY(be->rmsnorm_fwd(a->ln2, a->ln2_rstd, a->res2, p->ln2w, N, C, d->eps));
-    PL_TRY(be->matmul_fwd(a->fch, a->ln2, p->fcw, NULL, N, C, H));                      // up (N, H)
-    PL_TRY(be->matmul_fwd(a->fch2, a->ln2, p->fc2w, NULL, N, C, H));                    // gate (N, H)
-    PL_TRY(be->swiglu_fwd(a->fch_gelu, a->fch, a->fch2, (size_t)N * H));
-    PL_TRY(be->matmul_fwd(a->res3, a->fch_gelu, p->fcprojw, NULL, N, H, C));
-    return be->residual_fwd(a->res3, a->res3, a->res2, (size_t)N * C);
+    float eps = d->cfg->llama.norm_eps, *scr = d->x[LX_SCRATCH];
+    PL_TRY(be->rmsnorm_fwd(a[LA_ATTNORM], a[LA_ATTNORM_RSTD], x, p[L_ATTNORM], N, C, eps));
+    PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));                  // (N, QKV)
+    PL_TRY(be->rope_fwd(a[LA_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
+    PL_TRY(be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS)); // (N, C)
+    PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, C, C));
+    PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
+    PL_TRY(be->rmsnorm_fwd(a[LA_MLPNORM], a[LA_MLPNORM_RSTD], a[LA_RES2], p[L_MLPNORM], N, C, eps));
+    PL_TRY(be->matmul_fwd(a[LA_UP], a[LA_MLPNORM], p[L_FCW], NULL, N, C, H));                // up (N, H)
+    PL_TRY(be->matmul_fwd(a[LA_GATE], a[LA_MLPNORM], p[L_FC2W], NULL, N, C, H));             // gate (N, H)
+    PL_TRY(be->swiglu_fwd(a[LA_PROD], a[LA_UP], a[LA_GATE], (size_t)N * H));
+    PL_TRY(be->matmul_fwd(a[LA_RES3], a[LA_PROD], p[L_FCPROJW], NULL, N, H, C));
+    return be->residual_fwd(a[LA_RES3], a[LA_RES3], a[LA_RES2], (size_t)N * C);
 }
 
 /* dL/dx through the block in reverse op order, dres updated in place; every weight op's
  * output gradient lands in dd (qkv's is the gradient before the rotation). */
-int llama_block_backward_input(const backend *be, const block_dims *d, const block_params *p,
-                               const block_acts *a, const float *x, float *dres, const block_douts *dd) {
+static int llama_block_backward_input(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                      const float *x, float *dres, float *const *dd) {
     int N = d->N, C = d->C, H = d->H, QKV = d->QKV;
     size_t nc = (size_t)N * C * sizeof(float);
+    float *scr = d->x[LX_SCRATCH];
     /* res3 = res2 + fcproj(up * silu(gate)) */
-    PL_TRY(be->copy(dd->fcproj, dres, nc));
-    PL_TRY(be->matmul_bwd_input(d->scratch, dres, p->fcprojw, N, H, C));          // d(product) (N, H)
-    PL_TRY(be->swiglu_bwd(dd->fc, dd->fc2, d->scratch, a->fch, a->fch2, (size_t)N * H));
-    PL_TRY(be->matmul_bwd_input(dd->ln2, dd->fc, p->fcw, N, C, H));               // (N, C)
-    PL_TRY(be->matmul_bwd_input(d->scratch, dd->fc2, p->fc2w, N, C, H));          // (N, C)
-    PL_TRY(be->add_inplace(dd->ln2, d->scratch, (size_t)N * C));
-    PL_TRY(be->rmsnorm_bwd_input(dres, dd->ln2, a->res2, p->ln2w, a->ln2_rstd, N, C));
+    PL_TRY(be->copy(dd[LD_FCPROJ], dres, nc));
+    PL_TRY(be->matmul_bwd_input(scr, dres, p[L_FCPROJW], N, H, C));                  // d(product) (N, H)
+    PL_TRY(be->swiglu_bwd(dd[LD_UP], dd[LD_GATE], scr, a[LA_UP], a[LA_GATE], (size_t)N * H));
+    PL_TRY(be->matmul_bwd_input(dd[LD_MLPNORM], dd[LD_UP], p[L_FCW], N, C, H));      // (N, C)
+    PL_TRY(be->matmul_bwd_input(scr, dd[LD_GATE], p[L_FC2W], N, C, H));              // (N, C)
+    PL_TRY(be->add_inplace(dd[LD_MLPNORM], scr, (size_t)N * C));
+    PL_TRY(be->rmsnorm_bwd_input(dres, dd[LD_MLPNORM], a[LA_RES2], p[L_MLPNORM], a[LA_MLPNORM_RSTD], N, C));
     /* res2 = x + attproj(attn(rope(qkv(rms1(x))))) */
-    PL_TRY(be->copy(dd->attproj, dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd->ln1, dres, p->attprojw, N, C, C));            // d(atty)
-    PL_TRY(be->attention_gqa_bwd(d->scratch, dd->ln1, a->qkv, a->att, d->B, d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->rope_bwd(dd->qkv, d->scratch, d->fcos, d->fsin, N, d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->matmul_bwd_input(dd->ln1, dd->qkv, p->qkvw, N, C, QKV));           // (N, C)
-    return be->rmsnorm_bwd_input(dres, dd->ln1, x, p->ln1w, a->ln1_rstd, N, C);
+    PL_TRY(be->copy(dd[LD_ATTPROJ], dres, nc));
+    PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dres, p[L_ATTPROJW], N, C, C));      // d(atty)
+    PL_TRY(be->attention_gqa_bwd(scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->B, d->T, d->NH, d->NKV, d->HS));
+    PL_TRY(be->rope_bwd(dd[LD_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
+    PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dd[LD_QKV], p[L_QKVW], N, C, QKV));  // (N, C)
+    return be->rmsnorm_bwd_input(dres, dd[LD_ATTNORM], x, p[L_ATTNORM], a[LA_ATTNORM_RSTD], N, C);
 }
 
 /* dW += dY^T X for the block's five matrices and the two RMSNorm weight sums. */
-int llama_block_backward_weight(const backend *be, const block_dims *d, block_params *g, const block_acts *a,
-                                const float *x, const block_douts *dd) {
+static int llama_block_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
+                                       const float *x, float *const *dd) {
     int N = d->N, C = d->C, H = d->H, QKV = d->QKV;
-    PL_TRY(be->matmul_bwd_weight(g->fcprojw, NULL, dd->fcproj, a->fch_gelu, N, H, C));
-    PL_TRY(be->matmul_bwd_weight(g->fcw, NULL, dd->fc, a->ln2, N, C, H));
-    PL_TRY(be->matmul_bwd_weight(g->fc2w, NULL, dd->fc2, a->ln2, N, C, H));
-    PL_TRY(be->rmsnorm_bwd_weight(g->ln2w, dd->ln2, a->res2, a->ln2_rstd, N, C));
-    PL_TRY(be->matmul_bwd_weight(g->attprojw, NULL, dd->attproj, a->atty, N, C, C));
-    PL_TRY(be->matmul_bwd_weight(g->qkvw, NULL, dd->qkv, a->ln1, N, C, QKV));
-    return be->rmsnorm_bwd_weight(g->ln1w, dd->ln1, x, a->ln1_rstd, N, C);
+    PL_TRY(be->matmul_bwd_weight(g[L_FCPROJW], NULL, dd[LD_FCPROJ], a[LA_PROD], N, H, C));
+    PL_TRY(be->matmul_bwd_weight(g[L_FCW], NULL, dd[LD_UP], a[LA_MLPNORM], N, C, H));
+    PL_TRY(be->matmul_bwd_weight(g[L_FC2W], NULL, dd[LD_GATE], a[LA_MLPNORM], N, C, H));
+    PL_TRY(be->rmsnorm_bwd_weight(g[L_MLPNORM], dd[LD_MLPNORM], a[LA_RES2], a[LA_MLPNORM_RSTD], N, C));
+    PL_TRY(be->matmul_bwd_weight(g[L_ATTPROJW], NULL, dd[LD_ATTPROJ], a[LA_ATTY], N, C, C));
+    PL_TRY(be->matmul_bwd_weight(g[L_QKVW], NULL, dd[LD_QKV], a[LA_ATTNORM], N, C, QKV));
+    return be->rmsnorm_bwd_weight(g[L_ATTNORM], dd[LD_ATTNORM], x, a[LA_ATTNORM_RSTD], N, C);
 }
+
+/* Selective recomputation dropped the probabilities: recompute them from the rotated qkv. */
+static int llama_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
+    return be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS);
+}
+
+/* x = wte[tok] (the shared embedding op, adding zero position rows), and its gradient (the
+ * positions' share lands in a sink). */
+static int llama_embed_forward(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok) {
+    return be->encoder_fwd(x, tok, p[LE_WTE], d->x[LX_ZERO_POS], d->N, d->T, d->C);
+}
+static int llama_embed_backward(const backend *be, const block_dims *d, float *const *g, const float *dx,
+                                const int *tok) {
+    return be->encoder_bwd(g[LE_WTE], d->x[LX_DZERO_POS], dx, tok, d->N, d->T, d->C);
+}
+
+/* The final RMSNorm, its input part (into dres) and its weight part. */
+static int llama_head_norm_forward(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                   const float *x) {
+    return be->rmsnorm_fwd(a[LHA_NORM], a[LHA_RSTD], x, p[LH_NORM], d->N, d->C, d->cfg->llama.norm_eps);
+}
+static int llama_head_norm_backward_input(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                                          const float *x, float *dres) {
+    return be->rmsnorm_bwd_input(dres, a[LHA_DNORM], x, p[LH_NORM], a[LHA_RSTD], d->N, d->C);
+}
+static int llama_head_norm_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
+                                           const float *x) {
+    return be->rmsnorm_bwd_weight(g[LH_NORM], a[LHA_DNORM], x, a[LHA_RSTD], d->N, d->C);
+}
+
+/* The rotary tables (both computed, the row's kept). */
+static int llama_scratch_fill(const model_config *c, int T, int row, float *host) {
+    size_t n = (size_t)T * (size_t)(c->C / c->NH / 2);
+    float *other = malloc(n ? n * sizeof(float) : 1);
+    if (!other) return PL_ENOMEM;
+    if (row == LX_COS) llama_rope_tables(c, T, host, other);
+    else llama_rope_tables(c, T, other, host);
+    free(other);
+    return PL_OK;
+}
+
+/* llm.c's Llama 3 header: 256 int32 (magic, version, maxT, V, L, NH, NKV, C, multiple_of,
+ * use_scaled_rope, version major, minor), then 256 float32 (ffn_mult, norm_eps, rope_theta). */
+static void llama_header_write(const model_config *c, void *hdr) {
+    int32_t *h = hdr;
+    float *hf = (float *)((char *)hdr + 1024);
+    const llama_config *q = &c->llama;
+    h[0] = LLMC_LLAMA_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH;
+    h[6] = c->NKV; h[7] = c->C; h[8] = q->multiple_of; h[9] = q->use_scaled_rope;
+    h[10] = q->ver_major; h[11] = q->ver_minor;
+    hf[0] = q->ffn_mult; hf[1] = q->norm_eps; hf[2] = q->rope_theta;
+}
+
+/* A Llama 3 header into cfg; the message names the bad field. Its Llama settings go through
+ * the one validation the command line and checkpoints use (config.c), so a model --init
+ * accepts trains into checkpoints that resume. A bad header is a bad file: PL_EIO. */
+static int llama_header_read(const char *path, const void *hdr, size_t got, model_config *cfg, char *err,
+                             size_t errlen) {
+    const int32_t *h = hdr;
+    const float *f = (const float *)((const char *)hdr + 1024);
+    if (got < 2048) {
+        snprintf(err, errlen, "model file %s: shorter than the 2048-byte Llama 3 header", path);
+        return PL_EIO;
+    }
+    char e2[512];
+    cfg_llama l = {h[5], h[6], h[8], h[9], h[10], h[11], f[0], f[1], f[2]};
+    int rc = h[5] >= 1 ? config_check_llama(&l, CFG_NAME_HEADER, e2, sizeof e2) : PL_OK;
+    if (rc == PL_OK)
+        rc = llama_config_make(cfg, h[3], h[2], h[4], h[5], h[6], h[7], h[8], f[0], f[1], f[2], h[9], CFG_NAME_HEADER,
+                               e2, sizeof e2);
+    if (rc != PL_OK) {
+        snprintf(err, errlen, "model file %s: bad header: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->llama.ver_major = h[10];
+    cfg->llama.ver_minor = h[11];
+    return PL_OK;
+}
+
+/* The Llama attributes of /config (docs/formats.md), in the order of attrs_of. */
+static const char *const llama_attr_int[] = {"n_kv_head", "ffn_hidden", "multiple_of", "use_scaled_rope",
+                                             "llama_version_major", "llama_version_minor"};
+static const char *const llama_attr_f64[] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
+
+static void llama_attrs_of(const model_config *c, long long *ints, double *f64) {
+    const llama_config *q = &c->llama;
+    long long li[6] = {c->NKV, c->H, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor};
+    double lf[3] = {q->ffn_mult, q->norm_eps, q->rope_theta};
+    memcpy(ints, li, sizeof li);
+    memcpy(f64, lf, sizeof lf);
+}
+
+/* The model of a checkpoint's /config: every Llama attribute range-checked by name before
+ * anything narrows it (the one validation, config.c), then made; ffn_hidden, derived, must
+ * be the size the others give. */
+static int llama_of_attrs(const long long *k, const long long *li, const double *lf, model_config *cfg, char *err,
+                          size_t errlen) {
+    if (li[1] < 1 || li[1] > INT_MAX) {
+        snprintf(err, errlen, "attribute /config/ffn_hidden = %lld is out of range (1..%d)", li[1], INT_MAX);
+        return PL_EIO;
+    }
+    cfg_llama l = {k[4], li[0], li[2], li[3], li[4], li[5], lf[0], lf[1], lf[2]};
+    char e2[512];
+    if (config_check_llama(&l, CFG_NAME_ATTR, err, errlen) != PL_OK) return PL_EIO;
+    if (llama_config_make(cfg, (int)k[0], (int)k[2], (int)k[3], (int)k[4], (int)li[0], (int)k[5], (int)li[2],
+                          (float)lf[0], (float)lf[1], (float)lf[2], (int)li[3], CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "bad /config (llama): %s", e2);
+        return PL_EIO;
+    }
+    if (cfg->H != li[1]) {
+        snprintf(err, errlen, "attribute /config/ffn_hidden = %lld is not the MLP hidden size %d that n_embd, "
+                 "ffn_dim_multiplier and multiple_of give", li[1], cfg->H);
+        return PL_EIO;
+    }
+    cfg->llama.ver_major = (int)li[4];
+    cfg->llama.ver_minor = (int)li[5];
+    return PL_OK;
+}
+
+const model_arch arch_llama = {
+    .name = "llama", .id = MODEL_LLAMA,
+    .embed = ARCH_ROWS(llama_embed), .block = ARCH_ROWS(llama_block), .head = ARCH_ROWS(llama_head),
+    .acts = ARCH_ROWS(llama_acts), .douts = ARCH_ROWS(llama_douts), .head_acts = ARCH_ROWS(llama_head_acts),
+    .scratch = llama_scratch, .nscratch = (int)(sizeof llama_scratch / sizeof llama_scratch[0]),
+    .block_out = LA_RES3, .head_out = LHA_NORM, .head_dout = LHA_DNORM, .head_matrix = LH_LMHEAD, .tied = 0,
+    .head_desc = "the final RMSNorm or lm_head",
+    .config_from_options = llama_from_options, .config_check = llama_check, .init_conflicts = llama_conflicts,
+    .same_settings = llama_same, .describe = llama_describe,
+    .block_forward = llama_block_forward, .block_backward_input = llama_block_backward_input,
+    .block_backward_weight = llama_block_backward_weight, .block_recompute_selective = llama_recompute_selective,
+    .embed_forward = llama_embed_forward, .embed_backward = llama_embed_backward,
+    .head_norm_forward = llama_head_norm_forward, .head_norm_backward_input = llama_head_norm_backward_input,
+    .head_norm_backward_weight = llama_head_norm_backward_weight, .scratch_fill = llama_scratch_fill,
+    .magic = LLMC_LLAMA_MAGIC, .header_bytes = 2048, .file_desc = "an llm.c Llama 3 one",
+    .llmc_header_write = llama_header_write, .llmc_header_read = llama_header_read,
+    .attr_int = llama_attr_int, .nattr_int = 6, .attr_f64 = llama_attr_f64, .nattr_f64 = 3,
+    .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
+};

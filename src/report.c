@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include "pipelm/arch.h"
 #include "pipelm/backend_prof.h"
 #include "pipelm/bench.h"
 #include "pipelm/sched_cost.h"
@@ -22,14 +23,10 @@
 #include "pipelm/trace.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
- * (as stage_act_bytes_per_slot counts them). */
+ * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */
 static double act_mb(const run *R, int s, int mode) {
-    double N = (double)(R->B / R->M) * R->T, C = R->cfg.C, att = (double)(R->B / R->M) * R->cfg.NH * R->T * R->T;
-    double per_block = mode == STAGE_RECOMPUTE_FULL ? N * C
-                     : N * (double)model_block_act_floats_per_token(&R->cfg) + (mode ? 0 : att);
-    double head = R->cfg.arch == MODEL_LLAMA ? N * (2 * C + 1) : N * (2 * C + 2);
-    double n = N * C + R->sp.blocks[s] * per_block + (s == R->S - 1 ? head : 0);
-    return n * sizeof(float) / 1048576.0;
+    size_t b = model_slot_act_bytes(&R->cfg, R->B / R->M, R->T, R->sp.blocks[s], s == 0, s == R->S - 1, mode);
+    return (double)b / 1048576.0;
 }
 
 int report_grid(run *R) {
@@ -53,14 +50,9 @@ int report_grid(run *R) {
 void report_stage_table(run *R) {
     const split *sp = &R->sp;
     int Bm = R->B / R->M;
-    if (R->cfg.arch == MODEL_LLAMA)
-        pl_info("model: llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g, "
-                "%zu parameters\n", R->cfg.V, R->cfg.Vp, R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.NKV, R->cfg.H,
-                R->cfg.maxT, (double)R->cfg.rope_theta, R->cfg.use_scaled_rope ? " (scaled)" : "",
-                (double)R->cfg.norm_eps, model_num_params(&R->cfg));
-    else
-        pl_info("model: V=%d (padded %d) C=%d L=%d NH=%d maxT=%d, %zu parameters\n", R->cfg.V, R->cfg.Vp,
-                R->cfg.C, R->cfg.L, R->cfg.NH, R->cfg.maxT, gpt2_num_params(&R->cfg));
+    char desc[256];
+    arch_of(&R->cfg)->describe(&R->cfg, desc, sizeof desc);
+    pl_info("model: %s, %zu parameters\n", desc, model_num_params(&R->cfg));
     char lay[512];
     layout_describe(&R->lay, lay, sizeof lay);
     pl_info("layout: %s\n", lay);
@@ -176,7 +168,7 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
 void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
     if (slot == 0) snprintf(buf, len, "the embeddings (stage 0)");
     else if (slot == R->cfg.L + 1)
-        snprintf(buf, len, R->cfg.arch == MODEL_LLAMA ? "the final RMSNorm or lm_head (stage %d)" : "the final LayerNorm (stage %d)", R->S - 1);
+        snprintf(buf, len, "%s (stage %d)", arch_of(&R->cfg)->head_desc, R->S - 1);
     else {
         int l = slot - 1, s = 0;
         while (s < R->S - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
@@ -426,7 +418,7 @@ int report_bench(run *R, const double *step_s, int nsteps) {
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {
     *same = 1;
-    if (R->cfg.arch == MODEL_LLAMA) return PL_OK; /* an untied head: nothing to compare */
+    if (!arch_of(&R->cfg)->tied) return PL_OK; /* an untied head: nothing to compare */
     if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
         size_t n = (size_t)R->cfg.Vp * R->cfg.C;
         float *other = malloc(n * sizeof(float));

@@ -28,11 +28,7 @@ size_t split_stage_params(const split *sp, const model_config *c, int s) {
 }
 
 size_t split_stage_act_bytes(const split *sp, const model_config *c, int s, int Bm, int T) {
-    size_t N = (size_t)Bm * T, C = c->C;
-    size_t per_block = N * model_block_act_floats_per_token(c) + (size_t)Bm * c->NH * T * T;
-    size_t n = N * C + (size_t)sp->blocks[s] * per_block;
-    if (s == sp->P - 1) n += N * (2 * C + (c->arch == MODEL_LLAMA ? 1 : 2));
-    return n * sizeof(float);
+    return model_slot_act_bytes(c, Bm, T, sp->blocks[s], s == 0, s == sp->P - 1, 0);
 }
 
 static int alloc_split(split *sp, int P) {

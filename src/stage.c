@@ -1,10 +1,11 @@
 /*
- * stage.c — the layers one pipeline rank owns: parameters laid out by the model's tensor
- * table, activation slots per micro-batch, and the forward, the backward's input part and
- * its weight part as calls into the model's block math.
- *   x = wte[tok] + wpe[pos]                      (first stage)
+ * stage.c — the layers one pipeline rank owns: parameters laid out by the architecture's
+ * tensor table, activation slots per micro-batch (one allocation each, carved by the
+ * table), and the forward, the backward's input part and its weight part as calls into the
+ * architecture's math (arch.h). Nothing here asks which architecture it runs.
+ *   x = embed(tok)                               (first stage)
  *   x = block_l(x) for l in [l0, l1)
- *   logits = lnf(x) wte^T; loss = mean CE        (last stage; head backward inside F)
+ *   logits = norm(x) head^T; loss = mean CE      (last stage; head backward inside F)
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/stage.h"
 
@@ -24,43 +26,27 @@ const char *stage_error(const stage *st) {
     return m && m[0] ? m : "no message from the backend";
 }
 
-/* Point bp/bg (and the embedding/head pointers) into params/grads. */
+/* Point the row pointers (embedding, block, head) into params/grads; a tied head row the
+ * stage does not hold reads its embedding row; the head's matrix and its gradient target. */
 static void bind_pointers(stage *st) {
+    const model_arch *A = st->arch;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         float *p = st->params + t->offset, *g = st->grads + t->offset;
-        if (t->layer < 0) {
-            switch (t->kind) {
-            case P_WTE: st->wte = p; st->dwte = g; break;
-            case P_WPE: st->wpe = p; st->dwpe = g; break;
-            case P_LNFW: st->lnfw = p; st->dlnfw = g; break;
-            case P_LNFB: st->lnfb = p; st->dlnfb = g; break;
-            case P_LMHEAD: st->lmhead = p; st->dlmhead = g; break;
-            }
-            continue;
-        }
-        block_params *bp = &st->bp[t->layer - st->l0], *bg = &st->bg[t->layer - st->l0];
-        float **pp = NULL, **gg = NULL;
-        switch (t->kind) {
-        case P_LN1W: pp = &bp->ln1w; gg = &bg->ln1w; break;
-        case P_LN1B: pp = &bp->ln1b; gg = &bg->ln1b; break;
-        case P_QKVW: pp = &bp->qkvw; gg = &bg->qkvw; break;
-        case P_QKVB: pp = &bp->qkvb; gg = &bg->qkvb; break;
-        case P_ATTPROJW: pp = &bp->attprojw; gg = &bg->attprojw; break;
-        case P_ATTPROJB: pp = &bp->attprojb; gg = &bg->attprojb; break;
-        case P_LN2W: pp = &bp->ln2w; gg = &bg->ln2w; break;
-        case P_LN2B: pp = &bp->ln2b; gg = &bg->ln2b; break;
-        case P_FCW: pp = &bp->fcw; gg = &bg->fcw; break;
-        case P_FCB: pp = &bp->fcb; gg = &bg->fcb; break;
-        case P_FCPROJW: pp = &bp->fcprojw; gg = &bg->fcprojw; break;
-        case P_FCPROJB: pp = &bp->fcprojb; gg = &bg->fcprojb; break;
-        case P_ATTNORMW: pp = &bp->ln1w; gg = &bg->ln1w; break;
-        case P_MLPNORMW: pp = &bp->ln2w; gg = &bg->ln2w; break;
-        case P_FC2W: pp = &bp->fc2w; gg = &bg->fc2w; break;
-        }
-        *pp = p;
-        *gg = g;
+        block_ptrs *bp = t->part == PART_EMBED ? &st->ep : t->part == PART_HEAD ? &st->hp : &st->bp[t->layer - st->l0];
+        block_ptrs *bg = t->part == PART_EMBED ? &st->eg : t->part == PART_HEAD ? &st->hg : &st->bg[t->layer - st->l0];
+        bp->t[t->row] = p;
+        bg->t[t->row] = g;
+        if (t->kind == P_WTE) { st->wte = p; st->dwte = g; }
     }
+    if (!st->has_head) return;
+    for (int i = 0; i < A->head.n; i++)
+        if (A->head.rows[i].tied >= 0 && st->has_embed) {
+            st->hp.t[i] = st->ep.t[A->head.rows[i].tied];
+            st->hg.t[i] = st->eg.t[A->head.rows[i].tied];
+        }
+    st->head_w = st->hp.t[A->head_matrix];
+    st->dhead_w = A->head.rows[A->head_matrix].tied >= 0 ? st->dwte_head : st->hg.t[A->head_matrix];
 }
 
 /* Allocate through the backend; the first failure's status is kept in *rc. */
@@ -71,116 +57,109 @@ static void *balloc(stage *st, size_t bytes, int *rc) {
     return *rc ? NULL : p;
 }
 
-/* Widths of a block's fused qkv and MLP hidden layer: 3C and 4C for GPT-2. */
-static size_t qkv_width(const model_config *c) {
-    return c->arch == MODEL_LLAMA ? (size_t)(c->NH + 2 * c->NKV) * (c->C / c->NH) : 3 * (size_t)c->C;
-}
-static size_t hidden_width(const model_config *c) { return c->arch == MODEL_LLAMA ? (size_t)c->H : 4 * (size_t)c->C; }
-
-/* One block's activations (res3 too unless skip_res3); GPT-2 per token 16 C + 4 floats,
- * Llama 5 C + QKV + 3 H + 2; plus the B NH T T probabilities. */
-static void alloc_acts(stage *st, block_acts *a, int skip_res3, int *rc) {
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float), Q = qkv_width(&st->cfg), H = hidden_width(&st->cfg);
-    int llama = st->cfg.arch == MODEL_LLAMA;
-    a->ln1 = balloc(st, N * C * F, rc);
-    a->ln1_mean = llama ? NULL : balloc(st, N * F, rc);
-    a->ln1_rstd = balloc(st, N * F, rc);
-    a->qkv = balloc(st, N * Q * F, rc);
-    a->att = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, rc);
-    a->atty = balloc(st, N * C * F, rc);
-    a->res2 = balloc(st, N * C * F, rc);
-    a->ln2 = balloc(st, N * C * F, rc);
-    a->ln2_mean = llama ? NULL : balloc(st, N * F, rc);
-    a->ln2_rstd = balloc(st, N * F, rc);
-    a->fch = balloc(st, N * H * F, rc);
-    a->fch2 = llama ? balloc(st, N * H * F, rc) : NULL;
-    a->fch_gelu = balloc(st, N * H * F, rc);
-    a->res3 = skip_res3 ? NULL : balloc(st, N * C * F, rc);
+/* The next n floats of an arena being carved (base NULL: only counted), 64-byte aligned as
+ * model_slot_act_bytes counts them. */
+static float *carve(char *base, size_t *off, size_t n) {
+    float *p = base ? (float *)(base + *off) : NULL;
+    *off += (n + 15) / 16 * 16 * sizeof(float);
+    return p;
 }
 
-/* Activations of one slot: its input, and per block alloc_acts'. */
-static void alloc_slot(stage *st, act_slot *s, int *rc) {
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
-    s->x_in = balloc(st, N * C * F, rc);
-    s->tok = st->has_embed ? balloc(st, N * sizeof(int), rc) : NULL;
-    s->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_acts));
-    if (!s->blocks) { if (!*rc) *rc = PL_ENOMEM; return; }
-    for (int b = 0; b < st->nb; b++) alloc_acts(st, &s->blocks[b], 0, rc);
-    if (st->has_head) {
-        s->lnf = balloc(st, N * C * F, rc);
-        s->lnf_mean = balloc(st, N * F, rc);
-        s->lnf_rstd = balloc(st, N * F, rc);
-        s->dlnf = balloc(st, N * C * F, rc);
-    }
+/* A slot's tensors in its arena: the input, the tokens, per block the rows the mode keeps
+ * (the others point into the shared set), the head's rows. Returns the bytes. */
+static size_t lay_slot(stage *st, act_slot *s, char *base) {
+    const model_arch *A = st->arch;
+    size_t off = 0, N = st->N;
+    s->x_in = carve(base, &off, N * st->cfg.C);
+    s->tok = st->has_embed ? (int *)carve(base, &off, N) : NULL;
+    for (int b = 0; b < st->nb; b++)
+        for (int i = 0; i < A->acts.n; i++) {
+            const arch_act *r = &A->acts.rows[i];
+            int kept = r->keep & (1 << st->recompute);
+            s->blocks[b].t[i] = kept ? carve(base, &off, N * arch_dim_value(&st->cfg, st->T, r->per_token))
+                                     : st->shared_acts.t[i];
+        }
+    for (int i = 0; st->has_head && i < A->head_acts.n; i++)
+        s->head.t[i] = carve(base, &off, N * arch_dim_value(&st->cfg, st->T, A->head_acts.rows[i].per_token));
+    return off;
 }
 
-/* One set of output gradients: per block 11 C floats per token (Llama 4 C + QKV + 2 H), plus
- * the embedding's. */
-static int alloc_douts(stage *st, stage_douts *dd) {
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float), Q = qkv_width(&st->cfg), H = hidden_width(&st->cfg);
+/* One slot's allocation, carved. */
+static int alloc_slot(stage *st, act_slot *s) {
+    if (!s->blocks) s->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_ptrs));
+    if (!s->blocks) return PL_ENOMEM;
     int rc = PL_OK;
-    dd->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_douts));
-    if (!dd->blocks) return PL_ENOMEM;
-    for (int b = 0; b < st->nb; b++) {
-        block_douts *d = &dd->blocks[b];
-        d->fcproj = balloc(st, N * C * F, &rc);
-        d->fc = balloc(st, N * H * F, &rc);
-        d->fc2 = st->cfg.arch == MODEL_LLAMA ? balloc(st, N * H * F, &rc) : NULL;
-        d->ln2 = balloc(st, N * C * F, &rc);
-        d->attproj = balloc(st, N * C * F, &rc);
-        d->qkv = balloc(st, N * Q * F, &rc);
-        d->ln1 = balloc(st, N * C * F, &rc);
+    st->slot_bytes = lay_slot(st, s, NULL);
+    s->arena = balloc(st, st->slot_bytes, &rc);
+    if (rc == PL_OK) lay_slot(st, s, s->arena);
+    return rc;
+}
+
+/* The activation rows the recompute mode does not keep per slot, one set for the stage, in
+ * its arena. Returns the bytes (0 under no recomputation). */
+static size_t lay_shared_acts(stage *st, char *base) {
+    const model_arch *A = st->arch;
+    size_t off = 0;
+    for (int i = 0; i < A->acts.n; i++) {
+        const arch_act *r = &A->acts.rows[i];
+        int kept = r->keep & (1 << st->recompute);
+        st->shared_acts.t[i] = kept ? NULL : carve(base, &off, (size_t)st->N * arch_dim_value(&st->cfg, st->T,
+                                                                                              r->per_token));
     }
-    dd->embed = st->has_embed ? balloc(st, N * C * F, &rc) : NULL;
+    return off;
+}
+
+static int alloc_shared_acts(stage *st) {
+    size_t bytes = lay_shared_acts(st, NULL);
+    if (!bytes) return PL_OK;
+    int rc = PL_OK;
+    st->shared_arena = balloc(st, bytes, &rc);
+    if (rc == PL_OK) lay_shared_acts(st, st->shared_arena);
+    return rc;
+}
+
+/* A set of output gradients in its arena: per block the architecture's rows, then the
+ * embedding's (first stage). Returns the bytes. */
+static size_t lay_douts(stage *st, stage_douts *dd, char *base) {
+    const model_arch *A = st->arch;
+    size_t off = 0, N = st->N;
+    for (int b = 0; b < st->nb; b++)
+        for (int i = 0; i < A->douts.n; i++)
+            dd->blocks[b].t[i] = carve(base, &off, N * arch_dim_value(&st->cfg, st->T, A->douts.rows[i].per_token));
+    dd->embed = st->has_embed ? carve(base, &off, N * st->cfg.C) : NULL;
+    return off;
+}
+
+static int alloc_douts(stage *st, stage_douts *dd) {
+    dd->blocks = calloc(st->nb ? st->nb : 1, sizeof(block_ptrs));
+    if (!dd->blocks) return PL_ENOMEM;
+    int rc = PL_OK;
+    dd->arena = balloc(st, lay_douts(st, dd, NULL), &rc);
+    if (rc == PL_OK) lay_douts(st, dd, dd->arena);
     return rc;
 }
 
 static void free_douts(stage *st, stage_douts *dd) {
-    if (dd->blocks)
-        for (int b = 0; b < st->nb; b++) {
-            block_douts *d = &dd->blocks[b];
-            float *all[] = {d->fcproj, d->fc, d->ln2, d->attproj, d->qkv, d->ln1, d->fc2};
-            for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) st->be->free(all[k]);
-        }
     free(dd->blocks);
-    st->be->free(dd->embed);
+    st->be->free(dd->arena);
     memset(dd, 0, sizeof *dd);
 }
 
-/* Free a block's activations, except those shared by every slot under recomputation. */
-static void free_block_acts(stage *st, block_acts *a) {
-    float *all[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3, a->fch2};
-    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
-        float *p = all[k];
-        if (p == st->att_shared) continue;
-        if (st->recompute == STAGE_RECOMPUTE_FULL && p != a->res3) continue; /* the shared set */
-        st->be->free(p);
-    }
-}
-
 static void free_slot(stage *st, act_slot *s) {
-    const backend *be = st->be;
-    be->free(s->x_in);
-    be->free(s->tok);
-    if (s->blocks) {
-        for (int b = 0; b < st->nb; b++) free_block_acts(st, &s->blocks[b]);
-        free(s->blocks);
-    }
-    be->free(s->lnf);
-    be->free(s->lnf_mean);
-    be->free(s->lnf_rstd);
-    be->free(s->dlnf);
+    st->be->free(s->arena);
+    s->arena = NULL;
+    free(s->blocks);
+    s->blocks = NULL;
     if (s->dd && s->dd != &st->shared_dd) {
         free_douts(st, s->dd);
         free(s->dd);
     }
+    s->dd = NULL;
 }
 
 /* Refuse a micro-batch whose buffers would not fit (each fewer than 2^31 elements). */
 static int check_sizes(const model_config *cfg, int has_head, int Bm, int T, char *err, size_t errlen) {
-    long long N = (long long)Bm * T, W = (long long)(hidden_width(cfg) > qkv_width(cfg) ? hidden_width(cfg)
-                                                                                       : qkv_width(cfg));
+    long long N = (long long)Bm * T, W = (long long)arch_dim_value(cfg, T, AD_WIDE);
     const char *what = NULL;
     if (N > STAGE_MAX_TENSOR / (W > 0 ? W : 1)) what = "the (tokens, MLP hidden) activations";
     else if (has_head && N > STAGE_MAX_TENSOR / cfg->Vp) what = "the (tokens, padded vocab) logits";
@@ -191,25 +170,58 @@ static int check_sizes(const model_config *cfg, int has_head, int Bm, int T, cha
     return PL_EINVAL;
 }
 
-/* Parameters, gradients and the shared scratch; then the slots. */
+/* Floats of one scratch row on this stage (0: not needed here). */
+static size_t scratch_floats(const stage *st, const arch_scratch *r) {
+    if (r->need == SCR_EMBED && !st->has_embed) return 0;
+    return (r->per == SCR_PER_TOKEN ? (size_t)st->N : (size_t)st->T) * arch_dim_value(&st->cfg, st->T, r->dim);
+}
+
+/* The architecture's scratch rows in their arena. Returns the bytes. */
+static size_t lay_scratch(stage *st, char *base) {
+    const model_arch *A = st->arch;
+    size_t off = 0;
+    for (int i = 0; i < A->nscratch; i++) {
+        size_t n = scratch_floats(st, &A->scratch[i]);
+        st->scr.t[i] = n ? carve(base, &off, n) : NULL;
+    }
+    return off;
+}
+
+static int alloc_scratch(stage *st) {
+    size_t bytes = lay_scratch(st, NULL);
+    if (!bytes) return PL_OK;
+    int rc = PL_OK;
+    st->scr_arena = balloc(st, bytes, &rc);
+    if (rc == PL_OK) lay_scratch(st, st->scr_arena);
+    return rc;
+}
+
+/* The SCR_FILL rows (Llama's rotary tables), computed on the host, uploaded once. */
+static int fill_scratch(stage *st) {
+    const model_arch *A = st->arch;
+    for (int i = 0; i < A->nscratch; i++) {
+        size_t n = scratch_floats(st, &A->scratch[i]);
+        if (A->scratch[i].use != SCR_FILL || !n) continue;
+        float *host = malloc(n * sizeof(float));
+        int rc = host ? A->scratch_fill(&st->cfg, st->T, i, host) : PL_ENOMEM;
+        if (rc == PL_OK) rc = st->be->from_host(st->scr.t[i], host, n * sizeof(float));
+        free(host);
+        PL_TRY(rc);
+    }
+    return PL_OK;
+}
+
+/* Parameters, gradients, the scratch and the head's buffers; then the slots. */
 static int alloc_buffers(stage *st) {
+    const model_arch *A = st->arch;
     size_t N = st->N, C = st->cfg.C, F = sizeof(float), pb = st->nparams * F;
     int rc = PL_OK;
     st->params = balloc(st, pb, &rc);
     st->grads = balloc(st, pb, &rc);
-    if (st->cfg.arch == MODEL_LLAMA) { /* the rotary tables are filled by stage_init */
-        size_t half = (size_t)(C / st->cfg.NH) / 2, w = qkv_width(&st->cfg) > hidden_width(&st->cfg)
-                                                         ? qkv_width(&st->cfg) : hidden_width(&st->cfg);
-        st->rope_cos = balloc(st, (size_t)st->T * half * F, &rc);
-        st->rope_sin = balloc(st, (size_t)st->T * half * F, &rc);
-        st->blk_scratch = balloc(st, N * w * F, &rc);
-        if (st->has_embed) {
-            st->zero_pos = balloc(st, (size_t)st->T * C * F, &rc);
-            st->dzero_pos = balloc(st, (size_t)st->T * C * F, &rc);
-        }
-    }
+    if (!rc) rc = alloc_scratch(st);
     if (st->has_head) {
-        if (st->cfg.arch != MODEL_LLAMA) st->dwte_head = balloc(st, (size_t)st->cfg.Vp * C * F, &rc);
+        if (A->head.rows[A->head_matrix].tied >= 0)
+            st->dwte_head = balloc(st, arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0) * F, &rc);
         st->logits = balloc(st, N * st->cfg.Vp * F, &rc);
         st->losses = balloc(st, N * F, &rc);
         st->tgt = balloc(st, N * sizeof(int), &rc);
@@ -219,24 +231,9 @@ static int alloc_buffers(stage *st) {
     st->dres = balloc(st, N * C * F, &rc);
     if (!rc) rc = alloc_douts(st, &st->shared_dd);
     for (int i = 0; i < st->nslots && !rc; i++) {
-        alloc_slot(st, &st->slots[i], &rc);
+        rc = alloc_slot(st, &st->slots[i]);
         st->slots[i].dd = &st->shared_dd;
     }
-    return rc;
-}
-
-/* Llama: the cos/sin tables of positions 0..T-1, computed on the host in double, uploaded once. */
-static int upload_rope(stage *st) {
-    size_t n = (size_t)st->T * (size_t)(st->cfg.C / st->cfg.NH / 2);
-    float *c = malloc(n * sizeof(float)), *s = malloc(n * sizeof(float));
-    int rc = c && s ? PL_OK : PL_ENOMEM;
-    if (rc == PL_OK) {
-        llama_rope_tables(&st->cfg, st->T, c, s);
-        rc = st->be->from_host(st->rope_cos, c, n * sizeof(float));
-        if (rc == PL_OK) rc = st->be->from_host(st->rope_sin, s, n * sizeof(float));
-    }
-    free(c);
-    free(s);
     return rc;
 }
 
@@ -250,6 +247,7 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
     }
     PL_TRY(check_sizes(cfg, has_head, Bm, T, err, errlen));
     st->cfg = *cfg;
+    st->arch = arch_of(cfg);
     st->l0 = l0;
     st->l1 = l1;
     st->nb = l1 - l0;
@@ -260,8 +258,8 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
     st->N = Bm * T;
     st->be = be;
     st->tensors = calloc((size_t)model_max_tensors(cfg, st->nb), sizeof(param_tensor));
-    st->bp = calloc(st->nb ? st->nb : 1, sizeof(block_params));
-    st->bg = calloc(st->nb ? st->nb : 1, sizeof(block_params));
+    st->bp = calloc(st->nb ? st->nb : 1, sizeof(block_ptrs));
+    st->bg = calloc(st->nb ? st->nb : 1, sizeof(block_ptrs));
     st->slots = calloc(nslots, sizeof(act_slot));
     if (!st->tensors || !st->bp || !st->bg || !st->slots) {
         snprintf(err, errlen, "out of host memory for the stage tables");
@@ -279,7 +277,7 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
         return rc;
     }
     bind_pointers(st);
-    if (cfg->arch == MODEL_LLAMA && (rc = upload_rope(st)) != PL_OK) {
+    if ((rc = fill_scratch(st)) != PL_OK) {
         snprintf(err, errlen, "backend %s: %s, uploading the rotary tables", be->name, rc == PL_ENOMEM ?
                  "out of host memory" : stage_error(st));
         stage_free(st);
@@ -288,14 +286,13 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
     return PL_OK;
 }
 
-int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) {
-    memset(h, 0, sizeof *h);
+/* The holder's shape from its chunks (checked: fresh, in ascending layer order, embeddings
+ * only on the first, the head only on the last). */
+static int holder_shape(stage *h, const stage *chunks, int V, char *err, size_t errlen) {
     const stage *c0 = &chunks[0], *cl = &chunks[V - 1];
-    int ntensors = 0;
-    size_t nparams = 0;
     for (int c = 0; c < V; c++) {
-        ntensors += chunks[c].ntensors;
-        nparams += chunks[c].nparams;
+        h->ntensors += chunks[c].ntensors;
+        h->nparams += chunks[c].nparams;
         if (chunks[c].shares_params || (c && chunks[c].l0 < chunks[c - 1].l1) || (c && chunks[c].has_embed) ||
             (c < V - 1 && chunks[c].has_head)) {
             snprintf(err, errlen, "stage_init_holder: chunk %d is not a fresh chunk after chunk %d's layers", c, c - 1);
@@ -303,6 +300,7 @@ int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) 
         }
     }
     h->cfg = c0->cfg;
+    h->arch = c0->arch;
     h->l0 = c0->l0;
     h->l1 = cl->l1;
     h->nb = h->l1 - h->l0;
@@ -313,17 +311,21 @@ int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) 
     h->N = c0->N;
     h->be = c0->be;
     h->holds_chunks = 1;
-    h->nparams = nparams;
-    h->ntensors = ntensors;
-    h->tensors = calloc((size_t)ntensors, sizeof(param_tensor));
-    h->bp = calloc(h->nb ? h->nb : 1, sizeof(block_params));
-    h->bg = calloc(h->nb ? h->nb : 1, sizeof(block_params));
+    return PL_OK;
+}
+
+int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) {
+    memset(h, 0, sizeof *h);
+    PL_TRY(holder_shape(h, chunks, V, err, errlen));
+    h->tensors = calloc((size_t)h->ntensors, sizeof(param_tensor));
+    h->bp = calloc(h->nb ? h->nb : 1, sizeof(block_ptrs));
+    h->bg = calloc(h->nb ? h->nb : 1, sizeof(block_ptrs));
     int rc = h->tensors && h->bp && h->bg ? PL_OK : PL_ENOMEM;
-    h->params = balloc(h, nparams * sizeof(float), &rc);
-    h->grads = balloc(h, nparams * sizeof(float), &rc);
+    h->params = balloc(h, h->nparams * sizeof(float), &rc);
+    h->grads = balloc(h, h->nparams * sizeof(float), &rc);
     if (rc != PL_OK) {
         snprintf(err, errlen, "backend %s: %s, for the parameters of %d chunks (%zu floats)", h->be->name,
-                 rc == PL_ENOMEM ? "out of memory" : stage_error(h), V, nparams);
+                 rc == PL_ENOMEM ? "out of memory" : stage_error(h), V, h->nparams);
         stage_free(h);
         return rc;
     }
@@ -343,16 +345,9 @@ int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen) 
         bind_pointers(st);
         off += st->nparams;
     }
+    h->dwte_head = chunks[V - 1].dwte_head; /* stage_tied_grads_local on the holder folds the head chunk's */
     bind_pointers(h);
-    h->dwte_head = cl->dwte_head; /* stage_tied_grads_local on the holder folds the head chunk's */
     return PL_OK;
-}
-
-/* One block's activations into a (the shared set of full recomputation). */
-static int alloc_block_acts(stage *st, block_acts *a) {
-    int rc = PL_OK;
-    alloc_acts(st, a, 1, &rc); /* res3: every slot keeps its own block outputs */
-    return rc;
 }
 
 int stage_init_recompute(stage *st, int mode, char *err, size_t errlen) {
@@ -361,53 +356,26 @@ int stage_init_recompute(stage *st, int mode, char *err, size_t errlen) {
         snprintf(err, errlen, "recomputation can be chosen once, before the first forward");
         return PL_EINVAL;
     }
-    size_t N = st->N, C = st->cfg.C, F = sizeof(float);
-    int rc = PL_OK;
-    if (mode == STAGE_RECOMPUTE_SELECTIVE) {
-        st->att_shared = balloc(st, (size_t)st->Bm * st->cfg.NH * st->T * st->T * F, &rc);
-        st->atty_scratch = balloc(st, N * C * F, &rc);
-    } else {
-        rc = alloc_block_acts(st, &st->shared_acts);
+    /* every slot re-carved for the mode: what it no longer keeps moves to one shared set */
+    for (int i = 0; i < st->nslots; i++) {
+        st->be->free(st->slots[i].arena);
+        st->slots[i].arena = NULL;
     }
+    st->recompute = mode;
+    int rc = alloc_shared_acts(st);
+    for (int i = 0; i < st->nslots && rc == PL_OK; i++) rc = alloc_slot(st, &st->slots[i]);
     if (rc != PL_OK) {
         snprintf(err, errlen, "backend %s: %s, for the recomputation buffers", st->be->name, stage_error(st));
         return rc;
     }
-    for (int i = 0; i < st->nslots; i++)
-        for (int b = 0; b < st->nb; b++) {
-            block_acts *a = &st->slots[i].blocks[b];
-            st->recompute = STAGE_RECOMPUTE_NONE; /* this block's own buffers, all of them */
-            free_block_acts(st, a);
-            st->recompute = mode; /* from here on (a failure included) it holds the mode's */
-            float *res3 = NULL;
-            if (mode == STAGE_RECOMPUTE_SELECTIVE) {
-                /* keep everything but the probabilities: re-allocate the rest */
-                rc = alloc_block_acts(st, a);
-                st->be->free(a->att);
-                a->att = st->att_shared;
-            } else {
-                *a = st->shared_acts;
-            }
-            res3 = balloc(st, N * C * F, &rc);
-            a->res3 = res3;
-            if (rc != PL_OK) {
-                snprintf(err, errlen, "backend %s: %s, for the recomputation buffers", st->be->name, stage_error(st));
-                return rc;
-            }
-        }
-    st->recompute = mode;
     return PL_OK;
 }
 
 size_t stage_act_bytes_per_slot(const stage *st) {
-    size_t N = st->N, C = st->cfg.C, att = (size_t)st->Bm * st->cfg.NH * st->T * st->T;
-    size_t per_block = st->recompute == STAGE_RECOMPUTE_FULL ? N * C
-                     : N * model_block_act_floats_per_token(&st->cfg) +
-                       (st->recompute == STAGE_RECOMPUTE_SELECTIVE ? 0 : att);
-    size_t head = st->cfg.arch == MODEL_LLAMA ? N * (2 * C + 1) : N * (2 * C + 2);
-    size_t n = N * C + (size_t)st->nb * per_block + (st->has_head ? head : 0);
-    return n * sizeof(float);
+    return model_slot_act_bytes(&st->cfg, st->Bm, st->T, st->nb, st->has_embed, st->has_head, st->recompute);
 }
+
+size_t stage_slot_bytes(const stage *st) { return st->slot_bytes; }
 
 int stage_init_deferred(stage *st, char *err, size_t errlen) {
     for (int i = 0; i < st->nslots; i++) {
@@ -433,18 +401,11 @@ void stage_free(stage *st) {
         for (int i = 0; i < st->nslots; i++) free_slot(st, &st->slots[i]);
     free(st->slots);
     free_douts(st, &st->shared_dd);
-    if (st->recompute == STAGE_RECOMPUTE_FULL) {
-        block_acts keep = st->shared_acts;
-        st->recompute = STAGE_RECOMPUTE_NONE; /* free the shared set itself */
-        keep.att = keep.att == st->att_shared ? NULL : keep.att;
-        free_block_acts(st, &keep);
-    }
     if (st->shares_params) st->params = st->grads = NULL; /* the holder's (stage_init_holder) */
     if (st->holds_chunks) st->dwte_head = NULL;           /* the head chunk's */
-    float *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres, st->att_shared,
-                     st->atty_scratch, st->rope_cos, st->rope_sin, st->blk_scratch, st->zero_pos, st->dzero_pos};
+    void *bufs[] = {st->params, st->grads, st->dwte_head, st->logits, st->losses, st->dres, st->shared_arena,
+                    st->scr_arena, st->tgt};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
-    be->free(st->tgt);
     free(st->host_losses);
     free(st->tensors);
     free(st->bp);
@@ -471,11 +432,16 @@ const param_tensor *stage_find_tensor(const stage *st, int kind, int layer) {
     return NULL;
 }
 
+/* The gradients, the tied head's share, and the scratch rows that are sinks. */
 int stage_zero_grads(stage *st) {
+    const model_arch *A = st->arch;
     st->w_done = 0;
     PL_TRY(st->be->zero(st->grads, st->nparams * sizeof(float)));
-    if (st->dwte_head) PL_TRY(st->be->zero(st->dwte_head, (size_t)st->cfg.Vp * st->cfg.C * sizeof(float)));
-    if (st->dzero_pos) PL_TRY(st->be->zero(st->dzero_pos, (size_t)st->T * st->cfg.C * sizeof(float)));
+    if (st->dwte_head)
+        PL_TRY(st->be->zero(st->dwte_head, arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0) * sizeof(float)));
+    for (int i = 0; i < A->nscratch; i++)
+        if (A->scratch[i].use == SCR_SINK && st->scr.t[i])
+            PL_TRY(st->be->zero(st->scr.t[i], scratch_floats(st, &A->scratch[i]) * sizeof(float)));
     return PL_OK;
 }
 
@@ -491,47 +457,34 @@ void stage_release_all(stage *st) {
     st->w_pending = 0;
 }
 
+/* The output of block b of a slot (the next block's input). */
+static float *block_out(const stage *st, const act_slot *s, int b) { return s->blocks[b].t[st->arch->block_out]; }
+
 float *stage_output(stage *st, int slot) {
     act_slot *s = &st->slots[slot];
-    return st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+    return st->nb ? block_out(st, s, st->nb - 1) : s->x_in;
 }
 
 float *stage_dinput(stage *st) { return st->dres; }
 
 static block_dims dims_of(const stage *st) {
     const model_config *c = &st->cfg;
-    block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, (int)hidden_width(c),
-                    (int)qkv_width(c), c->norm_eps, st->rope_cos, st->rope_sin, st->blk_scratch};
+    block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, c->H,
+                    (int)arch_dim_value(c, st->T, AD_QKV), c, st->scr.t};
     return d;
 }
 
-/* One block's math in the stage's architecture. */
-static int block_forward(const stage *st, const block_dims *d, const block_params *p, block_acts *a,
-                         const float *x) {
-    if (st->cfg.arch == MODEL_LLAMA) return llama_block_forward(st->be, d, p, a, x);
-    return gpt2_block_forward(st->be, d, p, a, x);
-}
-static int block_backward_input(const stage *st, const block_dims *d, const block_params *p,
-                                const block_acts *a, const float *x, float *dres, const block_douts *dd) {
-    if (st->cfg.arch == MODEL_LLAMA) return llama_block_backward_input(st->be, d, p, a, x, dres, dd);
-    return gpt2_block_backward_input(st->be, d, p, a, x, dres, dd);
-}
-static int block_backward_weight(const stage *st, const block_dims *d, block_params *g, const block_acts *a,
-                                 const float *x, const block_douts *dd) {
-    if (st->cfg.arch == MODEL_LLAMA) return llama_block_backward_weight(st->be, d, g, a, x, dd);
-    return gpt2_block_backward_weight(st->be, d, g, a, x, dd);
-}
-
-/* The last stage's head: logits = lnf(x) wte^T, the loss, and (dloss > 0) its backward to
- * dL/d(lnf), with the head's wte gradient added to dwte_head. */
+/* The last stage's head: logits = norm(x) head^T, the loss, and (dloss > 0) its backward to
+ * dL/d(norm output), with the head matrix's gradient added to dhead_w (dwte_head if tied). */
 static int head_forward(stage *st, act_slot *s, const float *x, const int *targets, float dloss, double *loss_sum) {
     const backend *be = st->be;
+    const model_arch *A = st->arch;
     const model_config *c = &st->cfg;
-    int N = st->N, C = c->C, llama = c->arch == MODEL_LLAMA;
-    const float *head = llama ? st->lmhead : st->wte; /* Llama's head is its own tensor */
-    if (llama) PL_TRY(be->rmsnorm_fwd(s->lnf, s->lnf_rstd, x, st->lnfw, N, C, c->norm_eps));
-    else PL_TRY(be->layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, x, st->lnfw, st->lnfb, N, C));
-    PL_TRY(be->matmul_fwd(st->logits, s->lnf, head, NULL, N, C, c->Vp));           // (N, Vp)
+    int N = st->N, C = c->C;
+    block_dims d = dims_of(st);
+    float *lnf = s->head.t[A->head_out], *dlnf = s->head.t[A->head_dout];
+    PL_TRY(A->head_norm_forward(be, &d, st->hp.t, s->head.t, x));
+    PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w, NULL, N, C, c->Vp));       // (N, Vp)
     PL_TRY(be->from_host(st->tgt, targets, (size_t)N * sizeof(int)));
     PL_TRY(be->crossentropy_fwd(st->losses, st->logits, st->tgt, N, c->V, c->Vp)); // (N)
     PL_TRY(be->to_host(st->host_losses, st->losses, (size_t)N * sizeof(float)));
@@ -539,15 +492,16 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     for (int i = 0; i < N; i++) sum += st->host_losses[i];
     *loss_sum = sum;
     if (dloss <= 0.0f) return PL_OK;
-    /* the head's backward, now that dL/dlogits is known: keep only dL/d(lnf) */
+    /* the head's backward, now that dL/dlogits is known: keep only dL/d(norm output) */
     PL_TRY(be->crossentropy_bwd(st->logits, st->tgt, dloss, N, c->V, c->Vp));
-    PL_TRY(be->matmul_bwd_input(s->dlnf, st->logits, head, N, C, c->Vp));          // (N, C)
-    return be->matmul_bwd_weight(llama ? st->dlmhead : st->dwte_head, NULL, st->logits, s->lnf, N, C, c->Vp);
+    PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, c->Vp));        // (N, C)
+    return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, c->Vp);
 }
 
 int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
                   float dloss, double *loss_sum, int *slot_out) {
     const backend *be = st->be;
+    const model_arch *A = st->arch;
     int N = st->N, C = st->cfg.C, slot = -1;
     for (int i = 0; i < st->nslots; i++)
         if (!st->slots[i].in_use) { slot = i; break; }
@@ -561,18 +515,17 @@ int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const in
     s->input_done = 0;
     s->mb = mb;
     if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
+    block_dims d = dims_of(st);
     if (st->has_embed) {
         PL_TRY(be->from_host(s->tok, tok, (size_t)N * sizeof(int)));
-        const float *pos = st->cfg.arch == MODEL_LLAMA ? st->zero_pos : st->wpe; /* Llama: x = wte[tok] */
-        PL_TRY(be->encoder_fwd(s->x_in, s->tok, st->wte, pos, N, st->T, C));       // (N, C)
+        PL_TRY(A->embed_forward(be, &d, st->ep.t, s->x_in, s->tok));                 // (N, C)
     } else {
         PL_TRY(be->copy(s->x_in, x_in, (size_t)N * C * sizeof(float)));
     }
-    block_dims d = dims_of(st);
     const float *x = s->x_in;
     for (int b = 0; b < st->nb; b++) {
-        PL_TRY(block_forward(st, &d, &st->bp[b], &s->blocks[b], x));
-        x = s->blocks[b].res3;
+        PL_TRY(A->block_forward(be, &d, st->bp[b].t, s->blocks[b].t, x));
+        x = block_out(st, s, b);
     }
     if (st->has_head) PL_TRY(head_forward(st, s, x, targets, dloss, loss_sum));
     *slot_out = slot;
@@ -591,31 +544,31 @@ static act_slot *backward_slot(stage *st, int slot, int want_input_done, const c
     return s;
 }
 
-/* dres = dL/d(stage output): from the next stage, or through lnf on the last. */
+/* The input of block b of a slot (block b-1's output, or the stage input). */
+static const float *block_in(const stage *st, const act_slot *s, int b) {
+    return b ? block_out(st, s, b - 1) : s->x_in;
+}
+
+/* dres = dL/d(stage output): from the next stage, or through the final norm on the last. */
 static int backward_start(stage *st, act_slot *s, const float *dout) {
     const backend *be = st->be;
     size_t nc = (size_t)st->N * st->cfg.C;
     if (!st->has_head) return be->copy(st->dres, dout, nc * sizeof(float));
-    const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
+    block_dims d = dims_of(st);
     PL_TRY(be->zero(st->dres, nc * sizeof(float)));
-    if (st->cfg.arch == MODEL_LLAMA)
-        return be->rmsnorm_bwd_input(st->dres, s->dlnf, x_last, st->lnfw, s->lnf_rstd, st->N, st->cfg.C);
-    return be->layernorm_bwd_input(st->dres, s->dlnf, x_last, st->lnfw, s->lnf_mean, s->lnf_rstd, st->N, st->cfg.C);
+    return st->arch->head_norm_backward_input(be, &d, st->hp.t, s->head.t, block_in(st, s, st->nb), st->dres);
 }
 
 /* The weight ops outside the blocks: the final norm's (last stage). */
 static int head_weight(stage *st, act_slot *s) {
-    const float *x_last = st->nb ? s->blocks[st->nb - 1].res3 : s->x_in;
-    if (st->cfg.arch == MODEL_LLAMA)
-        return st->be->rmsnorm_bwd_weight(st->dlnfw, s->dlnf, x_last, s->lnf_rstd, st->N, st->cfg.C);
-    return st->be->layernorm_bwd_weight(st->dlnfw, st->dlnfb, s->dlnf, x_last, s->lnf_mean, s->lnf_rstd,
-                                        st->N, st->cfg.C);
+    block_dims d = dims_of(st);
+    return st->arch->head_norm_backward_weight(st->be, &d, st->hg.t, s->head.t, block_in(st, s, st->nb));
 }
 
-/* The embeddings' gradient (first stage) from dL/d(x_in) kept in dd->embed. */
-static int embed_weight(stage *st, act_slot *s) {
-    float *dpos = st->cfg.arch == MODEL_LLAMA ? st->dzero_pos : st->dwpe; /* Llama: a scratch, never read */
-    return st->be->encoder_bwd(st->dwte, dpos, s->dd->embed, s->tok, st->N, st->T, st->cfg.C);
+/* The embeddings' gradient (first stage) from dL/d(x_in). */
+static int embed_weight(stage *st, act_slot *s, const float *dx) {
+    block_dims d = dims_of(st);
+    return st->arch->embed_backward(st->be, &d, st->eg.t, dx, s->tok);
 }
 
 /* The data-parallel hook: is this weight part the step's last, and then tell it that block b's
@@ -635,14 +588,9 @@ static int release(stage *st, act_slot *s) {
 /* What the mode dropped from block b of slot s, back before its backward needs it. */
 static int recompute_block(stage *st, act_slot *s, int b, const float *x) {
     block_dims d = dims_of(st);
-    block_acts *a = &s->blocks[b];
-    if (st->recompute == STAGE_RECOMPUTE_FULL) return block_forward(st, &d, &st->bp[b], a, x);
-    if (st->recompute == STAGE_RECOMPUTE_SELECTIVE && st->cfg.arch == MODEL_LLAMA)
-        return st->be->attention_gqa_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.NH, st->cfg.NKV,
-                                         d.HS);
-    if (st->recompute == STAGE_RECOMPUTE_SELECTIVE)
-        return st->be->attention_gqa_fwd(st->atty_scratch, a->att, a->qkv, st->Bm, st->T, st->cfg.NH, st->cfg.NH,
-                                         st->cfg.C / st->cfg.NH);
+    float *const *a = s->blocks[b].t;
+    if (st->recompute == STAGE_RECOMPUTE_FULL) return st->arch->block_forward(st->be, &d, st->bp[b].t, a, x);
+    if (st->recompute == STAGE_RECOMPUTE_SELECTIVE) return st->arch->block_recompute_selective(st->be, &d, a);
     return PL_OK;
 }
 
@@ -658,9 +606,9 @@ int stage_backward_input(stage *st, int slot, const float *dout) {
     block_dims d = dims_of(st);
     PL_TRY(backward_start(st, s, dout));
     for (int b = st->nb - 1; b >= 0; b--) {
-        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        const float *x = block_in(st, s, b);
         PL_TRY(recompute_block(st, s, b, x));
-        PL_TRY(block_backward_input(st, &d, &st->bp[b], &s->blocks[b], x, st->dres, &s->dd->blocks[b]));
+        PL_TRY(st->arch->block_backward_input(be, &d, st->bp[b].t, s->blocks[b].t, x, st->dres, s->dd->blocks[b].t));
     }
     if (st->has_embed) PL_TRY(be->copy(s->dd->embed, st->dres, (size_t)st->N * st->cfg.C * sizeof(float)));
     s->input_done = 1;
@@ -674,12 +622,12 @@ int stage_backward_weight(stage *st, int slot) {
     block_dims d = dims_of(st);
     if (st->has_head) PL_TRY(head_weight(st, s));
     for (int b = st->nb - 1; b >= 0; b--) {
-        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
+        const float *x = block_in(st, s, b);
         if (st->recompute == STAGE_RECOMPUTE_FULL) PL_TRY(recompute_block(st, s, b, x)); /* others kept what W reads */
-        PL_TRY(block_backward_weight(st, &d, &st->bg[b], &s->blocks[b], x, &s->dd->blocks[b]));
+        PL_TRY(st->arch->block_backward_weight(st->be, &d, st->bg[b].t, s->blocks[b].t, x, s->dd->blocks[b].t));
         PL_TRY(grad_final(st, b));
     }
-    if (st->has_embed) PL_TRY(embed_weight(st, s));
+    if (st->has_embed) PL_TRY(embed_weight(st, s, s->dd->embed));
     PL_TRY(grad_final(st, -1));
     st->w_pending--;
     return release(st, s);
@@ -695,25 +643,25 @@ int stage_backward(stage *st, int slot, const float *dout) {
     PL_TRY(backward_start(st, s, dout));
     if (st->has_head) PL_TRY(head_weight(st, s));
     for (int b = st->nb - 1; b >= 0; b--) {
-        const float *x = b ? s->blocks[b - 1].res3 : s->x_in;
-        const block_douts *dd = &st->shared_dd.blocks[b];
+        const float *x = block_in(st, s, b);
+        float *const *dd = st->shared_dd.blocks[b].t;
         PL_TRY(recompute_block(st, s, b, x));
-        PL_TRY(block_backward_input(st, &d, &st->bp[b], &s->blocks[b], x, st->dres, dd));
-        PL_TRY(block_backward_weight(st, &d, &st->bg[b], &s->blocks[b], x, dd));
+        PL_TRY(st->arch->block_backward_input(be, &d, st->bp[b].t, s->blocks[b].t, x, st->dres, dd));
+        PL_TRY(st->arch->block_backward_weight(be, &d, st->bg[b].t, s->blocks[b].t, x, dd));
         PL_TRY(grad_final(st, b));
     }
-    if (st->has_embed) {
-        float *dpos = st->cfg.arch == MODEL_LLAMA ? st->dzero_pos : st->dwpe;
-        PL_TRY(be->encoder_bwd(st->dwte, dpos, st->dres, s->tok, st->N, st->T, st->cfg.C));
-    }
+    if (st->has_embed) PL_TRY(embed_weight(st, s, st->dres));
     PL_TRY(grad_final(st, -1));
     return release(st, s);
 }
 
+/* A tied head's gradient share into its embedding's: added on a stage that holds both ends,
+ * copied on a last stage only (the two ranks then sum). An untied head: nothing to fold. */
 int stage_tied_grads_local(stage *st) {
-    size_t n = (size_t)st->cfg.Vp * st->cfg.C;
-    if (st->cfg.arch == MODEL_LLAMA) return PL_OK; /* untied head: nothing to fold */
-    if (st->has_embed && st->has_head) return st->be->add_inplace(st->dwte, st->dwte_head, n);
-    if (st->has_head) return st->be->copy(st->dwte, st->dwte_head, n * sizeof(float));
-    return PL_OK;
+    if (!st->has_head || !st->dwte_head) return PL_OK;
+    const model_arch *A = st->arch;
+    size_t n = arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0);
+    float *to = st->hg.t[A->head_matrix];
+    if (st->has_embed) return st->be->add_inplace(to, st->dwte_head, n);
+    return st->be->copy(to, st->dwte_head, n * sizeof(float));
 }

@@ -66,29 +66,17 @@ static int init_conflicts(const pl_options *o, const model_config *c, char *err,
                  model_arch_name(c->arch));
         return PL_EINVAL;
     }
-    int llama = c->arch == MODEL_LLAMA;
-    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head", "multiple-of",
-                           "use-scaled-rope"};
-    unsigned bits[] = {CFG_SET_VOCAB, CFG_SET_MAXT, CFG_SET_LAYER, CFG_SET_HEAD, CFG_SET_EMBD, CFG_SET_KVHEAD,
-                       llama ? CFG_SET_MULT : 0, llama ? CFG_SET_SCALED : 0};
-    int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, o->n_kv_head ? o->n_kv_head : o->n_head,
-               o->multiple_of, o->use_scaled_rope};
-    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV, c->multiple_of, c->use_scaled_rope};
-    for (int i = 0; i < 8; i++)
+    const char *names[] = {"vocab-size", "max-seq-len", "n-layer", "n-head", "n-embd", "n-kv-head"};
+    unsigned bits[] = {CFG_SET_VOCAB, CFG_SET_MAXT, CFG_SET_LAYER, CFG_SET_HEAD, CFG_SET_EMBD, CFG_SET_KVHEAD};
+    int a[] = {o->vocab_size, o->max_seq_len, o->n_layer, o->n_head, o->n_embd, o->n_kv_head ? o->n_kv_head : o->n_head};
+    int b[] = {c->V, c->maxT, c->L, c->NH, c->C, c->NKV};
+    for (int i = 0; i < 6; i++)
         if ((o->set_mask & bits[i]) && a[i] != b[i]) {
             snprintf(err, errlen, "--%s %d conflicts with %.512s, which has %s %d", names[i], a[i], o->init, names[i],
                      b[i]);
             return PL_EINVAL;
         }
-    const char *fn[] = {"ffn-dim-multiplier", "norm-eps", "rope-theta"};
-    unsigned fb[] = {CFG_SET_FFN, CFG_SET_EPS, CFG_SET_THETA};
-    double fa[] = {o->ffn_dim_multiplier, o->norm_eps, o->rope_theta}, ff[] = {c->ffn_mult, c->norm_eps, c->rope_theta};
-    for (int i = 0; i < 3 && llama; i++)
-        if ((o->set_mask & fb[i]) && (float)fa[i] != (float)ff[i]) {
-            snprintf(err, errlen, "--%s %g conflicts with %.512s, which has %s %g", fn[i], fa[i], o->init, fn[i], ff[i]);
-            return PL_EINVAL;
-        }
-    return PL_OK;
+    return arch_of(c)->init_conflicts(o, c, err, errlen); /* the architecture's own settings */
 }
 /* Resolve the model dimensions: from --init's header, else from the options; then the
  * training settings that depend on the model (seq-len, markov-branch), by the one validation
@@ -368,8 +356,8 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     }
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
-        if (t->kind == P_WTE && !st->has_embed) continue; /* the tied copy counts once */
-        int slot = t->layer >= 0 ? 1 + t->layer : (t->kind == P_LNFW || t->kind == P_LNFB || t->kind == P_LMHEAD) ? L + 1 : 0;
+        if (t->tied_copy) continue; /* the tied copy counts once, from its owner */
+        int slot = t->part == PART_BLOCK ? 1 + t->layer : t->part == PART_HEAD ? L + 1 : 0;
         v[slot] += sq[i];
     }
     free(sq);

@@ -1,8 +1,9 @@
 /*
  * test_model.c — whole-model and module tests: the model's gradient against finite
  * differences, the LR schedule, data and model-file loaders on good and broken files, the
- * Markov source's entropy floor, config parsing, stage splits, determinism, and learning
- * (the tiny preset reaches the entropy floor + 0.25 nats). Runs as one MPI process.
+ * Markov source's entropy floor, config parsing, stage splits, determinism, learning (the
+ * tiny preset reaches the entropy floor + 0.25 nats), and the architecture tables (counts,
+ * file sizes and activation bytes against formulas written out here). Runs as one MPI process.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <mpi.h>
+#include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/data.h"
@@ -832,21 +834,187 @@ START_TEST(test_split_backward) {
 }
 END_TEST
 
-/* A backend allocation that fails (injected) stops stage_init with the backend's message and
- * nothing leaked (the sanitizer run checks the second half). */
+/* Every backend allocation of stage_init that fails (injected, each in turn until the stage
+ * needs no more) stops it with the backend's message and nothing leaked (the sanitizer run
+ * checks the second half). A slot is one allocation, so a stage of 2 slots makes 10: the
+ * parameters, gradients, the tied head's share, logits, losses, targets, dres, the output
+ * gradients and the two slots. */
 START_TEST(test_stage_alloc_failure) {
     model_config cfg;
     char err[512];
     ck_assert_int_eq(gpt2_config_make(&cfg, 37, 9, 2, 3, 12, err, sizeof err), 0);
-    for (long k = 1; k <= 40; k += 13) {
+    long failed = 0;
+    for (long k = 1; k < 1000; k++) {
         stage st;
         backend_fail_alloc_after(k);
         int rc = stage_init(&st, &cfg, 0, 2, 1, 1, 2, 7, 2, &backend_cpu, err, sizeof err);
         backend_fail_alloc_after(0);
+        if (rc == PL_OK) {
+            stage_free(&st);
+            break;
+        }
+        failed++;
         ck_assert_int_eq(rc, PL_ENOMEM);
         ck_assert_msg(strstr(err, "injected") && strstr(err, "backend cpu"), "allocation %ld: '%s'", k, err);
         ck_assert_ptr_null(st.params);
     }
+    ck_assert_int_eq(failed, 10);
+}
+END_TEST
+
+/* A Llama config for the table tests (NKV of NH, MLP from multiple_of). */
+static void llama_cfg(model_config *c, int V, int maxT, int L, int NH, int NKV, int C, int mult) {
+    char err[512];
+    ck_assert_int_eq(llama_config_make(c, V, maxT, L, NH, NKV, C, mult, 0.0f, 1e-5f, 500000.0f, 0, CFG_NAME_OPTION,
+                                       err, sizeof err), 0);
+}
+
+/* The parameter count each architecture's paper gives, written out here independently of the
+ * tables: GPT-2 Vp C + maxT C + L (12 C^2 + 13 C) + 2 C; Llama 2 Vp C + C + L (2 C + QKV C +
+ * C^2 + 3 H C), QKV = (NH + 2 NKV) C / NH. */
+static size_t params_by_formula(const model_config *c) {
+    size_t C = c->C, Vp = c->Vp, L = c->L, H = c->H, QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
+    if (strcmp(arch_of(c)->name, "gpt2") == 0) return Vp * C + (size_t)c->maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
+    return 2 * Vp * C + C + L * (2 * C + QKV * C + C * C + 3 * H * C);
+}
+
+/* Every row of both architectures, on several configs: its name is its kind's, its shape's
+ * product is its count, the whole model's tensors sum to model_num_params and to the
+ * formula, the parts to model_embed/block/head_params, and an llm.c file written from a
+ * stage is exactly as long as the rows' file shapes say (GPT-2: its padded count; Llama: wte
+ * and lm_head with V rows). */
+START_TEST(test_arch_tables) {
+    model_config cfgs[5];
+    char err[512];
+    ck_assert_int_eq(gpt2_config_make(&cfgs[0], 37, 9, 2, 3, 12, err, sizeof err), 0);
+    ck_assert_int_eq(gpt2_config_make(&cfgs[1], 300, 16, 3, 4, 32, err, sizeof err), 0);
+    llama_cfg(&cfgs[2], 37, 9, 2, 4, 2, 16, 8);
+    llama_cfg(&cfgs[3], 300, 16, 3, 4, 1, 32, 32);
+    llama_cfg(&cfgs[4], 256, 8, 1, 2, 2, 8, 1);
+    for (int k = 0; k < 5; k++) {
+        const model_config *c = &cfgs[k];
+        const model_arch *A = arch_of(c);
+        const arch_params *parts[3] = {&A->embed, &A->block, &A->head};
+        for (int p = 0; p < 3; p++)
+            for (int i = 0; i < parts[p]->n; i++)
+                ck_assert_str_eq(parts[p]->rows[i].name, param_kind_name[parts[p]->rows[i].kind]);
+        param_tensor *t = calloc((size_t)model_max_tensors(c, c->L), sizeof *t);
+        size_t total, sum = 0, part_sum[3] = {0, 0, 0};
+        int n = model_layout(c, 0, c->L, 1, 1, t, &total);
+        ck_assert_int_eq(n, model_num_tensors(c));
+        for (int i = 0; i < n; i++) {
+            ck_assert_uint_eq(t[i].numel, (size_t)t[i].shape[0] * t[i].shape[1]);
+            ck_assert_int_eq(t[i].tied_copy, 0);
+            sum += t[i].numel;
+            part_sum[t[i].part] += t[i].numel;
+        }
+        free(t);
+        ck_assert_uint_eq(sum, model_num_params(c));
+        ck_assert_uint_eq(sum, params_by_formula(c));
+        ck_assert_uint_eq(part_sum[PART_EMBED], model_embed_params(c));
+        ck_assert_uint_eq(part_sum[PART_BLOCK], (size_t)c->L * model_block_params(c));
+        ck_assert_uint_eq(part_sum[PART_HEAD], model_head_params(c, 1));
+        /* the file a one-stage run writes */
+        stage st;
+        ck_assert_int_eq(stage_init(&st, c, 0, c->L, 1, 1, 1, c->maxT, 1, &backend_cpu, err, sizeof err), 0);
+        ck_assert_int_eq(stage_init_params(&st, 1), 0);
+        ck_assert_int_eq(llmc_save(tpath("rows.bin"), &st, 0, MPI_COMM_SELF), 0);
+        struct stat sb;
+        ck_assert_int_eq(stat(tpath("rows.bin"), &sb), 0);
+        size_t pad = strcmp(A->name, "llama") == 0 ? 2 * (size_t)(c->Vp - c->V) * c->C : 0;
+        ck_assert_uint_eq((size_t)sb.st_size, llmc_header_bytes(c) + 4 * (params_by_formula(c) - pad));
+        model_config back;
+        int version;
+        ck_assert_int_eq(llmc_read_config(tpath("rows.bin"), &back, &version, err, sizeof err), 0);
+        ck_assert_int_eq(back.arch, c->arch);
+        ck_assert_uint_eq(model_num_params(&back), model_num_params(c));
+        stage_free(&st);
+    }
+    /* a last stage without the embeddings holds GPT-2's head copy of wte, tied */
+    stage last;
+    ck_assert_int_eq(stage_init(&last, &cfgs[0], 1, 2, 0, 1, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    const param_tensor *w = stage_find_tensor(&last, P_WTE, -1);
+    ck_assert(w && w->tied_copy && w->part == PART_HEAD);
+    ck_assert(model_tensor_is_tied(&cfgs[0], w));
+    ck_assert(!model_tensor_is_tied(&cfgs[0], stage_find_tensor(&last, P_LNFW, -1)));
+    stage lfirst;
+    ck_assert_int_eq(stage_init(&lfirst, &cfgs[2], 0, 1, 1, 0, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    for (int i = 0; i < lfirst.ntensors; i++) ck_assert(!model_tensor_is_tied(&cfgs[2], &lfirst.tensors[i]));
+    stage_free(&lfirst);
+    stage gfirst;
+    ck_assert_int_eq(stage_init(&gfirst, &cfgs[0], 0, 1, 1, 0, 1, 9, 1, &backend_cpu, err, sizeof err), 0);
+    ck_assert(model_tensor_is_tied(&cfgs[0], stage_find_tensor(&gfirst, P_WTE, -1)));
+    ck_assert(!model_tensor_is_tied(&cfgs[0], stage_find_tensor(&gfirst, P_WPE, -1)));
+    stage_free(&gfirst);
+    ck_assert_uint_eq(split_stage_params(&(split){.P = 2, .blocks = (int[]){1, 1}}, &cfgs[0], 1),
+                      model_block_params(&cfgs[0]) + model_head_params(&cfgs[0], 0));
+    stage_free(&last);
+}
+END_TEST
+
+/* Activation floats per token of one block under no recomputation, written out here: GPT-2
+ * 16 C + 4 (ln1, its mean and rstd, qkv 3C, atty, res2, ln2 and its two, fch and gelu 4C each,
+ * res3); Llama 5 C + QKV + 3 H + 2 (no means, rotated qkv, up, gate and product). */
+static size_t block_floats_by_formula(const model_config *c) {
+    size_t C = c->C, QKV = (size_t)(c->NH + 2 * c->NKV) * (C / c->NH);
+    return strcmp(arch_of(c)->name, "gpt2") == 0 ? 16 * C + 4 : 5 * C + QKV + 3 * (size_t)c->H + 2;
+}
+
+/* The activation bytes the split and the report estimate are what a stage allocates: for both
+ * architectures, every recompute mode and first / middle / last / whole stages, the slot's
+ * carved bytes equal stage_act_bytes_per_slot, split_stage_act_bytes (no recomputation) and,
+ * with N a multiple of 16 (no padding), the formula (input C, tokens 1, per block the kept
+ * rows and NH T probabilities, head GPT-2 2C + 2, Llama 2C + 1). */
+START_TEST(test_act_bytes) {
+    model_config cfgs[3];
+    char err[512];
+    ck_assert_int_eq(gpt2_config_make(&cfgs[0], 37, 16, 3, 4, 32, err, sizeof err), 0);
+    llama_cfg(&cfgs[1], 37, 16, 3, 4, 2, 32, 16);
+    llama_cfg(&cfgs[2], 37, 16, 3, 4, 4, 16, 1);
+    int shapes[4][4] = {{0, 3, 1, 1}, {0, 1, 1, 0}, {1, 2, 0, 0}, {2, 3, 0, 1}}; /* l0, l1, embed, head */
+    for (int k = 0; k < 3; k++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int mode = 0; mode < 3; mode++) {
+                const model_config *c = &cfgs[k];
+                int l0 = shapes[sh][0], l1 = shapes[sh][1], e = shapes[sh][2], h = shapes[sh][3], Bm = 2, T = 8;
+                stage st;
+                ck_assert_int_eq(stage_init(&st, c, l0, l1, e, h, Bm, T, 2, &backend_cpu, err, sizeof err), 0);
+                ck_assert_int_eq(stage_init_recompute(&st, mode, err, sizeof err), 0);
+                size_t got = stage_slot_bytes(&st), N = (size_t)Bm * T, C = c->C;
+                ck_assert_uint_eq(got, stage_act_bytes_per_slot(&st));
+                size_t block = mode == STAGE_RECOMPUTE_FULL ? C : block_floats_by_formula(c) + (mode ? 0 : 4 * T);
+                size_t head = strcmp(arch_of(c)->name, "gpt2") == 0 ? 2 * C + 2 : 2 * C + 1;
+                size_t want = N * (C + (e ? 1 : 0) + (size_t)(l1 - l0) * block + (h ? head : 0)) * sizeof(float);
+                ck_assert_msg(got == want, "%s [%d,%d) e%d h%d mode %d: allocated %zu, formula %zu", arch_of(c)->name,
+                              l0, l1, e, h, mode, got, want);
+                if (mode == 0 && e != h) { /* a two-stage split's stage */
+                    split sp = {.P = 2, .blocks = (int[]){e ? l1 - l0 : 3 - (l1 - l0), e ? 3 - (l1 - l0) : l1 - l0}};
+                    ck_assert_uint_eq(split_stage_act_bytes(&sp, c, e ? 0 : 1, Bm, T), got);
+                }
+                stage_free(&st);
+            }
+}
+END_TEST
+
+/* The registry finds each architecture by its name, and nothing else. */
+START_TEST(test_arch_find) {
+    ck_assert_ptr_eq(arch_find("gpt2"), &arch_gpt2);
+    ck_assert_ptr_eq(arch_find("llama"), &arch_llama);
+    ck_assert_ptr_null(arch_find("llama3"));
+    ck_assert_ptr_null(arch_find("GPT2"));
+    ck_assert_ptr_null(arch_find(""));
+    ck_assert_ptr_null(arch_find(NULL));
+    for (int i = 0; i < arch_count; i++) {
+        ck_assert_int_eq(arch_registry[i]->id, i);
+        ck_assert_str_eq(model_arch_name(i), arch_registry[i]->name);
+    }
+    pl_options o;
+    config_defaults(&o);
+    snprintf(o.arch, sizeof o.arch, "mamba");
+    model_config c;
+    char err[512];
+    ck_assert_int_eq(config_model(&o, 256, &c, err, sizeof err), PL_EINVAL);
+    ck_assert_msg(strstr(err, "gpt2 or llama") && strstr(err, "mamba"), "%s", err);
 }
 END_TEST
 
@@ -871,6 +1039,9 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_learning);
     tcase_add_test(tc, test_split_backward);
     tcase_add_test(tc, test_stage_alloc_failure);
+    tcase_add_test(tc, test_arch_tables);
+    tcase_add_test(tc, test_act_bytes);
+    tcase_add_test(tc, test_arch_find);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,11 +2,13 @@
  * stage.h — the layers one pipeline rank owns, and the activations of its micro-batches.
  *
  * A stage owns a contiguous range of transformer blocks [l0, l1) and, optionally, the
- * embeddings (first stage) and the final LayerNorm + tied LM head + loss (last stage); with one
- * rank one stage owns everything. Its parameters and gradients live in one backend buffer
- * each, laid out by the model's tensor table (names are per layer, as in the checkpoint
- * schema, so nothing depends on the split); the optimizer (optim.h) owns the rest of the
- * training state. Activations live in "slots", one per micro-batch in flight: a forward
+ * embeddings (first stage) and the final norm + LM head + loss (last stage); with one rank one
+ * stage owns everything. Everything is sized and pointed at by the architecture's tables
+ * (arch.h); the stage never asks which architecture it runs. Its parameters and gradients
+ * live in one backend buffer each, laid out by the model's tensor table (names are per
+ * layer, as in the checkpoint schema, so nothing depends on the split); the optimizer
+ * (optim.h) owns the rest of the training state. Activations live in "slots", one per
+ * micro-batch in flight, each one allocation carved by the table: a forward
  * acquires one, the backward's input part (stage_backward_input) leaves dL/d(input) and the
  * output gradients the weight part needs, and the weight part (stage_backward_weight)
  * accumulates the parameter gradients and releases the slot. stage_backward is the two in
@@ -14,8 +16,8 @@
  * live in one shared set, so the weight part must follow its input part before the next
  * input part; stage_init_deferred gives every slot its own set for zero-bubble schedules.
  * The last stage runs the head's backward inside its forward (the loss gradient is known
- * then), so it keeps only dL/d(lnf) per slot instead of the (N, Vp) logits. The token
- * embedding's gradient from the head is kept apart (dwte_head) and added to the embedding's
+ * then), so it keeps only dL/d(lnf) per slot instead of the (N, Vp) logits. A tied head's
+ * gradient (GPT-2's, of wte) is kept apart (dwte_head) and added to the embedding's
  * own gradient once per step, so the sum is the same on one rank and across two ranks.
  */
 #ifndef PIPELM_STAGE_H
@@ -23,55 +25,59 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
+#include "pipelm/arch.h"
 #include "pipelm/model.h"
 
-/* Output gradients the stage-level weight ops need, beside the blocks'. */
+/* Output gradients the stage-level weight ops need, beside the blocks': one allocation. */
 typedef struct {
-    block_douts *blocks; /* nb */
-    float *embed;        /* (N, C) dL/d(embedding output), first stage */
+    block_ptrs *blocks; /* nb: each block's, by the architecture's output-gradient enum */
+    float *embed;       /* (N, C) dL/d(embedding output), first stage */
+    void *arena;        /* the one backend allocation they are carved from */
 } stage_douts;
 
-/* Everything one in-flight micro-batch needs for its backward. */
+/* Everything one in-flight micro-batch needs for its backward, carved from one allocation. */
 typedef struct {
     int in_use, mb;
     int input_done;     /* the input part has run; the weight part is pending */
     float *x_in;        /* (N, C) stage input (embedding output on the first stage) */
     int *tok;           /* (N) input tokens, first stage */
-    block_acts *blocks; /* nb */
-    float *lnf, *lnf_mean, *lnf_rstd, *dlnf; /* (N, C), (N), (N), (N, C): last stage */
+    block_ptrs *blocks; /* nb: each block's activations, by the architecture's activation enum (the
+                         * rows the recompute mode does not keep point into the stage's shared set) */
+    block_ptrs head;    /* the head's activations (last stage), by its head-activation enum */
     stage_douts *dd;    /* its own set (deferred weights) or the stage's shared one */
+    void *arena;        /* the slot's one backend allocation */
 } act_slot;
 
 typedef struct stage {
     model_config cfg;
+    const struct model_arch *arch; /* arch_of(&cfg) */
     int l0, l1, nb;              /* blocks [l0, l1), nb = l1 - l0 */
     int has_embed, has_head;
     int Bm, T, N;                /* micro-batch sequences, sequence length, N = Bm*T */
     const backend *be;
 
-    size_t nparams;              /* floats in params (a tied wte held twice counts twice) */
+    size_t nparams;              /* floats in params (a tied copy held twice counts twice) */
     float *params, *grads;
     int ntensors;
     param_tensor *tensors;
-    float *wte, *wpe, *lnfw, *lnfb;             /* into params, NULL if not owned */
-    float *dwte, *dwpe, *dlnfw, *dlnfb;         /* into grads */
-    float *dwte_head;                           /* (Vp, C) head's share of dwte (last stage, GPT-2) */
-    float *lmhead, *dlmhead;                    /* Llama: the untied head (last stage) */
-    float *rope_cos, *rope_sin;                 /* Llama: (T, HS/2) rotary tables, uploaded once */
-    float *blk_scratch;                         /* Llama: (N, max(H, QKV)) transient block scratch */
-    float *zero_pos, *dzero_pos;                /* Llama first stage: (T, C) zero position rows for
-                                                 * the shared embedding op (Llama has no wpe) */
-    block_params *bp, *bg;                      /* nb each: params and grads */
+    float *wte, *dwte;                          /* the token embedding (or the head's tied copy), its gradient */
+    block_ptrs ep, eg;                          /* embedding rows (first stage), by the architecture's enum */
+    block_ptrs hp, hg;                          /* head rows (last stage); a tied row held once reads the embedding's */
+    float *head_w, *dhead_w;                    /* the head's output matrix and where its gradient goes */
+    float *dwte_head;                           /* (Vp, C) a tied head's share of its embedding's gradient */
+    block_ptrs scr;                             /* the architecture's scratch rows (one allocation, scr_arena) */
+    void *scr_arena;
+    block_ptrs *bp, *bg;                        /* nb each: params and grads, by the architecture's block enum */
 
     int nslots, slots_in_use, slots_peak;
     act_slot *slots;
+    size_t slot_bytes;           /* bytes of each slot's allocation, as carved */
     int deferred;                /* every slot has its own output gradients */
     stage_douts shared_dd;       /* the shared set when not deferred */
     int w_pending;               /* slots whose weight part has not run yet */
     int recompute;               /* STAGE_RECOMPUTE_*: what the backward recomputes */
-    float *att_shared;           /* selective: (Bm, NH, T, T) one buffer for every slot */
-    float *atty_scratch;         /* selective: (N, C) where the recomputed output lands */
-    block_acts shared_acts;      /* full: one set of block activations for every slot and block */
+    block_ptrs shared_acts;      /* the activation rows the mode does not keep per slot: one set */
+    void *shared_arena;
     /* data parallelism (dp.h): after the weight part of block b in the step's last micro-batch
      * (the w_final-th weight part since stage_zero_grads), on_grad_final(grad_ctx, st, l0 + b);
      * after that part's last weight op, on_grad_final(grad_ctx, st, -1) (st: which chunk fired).
@@ -111,14 +117,17 @@ int stage_init_holder(stage *h, stage *chunks, int V, char *err, size_t errlen);
 /* Give every slot its own output gradients, so weight parts may be deferred past other
  * micro-batches' input parts (zero-bubble schedules). */
 int stage_init_deferred(stage *st, char *err, size_t errlen);
-/* Switch to recomputation (after stage_init, before the first forward): frees what the mode
- * no longer keeps per slot. */
+/* Switch to recomputation (after stage_init, before the first forward): every slot is carved
+ * again with only the rows the mode keeps (KEEP_* in arch.h); the others live in one shared
+ * set. Selective recomputation rewrites a slot's attention output with the bits it had. */
 int stage_init_recompute(stage *st, int mode, char *err, size_t errlen);
-/* Bytes of activations one in-flight micro-batch holds, and the stage-wide scratch the mode
- * adds, for the stage table. */
+/* Bytes of activations one in-flight micro-batch holds (model_slot_act_bytes of the stage's
+ * shape and mode, for the stage table and the engine's peak), and the bytes its slot
+ * allocation actually has (the same, unless the table and the carving disagree). */
 size_t stage_act_bytes_per_slot(const stage *st);
+size_t stage_slot_bytes(const stage *st);
 void stage_free(stage *st);
-/* Initialise parameters (gpt2_init_tensor for each tensor). */
+/* Initialise parameters (model_init_tensor for each tensor). */
 int stage_init_params(stage *st, unsigned long long seed);
 /* Find a tensor by kind and layer; NULL if this stage does not hold it. */
 const param_tensor *stage_find_tensor(const stage *st, int kind, int layer);

@@ -1,0 +1,232 @@
+/*
+ * arch.c — the architecture registry and everything derived from an architecture's tables:
+ * the stage's tensor layout, initial values, parameter and tensor counts, FLOPs, and the
+ * bytes of a slot's activations and of a set of output gradients (the figures the split,
+ * the report and the stage's own arenas share). In the spirit of llm.c's
+ * fill_in_parameter_sizes: sizes are computed from the rows, never written out again.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "pipelm/arch.h"
+#include "pipelm/common.h"
+#include "pipelm/rng.h"
+
+const model_arch *const arch_registry[] = {&arch_gpt2, &arch_llama};
+const int arch_count = (int)(sizeof arch_registry / sizeof arch_registry[0]);
+
+const char *const param_kind_name[P_NKINDS] = {
+    "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
+    "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b", "lnf_w", "lnf_b",
+    "attn_norm_w", "mlp_norm_w", "fc2_w", "lm_head",
+};
+
+/* Look an architecture up by its name, as backend_find does backends. */
+const model_arch *arch_find(const char *name) {
+    for (int i = 0; name && i < arch_count; i++)
+        if (strcmp(arch_registry[i]->name, name) == 0) return arch_registry[i];
+    return NULL;
+}
+
+/* The descriptor of a config's id (GPT-2's for an id out of range, which no maker produces). */
+const model_arch *arch_of(const model_config *c) {
+    return c->arch >= 0 && c->arch < arch_count ? arch_registry[c->arch] : arch_registry[0];
+}
+
+const char *model_arch_name(int arch) {
+    return arch >= 0 && arch < arch_count ? arch_registry[arch]->name : arch_registry[0]->name;
+}
+
+/* The names joined by sep ("|" for help, " or " for messages). */
+void arch_names(const char *sep, char *buf, size_t len) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < arch_count && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? sep : "", arch_registry[i]->name);
+}
+
+size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
+    size_t C = c->C, HS = c->NH ? C / c->NH : 0, QKV = (size_t)(c->NH + 2 * c->NKV) * HS;
+    switch (d) {
+    case AD_NONE: case AD_1: return 1;
+    case AD_C: return C;
+    case AD_QKV: return QKV;
+    case AD_H: return (size_t)c->H;
+    case AD_VP: return (size_t)c->Vp;
+    case AD_V: return (size_t)c->V;
+    case AD_MAXT: return (size_t)c->maxT;
+    case AD_NHT: return (size_t)c->NH * T;
+    case AD_HALF_HS: return HS / 2;
+    case AD_WIDE: return (size_t)c->H > QKV ? (size_t)c->H : QKV;
+    }
+    return 0;
+}
+
+size_t arch_param_numel(const model_config *c, const arch_param *r, int file) {
+    return arch_dim_value(c, 0, file ? r->file_rows : r->rows) * arch_dim_value(c, 0, r->cols);
+}
+
+void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1) {
+    param_tensor *t = &out[(*n)++];
+    memset(t, 0, sizeof *t);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, "h.%d.%s", layer, param_kind_name[kind]);
+    else snprintf(t->name, sizeof t->name, "%s", param_kind_name[kind]);
+    t->kind = kind;
+    t->layer = layer;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim == 2 ? d1 : 1;
+    t->numel = (size_t)d0 * (ndim == 2 ? d1 : 1);
+    t->offset = *off;
+    t->decay = ndim == 2;
+    *off += (t->numel + 15) / 16 * 16;
+}
+
+/* Append the tensor of one row (part, index) to a table. */
+static void add_row(const model_config *c, param_tensor *out, int *n, size_t *off, const arch_param *r, int part,
+                    int row, int layer, int tied_copy) {
+    int d0 = (int)arch_dim_value(c, 0, r->rows), d1 = (int)arch_dim_value(c, 0, r->cols);
+    model_add_tensor(out, n, off, r->kind, layer, r->cols == AD_NONE ? 1 : 2, d0, d1);
+    param_tensor *t = &out[*n - 1];
+    t->decay = r->decay;
+    t->part = part;
+    t->row = row;
+    t->tied_copy = tied_copy;
+}
+
+int model_tensor_is_tied(const model_config *c, const param_tensor *t) {
+    const model_arch *A = arch_of(c);
+    if (t->tied_copy) return 1;
+    for (int i = 0; t->part == PART_EMBED && i < A->head.n; i++)
+        if (A->head.rows[i].tied == t->row) return 1;
+    return 0;
+}
+
+/* [embeddings] (first), blocks l0..l1-1, [head] (last; its tied rows only without the
+ * embeddings, as copies). */
+int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_head, param_tensor *out,
+                 size_t *total) {
+    const model_arch *A = arch_of(c);
+    int n = 0;
+    size_t off = 0;
+    for (int i = 0; has_embed && i < A->embed.n; i++) add_row(c, out, &n, &off, &A->embed.rows[i], PART_EMBED, i, -1, 0);
+    for (int l = l0; l < l1; l++)
+        for (int i = 0; i < A->block.n; i++) add_row(c, out, &n, &off, &A->block.rows[i], PART_BLOCK, i, l, 0);
+    for (int i = 0; has_head && i < A->head.n; i++) {
+        const arch_param *r = &A->head.rows[i];
+        if (r->tied >= 0 && has_embed) continue; /* the embedding's tensor itself serves */
+        add_row(c, out, &n, &off, r, PART_HEAD, i, -1, r->tied >= 0);
+    }
+    *total = off;
+    return n;
+}
+
+int model_max_tensors(const model_config *c, int nb) {
+    const model_arch *A = arch_of(c);
+    return A->embed.n + A->head.n + nb * A->block.n;
+}
+
+int model_num_tensors(const model_config *c) {
+    const model_arch *A = arch_of(c);
+    int n = A->embed.n + c->L * A->block.n;
+    for (int i = 0; i < A->head.n; i++) n += A->head.rows[i].tied < 0;
+    return n;
+}
+
+/* The row a table entry was laid out from. */
+static const arch_param *row_of(const model_config *c, const param_tensor *t) {
+    const model_arch *A = arch_of(c);
+    const arch_params *p = t->part == PART_EMBED ? &A->embed : t->part == PART_BLOCK ? &A->block : &A->head;
+    return &p->rows[t->row];
+}
+
+void model_init_tensor(const model_config *c, const param_tensor *t, unsigned long long seed, float *host) {
+    const arch_param *r = row_of(c, t);
+    if (r->init == INIT_ONE || r->init == INIT_ZERO) {
+        for (size_t k = 0; k < t->numel; k++) host[k] = r->init == INIT_ONE ? 1.0f : 0.0f;
+        return;
+    }
+    /* one stream per (kind, layer): independent of which stage holds the tensor */
+    rng_state g;
+    rng_seed(&g, seed, 1000003ULL * (unsigned long long)(t->kind + 1) + (unsigned long long)(t->layer + 1));
+    float std = r->init == INIT_RESID ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
+    for (size_t k = 0; k < t->numel; k++) host[k] = std * rng_normal(&g);
+    if (r->rows == AD_VP) /* padded vocabulary rows are zero */
+        memset(host + (size_t)c->V * c->C, 0, (size_t)(c->Vp - c->V) * c->C * sizeof(float));
+}
+
+/* Floats of a part's rows (skip_tied: leave out rows tied to another; only_2d: matrices only;
+ * only_mfu: rows the MFU counts). */
+static size_t part_params(const model_config *c, const arch_params *p, int skip_tied, int only_2d, int only_mfu) {
+    size_t n = 0;
+    for (int i = 0; i < p->n; i++) {
+        const arch_param *r = &p->rows[i];
+        if ((skip_tied && r->tied >= 0) || (only_2d && r->cols == AD_NONE) || (only_mfu && !r->mfu)) continue;
+        n += arch_param_numel(c, r, 0);
+    }
+    return n;
+}
+
+size_t model_block_params(const model_config *c) { return part_params(c, &arch_of(c)->block, 0, 0, 0); }
+size_t model_embed_params(const model_config *c) { return part_params(c, &arch_of(c)->embed, 0, 0, 0); }
+size_t model_head_params(const model_config *c, int has_embed) {
+    return part_params(c, &arch_of(c)->head, has_embed, 0, 0);
+}
+
+size_t model_num_params(const model_config *c) {
+    return model_embed_params(c) + (size_t)c->L * model_block_params(c) + model_head_params(c, 1);
+}
+
+size_t gpt2_num_params(const model_config *c) { return model_num_params(c); }
+
+/* 2 FLOPs per weight of the block's matrices, plus attention's two products over the full T
+ * (NH heads of HS = C channels in total, as the kernels compute it). */
+double model_block_flops(const model_config *c, int T) {
+    return 2.0 * (double)part_params(c, &arch_of(c)->block, 0, 1, 0) + 4.0 * T * (double)c->C;
+}
+
+double model_head_flops(const model_config *c) { return 2.0 * c->Vp * c->C + 5.0 * c->V; }
+
+double model_train_flops_per_token(const model_config *c, int T) {
+    const model_arch *A = arch_of(c);
+    size_t n = part_params(c, &A->embed, 0, 0, 1) + (size_t)c->L * part_params(c, &A->block, 0, 0, 1) +
+               part_params(c, &A->head, 1, 0, 1);
+    return 6.0 * (double)n + 6.0 * c->L * c->C * T;
+}
+
+size_t model_block_act_floats_per_token(const model_config *c) {
+    const arch_acts *a = &arch_of(c)->acts;
+    size_t n = 0;
+    for (int i = 0; i < a->n; i++)
+        if (a->rows[i].per_token != AD_NHT) n += arch_dim_value(c, 0, a->rows[i].per_token);
+    return n;
+}
+
+/* n floats, rounded up to 64 bytes: the unit every arena is carved in. */
+static size_t carved(size_t n) { return (n + 15) / 16 * 16; }
+
+/* Floats of the rows of a table a mode keeps per slot, for N tokens. */
+static size_t rows_floats(const model_config *c, const arch_acts *a, size_t N, int T, int mode) {
+    size_t n = 0;
+    for (int i = 0; i < a->n; i++)
+        if (a->rows[i].keep & (1 << mode)) n += carved(N * arch_dim_value(c, T, a->rows[i].per_token));
+    return n;
+}
+
+size_t model_slot_act_bytes(const model_config *c, int Bm, int T, int nb, int has_embed, int has_head, int mode) {
+    const model_arch *A = arch_of(c);
+    size_t N = (size_t)Bm * T;
+    size_t n = carved(N * c->C) + (has_embed ? carved(N) : 0); /* the input, the tokens (int32) */
+    n += (size_t)nb * rows_floats(c, &A->acts, N, T, mode);
+    if (has_head) n += rows_floats(c, &A->head_acts, N, T, 0);
+    return n * sizeof(float);
+}
+
+size_t model_douts_bytes(const model_config *c, int Bm, int T, int nb, int has_embed) {
+    size_t N = (size_t)Bm * T;
+    size_t n = (size_t)nb * rows_floats(c, &arch_of(c)->douts, N, T, 0) + (has_embed ? carved(N * c->C) : 0);
+    return n * sizeof(float);
+}
