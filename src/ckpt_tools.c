@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#define PIPELM_CKPT_INTERNAL 1
-#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/crc32c.h"

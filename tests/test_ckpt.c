@@ -33,8 +33,7 @@
 #include <unistd.h>
 #include <mpi.h>
 #include <hdf5.h>
-#define PIPELM_CKPT_INTERNAL 1 /* ckpt_global_tensors */
-#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 #include "pipelm/crc32c.h"
 #include "pipelm/llmc.h"
