@@ -11,6 +11,7 @@
 #endif
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,72 @@ static int arch_config_make(hid_t g, meta_all *a, model_config *cfg, h5ctx *cx) 
 
 
 
+/* ---- the hyper-parameters (hparams.h): one table, one function pair -------------------- */
+
+/* Where each hyper-parameter lives in the file, in file order: the AdamW settings under
+ * /optim, the schedule under /train. Written, read and put into the canonical text from
+ * this table alone. */
+typedef struct {
+    const char *grp, *name;
+    char type; /* 'd' double (float64), 'i' int (int64 in the file), 's' string */
+    size_t off;
+} hp_attr;
+static const hp_attr hp_attrs[] = {
+    {"optim", "beta1", 'd', offsetof(optim_hparams, beta1)},
+    {"optim", "beta2", 'd', offsetof(optim_hparams, beta2)},
+    {"optim", "eps", 'd', offsetof(optim_hparams, eps)},
+    {"optim", "weight_decay", 'd', offsetof(optim_hparams, weight_decay)},
+    {"train", "lr", 'd', offsetof(optim_hparams, lr)},
+    {"train", "min_lr", 'd', offsetof(optim_hparams, min_lr)},
+    {"train", "warmup_steps", 'i', offsetof(optim_hparams, warmup_steps)},
+    {"train", "total_steps", 'i', offsetof(optim_hparams, total_steps)},
+    {"train", "lr_schedule", 's', offsetof(optim_hparams, lr_schedule)},
+    {"train", "grad_clip", 'd', offsetof(optim_hparams, grad_clip)},
+};
+#define HP_NATTR ((int)(sizeof hp_attrs / sizeof hp_attrs[0]))
+
+/* Write the hyper-parameters of group grp ("optim" or "train") into the open group g. */
+static int hp_write(hid_t g, const char *grp, const optim_hparams *h, h5ctx *cx) {
+    for (int i = 0; i < HP_NATTR; i++) {
+        const hp_attr *a = &hp_attrs[i];
+        const char *p = (const char *)h + a->off;
+        if (strcmp(a->grp, grp) != 0) continue;
+        if (a->type == 'd') PL_TRY(ckpt_attr_f64(g, a->name, *(const double *)p, cx));
+        else if (a->type == 'i') PL_TRY(ckpt_attr_i64(g, a->name, *(const int *)p, cx));
+        else PL_TRY(ckpt_attr_str(g, a->name, p, cx));
+    }
+    return PL_OK;
+}
+
+/* Read the hyper-parameters of group grp from the open group g into h, in the table's order.
+ * The integers are read as 64-bit values into wide[0], wide[1], ... (in table order), not
+ * into h: the caller range-checks them before they narrow (ckpt_read_meta). */
+static int hp_read(hid_t g, const char *grp, optim_hparams *h, long long *wide, h5ctx *cx) {
+    char lab[16];
+    snprintf(lab, sizeof lab, "/%s", grp);
+    for (int i = 0, w = 0; i < HP_NATTR; i++) {
+        const hp_attr *a = &hp_attrs[i];
+        char *p = (char *)h + a->off;
+        if (strcmp(a->grp, grp) != 0) continue;
+        if (a->type == 'd') PL_TRY(ckpt_attr_get_f64(g, lab, a->name, (double *)p, cx));
+        else if (a->type == 'i') PL_TRY(ckpt_attr_get_i64(g, lab, a->name, &wide[w++], cx));
+        else PL_TRY(ckpt_attr_get_str(g, lab, a->name, p, sizeof h->lr_schedule, cx));
+    }
+    return PL_OK;
+}
+
+/* The canonical text of the hyper-parameters of group grp (see meta_canon), appended at *o. */
+static void hp_canon(const char *grp, const optim_hparams *h, char *buf, size_t len, size_t *o) {
+    for (int i = 0; i < HP_NATTR && *o < len; i++) {
+        const hp_attr *a = &hp_attrs[i];
+        const char *p = (const char *)h + a->off;
+        if (strcmp(a->grp, grp) != 0) continue;
+        if (a->type == 'd') *o += (size_t)snprintf(buf + *o, len - *o, "/%s/%s=%.17g\n", grp, a->name, *(const double *)p);
+        else if (a->type == 'i') *o += (size_t)snprintf(buf + *o, len - *o, "/%s/%s=%d\n", grp, a->name, *(const int *)p);
+        else *o += (size_t)snprintf(buf + *o, len - *o, "/%s/%s=%s\n", grp, a->name, p);
+    }
+}
+
 /* The canonical text of the metadata that meta_crc32c covers (docs/formats.md): one
  * "path=value\n" line per attribute in a fixed order; integers in decimal, floats as
  * printf("%.17g"), strings as stored, split as comma-separated decimals. Returns its length
@@ -140,16 +207,14 @@ static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
         for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", llama_int_attr[i], a->lcfg[i]);
         for (int i = 0; i < 3; i++) CANON("/config/%s=%.17g\n", llama_f64_attr[i], a->lf[i]);
     }
-    CANON("/optim/name=%s\n/optim/beta1=%.17g\n/optim/beta2=%.17g\n/optim/eps=%.17g\n/optim/weight_decay=%.17g\n"
-          "/optim/lr=%.17g\n/optim/step=%lld\n", a->optim_name, m->beta1, m->beta2, m->eps, m->weight_decay,
-          a->optim_lr, a->optim_step);
+    CANON("/optim/name=%s\n", a->optim_name);
+    hp_canon("optim", &m->hp, buf, len, &o);
+    CANON("/optim/lr=%.17g\n/optim/step=%lld\n", a->optim_lr, a->optim_step);
     CANON("/train/step=%lld\n/train/tokens_seen=%lld\n/train/data_pos=%lld\n/train/seed=%lld\n/train/data_seed=%lld\n"
-          "/train/data=%s\n/train/lr=%.17g\n/train/min_lr=%.17g\n/train/warmup_steps=%d\n/train/total_steps=%d\n"
-          "/train/lr_schedule=%s\n/train/grad_clip=%.17g\n/train/batch=%d\n/train/seq_len=%d\n"
-          "/train/microbatches=%d\n/train/schedule=%s\n/train/nstages=%d\n/train/split=",
-          m->step, m->tokens_seen, m->data_pos, m->seed, m->data_seed, m->data, m->lr, m->min_lr, m->warmup_steps,
-          m->total_steps, m->lr_schedule, m->grad_clip, m->batch, m->seq_len, m->microbatches, m->schedule,
-          m->nstages);
+          "/train/data=%s\n", m->step, m->tokens_seen, m->data_pos, m->seed, m->data_seed, m->data);
+    hp_canon("train", &m->hp, buf, len, &o);
+    CANON("/train/batch=%d\n/train/seq_len=%d\n/train/microbatches=%d\n/train/schedule=%s\n/train/nstages=%d\n"
+          "/train/split=", m->batch, m->seq_len, m->microbatches, m->schedule, m->nstages);
     for (int i = 0; i < m->nstages && i < CKPT_MAX_STAGES; i++) CANON("%s%d", i ? "," : "", m->split[i]);
     CANON("\n");
     if (a->has_branch) CANON("/train/markov_branch=%d\n", m->markov_branch);
@@ -182,7 +247,7 @@ int ckpt_write_meta(hid_t f, const model_config *c, const ckpt_meta *m, const ch
     snprintf(all.optim_name, sizeof all.optim_name, "adamw");
     all.format_version = CKPT_FORMAT_VERSION;
     all.root_step = all.optim_step = m->step;
-    all.optim_lr = m->lr;
+    all.optim_lr = m->hp.lr;
     long long cv[6] = {c->V, c->Vp, c->maxT, c->L, c->NH, c->C};
     memcpy(all.cfg, cv, sizeof cv);
     all.has_arch = 1;
@@ -208,10 +273,8 @@ int ckpt_write_meta(hid_t f, const model_config *c, const ckpt_meta *m, const ch
     if ((rc = arch_attrs_write(g, c, &all, cx))) goto done;
     if ((rc = ckpt_obj_close(&g, cx))) goto done;
     PL_TRY(ckpt_group_create(f, "optim", &g, cx));
-    if ((rc = ckpt_attr_str(g, "name", "adamw", cx)) || (rc = ckpt_attr_f64(g, "beta1", m->beta1, cx)) ||
-        (rc = ckpt_attr_f64(g, "beta2", m->beta2, cx)) || (rc = ckpt_attr_f64(g, "eps", m->eps, cx)) ||
-        (rc = ckpt_attr_f64(g, "weight_decay", m->weight_decay, cx)) || (rc = ckpt_attr_f64(g, "lr", m->lr, cx)) ||
-        (rc = ckpt_attr_i64(g, "step", m->step, cx)))
+    if ((rc = ckpt_attr_str(g, "name", "adamw", cx)) || (rc = hp_write(g, "optim", &m->hp, cx)) ||
+        (rc = ckpt_attr_f64(g, "lr", m->hp.lr, cx)) || (rc = ckpt_attr_i64(g, "step", m->step, cx)))
         goto done;
     if ((rc = ckpt_obj_close(&g, cx))) goto done;
     PL_TRY(ckpt_group_create(f, "train", &g, cx));
@@ -219,10 +282,7 @@ int ckpt_write_meta(hid_t f, const model_config *c, const ckpt_meta *m, const ch
     if ((rc = ckpt_attr_i64(g, "step", m->step, cx)) || (rc = ckpt_attr_i64(g, "tokens_seen", m->tokens_seen, cx)) ||
         (rc = ckpt_attr_i64(g, "data_pos", m->data_pos, cx)) || (rc = ckpt_attr_i64(g, "seed", m->seed, cx)) ||
         (rc = ckpt_attr_i64(g, "data_seed", m->data_seed, cx)) || (rc = ckpt_attr_str(g, "data", m->data, cx)) ||
-        (rc = ckpt_attr_f64(g, "lr", m->lr, cx)) || (rc = ckpt_attr_f64(g, "min_lr", m->min_lr, cx)) ||
-        (rc = ckpt_attr_i64(g, "warmup_steps", m->warmup_steps, cx)) ||
-        (rc = ckpt_attr_i64(g, "total_steps", m->total_steps, cx)) ||
-        (rc = ckpt_attr_str(g, "lr_schedule", m->lr_schedule, cx)) || (rc = ckpt_attr_f64(g, "grad_clip", m->grad_clip, cx)) ||
+        (rc = hp_write(g, "train", &m->hp, cx)) ||
         (rc = ckpt_attr_i64(g, "batch", m->batch, cx)) || (rc = ckpt_attr_i64(g, "seq_len", m->seq_len, cx)) ||
         (rc = ckpt_attr_i64(g, "microbatches", m->microbatches, cx)) ||
         (rc = ckpt_attr_str(g, "schedule", m->schedule, cx)) || (rc = ckpt_attr_i64(g, "nstages", ns, cx)) ||
@@ -268,8 +328,8 @@ static int validate_meta(const meta_all *a, const long long *tr, h5ctx *cx) {
     META_INT_IN("/train/nstages", tr[6], 1, maxst);
     META_DBL_OK("/optim/lr", a->optim_lr, a->optim_lr >= 0, ">= 0 and finite");
     /* the training settings: the one validation the command line uses too (config.c) */
-    cfg_train t = {m->lr, m->min_lr, m->grad_clip, m->beta1, m->beta2, m->eps, m->weight_decay, m->lr_schedule,
-                   tr[1], tr[2], tr[3], tr[4], tr[5], a->has_branch ? tr[7] : -1, norun};
+    cfg_train t = {.hp = m->hp, .warmup_steps = tr[1], .total_steps = tr[2], .batch = tr[3], .seq_len = tr[4],
+                   .microbatches = tr[5], .markov_branch = a->has_branch ? tr[7] : -1, .no_run = norun};
     model_config bounds; /* what config_check_train reads of the model: V and maxT, 1..INT_MAX here */
     memset(&bounds, 0, sizeof bounds);
     bounds.V = (int)a->cfg[0];
@@ -344,9 +404,7 @@ static int read_meta_optim(hid_t f, meta_all *a, h5ctx *cx) {
     hid_t g = -1;
     if ((rc = ckpt_group_open(f, "optim", &g, cx))) goto done;
     if ((rc = ckpt_attr_get_str(g, "/optim", "name", a->optim_name, sizeof a->optim_name, cx)) ||
-        (rc = ckpt_attr_get_f64(g, "/optim", "beta1", &m->beta1, cx)) ||
-        (rc = ckpt_attr_get_f64(g, "/optim", "beta2", &m->beta2, cx)) || (rc = ckpt_attr_get_f64(g, "/optim", "eps", &m->eps, cx)) ||
-        (rc = ckpt_attr_get_f64(g, "/optim", "weight_decay", &m->weight_decay, cx)) ||
+        (rc = hp_read(g, "optim", &m->hp, NULL, cx)) ||
         (rc = ckpt_attr_get_f64(g, "/optim", "lr", &a->optim_lr, cx)) ||
         (rc = ckpt_attr_get_i64(g, "/optim", "step", &a->optim_step, cx)))
         goto done;
@@ -369,11 +427,7 @@ static int read_meta_train_scalars(hid_t g, meta_all *a, long long *tr, h5ctx *c
         (rc = ckpt_attr_get_i64(g, "/train", "seed", &m->seed, cx)) ||
         (rc = ckpt_attr_get_i64(g, "/train", "data_seed", &m->data_seed, cx)) ||
         (rc = ckpt_attr_get_str(g, "/train", "data", m->data, sizeof m->data, cx)) ||
-        (rc = ckpt_attr_get_f64(g, "/train", "lr", &m->lr, cx)) || (rc = ckpt_attr_get_f64(g, "/train", "min_lr", &m->min_lr, cx)) ||
-        (rc = ckpt_attr_get_i64(g, "/train", "warmup_steps", &tr[1], cx)) ||
-        (rc = ckpt_attr_get_i64(g, "/train", "total_steps", &tr[2], cx)) ||
-        (rc = ckpt_attr_get_str(g, "/train", "lr_schedule", m->lr_schedule, sizeof m->lr_schedule, cx)) ||
-        (rc = ckpt_attr_get_f64(g, "/train", "grad_clip", &m->grad_clip, cx)) ||
+        (rc = hp_read(g, "train", &m->hp, &tr[1], cx)) || /* warmup_steps, total_steps: tr[1], tr[2] */
         (rc = ckpt_attr_get_i64(g, "/train", "batch", &tr[3], cx)) || (rc = ckpt_attr_get_i64(g, "/train", "seq_len", &tr[4], cx)) ||
         (rc = ckpt_attr_get_i64(g, "/train", "microbatches", &tr[5], cx)) ||
         (rc = ckpt_attr_get_str(g, "/train", "schedule", m->schedule, sizeof m->schedule, cx)) ||
@@ -469,8 +523,8 @@ int ckpt_read_meta(hid_t f, model_config *cfg_out, ckpt_meta *m_out, h5ctx *cx) 
         (rc = read_meta_train(f, &a, tr, cx)) || (rc = validate_meta(&a, tr, cx)))
         goto done;
     m->step = a.root_step;
-    m->warmup_steps = (int)tr[1];
-    m->total_steps = (int)tr[2];
+    m->hp.warmup_steps = (int)tr[1];
+    m->hp.total_steps = (int)tr[2];
     m->batch = (int)tr[3];
     m->seq_len = (int)tr[4];
     m->microbatches = (int)tr[5];

@@ -345,7 +345,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     pl_options o;
     config_defaults(&o);
     if (bench) { /* a short, quiet run unless told otherwise */
-        o.steps = 5;
+        o.hp.total_steps = 5;
         o.warmup = 2;
         o.log_every = 1000000;
         o.progress = 0;

@@ -32,17 +32,8 @@
 #include "pipelm/run.h"
 #include "pipelm/train.h"
 
-/* The optimizer's settings from the command line. */
-static optim_hparams hparams_of(const pl_options *o) {
-    optim_hparams h = {o->lr, o->min_lr, o->warmup_steps, o->steps, strcmp(o->lr_schedule, "constant") != 0,
-                       o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip};
-    return h;
-}
-
-double train_lr(const pl_options *o, int step) {
-    optim_hparams h = hparams_of(o);
-    return optim_lr(&h, step);
-}
+/* The learning rate of a step: the optimizer's schedule over the run's hyper-parameters. */
+double train_lr(const pl_options *o, int step) { return optim_lr(&o->hp, step); }
 
 /* All ranks agree on a status: the worst code wins; rank 0 says who failed. */
 static int agree(run *R, int rc, const char *phase) {
@@ -317,8 +308,7 @@ static int setup(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
     }
-    optim_hparams h = hparams_of(o);
-    PL_TRY(optim_init(&R->opt, &R->st, &h, err, errlen));
+    PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen));
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     R->eng.fail_rank = o->fail_rank == R->wrank ? R->rank : -1; /* --fail-rank names a world rank */
     R->eng.fail_step = o->fail_step;
@@ -684,7 +674,7 @@ static int end_run(run *R, loop_state *L, int *agreed) {
     if (L->stopped)
         pl_info("rank %d received %s: stopping after step %d%s\n", L->nw.stop_rank, signals_name(L->nw.stop_sig),
                 step, o->ckpt_dir[0] ? " (checkpoint saved)" : " (no --ckpt-dir: nothing saved)");
-    if (o->bench) rc = report_bench(R, L->step_s + o->warmup + 1, o->steps);
+    if (o->bench) rc = report_bench(R, L->step_s + o->warmup + 1, o->hp.total_steps);
     else rc = R->tm_steps ? report_timers(R, step > last ? last : step) : PL_OK;
     if (rc != PL_OK) { *agreed = 0; return rc; }
     /* the results first (the final weights), the diagnostics after: a trace that cannot be
@@ -778,7 +768,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     R.first_step = L.first_step;
     if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
     if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
-    L.last_step = o->bench ? o->warmup + o->steps : o->steps;
+    L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
     L.step_s = o->bench ? calloc(L.last_step + 1, sizeof(double)) : NULL;

@@ -29,9 +29,7 @@ typedef struct {
     long long data_pos;        /* index of the next training batch */
     long long seed, data_seed;
     char data[512];            /* the --data spec */
-    double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int warmup_steps, total_steps;
-    char lr_schedule[16];
+    optim_hparams hp;          /* the AdamW settings (/optim) and the schedule (/train) */
     int batch, seq_len, microbatches;
     char schedule[32];
     int nstages;
