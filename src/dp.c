@@ -251,6 +251,9 @@ int dp_finish(dp_reducer *r, int full) {
     return rc;
 }
 
+/* The timers of the reductions and the ZeRO gather start again from zero. */
+void dp_reset_timers(dp_reducer *r) { r->t_hidden_wait = r->t_gather = 0; }
+
 /* Each tensor's squared gradient norm over this replica's pieces. */
 int dp_grad_sumsq(const dp_reducer *r, double *sq) {
     const stage *st = r->st;

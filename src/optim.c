@@ -78,7 +78,8 @@ int optim_shard(optim *o, const optim_range *r, int nr, char *err, size_t errlen
     if (rc == PL_OK) rc = be->alloc(&v, (total ? total : 1) * sizeof(float));
     o->m = m;
     o->v = v;
-    if (rc != PL_OK) snprintf(err, errlen, "backend %s: %s, for the sharded AdamW moments", be->name, stage_error(o->st));
+    if (rc != PL_OK)
+        snprintf(err, errlen, "backend %s: %s, for the sharded AdamW moments", be->name, stage_error(o->st));
     return rc;
 }
 

@@ -76,6 +76,8 @@ void dp_free(dp_reducer *r, int free_comm);
 /* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every
  * bucket. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads). */
 int dp_finish(dp_reducer *r, int full);
+/* Zero t_hidden_wait and t_gather (the start of a timed part). */
+void dp_reset_timers(dp_reducer *r);
 /* Squared norm of each tensor over this replica's pieces (sum over replicas = the norm). */
 int dp_grad_sumsq(const dp_reducer *r, double *sq);
 /* optim_step (which, under ZeRO, updates this replica's pieces only), then (ZeRO) all-gather
