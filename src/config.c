@@ -478,6 +478,40 @@ static void word_name(const char *word, char name[64]) {
     name[n] = 0;
 }
 
+/* '_' and '-' are one in names: a word whose name holds '_' is given to getopt_long as a copy
+ * (*owned, freed by the caller) with '-' instead; *arg then points at it. */
+static int dash_name(const char *word, char **owned, char **arg, char *err, size_t errlen) {
+    size_t nlen = strcspn(word, "=");
+    if (!memchr(word, '_', nlen)) return PL_OK;
+    if (!(*owned = strdup(word))) {
+        snprintf(err, errlen, "out of memory parsing the command line");
+        return PL_ENOMEM;
+    }
+    for (size_t k = 2; k < nlen; k++)
+        if ((*owned)[k] == '_') (*owned)[k] = '-';
+    *arg = *owned;
+    return PL_OK;
+}
+
+/* Refuse what getopt_long matched unless it is the option d the word spells in full (m: its
+ * match, or -1): an abbreviation, an unknown name, or a bench option given to train. */
+static int check_match(const char *name, const opt_desc *d, int m, int bench, char *err, size_t errlen) {
+    char shown[128];
+    if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
+        escape_str(name, shown, sizeof shown);
+        snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
+                 "not accepted)", shown, options[m].name);
+        return PL_EINVAL;
+    }
+    if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
+        escape_str(name, shown, sizeof shown);
+        snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
+                 d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* Gather the command line argv[first..argc) into cli through getopt_long (see the top of the
  * file); *preset: the value of --preset, if given. */
 static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int bench,
@@ -517,35 +551,12 @@ static int parse_command_line(pending_list *cli, int argc, char **argv, int firs
         int r = 0, m = -1; /* getopt_long's answer; the option it matched (with r == ':', the
                             * one whose value is missing), or -1 */
         if (word[2]) {     /* "--" alone never reaches getopt_long: it would end the options */
-            size_t nlen = strcspn(word, "=");
-            if (memchr(word, '_', nlen)) { /* '_' and '-' are one: getopt gets the name with '-' */
-                if (!(owned[cur] = strdup(word))) {
-                    snprintf(err, errlen, "out of memory parsing the command line");
-                    rc = PL_ENOMEM;
-                    goto out;
-                }
-                for (size_t k = 2; k < nlen; k++)
-                    if (owned[cur][k] == '_') owned[cur][k] = '-';
-                args[cur] = owned[cur];
-            }
+            if ((rc = dash_name(word, &owned[cur], &args[cur], err, errlen)) != PL_OK) goto out;
             r = getopt_long(nargs, args, "+:", lo, NULL);
             if (r == -1) break;
             m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
         }
-        if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
-            escape_str(name, shown, sizeof shown);
-            snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
-                     "not accepted)", shown, options[m].name);
-            rc = PL_EINVAL;
-            goto out;
-        }
-        if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
-            escape_str(name, shown, sizeof shown);
-            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
-                     d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
-            rc = PL_EINVAL;
-            goto out;
-        }
+        if ((rc = check_match(name, d, m, bench, err, errlen)) != PL_OK) goto out;
         const char *val = optarg;
         if (r == ':') {
             snprintf(err, errlen, "option --%s needs a value", name);
