@@ -33,8 +33,7 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#define PIPELM_CKPT_INTERNAL 1
-#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 
 #define LOCK_NAME ".lock"

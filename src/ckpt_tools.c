@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#define PIPELM_CKPT_INTERNAL 1
-#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
 #include "pipelm/crc32c.h"
@@ -45,32 +44,14 @@ static int file_kind(const char *path, char *err, size_t errlen) {
     return KIND_UNKNOWN;
 }
 
-/* The default AdamW settings (pipelm's defaults), for the optimizer of a converted model. */
-static optim_hparams default_hparams(const pl_options *o) {
-    optim_hparams h;
-    memset(&h, 0, sizeof h);
-    h.lr = o->lr;
-    h.min_lr = o->min_lr;
-    h.warmup_steps = o->warmup_steps;
-    h.total_steps = o->steps;
-    h.cosine = strcmp(o->lr_schedule, "cosine") == 0;
-    h.beta1 = o->beta1;
-    h.beta2 = o->beta2;
-    h.eps = o->eps;
-    h.weight_decay = o->weight_decay;
-    h.grad_clip = o->grad_clip;
-    return h;
-}
-
 /* The whole model on one CPU stage, with its optimizer (zero moments): what convert reads
  * into and writes from. On failure nothing is left allocated. */
 static int tool_stage(const model_config *cfg, stage *st, optim *opt, char *err, size_t errlen) {
     pl_options o;
     config_defaults(&o);
-    optim_hparams h = default_hparams(&o);
     memset(opt, 0, sizeof *opt);
     PL_TRY(stage_init(st, cfg, 0, cfg->L, 1, 1, 1, 1, 1, &backend_cpu, err, errlen));
-    int rc = optim_init(opt, st, &h, err, errlen); /* the moments start at zero */
+    int rc = optim_init(opt, st, &o.hp, err, errlen); /* the moments start at zero, pipelm's default settings */
     if (rc != PL_OK) stage_free(st);
     return rc;
 }
@@ -91,15 +72,8 @@ static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errle
         memset(&m, 0, sizeof m);
         m.seed = o.seed;
         m.data_seed = o.data_seed;
-        m.lr = o.lr;
-        m.min_lr = o.min_lr;
-        m.beta1 = o.beta1;
-        m.beta2 = o.beta2;
-        m.eps = o.eps;
-        m.weight_decay = o.weight_decay;
-        m.grad_clip = o.grad_clip;
-        m.warmup_steps = o.warmup_steps;
-        snprintf(m.lr_schedule, sizeof m.lr_schedule, "%s", o.lr_schedule);
+        m.hp = o.hp;
+        m.hp.total_steps = 0; /* a converted model belongs to no run */
         snprintf(m.data, sizeof m.data, "(converted from %.400s)", in);
         m.nstages = 1;
         m.split[0] = cfg.L;

@@ -74,19 +74,19 @@ static const opt_desc options[] = {
     O_DBL("norm-eps", norm_eps, "(llama) RMSNorm epsilon"),
     O_DBL("rope-theta", rope_theta, "(llama) rotary embedding base"),
     O_INT("use-scaled-rope", use_scaled_rope, "(llama) 1: Llama 3.1's rotary frequency scaling"),
-    O_INT("steps", steps, "total optimizer steps of the run"),
+    O_INT("steps", hp.total_steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
     O_INT("microbatches", microbatches, "micro-batches M per step (B/M sequences each)"),
-    O_DBL("lr", lr, "peak learning rate"),
-    O_DBL("min-lr", min_lr, "final learning rate of the cosine schedule"),
-    O_STR("lr-schedule", lr_schedule, "cosine | constant (both after linear warm-up)"),
-    O_INT("warmup-steps", warmup_steps, "linear warm-up steps"),
-    O_DBL("weight-decay", weight_decay, "AdamW decoupled weight decay (2-D weights only)"),
-    O_DBL("grad-clip", grad_clip, "clip the global gradient norm to this (0 disables)"),
-    O_DBL("beta1", beta1, "AdamW beta1"),
-    O_DBL("beta2", beta2, "AdamW beta2"),
-    O_DBL("eps", eps, "AdamW epsilon"),
+    O_DBL("lr", hp.lr, "peak learning rate"),
+    O_DBL("min-lr", hp.min_lr, "final learning rate of the cosine schedule"),
+    O_STR("lr-schedule", hp.lr_schedule, "cosine | constant (both after linear warm-up)"),
+    O_INT("warmup-steps", hp.warmup_steps, "linear warm-up steps"),
+    O_DBL("weight-decay", hp.weight_decay, "AdamW decoupled weight decay (2-D weights only)"),
+    O_DBL("grad-clip", hp.grad_clip, "clip the global gradient norm to this (0 disables)"),
+    O_DBL("beta1", hp.beta1, "AdamW beta1"),
+    O_DBL("beta2", hp.beta2, "AdamW beta2"),
+    O_DBL("eps", hp.eps, "AdamW epsilon"),
     O_LL("seed", seed, "seed of the weight initialisation"),
     O_STR("data", data, "training data: markov | FILE (llm.c tokens) | text:FILE (bytes)"),
     O_STR("val-data", val_data, "validation data (default: a held-out Markov stream, or none)"),
@@ -168,13 +168,13 @@ void config_defaults(pl_options *o) {
     memset(o, 0, sizeof *o);
     char err[256];
     config_preset(o, "tiny", err, sizeof err);
-    o->lr_schedule[0] = 0;
-    strcpy(o->lr_schedule, "cosine");
-    o->beta1 = 0.9;
-    o->beta2 = 0.95;
-    o->eps = 1e-8;
-    o->weight_decay = 0.1;
-    o->grad_clip = 1.0;
+    o->hp.lr_schedule[0] = 0;
+    strcpy(o->hp.lr_schedule, "cosine");
+    o->hp.beta1 = 0.9;
+    o->hp.beta2 = 0.95;
+    o->hp.eps = 1e-8;
+    o->hp.weight_decay = 0.1;
+    o->hp.grad_clip = 1.0;
     o->seed = 1337;
     o->data_seed = 1;
     o->markov_branch = 4;
@@ -202,32 +202,32 @@ void config_defaults(pl_options *o) {
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
     if (strcmp(name, "tiny") == 0) {
         o->vocab_size = 256; o->max_seq_len = 64; o->n_layer = 4; o->n_head = 4; o->n_embd = 64;
-        o->seq_len = 64; o->batch = 16; o->steps = 400; o->lr = 3e-3; o->min_lr = 3e-4;
-        o->warmup_steps = 20; o->eval_every = 100;
+        o->seq_len = 64; o->batch = 16; o->hp.total_steps = 400; o->hp.lr = 3e-3; o->hp.min_lr = 3e-4;
+        o->hp.warmup_steps = 20; o->eval_every = 100;
     } else if (strcmp(name, "tutorial") == 0) {
         o->vocab_size = 10000; o->max_seq_len = 128; o->n_layer = 8; o->n_head = 8; o->n_embd = 512;
-        o->seq_len = 128; o->batch = 8; o->steps = 100; o->lr = 1e-3; o->min_lr = 1e-4;
-        o->warmup_steps = 10; o->eval_every = 50;
+        o->seq_len = 128; o->batch = 8; o->hp.total_steps = 100; o->hp.lr = 1e-3; o->hp.min_lr = 1e-4;
+        o->hp.warmup_steps = 10; o->eval_every = 50;
     } else if (strcmp(name, "gpt2") == 0) {
         o->vocab_size = 50257; o->max_seq_len = 1024; o->n_layer = 12; o->n_head = 12; o->n_embd = 768;
-        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 6e-4; o->min_lr = 6e-5;
-        o->warmup_steps = 10; o->eval_every = 50;
+        o->seq_len = 1024; o->batch = 4; o->hp.total_steps = 100; o->hp.lr = 6e-4; o->hp.min_lr = 6e-5;
+        o->hp.warmup_steps = 10; o->eval_every = 50;
     } else if (strcmp(name, "gpt2-medium") == 0) {
         o->vocab_size = 50257; o->max_seq_len = 1024; o->n_layer = 24; o->n_head = 16; o->n_embd = 1024;
-        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 3e-4; o->min_lr = 3e-5;
-        o->warmup_steps = 10; o->eval_every = 50;
+        o->seq_len = 1024; o->batch = 4; o->hp.total_steps = 100; o->hp.lr = 3e-4; o->hp.min_lr = 3e-5;
+        o->hp.warmup_steps = 10; o->eval_every = 50;
     } else if (strcmp(name, "llama-tiny") == 0) { /* tests: HS = 12, not a power of two */
         o->vocab_size = 256; o->max_seq_len = 64; o->n_layer = 4; o->n_head = 6; o->n_embd = 72;
         o->n_kv_head = 2; o->multiple_of = 32; o->ffn_dim_multiplier = 0; o->norm_eps = 1e-5;
         o->rope_theta = 10000.0; o->use_scaled_rope = 0;
-        o->seq_len = 64; o->batch = 16; o->steps = 400; o->lr = 3e-3; o->min_lr = 3e-4;
-        o->warmup_steps = 20; o->eval_every = 100;
+        o->seq_len = 64; o->batch = 16; o->hp.total_steps = 400; o->hp.lr = 3e-3; o->hp.min_lr = 3e-4;
+        o->hp.warmup_steps = 20; o->eval_every = 100;
     } else if (strcmp(name, "llama-1b") == 0) { /* Llama 3.2 1B's shape (benchmarks) */
         o->vocab_size = 128256; o->max_seq_len = 8192; o->n_layer = 16; o->n_head = 32; o->n_embd = 2048;
         o->n_kv_head = 8; o->multiple_of = 256; o->ffn_dim_multiplier = 1.5; o->norm_eps = 1e-5;
         o->rope_theta = 500000.0; o->use_scaled_rope = 1;
-        o->seq_len = 1024; o->batch = 4; o->steps = 100; o->lr = 3e-4; o->min_lr = 3e-5;
-        o->warmup_steps = 10; o->eval_every = 50;
+        o->seq_len = 1024; o->batch = 4; o->hp.total_steps = 100; o->hp.lr = 3e-4; o->hp.min_lr = 3e-5;
+        o->hp.warmup_steps = 10; o->eval_every = 50;
     } else {
         snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium, llama-tiny, llama-1b)",
                  name);
@@ -506,18 +506,37 @@ static void word_name(const char *word, char name[64]) {
     name[n] = 0;
 }
 
-/* '_' and '-' are one: args[cur] as getopt_long gets it, the name's '_' turned into '-' (the
- * copy kept in owned[cur], to free). */
-static int normalise_word(char **args, char **owned, int cur, const char *word, char *err, size_t errlen) {
+/* '_' and '-' are one in names: a word whose name holds '_' is given to getopt_long as a copy
+ * (*owned, freed by the caller) with '-' instead; *arg then points at it. */
+static int dash_name(const char *word, char **owned, char **arg, char *err, size_t errlen) {
     size_t nlen = strcspn(word, "=");
     if (!memchr(word, '_', nlen)) return PL_OK;
-    if (!(owned[cur] = strdup(word))) {
+    if (!(*owned = strdup(word))) {
         snprintf(err, errlen, "out of memory parsing the command line");
         return PL_ENOMEM;
     }
     for (size_t k = 2; k < nlen; k++)
-        if (owned[cur][k] == '_') owned[cur][k] = '-';
-    args[cur] = owned[cur];
+        if ((*owned)[k] == '_') (*owned)[k] = '-';
+    *arg = *owned;
+    return PL_OK;
+}
+
+/* Refuse what getopt_long matched unless it is the option d the word spells in full (m: its
+ * match, or -1): an abbreviation, an unknown name, or a bench option given to train. */
+static int check_match(const char *name, const opt_desc *d, int m, int bench, char *err, size_t errlen) {
+    char shown[128];
+    if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
+        escape_str(name, shown, sizeof shown);
+        snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
+                 "not accepted)", shown, options[m].name);
+        return PL_EINVAL;
+    }
+    if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
+        escape_str(name, shown, sizeof shown);
+        snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
+                 d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
+        return PL_EINVAL;
+    }
     return PL_OK;
 }
 
@@ -560,25 +579,12 @@ static int parse_command_line(pending_list *cli, int argc, char **argv, int firs
         int r = 0, m = -1; /* getopt_long's answer; the option it matched (with r == ':', the
                             * one whose value is missing), or -1 */
         if (word[2]) {     /* "--" alone never reaches getopt_long: it would end the options */
-            if ((rc = normalise_word(args, owned, cur, word, err, errlen)) != PL_OK) goto out;
+            if ((rc = dash_name(word, &owned[cur], &args[cur], err, errlen)) != PL_OK) goto out;
             r = getopt_long(nargs, args, "+:", lo, NULL);
             if (r == -1) break;
             m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
         }
-        if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
-            escape_str(name, shown, sizeof shown);
-            snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
-                     "not accepted)", shown, options[m].name);
-            rc = PL_EINVAL;
-            goto out;
-        }
-        if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
-            escape_str(name, shown, sizeof shown);
-            snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
-                     d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
-            rc = PL_EINVAL;
-            goto out;
-        }
+        if ((rc = check_match(name, d, m, bench, err, errlen)) != PL_OK) goto out;
         const char *val = optarg;
         if (r == ':') {
             snprintf(err, errlen, "option --%s needs a value", name);
@@ -766,21 +772,21 @@ static const cfg_name N_BRANCH = {"markov-branch", "/train/markov_branch", "mark
 /* The optimizer's numbers of config_check_train: each >= 0 (beta1 and beta2 below 1, eps
  * above 0) and finite. */
 static int check_optim_numbers(const cfg_train *t, cfg_naming nm, char *err, size_t errlen) {
-    PL_TRY(range_dbl(&N_LR, nm, t->lr, t->lr >= 0, ">= 0 and finite", err, errlen));
-    PL_TRY(range_dbl(&N_MINLR, nm, t->min_lr, t->min_lr >= 0, ">= 0 and finite", err, errlen));
-    PL_TRY(range_dbl(&N_CLIP, nm, t->grad_clip, t->grad_clip >= 0, ">= 0 and finite", err, errlen));
-    PL_TRY(range_dbl(&N_B1, nm, t->beta1, t->beta1 >= 0 && t->beta1 < 1, "in [0, 1)", err, errlen));
-    PL_TRY(range_dbl(&N_B2, nm, t->beta2, t->beta2 >= 0 && t->beta2 < 1, "in [0, 1)", err, errlen));
-    PL_TRY(range_dbl(&N_EPSO, nm, t->eps, t->eps > 0, "> 0 and finite", err, errlen));
-    return range_dbl(&N_WD, nm, t->weight_decay, t->weight_decay >= 0, ">= 0 and finite", err, errlen);
+    PL_TRY(range_dbl(&N_LR, nm, t->hp.lr, t->hp.lr >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_MINLR, nm, t->hp.min_lr, t->hp.min_lr >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_CLIP, nm, t->hp.grad_clip, t->hp.grad_clip >= 0, ">= 0 and finite", err, errlen));
+    PL_TRY(range_dbl(&N_B1, nm, t->hp.beta1, t->hp.beta1 >= 0 && t->hp.beta1 < 1, "in [0, 1)", err, errlen));
+    PL_TRY(range_dbl(&N_B2, nm, t->hp.beta2, t->hp.beta2 >= 0 && t->hp.beta2 < 1, "in [0, 1)", err, errlen));
+    PL_TRY(range_dbl(&N_EPSO, nm, t->hp.eps, t->hp.eps > 0, "> 0 and finite", err, errlen));
+    return range_dbl(&N_WD, nm, t->hp.weight_decay, t->hp.weight_decay >= 0, ">= 0 and finite", err, errlen);
 }
 
 int config_check_train(const cfg_train *t, const model_config *model, cfg_naming nm, char *err, size_t errlen) {
     PL_TRY(check_optim_numbers(t, nm, err, errlen));
-    if (strcmp(t->lr_schedule, "cosine") != 0 && strcmp(t->lr_schedule, "constant") != 0) {
+    if (strcmp(t->hp.lr_schedule, "cosine") != 0 && strcmp(t->hp.lr_schedule, "constant") != 0) {
         if (nm == CFG_NAME_ATTR)
-            snprintf(err, errlen, "attribute /train/lr_schedule is '%s', not cosine or constant", t->lr_schedule);
-        else snprintf(err, errlen, "--lr-schedule must be cosine or constant (got '%s')", t->lr_schedule);
+            snprintf(err, errlen, "attribute /train/lr_schedule is '%s', not cosine or constant", t->hp.lr_schedule);
+        else snprintf(err, errlen, "--lr-schedule must be cosine or constant (got '%s')", t->hp.lr_schedule);
         return PL_EINVAL;
     }
     PL_TRY(range_int(&N_WARM, nm, t->warmup_steps, 0, INT_MAX, NULL, err, errlen));
@@ -803,16 +809,9 @@ int config_check_train(const cfg_train *t, const model_config *model, cfg_naming
 
 void config_train_of(const pl_options *o, cfg_train *t) {
     memset(t, 0, sizeof *t);
-    t->lr = o->lr;
-    t->min_lr = o->min_lr;
-    t->grad_clip = o->grad_clip;
-    t->beta1 = o->beta1;
-    t->beta2 = o->beta2;
-    t->eps = o->eps;
-    t->weight_decay = o->weight_decay;
-    t->lr_schedule = o->lr_schedule;
-    t->warmup_steps = o->warmup_steps;
-    t->total_steps = o->steps;
+    t->hp = o->hp;
+    t->warmup_steps = o->hp.warmup_steps;
+    t->total_steps = o->hp.total_steps;
     t->batch = o->batch;
     t->seq_len = o->seq_len;
     t->microbatches = o->microbatches;
@@ -849,11 +848,12 @@ static int validate_model_and_train(const pl_options *o, char *err, size_t errle
 
 int config_validate(const pl_options *o, char *err, size_t errlen) {
 #define REQUIRE(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return PL_EINVAL; } } while (0)
-    REQUIRE(o->steps >= 1, "--steps must be >= 1 (got %d): it counts the optimizer steps of the run", o->steps);
+    REQUIRE(o->hp.total_steps >= 1, "--steps must be >= 1 (got %d): it counts the optimizer steps of the run",
+            o->hp.total_steps);
     REQUIRE(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
     REQUIRE(o->seq_len >= 1, "--seq-len must be >= 1 (got %d)", o->seq_len);
     REQUIRE(o->microbatches >= 1, "--microbatches must be >= 1 (got %d)", o->microbatches);
-    REQUIRE(o->warmup_steps >= 0, "--warmup-steps must be >= 0 (got %d)", o->warmup_steps);
+    REQUIRE(o->hp.warmup_steps >= 0, "--warmup-steps must be >= 0 (got %d)", o->hp.warmup_steps);
     REQUIRE(o->eval_every >= 0, "--eval-every must be >= 0 (got %d)", o->eval_every);
     REQUIRE(o->val_batches >= 1, "--val-batches must be >= 1 (got %d)", o->val_batches);
     REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);

@@ -122,12 +122,27 @@ static int on_final(void *ctx, const stage *st, int layer) {
     return progress(r);
 }
 
+/* The on_grad_final hook of one stage (or chunk), fired after its M-th weight backward. */
 void dp_hook(dp_reducer *r, stage *chunk, int M) {
     chunk->on_grad_final = on_final;
     chunk->grad_ctx = r;
     chunk->w_final = M;
 }
 
+/* ZeRO-1: the optimizer keeps the moments of this replica's pieces only, bucket by bucket. */
+static int shard_optimizer(dp_reducer *r, char *err, size_t errlen) {
+    optim_range *pieces = malloc(sizeof *pieces * (size_t)(r->nb ? r->nb : 1));
+    if (!pieces) {
+        snprintf(err, errlen, "out of memory for the optimizer's shard");
+        return PL_ENOMEM;
+    }
+    for (int k = 0; k < r->nb; k++) pieces[k] = (optim_range){r->b[k].lo + r->b[k].plo, r->b[k].pn};
+    int rc = optim_shard(r->opt, pieces, r->nb, err, errlen);
+    free(pieces);
+    return rc;
+}
+
+/* The replicas' communicators, the buckets and their pieces, the shard (ZeRO), the hook. */
 int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     r->comm = comm;
@@ -141,13 +156,11 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
         snprintf(err, errlen, "MPI_Comm_dup of the replicas' communicator failed");
         return PL_EMPI;
     }
-    opt->dp_rank = r->d;
-    opt->dp_size = r->D;
+    optim_set_replica(opt, r->d, r->D);
     int rc = make_buckets(r, err, errlen);
     if (rc != PL_OK) return rc;
     r->order = malloc(sizeof(int) * (size_t)(r->nb ? r->nb : 1));
     if (!r->order) return PL_ENOMEM;
-    size_t moff = 0;
     for (int k = 0; k < r->nb; k++) {
         dp_bucket *b = &r->b[k];
         if (b->n > (size_t)0x7fffffff) {
@@ -156,8 +169,6 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
         }
         b->plo = piece_lo(b->n, r->D, r->d);
         b->pn = piece_n(b->n, r->D, r->d);
-        b->moff = moff;
-        moff += b->pn;
         b->recv = malloc(sizeof(float) * (b->pn * (size_t)r->D + 1));
         b->cnt = malloc(sizeof(int) * 4 * (size_t)r->D);
         if (b->cnt) {
@@ -176,26 +187,13 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
             return PL_ENOMEM;
         }
     }
-    r->moment_floats = zero ? moff : st->nparams;
-    if (zero) { /* the moments of this replica's pieces only */
-        const backend *be = st->be;
-        be->free(opt->m);
-        be->free(opt->v);
-        opt->m = opt->v = NULL;
-        void *m = NULL, *v = NULL;
-        rc = be->alloc(&m, (moff ? moff : 1) * sizeof(float));
-        if (rc == PL_OK) rc = be->alloc(&v, (moff ? moff : 1) * sizeof(float));
-        opt->m = m;
-        opt->v = v;
-        if (rc != PL_OK) {
-            snprintf(err, errlen, "backend %s: %s, for the sharded AdamW moments", be->name, stage_error(st));
-            return rc;
-        }
-    }
+    if (zero) PL_TRY(shard_optimizer(r, err, errlen));
+    r->moment_floats = opt->nmoment;
     if (!st->holds_chunks) dp_hook(r, st, M);
     return PL_OK;
 }
 
+/* Unhook, unmap, free (the communicator only when the peers are known to be here too). */
 void dp_free(dp_reducer *r, int free_comm) {
     if (r->st && r->st->grad_ctx == r) {
         r->st->on_grad_final = NULL;
@@ -207,17 +205,13 @@ void dp_free(dp_reducer *r, int free_comm) {
         free(r->b[k].recv);
         free(r->b[k].cnt);
     }
-    if (r->opt && r->opt->mfull) {
-        r->st->be->free(r->opt->mfull);
-        r->st->be->free(r->opt->vfull);
-        r->opt->mfull = r->opt->vfull = NULL;
-    }
     free(r->b);
     free(r->order);
     if (r->gcomm != MPI_COMM_NULL && free_comm) MPI_Comm_free(&r->gcomm);
     memset(r, 0, sizeof *r);
 }
 
+/* Start what is left, sum every bucket in start order, gather where wanted, unmap. */
 int dp_finish(dp_reducer *r, int full) {
     double t0 = pl_now();
     int rc = PL_OK;
@@ -257,16 +251,10 @@ int dp_finish(dp_reducer *r, int full) {
     return rc;
 }
 
-/* The part of tensor t inside bucket piece b: [*lo, *lo + *n) of the stage buffer. */
-static int intersect(const param_tensor *t, const dp_bucket *b, size_t *lo, size_t *n) {
-    size_t a0 = t->offset, a1 = t->offset + t->numel, b0 = b->lo + b->plo, b1 = b0 + b->pn;
-    size_t x0 = a0 > b0 ? a0 : b0, x1 = a1 < b1 ? a1 : b1;
-    if (x1 <= x0) return 0;
-    *lo = x0;
-    *n = x1 - x0;
-    return 1;
-}
+/* The timers of the reductions and the ZeRO gather start again from zero. */
+void dp_reset_timers(dp_reducer *r) { r->t_hidden_wait = r->t_gather = 0; }
 
+/* Each tensor's squared gradient norm over this replica's pieces. */
 int dp_grad_sumsq(const dp_reducer *r, double *sq) {
     const stage *st = r->st;
     for (int i = 0; i < st->ntensors; i++) {
@@ -274,7 +262,7 @@ int dp_grad_sumsq(const dp_reducer *r, double *sq) {
         sq[i] = 0.0;
         for (int k = 0; k < r->nb; k++) {
             size_t lo, n;
-            if (!intersect(t, &r->b[k], &lo, &n)) continue;
+            if (!optim_overlap(t, r->b[k].lo + r->b[k].plo, r->b[k].pn, &lo, &n)) continue;
             double s;
             PL_TRY(st->be->sumsq(st->grads + lo, n, &s));
             sq[i] += s;
@@ -283,28 +271,13 @@ int dp_grad_sumsq(const dp_reducer *r, double *sq) {
     return PL_OK;
 }
 
+/* The optimizer's step (under ZeRO on this replica's shard only), then (ZeRO) the
+ * parameters' all-gather. */
 int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
-    if (!r->zero) return optim_step(r->opt, step, lr, norm);
+    PL_TRY(optim_step(r->opt, step, lr, norm));
+    if (!r->zero) return PL_OK;
     stage *st = r->st;
-    optim *o = r->opt;
-    const optim_hparams *h = &o->h;
     const backend *be = st->be;
-    if (h->grad_clip > 0 && norm > h->grad_clip) {
-        float s = (float)(h->grad_clip / (norm + 1e-6));
-        PL_TRY(be->scale(st->grads, s, st->nparams));
-    }
-    for (int i = 0; i < st->ntensors; i++) {
-        const param_tensor *t = &st->tensors[i];
-        float wd = t->decay ? (float)h->weight_decay : 0.0f;
-        for (int k = 0; k < r->nb; k++) {
-            size_t lo, n;
-            const dp_bucket *b = &r->b[k];
-            if (!intersect(t, b, &lo, &n)) continue;
-            size_t mo = b->moff + (lo - (b->lo + b->plo));
-            PL_TRY(be->adamw(st->params + lo, st->grads + lo, o->m + mo, o->v + mo, n, (float)lr, (float)h->beta1,
-                             (float)h->beta2, (float)h->eps, wd, step));
-        }
-    }
     /* every replica's pieces of the parameters to every replica */
     double t0 = pl_now();
     comm_what w = {"the ZeRO-1 all-gather of the parameters", -1, -1, -1};
@@ -323,33 +296,18 @@ int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
     return rc != PL_OK ? rc : r2;
 }
 
-/* Copy between the sharded moments and whole-size ones (to_full: pieces -> whole). */
-static int copy_pieces(dp_reducer *r, float *m, float *mfull, int to_full) {
-    const backend *be = r->st->be;
-    for (int k = 0; k < r->nb; k++) {
-        const dp_bucket *b = &r->b[k];
-        if (!b->pn) continue;
-        float *whole = mfull + b->lo + b->plo, *piece = m + b->moff;
-        PL_TRY(be->copy(to_full ? whole : piece, to_full ? piece : whole, b->pn * sizeof(float)));
-    }
-    return PL_OK;
-}
-
+/* Whole-size moments from the optimizer, this replica's pieces in place, then (gather)
+ * every replica's pieces all-gathered into them, bucket by bucket. */
 int dp_moments_full(dp_reducer *r, int gather) {
     if (!r->zero) return PL_OK;
     stage *st = r->st;
-    optim *o = r->opt;
     const backend *be = st->be;
-    void *mf = NULL, *vf = NULL;
-    PL_TRY(be->alloc(&mf, st->nparams * sizeof(float)));
-    int rc = be->alloc(&vf, st->nparams * sizeof(float));
-    o->mfull = mf;
-    o->vfull = vf;
-    if (rc != PL_OK || !gather) return rc;
-    float *full[2] = {o->mfull, o->vfull}, *piece[2] = {o->m, o->v};
+    PL_TRY(optim_unshard(r->opt, gather));
+    if (!gather) return PL_OK;
+    float *full[2] = {optim_buffer(r->opt, OPTIM_M), optim_buffer(r->opt, OPTIM_V)};
     comm_what w = {"the ZeRO-1 all-gather of the moments for a checkpoint", -1, -1, -1};
+    int rc = PL_OK;
     for (int s = 0; s < 2 && rc == PL_OK; s++) {
-        PL_TRY(copy_pieces(r, piece[s], full[s], 1));
         void *host = NULL;
         PL_TRY(be->map(&host, full[s], st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
         for (int k = 0; k < r->nb && rc == PL_OK; k++) {
@@ -364,16 +322,8 @@ int dp_moments_full(dp_reducer *r, int gather) {
     return rc;
 }
 
+/* The optimizer folds the whole-size moments back into its shard. */
 int dp_moments_pieces(dp_reducer *r) {
     if (!r->zero) return PL_OK;
-    optim *o = r->opt;
-    int rc = PL_OK;
-    if (o->mfull && o->vfull) {
-        rc = copy_pieces(r, o->m, o->mfull, 0);
-        if (rc == PL_OK) rc = copy_pieces(r, o->v, o->vfull, 0);
-    }
-    r->st->be->free(o->mfull);
-    r->st->be->free(o->vfull);
-    o->mfull = o->vfull = NULL;
-    return rc;
+    return optim_reshard(r->opt);
 }

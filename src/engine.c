@@ -482,3 +482,26 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
     *loss_sum = sum;
     return PL_OK;
 }
+
+/* The test-only faults (engine.h). */
+void engine_set_faults(engine *e, int fail_rank, int fail_step, int during) {
+    e->fail_rank = fail_rank;
+    e->fail_step = fail_step;
+    e->fail_during = during;
+}
+
+/* A step's timers start at zero; no forward has gone non-finite yet. */
+void engine_begin_step(engine *e) {
+    e->t_fwd = e->t_bwd = e->t_wait = 0;
+    e->first_bad_fwd = -1;
+}
+
+/* The timeline the engine records into, if any. */
+void engine_set_trace(engine *e, trace *tr) { e->tr = tr; }
+
+/* The timeline, handed back to the caller (to write or discard); the engine records no more. */
+trace *engine_take_trace(engine *e) {
+    trace *tr = e->tr;
+    e->tr = NULL;
+    return tr;
+}

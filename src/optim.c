@@ -9,17 +9,20 @@
 #endif
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/optim.h"
 
+/* The whole-size moments, zero; one replica of one. */
 int optim_init(optim *o, stage *st, const optim_hparams *h, char *err, size_t errlen) {
     memset(o, 0, sizeof *o);
     o->st = st;
     o->be = st->be;
     o->h = *h;
     o->dp_size = 1;
+    o->nmoment = st->nparams;
     size_t bytes = st->nparams * sizeof(float);
     void *m = NULL, *v = NULL;
     int rc = o->be->alloc(&m, bytes);
@@ -35,23 +38,113 @@ int optim_init(optim *o, stage *st, const optim_hparams *h, char *err, size_t er
     return PL_OK;
 }
 
+/* Everything it allocated, the whole-size checkpoint moments included. */
 void optim_free(optim *o) {
     if (o->be) {
         o->be->free(o->m);
         o->be->free(o->v);
+        if (o->mfull) o->be->free(o->mfull);
+        if (o->vfull) o->be->free(o->vfull);
     }
+    free(o->shard);
     memset(o, 0, sizeof *o);
+}
+
+/* Which replica this is: ckpt_written_tensor reads it. */
+void optim_set_replica(optim *o, int d, int D) {
+    o->dp_rank = d;
+    o->dp_size = D;
+}
+
+/* Replace the whole-size moments by those of the ranges (at least one float each, so that an
+ * empty shard still has buffers). */
+int optim_shard(optim *o, const optim_range *r, int nr, char *err, size_t errlen) {
+    const backend *be = o->be;
+    size_t total = 0;
+    for (int k = 0; k < nr; k++) total += r[k].n;
+    o->shard = malloc(sizeof *o->shard * (size_t)(nr ? nr : 1));
+    if (!o->shard) {
+        snprintf(err, errlen, "out of memory for the optimizer's shard");
+        return PL_ENOMEM;
+    }
+    memcpy(o->shard, r, sizeof *r * (size_t)nr);
+    o->nshard = nr;
+    o->nmoment = total;
+    be->free(o->m);
+    be->free(o->v);
+    o->m = o->v = NULL;
+    void *m = NULL, *v = NULL;
+    int rc = be->alloc(&m, (total ? total : 1) * sizeof(float));
+    if (rc == PL_OK) rc = be->alloc(&v, (total ? total : 1) * sizeof(float));
+    o->m = m;
+    o->v = v;
+    if (rc != PL_OK)
+        snprintf(err, errlen, "backend %s: %s, for the sharded AdamW moments", be->name, stage_error(o->st));
+    return rc;
+}
+
+/* Copy between the shard's moments and whole-size ones (to_whole: shard -> whole). */
+static int copy_shard(const optim *o, float *piece, float *whole, int to_whole) {
+    size_t mo = 0;
+    for (int k = 0; k < o->nshard; k++) {
+        const optim_range *r = &o->shard[k];
+        if (r->n) {
+            float *w = whole + r->lo, *p = piece + mo;
+            PL_TRY(o->be->copy(to_whole ? w : p, to_whole ? p : w, r->n * sizeof(float)));
+        }
+        mo += r->n;
+    }
+    return PL_OK;
+}
+
+/* Whole-size moments for a checkpoint (see optim.h). */
+int optim_unshard(optim *o, int fill) {
+    if (!o->shard) return PL_OK;
+    size_t bytes = o->st->nparams * sizeof(float);
+    void *mf = NULL, *vf = NULL;
+    PL_TRY(o->be->alloc(&mf, bytes));
+    int rc = o->be->alloc(&vf, bytes);
+    o->mfull = mf;
+    o->vfull = vf;
+    if (rc != PL_OK || !fill) return rc;
+    PL_TRY(copy_shard(o, o->m, o->mfull, 1));
+    return copy_shard(o, o->v, o->vfull, 1);
+}
+
+/* Back to the shard's moments after a checkpoint (see optim.h). */
+int optim_reshard(optim *o) {
+    if (!o->shard) return PL_OK;
+    int rc = PL_OK;
+    if (o->mfull && o->vfull) {
+        rc = copy_shard(o, o->m, o->mfull, 0);
+        if (rc == PL_OK) rc = copy_shard(o, o->v, o->vfull, 0);
+    }
+    o->be->free(o->mfull);
+    o->be->free(o->vfull);
+    o->mfull = o->vfull = NULL;
+    return rc;
+}
+
+/* Interval intersection of a tensor and a range of the parameter buffer. */
+int optim_overlap(const param_tensor *t, size_t lo, size_t n, size_t *xlo, size_t *xn) {
+    size_t a0 = t->offset, a1 = t->offset + t->numel, b1 = lo + n;
+    size_t x0 = a0 > lo ? a0 : lo, x1 = a1 < b1 ? a1 : b1;
+    if (x1 <= x0) return 0;
+    *xlo = x0;
+    *xn = x1 - x0;
+    return 1;
 }
 
 /* Linear warm-up to lr over warmup_steps, then cosine to min_lr at total_steps (or flat). */
 double optim_lr(const optim_hparams *h, int step) {
     if (h->warmup_steps > 0 && step <= h->warmup_steps) return h->lr * step / h->warmup_steps;
-    if (!h->cosine || h->total_steps <= h->warmup_steps) return h->lr;
+    if (strcmp(h->lr_schedule, "constant") == 0 || h->total_steps <= h->warmup_steps) return h->lr;
     double progress = (double)(step - h->warmup_steps) / (double)(h->total_steps - h->warmup_steps);
     if (progress > 1.0) progress = 1.0;
     return h->min_lr + 0.5 * (h->lr - h->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
+/* The state buffers by name; the whole-size moments while a checkpoint has them. */
 float *optim_buffer(const optim *o, int which) {
     if (which == OPTIM_PARAMS) return o->st->params;
     if (which == OPTIM_M) return o->mfull ? o->mfull : o->m;
@@ -83,18 +176,35 @@ int optim_grad_sumsq(const optim *o, double *sq) {
     return PL_OK;
 }
 
-int optim_step(optim *o, int step, double lr, double norm) {
-    stage *st = o->st;
+/* Global-norm clipping: every gradient scaled by grad_clip / (norm + 1e-6). */
+int optim_clip(optim *o, double norm) {
     const optim_hparams *h = &o->h;
     if (h->grad_clip > 0 && norm > h->grad_clip) {
         float s = (float)(h->grad_clip / (norm + 1e-6));
-        PL_TRY(o->be->scale(st->grads, s, st->nparams));
+        PL_TRY(o->be->scale(o->st->grads, s, o->st->nparams));
     }
+    return PL_OK;
+}
+
+/* The one AdamW loop: tensor by tensor, each over the ranges the optimizer owns (the whole
+ * buffer when not sharded: then every tensor in one call). */
+int optim_step(optim *o, int step, double lr, double norm) {
+    stage *st = o->st;
+    const optim_hparams *h = &o->h;
+    PL_TRY(optim_clip(o, norm));
+    const optim_range whole = {0, st->nparams}, *rg = o->shard ? o->shard : &whole;
+    int nr = o->shard ? o->nshard : 1;
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         float wd = t->decay ? (float)h->weight_decay : 0.0f; /* the decay group: 2-D weights */
-        PL_TRY(o->be->adamw(st->params + t->offset, st->grads + t->offset, o->m + t->offset, o->v + t->offset,
-                            t->numel, (float)lr, (float)h->beta1, (float)h->beta2, (float)h->eps, wd, step));
+        size_t mo = 0; /* where range k's moments start */
+        for (int k = 0; k < nr; mo += rg[k].n, k++) {
+            size_t lo, n;
+            if (!optim_overlap(t, rg[k].lo, rg[k].n, &lo, &n)) continue;
+            size_t at = mo + (lo - rg[k].lo);
+            PL_TRY(o->be->adamw(st->params + lo, st->grads + lo, o->m + at, o->v + at, n, (float)lr, (float)h->beta1,
+                                (float)h->beta2, (float)h->eps, wd, step));
+        }
     }
     return PL_OK;
 }

@@ -72,7 +72,7 @@ static void bench_usage(FILE *out) {
 static void print_schedule_summary(const sched *s) {
     sched_sim sim;
     char err[512];
-    if (sched_simulate(s, &sim, err, sizeof err) != 0) return;
+    if (sched_simulate(s, &sim, err, sizeof err) != PL_OK) return;
     int peak = 0;
     for (int r = 0; r < s->P; r++) {
         int k = sched_max_inflight(s, r);
@@ -93,23 +93,23 @@ static void print_schedule_summary(const sched *s) {
     sched_sim_free(&sim);
 }
 
-/* Predict the step with the measured costs in `path`. */
+/* Predict the step with the measured costs in `path` (PL_OK, or the failure, reported). */
 static int predict_with_costs(const sched *s, const char *path) {
     char err[1024];
     FILE *f = NULL;
     if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
         pl_error("schedule: %s", err);
-        return -1;
+        return PL_EIO;
     }
     sched_costs c;
     int rc = sched_costs_read(f, &c, err, sizeof err);
     fclose(f);
-    if (rc != 0) { pl_error("schedule: %s: %s", path, err); return -1; }
+    if (rc != PL_OK) { pl_error("schedule: %s: %s", path, err); return rc; }
     sched_pred pr;
-    if (sched_predict(s, &c, &pr, err, sizeof err) != 0) {
+    if ((rc = sched_predict(s, &c, &pr, err, sizeof err)) != PL_OK) {
         pl_error("schedule: %s: %s", path, err);
         sched_costs_free(&c);
-        return -1;
+        return rc;
     }
     pl_info("predicted from %s: step %.2f ms (pipeline %.2f ms + optimizer), bubble %.1f%% (message %.0f bytes: "
             "%.1f us)\n", path, 1e3 * pr.step_s, 1e3 * pr.makespan_s, 100.0 * pr.bubble, c.msg_bytes,
@@ -123,7 +123,7 @@ static int predict_with_costs(const sched *s, const char *path) {
                     1e3 * pr.wait_s[r], sched_max_inflight(s, r));
     sched_pred_free(&pr);
     sched_costs_free(&c);
-    return 0;
+    return PL_OK;
 }
 
 /* The schedule to show: read from --load (V = 0: as the file says), else built by name
@@ -151,7 +151,7 @@ static int schedule_get(const char *in, const char *name, int P, int V, int M, d
         }
         int rc = sched_read_csv(f, in, s, err, sizeof err);
         fclose(f);
-        if (rc) { pl_error("schedule %s: %s", in, err); return 1; }
+        if (rc != PL_OK) { pl_error("schedule %s: %s", in, err); return 1; }
         if (V > 0 && s->V != V) {
             pl_error("schedule %s: the file has %d chunk(s) per rank, --chunks-per-rank says %d", in, s->V, V);
             sched_free(s);
@@ -171,7 +171,10 @@ static int schedule_get(const char *in, const char *name, int P, int V, int M, d
         pl_error("schedule: --stages and --microbatches must be positive integers");
         return 2;
     }
-    if (sched_build_chunks(name, P, V > 0 ? V : 1, M, s, err, sizeof err)) { pl_error("schedule: %s", err); return 2; }
+    if (sched_build_chunks(name, P, V > 0 ? V : 1, M, s, err, sizeof err) != PL_OK) {
+        pl_error("schedule: %s", err);
+        return 2;
+    }
     return 0;
 }
 
@@ -204,12 +207,13 @@ static void schedule_usage(void) {
            SCHED_BYTES_PER_PAIR);
 }
 
-/* Write the schedule as torch's CSV to an output checked as every output is; 0 or -1. */
+/* Write the schedule as torch's CSV to an output checked as every output is; PL_OK or the
+ * failure, reported. */
 static int schedule_write_csv(const sched *s, const char *csv) {
     char err[4400];
     FILE *f = NULL;
     int wrc = pl_open_output(csv, "--csv", &f, err, sizeof err);
-    if (wrc == PL_OK && sched_write_csv(s, f) != 0) {
+    if (wrc == PL_OK && sched_write_csv(s, f) != PL_OK) {
         snprintf(err, sizeof err, "--csv %s: writing it failed", csv);
         fclose(f);
         wrc = PL_EIO;
@@ -218,17 +222,24 @@ static int schedule_write_csv(const sched *s, const char *csv) {
     }
     if (wrc != PL_OK) {
         pl_error("schedule: %s", err);
-        return -1;
+        return wrc;
     }
     pl_info("wrote %s\n", csv);
-    return 0;
+    return PL_OK;
 }
 
-/* `pipelm schedule --stages P --microbatches M --schedule NAME [--chunks-per-rank V] [--csv FILE]` */
-static int schedule_main(int argc, char **argv, int first, int rank) {
-    int P = 0, M = 0, V = 0;
-    const char *name = "1f1b", *csv = NULL, *in = NULL, *costs = NULL, *grid = "auto";
-    double mem_gb = schedule_default_mem_gb();
+/* The options of `pipelm schedule` (0 or -1: not given or malformed, checked later). */
+typedef struct {
+    int P, M, V;
+    const char *name, *csv, *in, *costs, *grid;
+    double mem_gb;
+} schedule_args;
+
+/* Parse the options of `pipelm schedule`; *stop = 1 when the command ends here (--help, or a
+ * malformed command line), with the exit status returned. */
+static int schedule_parse(int argc, char **argv, int first, int rank, schedule_args *sa, int *stop) {
+    *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb()};
+    *stop = 1;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
@@ -241,23 +252,43 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         }
         const char *v = argv[++i];
         char *end;
-        if (strcmp(a, "--stages") == 0) { P = (int)strtol(v, &end, 10); if (*end || P < 1) P = -1; }
-        else if (strcmp(a, "--microbatches") == 0) { M = (int)strtol(v, &end, 10); if (*end || M < 1) M = -1; }
-        else if (strcmp(a, "--schedule") == 0) name = v;
-        else if (strcmp(a, "--chunks-per-rank") == 0 || strcmp(a, "--virtual-stages") == 0) {
-            V = (int)strtol(v, &end, 10);
-            if (*end || V < 1) V = -1;
+        if (strcmp(a, "--stages") == 0) {
+            sa->P = (int)strtol(v, &end, 10);
+            if (*end || sa->P < 1) sa->P = -1;
+        } else if (strcmp(a, "--microbatches") == 0) {
+            sa->M = (int)strtol(v, &end, 10);
+            if (*end || sa->M < 1) sa->M = -1;
         }
-        else if (strcmp(a, "--csv") == 0) csv = v;
-        else if (strcmp(a, "--load") == 0) in = v;
-        else if (strcmp(a, "--costs") == 0) costs = v;
-        else if (strcmp(a, "--grid") == 0) grid = v;
-        else if (strcmp(a, "--mem-limit-gb") == 0) { mem_gb = strtod(v, &end); if (*end || !(mem_gb > 0)) mem_gb = -1; }
+        else if (strcmp(a, "--schedule") == 0) sa->name = v;
+        else if (strcmp(a, "--chunks-per-rank") == 0 || strcmp(a, "--virtual-stages") == 0) {
+            sa->V = (int)strtol(v, &end, 10);
+            if (*end || sa->V < 1) sa->V = -1;
+        }
+        else if (strcmp(a, "--csv") == 0) sa->csv = v;
+        else if (strcmp(a, "--load") == 0) sa->in = v;
+        else if (strcmp(a, "--costs") == 0) sa->costs = v;
+        else if (strcmp(a, "--grid") == 0) sa->grid = v;
+        else if (strcmp(a, "--mem-limit-gb") == 0) {
+            sa->mem_gb = strtod(v, &end);
+            if (*end || !(sa->mem_gb > 0)) sa->mem_gb = -1;
+        }
         else {
             if (rank == 0) pl_error("schedule: unknown option '%s' (see pipelm schedule --help)", a);
             return 2;
         }
     }
+    *stop = 0;
+    return 0;
+}
+
+/* `pipelm schedule --stages P --microbatches M --schedule NAME [--chunks-per-rank V] [--csv FILE]` */
+static int schedule_main(int argc, char **argv, int first, int rank) {
+    schedule_args sa;
+    int stop, xrc = schedule_parse(argc, argv, first, rank, &sa, &stop);
+    if (stop) return xrc;
+    int P = sa.P, M = sa.M, V = sa.V;
+    const char *name = sa.name, *csv = sa.csv, *in = sa.in, *costs = sa.costs, *grid = sa.grid;
+    double mem_gb = sa.mem_gb;
     if (rank != 0) return 0;
     if (strcmp(grid, "auto") != 0 && strcmp(grid, "yes") != 0 && strcmp(grid, "no") != 0) {
         pl_error("schedule: --grid must be auto, yes or no, not '%s'", grid);
@@ -281,7 +312,7 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     }
     int grc = schedule_get(in, name, P, V, M, mem_gb, &s);
     if (grc) return grc;
-    if (sched_validate(&s, err, sizeof err)) {
+    if (sched_validate(&s, err, sizeof err) != PL_OK) {
         pl_error("schedule %s is invalid: %s", s.name, err);
         sched_free(&s);
         return 1;
@@ -289,18 +320,18 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     double t0 = pl_now();
     sched_sim sim;
     int big = 0;
-    if (sched_simulate(&s, &sim, err, sizeof err) == 0) {
+    if (sched_simulate(&s, &sim, err, sizeof err) == PL_OK) {
         big = s.P > 64 || sim.makespan > 4096;
         sched_sim_free(&sim);
     }
     if (strcmp(grid, "yes") == 0 || (strcmp(grid, "auto") == 0 && !big)) sched_print_grid(&s, pl_out ? pl_out : stdout);
     else print_schedule_summary(&s);
     pl_info("simulated in %.2f s\n", pl_now() - t0);
-    if (costs && predict_with_costs(&s, costs) != 0) {
+    if (costs && predict_with_costs(&s, costs) != PL_OK) {
         sched_free(&s);
         return 1;
     }
-    if (csv && schedule_write_csv(&s, csv) != 0) {
+    if (csv && schedule_write_csv(&s, csv) != PL_OK) {
         sched_free(&s);
         return 1;
     }
@@ -345,7 +376,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     pl_options o;
     config_defaults(&o);
     if (bench) { /* a short, quiet run unless told otherwise */
-        o.steps = 5;
+        o.hp.total_steps = 5;
         o.warmup = 2;
         o.log_every = 1000000;
         o.progress = 0;

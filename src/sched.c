@@ -2,6 +2,7 @@
  * sched.c: pipeline schedules (build, text/CSV form, validation, unit-cost
  * simulation, grid printing). See include/pipelm/sched.h.
  */
+#include "pipelm/common.h"
 #include "pipelm/sched.h"
 
 #include <stdarg.h>
@@ -100,8 +101,8 @@ static int sched_alloc(sched *s, const char *name, int P, int V, int M) {
     s->M = M;
     s->n = calloc((size_t)P, sizeof(int));
     s->acts = calloc((size_t)P, sizeof(sched_action *));
-    if (s->n == NULL || s->acts == NULL) { sched_free(s); return -1; }
-    return 0;
+    if (s->n == NULL || s->acts == NULL) { sched_free(s); return PL_ENOMEM; }
+    return PL_OK;
 }
 
 /* append one action of global stage st to its rank st % P (capacity was sized by the
@@ -184,7 +185,7 @@ static int gen_zbh1(sched *s) {
     long *fdone = malloc(sizeof(long) * (size_t)P * M), *idone = malloc(sizeof(long) * (size_t)P * M);
     if (!nf || !ni || !nw || !busy || !fdone || !idone) {
         free(nf); free(ni); free(nw); free(busy); free(fdone); free(idone);
-        return -1;
+        return PL_ENOMEM;
     }
     for (size_t k = 0; k < (size_t)P * M; k++) fdone[k] = idone[k] = -1;
 #define AT(a, r, mb) (a)[(size_t)(r) * M + (mb)]
@@ -214,7 +215,7 @@ static int gen_zbh1(sched *s) {
         }
 #undef AT
     free(nf); free(ni); free(nw); free(busy); free(fdone); free(idone);
-    return 0;
+    return PL_OK;
 }
 
 /* The group size G of the interleaved orders: the forwards visit a rank's chunks G
@@ -302,8 +303,8 @@ static int gen_interleaved_zb(sched *s, int G) {
     int *nf = calloc((size_t)P, sizeof(int)), *ni = calloc((size_t)P, sizeof(int));
     int *nw = calloc((size_t)P, sizeof(int)), *busy = calloc((size_t)P, sizeof(int));
     long *fdone = malloc(sizeof(long) * (size_t)S * M), *idone = malloc(sizeof(long) * (size_t)S * M);
-    int rc = 0;
-    if (!nf || !ni || !nw || !busy || !fdone || !idone) { rc = -1; goto out; }
+    int rc = PL_OK;
+    if (!nf || !ni || !nw || !busy || !fdone || !idone) { rc = PL_ENOMEM; goto out; }
     for (size_t k = 0; k < (size_t)S * M; k++) fdone[k] = idone[k] = -1;
 #define AT(a, st, mb) (a)[(size_t)(st) * M + (mb)]
 #define ARRIVED(a, st, mb, t) (AT(a, st, mb) >= 0 && AT(a, st, mb) <= (t))
@@ -339,7 +340,7 @@ static int gen_interleaved_zb(sched *s, int G) {
             acted = 1;
             left--;
         }
-        if (!acted && !waiting) { rc = -2; break; } /* nothing runs and nothing will arrive */
+        if (!acted && !waiting) { rc = PL_ESTATE; break; } /* nothing runs and nothing will arrive */
     }
 #undef ARRIVED
 #undef AT
@@ -379,9 +380,9 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
 
 /* build a named schedule; see header */
 int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen) {
-    if (s == NULL) { set_err(err, errlen, "sched_build: NULL output"); return -1; }
+    if (s == NULL) { set_err(err, errlen, "sched_build: NULL output"); return PL_EINVAL; }
     memset(s, 0, sizeof(*s));
-    if (name == NULL) { set_err(err, errlen, "sched_build: no schedule name"); return -1; }
+    if (name == NULL) { set_err(err, errlen, "sched_build: no schedule name"); return PL_EINVAL; }
     int k = 0;
     while (k < NKNOWN && strcmp(name, known[k].name) != 0) k++;
     if (k == NKNOWN) {
@@ -391,32 +392,32 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
         else
             set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1; with chunks "
                     "per rank interleaved-1f1b, looped-bfs or interleaved-zb)", name);
-        return -1;
+        return PL_EINVAL;
     }
-    if (P < 1) { set_err(err, errlen, "sched_build: need at least 1 stage, got P=%d", P); return -1; }
-    if (M < 1) { set_err(err, errlen, "sched_build: need at least 1 micro-batch, got M=%d", M); return -1; }
-    if (V < 1) { set_err(err, errlen, "sched_build: need at least 1 chunk per rank, got V=%d", V); return -1; }
+    if (P < 1) { set_err(err, errlen, "sched_build: need at least 1 stage, got P=%d", P); return PL_EINVAL; }
+    if (M < 1) { set_err(err, errlen, "sched_build: need at least 1 micro-batch, got M=%d", M); return PL_EINVAL; }
+    if (V < 1) { set_err(err, errlen, "sched_build: need at least 1 chunk per rank, got V=%d", V); return PL_EINVAL; }
     if (M > (1 << 24) || P > (1 << 16) || V > (1 << 10) || (long)P * V > (1 << 16)) {
         set_err(err, errlen, "sched_build: P=%d V=%d M=%d too large", P, V, M);
-        return -1;
+        return PL_EINVAL;
     }
     if (V > 1 && !known[k].chunks) {
         set_err(err, errlen, "sched_build: %s runs one chunk per rank, got %d chunks per rank (the schedules that "
                 "take chunks: interleaved-1f1b, looped-bfs, interleaved-zb)", name, V);
-        return -1;
+        return PL_EINVAL;
     }
     int G = interleave_group(P, M);
-    if (sched_alloc(s, name, P, V, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return -1; }
+    if (sched_alloc(s, name, P, V, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return PL_ENOMEM; }
     // at most 7 actions per micro-batch per chunk: F, I and W (or B), four comm actions
     for (int r = 0; r < P; r++) {
         s->acts[r] = malloc((size_t)M * (size_t)V * 7 * sizeof(sched_action));
         if (s->acts[r] == NULL) {
             sched_free(s);
             set_err(err, errlen, "sched_build: out of memory");
-            return -1;
+            return PL_ENOMEM;
         }
     }
-    int rc = 0;
+    int rc = PL_OK;
     /* with one chunk the chunked schedules are the plain ones they generalise */
     if (strcmp(name, "gpipe") == 0 || (V == 1 && strcmp(name, "looped-bfs") == 0)) gen_gpipe(s);
     else if (strcmp(name, "1f1b") == 0 || (V == 1 && strcmp(name, "interleaved-1f1b") == 0)) gen_1f1b(s);
@@ -424,13 +425,13 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
     else if (strcmp(name, "looped-bfs") == 0) gen_looped_bfs(s);
     else if (strcmp(name, "interleaved-1f1b") == 0) gen_interleaved(s, G);
     else rc = gen_interleaved_zb(s, G);
-    if (rc != 0) {
+    if (rc != PL_OK) {
         sched_free(s);
-        if (rc == -1) set_err(err, errlen, "sched_build: out of memory");
+        if (rc == PL_ENOMEM) set_err(err, errlen, "sched_build: out of memory");
         else set_err(err, errlen, "sched_build: %s P=%d V=%d M=%d stalls (no rank can move); report it", name, P, V, M);
-        return -1;
+        return rc;
     }
-    return 0;
+    return PL_OK;
 }
 
 /* free the per-rank lists and reset the struct */
@@ -454,11 +455,11 @@ const char *sched_op_str(sched_op op) {
 
 /* "{stage}{op}{mb}", the torch _Action repr */
 int sched_action_format(const sched_action *a, char *buf, size_t len) {
-    if (a == NULL || buf == NULL || len == 0) return -1;
-    if (!op_valid((int)a->op) || a->stage < 0 || a->mb < 0) { buf[0] = '\0'; return -1; }
+    if (a == NULL || buf == NULL || len == 0) return PL_EINVAL;
+    if (!op_valid((int)a->op) || a->stage < 0 || a->mb < 0) { buf[0] = '\0'; return PL_EINVAL; }
     int k = snprintf(buf, len, "%d%s%d", a->stage, op_names[a->op], a->mb);
-    if (k < 0 || (size_t)k >= len) { buf[0] = '\0'; return -1; }
-    return 0;
+    if (k < 0 || (size_t)k >= len) { buf[0] = '\0'; return PL_EINVAL; }
+    return PL_OK;
 }
 
 /* read a run of at most 9 decimal digits (so no int overflow); returns the
@@ -477,10 +478,10 @@ static int read_uint(const char *p, int *val) {
 /* parse exactly one action string; the longest op name that matches wins
    (so "SEND_F" is never mistaken for something shorter) */
 int sched_action_parse(const char *str, sched_action *a) {
-    if (str == NULL || a == NULL) return -1;
+    if (str == NULL || a == NULL) return PL_EINVAL;
     int stage, mb;
     int k = read_uint(str, &stage);
-    if (k == 0) return -1;
+    if (k == 0) return PL_EINVAL;
     const char *p = str + k;
     int best = -1;
     size_t best_len = 0;
@@ -488,15 +489,15 @@ int sched_action_parse(const char *str, sched_action *a) {
         size_t l = strlen(op_names[op]);
         if (strncmp(p, op_names[op], l) == 0 && l > best_len) { best = op; best_len = l; }
     }
-    if (best < 0) return -1;
+    if (best < 0) return PL_EINVAL;
     p += best_len;
     k = read_uint(p, &mb);
-    if (k == 0) return -1;
-    if (p[k] != '\0') return -1;
+    if (k == 0) return PL_EINVAL;
+    if (p[k] != '\0') return PL_EINVAL;
     a->op = (sched_op)best;
     a->stage = stage;
     a->mb = mb;
-    return 0;
+    return PL_OK;
 }
 
 // ----------------------------------------------------------------------------
@@ -504,14 +505,14 @@ int sched_action_parse(const char *str, sched_action *a) {
 
 /* one row per rank, comma separated, '\n' terminated */
 int sched_write_csv(const sched *s, FILE *f) {
-    if (s == NULL || f == NULL || s->n == NULL || s->acts == NULL) return -1;
+    if (s == NULL || f == NULL || s->n == NULL || s->acts == NULL) return PL_EINVAL;
     char buf[64];
     for (int r = 0; r < s->P; r++) {
         for (int i = 0; i < s->n[r]; i++) {
-            if (sched_action_format(&s->acts[r][i], buf, sizeof(buf)) != 0) return -1;
-            if (fprintf(f, "%s%s", i ? "," : "", buf) < 0) return -1;
+            if (sched_action_format(&s->acts[r][i], buf, sizeof(buf)) != 0) return PL_EINVAL;
+            if (fprintf(f, "%s%s", i ? "," : "", buf) < 0) return PL_EIO;
         }
-        if (fputc('\n', f) == EOF) return -1;
+        if (fputc('\n', f) == EOF) return PL_EIO;
     }
     return ferror(f) ? -1 : 0;
 }
@@ -550,7 +551,7 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
     int cap = 1;
     for (char *p = line; *p; p++) if (*p == ',') cap++;
     sched_action *acts = malloc((size_t)cap * sizeof(sched_action));
-    if (acts == NULL) { set_err(err, errlen, "sched_read_csv: out of memory"); return -1; }
+    if (acts == NULL) { set_err(err, errlen, "sched_read_csv: out of memory"); return PL_ENOMEM; }
     int n = 0, col = 0;
     char *cell = line;
     for (;;) {
@@ -565,7 +566,7 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
                 set_err(err, errlen, "sched_read_csv: row %d (rank %d), column %d: cannot parse action '%s'",
                         row + 1, row, col + 1, cell);
                 free(acts);
-                return -1;
+                return PL_EINVAL;
             }
             n++;
         }
@@ -575,22 +576,22 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
     }
     *out = acts;
     *nout = n;
-    return 0;
+    return PL_OK;
 }
 
 /* read torch-style CSV: P = rows, M = largest mb + 1, V = (largest stage + 1) / P when the
    stages go beyond the rows (else 1, and any stage missing is the validator's to name) */
 int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen) {
-    if (s == NULL) { set_err(err, errlen, "sched_read_csv: NULL output"); return -1; }
+    if (s == NULL) { set_err(err, errlen, "sched_read_csv: NULL output"); return PL_EINVAL; }
     memset(s, 0, sizeof(*s));
-    if (f == NULL) { set_err(err, errlen, "sched_read_csv: NULL file"); return -1; }
+    if (f == NULL) { set_err(err, errlen, "sched_read_csv: NULL file"); return PL_EINVAL; }
     char *line = NULL;
     size_t cap = 0;
     int rows_cap = 0, rc = 0;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "csv");
     for (;;) {
         int got = read_line(f, &line, &cap);
-        if (got < 0) { set_err(err, errlen, "sched_read_csv: out of memory"); rc = -1; break; }
+        if (got < 0) { set_err(err, errlen, "sched_read_csv: out of memory"); rc = PL_ENOMEM; break; }
         if (got == 0) break;
         if (s->P == rows_cap) {
             int nc = rows_cap ? rows_cap * 2 : 8;
@@ -598,16 +599,20 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
             if (nn) s->n = nn;
             sched_action **na = realloc(s->acts, (size_t)nc * sizeof(sched_action *));
             if (na) s->acts = na;
-            if (nn == NULL || na == NULL) { set_err(err, errlen, "sched_read_csv: out of memory"); rc = -1; break; }
+            if (nn == NULL || na == NULL) {
+                set_err(err, errlen, "sched_read_csv: out of memory");
+                rc = PL_ENOMEM;
+                break;
+            }
             rows_cap = nc;
         }
-        if (parse_row(line, s->P, &s->acts[s->P], &s->n[s->P], err, errlen) != 0) { rc = -1; break; }
+        if (parse_row(line, s->P, &s->acts[s->P], &s->n[s->P], err, errlen) != 0) { rc = PL_EINVAL; break; }
         s->P++;
     }
     free(line);
-    if (rc == 0 && ferror(f)) { set_err(err, errlen, "sched_read_csv: read error"); rc = -1; }
-    if (rc == 0 && s->P == 0) { set_err(err, errlen, "sched_read_csv: empty file (no rows)"); rc = -1; }
-    if (rc == 0) {
+    if (rc == PL_OK && ferror(f)) { set_err(err, errlen, "sched_read_csv: read error"); rc = PL_EIO; }
+    if (rc == PL_OK && s->P == 0) { set_err(err, errlen, "sched_read_csv: empty file (no rows)"); rc = PL_EINVAL; }
+    if (rc == PL_OK) {
         int maxmb = -1, maxst = -1;
         for (int r = 0; r < s->P; r++)
             for (int i = 0; i < s->n[r]; i++) {
@@ -618,12 +623,12 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
         for (int r = 0; r < s->P; r++) total += (size_t)s->n[r];
         /* stages beyond the rows are chunks: S = maxst + 1 stages, V = S / P per row */
         size_t S = maxst >= s->P ? (size_t)maxst + 1 : (size_t)s->P;
-        if (maxmb < 0) { set_err(err, errlen, "sched_read_csv: no actions in any row"); rc = -1; }
+        if (maxmb < 0) { set_err(err, errlen, "sched_read_csv: no actions in any row"); rc = PL_EINVAL; }
         else if (S % (size_t)s->P != 0) {
             set_err(err, errlen, "sched_read_csv: stages 0..%d (%zu) on %d rows: with several chunks per rank "
                     "the stage count must be a multiple of the row count (stage s runs on row s mod %d)",
                     maxst, S, s->P, s->P);
-            rc = -1;
+            rc = PL_EINVAL;
         }
         /* a schedule holds an F and a B of every micro-batch on every stage: refuse an M (or S)
            that no file this size can hold before anything sizes S x M tables by it (fuzz: big-mb) */
@@ -634,14 +639,14 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
             else
                 set_err(err, errlen, "sched_read_csv: micro-batch %d on %zu stages (%d rows) needs at least %zu "
                         "actions, the file has %zu", maxmb, S, s->P, S * ((size_t)maxmb + 1), total);
-            rc = -1;
+            rc = PL_EINVAL;
         }
         else {
             s->M = maxmb + 1;
             s->V = (int)(S / (size_t)s->P);
         }
     }
-    if (rc != 0) sched_free(s);
+    if (rc != PL_OK) sched_free(s);
     return rc;
 }
 
@@ -665,27 +670,27 @@ static int check_actions(const sched *s, char *err, size_t errlen) {
             const sched_action *a = &s->acts[r][i];
             if (!op_valid((int)a->op)) {
                 set_err(err, errlen, "rank %d, action #%d: invalid op code %d", r, i, (int)a->op);
-                return -1;
+                return PL_EINVAL;
             }
             if (a->stage < 0 || a->stage >= S) {
                 set_err(err, errlen, "rank %d, action #%d (%s): stage %d out of range 0..%d",
                         r, i, act_str(a, b, sizeof(b)), a->stage, S - 1);
-                return -1;
+                return PL_EINVAL;
             }
             if (a->mb < 0 || a->mb >= s->M) {
                 set_err(err, errlen, "rank %d, action #%d (%s): micro-batch %d out of range 0..%d",
                         r, i, act_str(a, b, sizeof(b)), a->mb, s->M - 1);
-                return -1;
+                return PL_EINVAL;
             }
             int peer = peer_stage(a);
             if (!is_compute(a->op) && (peer < 0 || peer >= S)) {
                 set_err(err, errlen, "rank %d, action #%d (%s): has no partner, stage %d is the %s stage",
                         r, i, act_str(a, b, sizeof(b)), a->stage, peer < 0 ? "first" : "last");
-                return -1;
+                return PL_EINVAL;
             }
         }
     }
-    return 0;
+    return PL_OK;
 }
 
 /* unit-cost dry run; see header. Each rank keeps its own clock; a SEND
@@ -693,33 +698,11 @@ static int check_actions(const sched *s, char *err, size_t errlen) {
    that stamp exists and moves the receiver's clock up to it. Ranks are
    swept repeatedly until nobody can move; the resulting times do not depend
    on the sweep order. */
-int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
-    if (out == NULL) { set_err(err, errlen, "sched_simulate: NULL output"); return -1; }
-    memset(out, 0, sizeof(*out));
-    if (s == NULL || s->P < 1 || s->M < 1 || s->n == NULL || s->acts == NULL) {
-        set_err(err, errlen, "sched_simulate: empty or malformed schedule");
-        return -1;
-    }
-    if ((long)s->P * nchunks(s) > (1L << 30)) {
-        set_err(err, errlen, "sched_simulate: P=%d V=%d: too many stages", s->P, s->V);
-        return -1;
-    }
-    if (check_actions(s, err, errlen) != 0) return -1;
+/* The unit-cost play: every rank runs its list in order as far as its receives allow, round
+ * after round until nothing moves; pc[r] is where rank r stopped, clock[r] its time, sent[]
+ * when each message left (-1: not yet). */
+static void sim_play(const sched *s, sched_sim *out, int *pc, int *clock, int *sent) {
     int P = s->P, M = s->M, S = sched_nstages(s);
-    out->P = P;
-    out->off = malloc((size_t)(P + 1) * sizeof(int));
-    int *pc = calloc((size_t)P, sizeof(int));
-    int *clock = calloc((size_t)P, sizeof(int));
-    int *sent = malloc(2 * (size_t)S * (size_t)M * sizeof(int));
-    if (out->off == NULL || pc == NULL || clock == NULL || sent == NULL) goto oom;
-    out->off[0] = 0;
-    for (int r = 0; r < P; r++) out->off[r + 1] = out->off[r] + s->n[r];
-    int total = out->off[P];
-    out->start = malloc((size_t)(total ? total : 1) * sizeof(int));
-    out->end = malloc((size_t)(total ? total : 1) * sizeof(int));
-    if (out->start == NULL || out->end == NULL) goto oom;
-    for (size_t k = 0; k < 2 * (size_t)S * (size_t)M; k++) sent[k] = -1;
-
     int progress = 1;
     while (progress) {
         progress = 0;
@@ -747,33 +730,68 @@ int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
             }
         }
     }
+}
 
+/* err: "deadlock:" and, for each rank that could not finish, the action it is blocked at
+ * and what it waits for. */
+static void sim_report_deadlock(const sched *s, const int *pc, char *err, size_t errlen) {
+    char b1[64], b2[64];
+    set_err(err, errlen, "deadlock:");
+    for (int r = 0; r < s->P; r++) {
+        if (pc[r] >= s->n[r]) continue;
+        const sched_action *a = &s->acts[r][pc[r]];
+        sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
+        append_err(err, errlen, " rank %d blocked at action #%d %s (waiting for %s from rank %d);",
+                   r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), want.stage % s->P);
+    }
+}
+
+/* The unit-cost simulation (sched.h): allocate, play, report a deadlock or the makespan. */
+int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen) {
+    if (out == NULL) { set_err(err, errlen, "sched_simulate: NULL output"); return PL_EINVAL; }
+    memset(out, 0, sizeof(*out));
+    if (s == NULL || s->P < 1 || s->M < 1 || s->n == NULL || s->acts == NULL) {
+        set_err(err, errlen, "sched_simulate: empty or malformed schedule");
+        return PL_EINVAL;
+    }
+    if ((long)s->P * nchunks(s) > (1L << 30)) {
+        set_err(err, errlen, "sched_simulate: P=%d V=%d: too many stages", s->P, s->V);
+        return PL_EINVAL;
+    }
+    if (check_actions(s, err, errlen) != 0) return PL_EINVAL;
+    int P = s->P, M = s->M, S = sched_nstages(s);
+    out->P = P;
+    out->off = malloc((size_t)(P + 1) * sizeof(int));
+    int *pc = calloc((size_t)P, sizeof(int));
+    int *clock = calloc((size_t)P, sizeof(int));
+    int *sent = malloc(2 * (size_t)S * (size_t)M * sizeof(int));
+    if (out->off == NULL || pc == NULL || clock == NULL || sent == NULL) goto oom;
+    out->off[0] = 0;
+    for (int r = 0; r < P; r++) out->off[r + 1] = out->off[r] + s->n[r];
+    int total = out->off[P];
+    out->start = malloc((size_t)(total ? total : 1) * sizeof(int));
+    out->end = malloc((size_t)(total ? total : 1) * sizeof(int));
+    if (out->start == NULL || out->end == NULL) goto oom;
+    for (size_t k = 0; k < 2 * (size_t)S * (size_t)M; k++) sent[k] = -1;
+    sim_play(s, out, pc, clock, sent);
     int stuck = 0;
     for (int r = 0; r < P; r++) if (pc[r] < s->n[r]) stuck = 1;
     if (stuck) {
-        char b1[64], b2[64];
-        set_err(err, errlen, "deadlock:");
-        for (int r = 0; r < P; r++) {
-            if (pc[r] >= s->n[r]) continue;
-            const sched_action *a = &s->acts[r][pc[r]];
-            sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
-            append_err(err, errlen, " rank %d blocked at action #%d %s (waiting for %s from rank %d);",
-                       r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), want.stage % P);
-        }
+        sim_report_deadlock(s, pc, err, errlen);
         free(pc); free(clock); free(sent);
         sched_sim_free(out);
-        return -1;
+        return PL_EINVAL;
     }
     for (int r = 0; r < P; r++) if (clock[r] > out->makespan) out->makespan = clock[r];
     out->bubble = out->makespan > 0 ? 1.0 - (double)out->busy / ((double)P * out->makespan) : 0.0;
     free(pc); free(clock); free(sent);
-    return 0;
+    return PL_OK;
 
 oom:
     free(pc); free(clock); free(sent);
     sched_sim_free(out);
     set_err(err, errlen, "sched_simulate: out of memory");
-    return -1;
+    return PL_ENOMEM;
 }
 
 /* free simulation arrays and reset */
@@ -811,7 +829,7 @@ static int validate_positions(const sched *s, int *pos, char *err, size_t errlen
                         "on rank s mod %d: rank %d runs stages %d, %d, ..., %d)", r, i,
                         act_str(&s->acts[r][i], b1, sizeof(b1)), st, st % s->P, s->P, r, r, r + s->P,
                         r + (V - 1) * s->P);
-            return -1;
+            return PL_EINVAL;
         }
     for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
@@ -819,11 +837,11 @@ static int validate_positions(const sched *s, int *pos, char *err, size_t errlen
             if (POS(a->stage, a->op, a->mb) >= 0) {
                 set_err(err, errlen, "rank %d, action #%d (%s): duplicate of action #%d",
                         r, i, act_str(a, b1, sizeof(b1)), POS(a->stage, a->op, a->mb));
-                return -1;
+                return PL_EINVAL;
             }
             POS(a->stage, a->op, a->mb) = i;
         }
-    return 0;
+    return PL_OK;
 }
 
 /* 2. Every SEND meets its RECV on the peer stage's rank and vice versa: SEND_F of stage s
@@ -840,10 +858,10 @@ static int validate_pairs(const sched *s, const int *pos, char *err, size_t errl
                 set_err(err, errlen, "rank %d, action #%d (%s): no matching %s on the peer (%s is missing from rank %d)",
                         r, i, act_str(a, b1, sizeof(b1)), is_send ? "RECV" : "SEND",
                         act_str(&want, b2, sizeof(b2)), want.stage % s->P);
-                return -1;
+                return PL_EINVAL;
             }
         }
-    return 0;
+    return PL_OK;
 }
 
 /* 3. On global stage st (rank st % P), micro-batch mb: one F and one B (or I and W), F before
@@ -857,18 +875,18 @@ static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err
     if (pf < 0 || (pb < 0 && pi < 0 && pw < 0)) {
         set_err(err, errlen, "rank %d: missing %s (every micro-batch needs one %s on every stage)", r,
                 act_str(pf < 0 ? &f : &bw, b1, sizeof(b1)), pf < 0 ? "forward" : "backward (B, or I and W)");
-        return -1;
+        return PL_EINVAL;
     }
     if (pb >= 0 && (pi >= 0 || pw >= 0)) {
         set_err(err, errlen, "rank %d, action #%d (%s): micro-batch %d has both a B and an %s (a backward is "
                 "one B, or an I and a W)", r, pb, act_str(&bw, b1, sizeof(b1)), mb, pi >= 0 ? "I" : "W");
-        return -1;
+        return PL_EINVAL;
     }
     if (pb < 0 && (pi < 0 || pw < 0)) {
         set_err(err, errlen, "rank %d: missing %s (%s of micro-batch %d has no %s)", r,
                 act_str(pi < 0 ? &in : &wt, b1, sizeof(b1)), pi < 0 ? "the W" : "the I", mb,
                 pi < 0 ? "input part" : "weight part");
-        return -1;
+        return PL_EINVAL;
     }
     /* the input side of the backward (B or I) */
     const sched_action *bin = pb >= 0 ? &bw : &in;
@@ -876,12 +894,12 @@ static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err
     if (pin < pf) {
         set_err(err, errlen, "rank %d, action #%d (%s): backward before forward (%s is action #%d)",
                 r, pin, act_str(bin, b1, sizeof(b1)), act_str(&f, b2, sizeof(b2)), pf);
-        return -1;
+        return PL_EINVAL;
     }
     if (pb < 0 && pw < pi) {
         set_err(err, errlen, "rank %d, action #%d (%s): weight part before its input part (%s is action #%d)",
                 r, pw, act_str(&wt, b1, sizeof(b1)), act_str(&in, b2, sizeof(b2)), pi);
-        return -1;
+        return PL_EINVAL;
     }
     /* required comm actions and the compute they must precede/follow */
     struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
@@ -898,17 +916,17 @@ static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err
         int pc = POS(st, req[q].op, mb), pcomp = POS(st, req[q].c->op, mb);
         if (pc < 0) {
             set_err(err, errlen, "rank %d: missing %s (%s)", r, act_str(&c, b1, sizeof(b1)), req[q].what);
-            return -1;
+            return PL_EINVAL;
         }
         if (req[q].before ? pc > pcomp : pc < pcomp) {
             sched_action early = req[q].before ? *req[q].c : c, late = req[q].before ? c : *req[q].c;
             int pe = req[q].before ? pcomp : pc, pl = req[q].before ? pc : pcomp;
             set_err(err, errlen, "rank %d, action #%d (%s): wrong order, comes before %s (action #%d); %s",
                     r, pe, act_str(&early, b1, sizeof(b1)), act_str(&late, b2, sizeof(b2)), pl, req[q].what);
-            return -1;
+            return PL_EINVAL;
         }
     }
-    return 0;
+    return PL_OK;
 }
 
 /* 4. The gradient accumulators: each stage's weight gradients are sums over micro-batches,
@@ -933,20 +951,20 @@ static int validate_accum_order(const sched *s, const int *pos, char *err, size_
                         act_str(&a, b1, sizeof(b1)), act_str(&prev, b2, sizeof(b2)), POS(st, pop, mb - 1),
                         k == 0 ? "backwards (B or W)" : "the last stage's forwards (they run the LM head's backward)",
                         nchunks(s) > 1 ? " on each stage" : "");
-                return -1;
+                return PL_EINVAL;
             }
         }
-    return 0;
+    return PL_OK;
 }
 #undef POS
 
 /* Sections 1-4 over the position table. */
 static int validate_table(const sched *s, int *pos, char *err, size_t errlen) {
-    if (validate_positions(s, pos, err, errlen) != 0 || validate_pairs(s, pos, err, errlen) != 0) return -1;
+    if (validate_positions(s, pos, err, errlen) != 0 || validate_pairs(s, pos, err, errlen) != 0) return PL_EINVAL;
     int S = sched_nstages(s);
     for (int st = 0; st < S; st++)
         for (int mb = 0; mb < s->M; mb++)
-            if (validate_mb(s, pos, st, mb, err, errlen) != 0) return -1;
+            if (validate_mb(s, pos, st, mb, err, errlen) != 0) return PL_EINVAL;
     return validate_accum_order(s, pos, err, errlen);
 }
 
@@ -954,30 +972,30 @@ static int validate_table(const sched *s, int *pos, char *err, size_t errlen) {
 int sched_validate(const sched *s, char *err, size_t errlen) {
     if (s == NULL || s->n == NULL || s->acts == NULL) {
         set_err(err, errlen, "invalid schedule: empty");
-        return -1;
+        return PL_EINVAL;
     }
     if (s->P < 1 || s->M < 1) {
         set_err(err, errlen, "invalid schedule: P=%d M=%d (both must be >= 1)", s->P, s->M);
-        return -1;
+        return PL_EINVAL;
     }
     if ((long)s->P * nchunks(s) > (1L << 30)) {
         set_err(err, errlen, "invalid schedule: P=%d V=%d: too many stages", s->P, s->V);
-        return -1;
+        return PL_EINVAL;
     }
     /* ranges and partner existence first, so the table below is indexed in range */
-    if (check_actions(s, err, errlen) != 0) return -1;
+    if (check_actions(s, err, errlen) != 0) return PL_EINVAL;
     size_t npos = (size_t)sched_nstages(s) * SCHED_NOPS * (size_t)s->M;
     int *pos = malloc(npos * sizeof(int));
-    if (pos == NULL) { set_err(err, errlen, "sched_validate: out of memory"); return -1; }
+    if (pos == NULL) { set_err(err, errlen, "sched_validate: out of memory"); return PL_ENOMEM; }
     for (size_t k = 0; k < npos; k++) pos[k] = -1;
     int rc = validate_table(s, pos, err, errlen);
     free(pos);
-    if (rc != 0) return -1;
+    if (rc != PL_OK) return rc;
     /* 5. deadlock freedom: blocking RECV, non-blocking SEND */
     sched_sim sim;
-    if (sched_simulate(s, &sim, err, errlen) != 0) return -1;
+    if ((rc = sched_simulate(s, &sim, err, errlen)) != PL_OK) return rc;
     sched_sim_free(&sim);
-    return 0;
+    return PL_OK;
 }
 
 // ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/common.h"
 #include "pipelm/sched_cost.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...) {
@@ -27,8 +28,8 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->w = calloc((size_t)P, sizeof(double));
     c->opt = calloc((size_t)P, sizeof(double));
     c->act = calloc((size_t)P, sizeof(double));
-    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act) { sched_costs_free(c); return -1; }
-    return 0;
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act) { sched_costs_free(c); return PL_ENOMEM; }
+    return PL_OK;
 }
 
 void sched_costs_free(sched_costs *c) {
@@ -65,7 +66,7 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
     long s = tok ? strtol(tok, &end, 10) : -1;
     if (!tok || *end || s < 0 || s >= c->P) {
         set_err(err, errlen, "costs line %d: stage number missing or outside 0..%d", line, c->P - 1);
-        return -1;
+        return PL_EINVAL;
     }
     while ((tok = strtok(NULL, " \t")) != NULL) {
         char *val = strtok(NULL, " \t");
@@ -75,11 +76,11 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
         if (!dst || !val || parse_cost(val, &v) != 0) {
             set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes), got '%s %s'",
                     line, tok, val ? val : "");
-            return -1;
+            return PL_EINVAL;
         }
         dst[s] = v;
     }
-    return 0;
+    return PL_OK;
 }
 
 int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
@@ -100,7 +101,7 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
         if (!strcmp(key, "stages")) {
             P = atoi(rest);
             if (P < 1 || P > (1 << 16) || c->P) { set_err(err, errlen, "costs line %d: bad or repeated 'stages'", line); goto bad; }
-            if (sched_costs_alloc(c, P) != 0) { set_err(err, errlen, "out of memory"); return -1; }
+            if (sched_costs_alloc(c, P) != 0) { set_err(err, errlen, "out of memory"); return PL_ENOMEM; }
         } else if (!strcmp(key, "stage")) {
             if (!c->P) { set_err(err, errlen, "costs line %d: 'stage' before 'stages'", line); goto bad; }
             if (parse_stage(c, rest, line, err, errlen) != 0) goto bad;
@@ -114,7 +115,7 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
             goto bad;
         }
     }
-    if (!c->P) { set_err(err, errlen, "costs: no 'stages' line"); return -1; }
+    if (!c->P) { set_err(err, errlen, "costs: no 'stages' line"); return PL_EINVAL; }
     c->msg_bytes = msg;
     c->latency_s = lat;
     c->bytes_per_s = bw;
@@ -123,10 +124,10 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
         if (c->i[s] == 0) c->i[s] = c->b[s] / 2;
         if (c->w[s] == 0) c->w[s] = c->b[s] / 2;
     }
-    return 0;
+    return PL_OK;
 bad:
     sched_costs_free(c);
-    return -1;
+    return PL_EINVAL;
 }
 
 void sched_pred_free(sched_pred *p) {
@@ -160,37 +161,12 @@ static double action_cost(const sched_costs *c, int S, const sched_action *a) {
     }
 }
 
-/* As sched_simulate, with seconds: each rank keeps its clock, a SEND stamps its message with
- * its arrival time (send time + transfer), a RECV waits for the stamp. Sweeps until no rank
- * can move; the times do not depend on the sweep order. Messages are indexed by the global
- * stage that sent them; a rank's optimizer step is the sum over its chunks. */
-int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
-    int S = s && (long)s->P * (s->V > 1 ? s->V : 1) <= (1L << 30) ? sched_nstages(s) : -1;
-    if (!s || !c || (c->P != S && c->P != s->P)) {
-        if (s && s->V > 1)
-            set_err(err, errlen, "costs are for %d stages, the schedule has %d ranks x %d chunks = %d stages "
-                    "(a costs file has one line per stage, or one per rank measured with one chunk, then scaled)",
-                    c ? c->P : 0, s->P, s->V, S);
-        else
-            set_err(err, errlen, "costs are for %d stages, the schedule has %d", c ? c->P : 0, s ? s->P : 0);
-        return -1;
-    }
+/* The play with measured costs: every rank runs its list as far as its receives allow, a
+ * message arriving xfer seconds after its send; pc, clock and arrive as sched_predict sets
+ * them up, busy_s and wait_s accumulated into out. */
+static void predict_play(const sched *s, const sched_costs *c, int S, double xfer, int *pc, double *clock,
+                         double *arrive, sched_pred *out) {
     int P = s->P, M = s->M;
-    double xfer = c->latency_s + (c->bytes_per_s > 0 ? c->msg_bytes / c->bytes_per_s : 0.0);
-    int *pc = calloc((size_t)P, sizeof(int));
-    double *clock = calloc((size_t)P, sizeof(double)), *arrive = malloc(2 * sizeof(double) * (size_t)S * M);
-    out->P = P;
-    out->busy_s = calloc((size_t)P, sizeof(double));
-    out->wait_s = calloc((size_t)P, sizeof(double));
-    out->act_peak = calloc((size_t)P, sizeof(double));
-    if (!pc || !clock || !arrive || !out->busy_s || !out->wait_s || !out->act_peak) {
-        free(pc); free(clock); free(arrive);
-        sched_pred_free(out);
-        set_err(err, errlen, "sched_predict: out of memory");
-        return -1;
-    }
-    for (size_t k = 0; k < 2 * (size_t)S * M; k++) arrive[k] = -1;
 #define MSG(kind, stage, mb) arrive[((size_t)(kind) * S + (size_t)(stage)) * M + (size_t)(mb)]
     for (int progress = 1; progress;) {
         progress = 0;
@@ -214,6 +190,63 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
             }
     }
 #undef MSG
+}
+
+/* The step (the pipeline and the slowest rank's optimizer steps) and each rank's peak
+ * activation bytes: its own F takes a micro-batch's slot, its B or W frees it, so the peak is
+ * a walk over its own list. */
+static void predict_opt_and_memory(const sched *s, const sched_costs *c, int S, sched_pred *out) {
+    int P = s->P;
+    double opt = 0;
+    for (int r = 0; r < P; r++) {
+        double o = 0;
+        for (int st = r; st < S; st += P) o += stage_cost(c, S, st, 4);
+        opt = o > opt ? o : opt;
+    }
+    out->step_s = out->makespan_s + opt;
+    for (int r = 0; r < P; r++) {
+        double held = 0;
+        for (int i = 0; i < s->n[r]; i++) {
+            const sched_action *a = &s->acts[r][i];
+            if (a->op == SCHED_F) held += stage_cost(c, S, a->stage, 5);
+            else if (a->op == SCHED_B || a->op == SCHED_W) held -= stage_cost(c, S, a->stage, 5);
+            if (held > out->act_peak[r]) out->act_peak[r] = held;
+        }
+    }
+}
+
+/* As sched_simulate, with seconds: each rank keeps its clock, a SEND stamps its message with
+ * its arrival time (send time + transfer), a RECV waits for the stamp. Sweeps until no rank
+ * can move; the times do not depend on the sweep order. Messages are indexed by the global
+ * stage that sent them; a rank's optimizer step is the sum over its chunks. */
+int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    int S = s && (long)s->P * (s->V > 1 ? s->V : 1) <= (1L << 30) ? sched_nstages(s) : -1;
+    if (!s || !c || (c->P != S && c->P != s->P)) {
+        if (s && s->V > 1)
+            set_err(err, errlen, "costs are for %d stages, the schedule has %d ranks x %d chunks = %d stages "
+                    "(a costs file has one line per stage, or one per rank measured with one chunk, then scaled)",
+                    c ? c->P : 0, s->P, s->V, S);
+        else
+            set_err(err, errlen, "costs are for %d stages, the schedule has %d", c ? c->P : 0, s ? s->P : 0);
+        return PL_EINVAL;
+    }
+    int P = s->P, M = s->M;
+    double xfer = c->latency_s + (c->bytes_per_s > 0 ? c->msg_bytes / c->bytes_per_s : 0.0);
+    int *pc = calloc((size_t)P, sizeof(int));
+    double *clock = calloc((size_t)P, sizeof(double)), *arrive = malloc(2 * sizeof(double) * (size_t)S * M);
+    out->P = P;
+    out->busy_s = calloc((size_t)P, sizeof(double));
+    out->wait_s = calloc((size_t)P, sizeof(double));
+    out->act_peak = calloc((size_t)P, sizeof(double));
+    if (!pc || !clock || !arrive || !out->busy_s || !out->wait_s || !out->act_peak) {
+        free(pc); free(clock); free(arrive);
+        sched_pred_free(out);
+        set_err(err, errlen, "sched_predict: out of memory");
+        return PL_ENOMEM;
+    }
+    for (size_t k = 0; k < 2 * (size_t)S * M; k++) arrive[k] = -1;
+    predict_play(s, c, S, xfer, pc, clock, arrive, out);
     int stuck = -1;
     double busy = 0;
     for (int r = 0; r < P; r++) {
@@ -225,26 +258,9 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
     if (stuck >= 0) {
         set_err(err, errlen, "the schedule deadlocks (rank %d cannot finish): validate it first", stuck);
         sched_pred_free(out);
-        return -1;
+        return PL_EINVAL;
     }
     out->bubble = out->makespan_s > 0 ? 1.0 - busy / (P * out->makespan_s) : 0.0;
-    double opt = 0;
-    for (int r = 0; r < P; r++) {
-        double o = 0;
-        for (int st = r; st < S; st += P) o += stage_cost(c, S, st, 4);
-        opt = o > opt ? o : opt;
-    }
-    out->step_s = out->makespan_s + opt;
-    /* activations: a rank's own F takes a micro-batch's slot, its B or W frees it, so the peak
-     * is a walk over its own list */
-    for (int r = 0; r < P; r++) {
-        double held = 0;
-        for (int i = 0; i < s->n[r]; i++) {
-            const sched_action *a = &s->acts[r][i];
-            if (a->op == SCHED_F) held += stage_cost(c, S, a->stage, 5);
-            else if (a->op == SCHED_B || a->op == SCHED_W) held -= stage_cost(c, S, a->stage, 5);
-            if (held > out->act_peak[r]) out->act_peak[r] = held;
-        }
-    }
-    return 0;
+    predict_opt_and_memory(s, c, S, out);
+    return PL_OK;
 }

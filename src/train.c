@@ -32,17 +32,8 @@
 #include "pipelm/run.h"
 #include "pipelm/train.h"
 
-/* The optimizer's settings from the command line. */
-static optim_hparams hparams_of(const pl_options *o) {
-    optim_hparams h = {o->lr, o->min_lr, o->warmup_steps, o->steps, strcmp(o->lr_schedule, "constant") != 0,
-                       o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip};
-    return h;
-}
-
-double train_lr(const pl_options *o, int step) {
-    optim_hparams h = hparams_of(o);
-    return optim_lr(&h, step);
-}
+/* The learning rate of a step: the optimizer's schedule over the run's hyper-parameters. */
+double train_lr(const pl_options *o, int step) { return optim_lr(&o->hp, step); }
 
 /* All ranks agree on a status: the worst code wins; rank 0 says who failed. */
 static int agree(run *R, int rc, const char *phase) {
@@ -207,7 +198,7 @@ static int choose_schedule(run *R, char *err, size_t errlen) {
         PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
         int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
         fclose(f);
-        PL_TRY(rc ? PL_EINVAL : PL_OK);
+        PL_TRY(rc);
         if (R->sc.P != R->P) {
             snprintf(err, errlen, "schedule file %.512s has %d rows (ranks) but the job has %d pipeline ranks",
                      o->schedule_csv, R->sc.P, R->P);
@@ -224,10 +215,10 @@ static int choose_schedule(run *R, char *err, size_t errlen) {
             return PL_EINVAL;
         }
         V = R->sc.V > 1 ? R->sc.V : 1;
-    } else if (sched_build_chunks(o->schedule, R->P, V, R->M, &R->sc, err, errlen) != 0) {
-        return PL_EINVAL;
+    } else {
+        PL_TRY(sched_build_chunks(o->schedule, R->P, V, R->M, &R->sc, err, errlen));
     }
-    if (sched_validate(&R->sc, err, errlen) != 0) return PL_EINVAL;
+    PL_TRY(sched_validate(&R->sc, err, errlen));
     if (V > 1 && R->P < 2) {
         snprintf(err, errlen, "%d chunks per rank on one pipeline rank: virtual stages need at least 2 pipeline "
                  "ranks (on one they would only send to themselves; run --chunks-per-rank 1)", V);
@@ -307,12 +298,11 @@ static int setup(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
     }
-    optim_hparams h = hparams_of(o);
-    PL_TRY(optim_init(&R->opt, &R->st, &h, err, errlen));
+    PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen));
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
-    R->eng.fail_rank = o->fail_rank == R->wrank ? R->rank : -1; /* --fail-rank names a world rank */
-    R->eng.fail_step = o->fail_step;
-    R->eng.fail_during = strcmp(o->fail_at, "during") == 0;
+    /* --fail-rank names a world rank */
+    engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
+                      strcmp(o->fail_at, "during") == 0);
     /* data: the first stage (rank 0) needs inputs, the last (rank P - 1) the targets */
     if (R->rank == 0 || R->rank == R->P - 1) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
@@ -454,7 +444,11 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
  * ranks yield their core (R->polite) and the user is told. */
 static int set_threads(run *R) {
     PL_TRY(layout_choose(&R->lay, R->world, R->o->threads, R->o->bind));
-    backend_cpu.set_threads(R->lay.threads); /* the backend chosen later is set up with the same */
+    /* the backend chosen later is set up with the same */
+    if (backend_cpu.set_threads(R->lay.threads) != PL_OK) {
+        pl_error("backend cpu: setting %d threads failed", R->lay.threads);
+        return PL_EBACKEND;
+    }
     R->polite = R->lay.oversubscribed;
     if (R->polite)
         pl_info("note: %d rank%s x %d thread%s on %d CPUs oversubscribe them: expect slow steps "
@@ -493,8 +487,7 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
             pl_error("backend %s: zeroing the gradients: %s", R->st.be->name, stage_error(&R->stv[c]));
             return PL_EBACKEND;
         }
-    R->eng.t_fwd = R->eng.t_bwd = R->eng.t_wait = 0;
-    R->eng.first_bad_fwd = -1;
+    engine_begin_step(&R->eng);
     double loss_sum = 0.0;
     float dloss = (float)(1.0 / ((double)R->Bg * R->T));
     PL_TRY(engine_step(&R->eng, step, R->inputs, R->targets, dloss, &loss_sum));
@@ -534,8 +527,9 @@ static int before_loop(run *R, int *first_step) {
     *first_step = 1;
     if (o->resume[0]) PL_TRY(train_resume_checkpoint(R, first_step));
     if (o->trace[0] && R->d == 0) { /* replica 0's pipeline: the others run the same schedule */
-        R->eng.tr = trace_open(R->comm);
-        if (!R->eng.tr) return PL_ENOMEM;
+        trace *tr = trace_open(R->comm);
+        if (!tr) return PL_ENOMEM;
+        engine_set_trace(&R->eng, tr);
     }
     return PL_OK;
 }
@@ -642,7 +636,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         int step = L->step;
         if (o->bench && step == o->warmup + 1) { /* the timed part starts now */
             memset(R->tm, 0, sizeof R->tm);
-            R->dp.t_hidden_wait = R->dp.t_gather = 0;
+            if (R->have_dp) dp_reset_timers(&R->dp);
             R->tm_steps = 0;
             backend_prof_reset();
             engine_reset_costs(&R->eng);
@@ -674,7 +668,7 @@ static int end_run(run *R, loop_state *L, int *agreed) {
     if (L->stopped)
         pl_info("rank %d received %s: stopping after step %d%s\n", L->nw.stop_rank, signals_name(L->nw.stop_sig),
                 step, o->ckpt_dir[0] ? " (checkpoint saved)" : " (no --ckpt-dir: nothing saved)");
-    if (o->bench) rc = report_bench(R, L->step_s + o->warmup + 1, o->steps);
+    if (o->bench) rc = report_bench(R, L->step_s + o->warmup + 1, o->hp.total_steps);
     else rc = R->tm_steps ? report_timers(R, step > last ? last : step) : PL_OK;
     if (rc != PL_OK) { *agreed = 0; return rc; }
     /* the results first (the final weights), the diagnostics after: a trace that cannot be
@@ -686,9 +680,9 @@ static int end_run(run *R, loop_state *L, int *agreed) {
         if (save_rc == PL_OK) pl_info("saved final weights to %s\n", o->save_final);
         else if (R->wrank == 0) pl_error("--save-final %s was not written (message above)", o->save_final);
     }
-    if (R->eng.tr) {
-        rc = trace_write(R->eng.tr, o->trace);
-        R->eng.tr = NULL;
+    trace *tr = engine_take_trace(&R->eng);
+    if (tr) {
+        rc = trace_write(tr, o->trace);
         if (rc != PL_OK) { *agreed = 0; return rc; }
     }
     int done_steps = step > last ? last : step;
@@ -716,8 +710,8 @@ static int stop_before_first_step(run *R, int first_step) {
 
 /* Free everything; after a failure the peers may be anywhere: no collective on that path. */
 static void teardown(run *R, int agreed) {
-    if (R->eng.tr) trace_discard(R->eng.tr);
-    R->eng.tr = NULL;
+    trace *tr = engine_take_trace(&R->eng);
+    if (tr) trace_discard(tr);
     metrics_close(&R->mx);
     if (R->tied != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->tied);
     if (R->have_dp) dp_free(&R->dp, agreed);
@@ -768,7 +762,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     R.first_step = L.first_step;
     if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
     if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
-    L.last_step = o->bench ? o->warmup + o->steps : o->steps;
+    L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
     L.step_s = o->bench ? calloc(L.last_step + 1, sizeof(double)) : NULL;

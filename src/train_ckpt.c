@@ -26,16 +26,7 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     m->seed = o->seed;
     m->data_seed = o->data_seed;
     snprintf(m->data, sizeof m->data, "%.500s", o->data);
-    m->lr = o->lr;
-    m->min_lr = o->min_lr;
-    m->beta1 = o->beta1;
-    m->beta2 = o->beta2;
-    m->eps = o->eps;
-    m->weight_decay = o->weight_decay;
-    m->grad_clip = o->grad_clip;
-    m->warmup_steps = o->warmup_steps;
-    m->total_steps = o->steps;
-    snprintf(m->lr_schedule, sizeof m->lr_schedule, "%s", o->lr_schedule);
+    m->hp = o->hp;
     m->batch = R->Bg; /* the global batch: the same whatever --dp */
     m->seq_len = R->T;
     m->microbatches = R->M;

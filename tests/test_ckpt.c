@@ -33,8 +33,7 @@
 #include <unistd.h>
 #include <mpi.h>
 #include <hdf5.h>
-#define PIPELM_CKPT_INTERNAL 1 /* ckpt_global_tensors */
-#include "pipelm/ckpt.h"
+#include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 #include "pipelm/crc32c.h"
 #include "pipelm/llmc.h"
@@ -155,11 +154,11 @@ static ckpt_meta sample_meta(long long step, int nstages, const int *split) {
     m.seed = 1337;
     m.data_seed = 42;
     snprintf(m.data, sizeof m.data, "markov");
-    m.lr = 3e-3; m.min_lr = 3e-4; m.beta1 = 0.9; m.beta2 = 0.95; m.eps = 1e-8; m.weight_decay = 0.1;
-    m.grad_clip = 1.0;
-    m.warmup_steps = 20;
-    m.total_steps = 400;
-    snprintf(m.lr_schedule, sizeof m.lr_schedule, "cosine");
+    m.hp.lr = 3e-3; m.hp.min_lr = 3e-4; m.hp.beta1 = 0.9; m.hp.beta2 = 0.95; m.hp.eps = 1e-8; m.hp.weight_decay = 0.1;
+    m.hp.grad_clip = 1.0;
+    m.hp.warmup_steps = 20;
+    m.hp.total_steps = 400;
+    snprintf(m.hp.lr_schedule, sizeof m.hp.lr_schedule, "cosine");
     m.batch = 16; m.seq_len = 16; m.microbatches = 4;
     snprintf(m.schedule, sizeof m.schedule, "1f1b");
     m.nstages = nstages;
@@ -175,7 +174,7 @@ static optim_hparams test_hparams(void) {
     h.min_lr = 3e-4;
     h.warmup_steps = 20;
     h.total_steps = 400;
-    h.cosine = 1;
+    snprintf(h.lr_schedule, sizeof h.lr_schedule, "cosine");
     h.beta1 = 0.9;
     h.beta2 = 0.95;
     h.eps = 1e-8;
@@ -379,11 +378,11 @@ START_TEST(test_roundtrip) {
     ck_assert_int_eq(lm.seed, 1337);
     ck_assert_int_eq(lm.data_seed, 42);
     ck_assert_str_eq(lm.data, "markov");
-    ck_assert(lm.lr == 3e-3 && lm.min_lr == 3e-4 && lm.beta1 == 0.9 && lm.beta2 == 0.95 && lm.eps == 1e-8 &&
-              lm.weight_decay == 0.1 && lm.grad_clip == 1.0);
-    ck_assert_int_eq(lm.warmup_steps, 20);
-    ck_assert_int_eq(lm.total_steps, 400);
-    ck_assert_str_eq(lm.lr_schedule, "cosine");
+    ck_assert(lm.hp.lr == 3e-3 && lm.hp.min_lr == 3e-4 && lm.hp.beta1 == 0.9 && lm.hp.beta2 == 0.95 && lm.hp.eps == 1e-8 &&
+              lm.hp.weight_decay == 0.1 && lm.hp.grad_clip == 1.0);
+    ck_assert_int_eq(lm.hp.warmup_steps, 20);
+    ck_assert_int_eq(lm.hp.total_steps, 400);
+    ck_assert_str_eq(lm.hp.lr_schedule, "cosine");
     ck_assert_int_eq(lm.batch, 16);
     ck_assert_int_eq(lm.seq_len, 16);
     ck_assert_int_eq(lm.microbatches, 4);

@@ -115,15 +115,15 @@ END_TEST
 START_TEST(test_lr_schedule) {
     pl_options o;
     config_defaults(&o);
-    o.lr = 1e-3; o.min_lr = 1e-4; o.warmup_steps = 10; o.steps = 110;
-    strcpy(o.lr_schedule, "cosine");
+    o.hp.lr = 1e-3; o.hp.min_lr = 1e-4; o.hp.warmup_steps = 10; o.hp.total_steps = 110;
+    strcpy(o.hp.lr_schedule, "cosine");
     ck_assert(fabs(train_lr(&o, 1) - 1e-4) < 1e-15);   /* 1e-3 * 1/10 */
     ck_assert(fabs(train_lr(&o, 10) - 1e-3) < 1e-15);
     ck_assert(fabs(train_lr(&o, 60) - 5.5e-4) < 1e-12); /* halfway: (1e-3 + 1e-4)/2 */
     ck_assert(fabs(train_lr(&o, 110) - 1e-4) < 1e-15);
     /* a quarter of the way: min + (max-min)(1 + cos(pi/4))/2 = 1e-4 + 9e-4 * 0.8535534 */
     ck_assert(fabs(train_lr(&o, 35) - 8.68198052e-4) < 1e-11);
-    strcpy(o.lr_schedule, "constant");
+    strcpy(o.hp.lr_schedule, "constant");
     ck_assert(fabs(train_lr(&o, 5) - 5e-4) < 1e-15);
     ck_assert(fabs(train_lr(&o, 100) - 1e-3) < 1e-15);
 }
@@ -288,10 +288,10 @@ START_TEST(test_config) {
     ck_assert_int_eq(config_parse(&o, 7, argv, 2, 0, err, sizeof err), 0);
     ck_assert_str_eq(o.preset, "tutorial");
     ck_assert_int_eq(o.n_embd, 512);      /* from the preset */
-    ck_assert(fabs(o.lr - 0.002) < 1e-15); /* file beats preset */
+    ck_assert(fabs(o.hp.lr - 0.002) < 1e-15); /* file beats preset */
     ck_assert_int_eq(o.seq_len, 32);      /* seq_len and seq-len are one name */
     ck_assert_int_eq(o.batch, 6);         /* command line beats file */
-    ck_assert_int_eq(o.steps, 7);
+    ck_assert_int_eq(o.hp.total_steps, 7);
     config_defaults(&o);
     char *bad1[] = {"pipelm", "train", "--bogus", "1"};
     ck_assert_int_ne(config_parse(&o, 4, bad1, 2, 0, err, sizeof err), 0);
@@ -520,7 +520,7 @@ START_TEST(test_config_refusals) {
     config_defaults(&o);
     char *good[] = {"pipelm", "train", "--lr", "-1.5e-3", "--steps", "+12", "--min-lr", ".5"};
     ck_assert_int_eq(config_parse(&o, 8, good, 2, 0, err, sizeof err), 0);
-    ck_assert(o.lr == -1.5e-3 && o.steps == 12 && o.min_lr == 0.5);
+    ck_assert(o.hp.lr == -1.5e-3 && o.hp.total_steps == 12 && o.hp.min_lr == 0.5);
     int rc = parse_ini_text("steps = 3\n[train]\nbatch = 4\n", err, sizeof err);
     EXPECT_REFUSED(rc, err, "line 2", "[train]", "sections");
     rc = parse_ini_text("steps = 3\n# c\nbatch = 4\nsteps = 5\n", err, sizeof err);

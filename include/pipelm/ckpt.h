@@ -29,9 +29,7 @@ typedef struct {
     long long data_pos;        /* index of the next training batch */
     long long seed, data_seed;
     char data[512];            /* the --data spec */
-    double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int warmup_steps, total_steps;
-    char lr_schedule[16];
+    optim_hparams hp;          /* the AdamW settings (/optim) and the schedule (/train) */
     int batch, seq_len, microbatches;
     char schedule[32];
     int nstages;
@@ -111,62 +109,5 @@ int ckpt_pid_alive(long pid);
 int ckpt_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
 /* mkdir -p; 0, or -1 with errno. */
 int ckpt_make_dirs(const char *dir);
-
-#ifdef PIPELM_CKPT_INTERNAL
-/* Shared by ckpt.c and ckpt_tools.c only (needs hdf5.h). */
-#include <hdf5.h>
-
-/* What an HDF5 call was working on, for its error message. */
-typedef struct {
-    const char *file; /* the checkpoint's path */
-    char obj[160];    /* "dataset /model/wte", "attribute step", or "" */
-    char *err;        /* the caller's message buffer */
-    size_t errlen;
-    int rank;
-} h5ctx;
-
-/* The one check for HDF5 calls: a negative result fills cx->err with the checkpoint file,
- * rank, object, call, HDF5's own message (from its error stack) and file:line, sets rc to
- * PL_EHDF5 and jumps to the function's `done:` label (which closes what it opened). */
-#define CKPT_H5(call)                                                                  \
-    do {                                                                               \
-        if ((call) < 0) {                                                              \
-            rc = ckpt_h5_fail(cx, __FILE__, __LINE__, #call);                          \
-            goto done;                                                                 \
-        }                                                                              \
-    } while (0)
-int ckpt_h5_fail(h5ctx *cx, const char *file, int line, const char *call);
-/* Turn off HDF5's automatic error-stack printing (CKPT_H5 reports instead). */
-void ckpt_h5_quiet(void);
-/* Open (create != 0: create/truncate) a file: MPI-IO with collective metadata on comm, or
- * HDF5's default driver when comm is MPI_COMM_NULL. */
-int ckpt_h5_open(const char *path, int create, MPI_Comm comm, hid_t *file, h5ctx *cx);
-int ckpt_h5_close_file(hid_t *file, h5ctx *cx);
-
-/* One dataset of the schema: path below /model (or /optim/m, /optim/v), e.g. "h.3/qkv_w". */
-typedef struct {
-    int kind, layer, ndim, shape[2];
-    size_t numel;
-    char path[48];
-} ckpt_gtensor;
-/* The 4 + 12 L tensors of the whole model in schema order; returns the count. */
-int ckpt_global_tensors(const model_config *c, ckpt_gtensor *g);
-/* Read and check the root attributes; fill cfg (/config) and meta (/train, /optim) if not NULL. */
-int ckpt_read_meta(hid_t file, model_config *cfg, ckpt_meta *meta, h5ctx *cx);
-/* Collective: write a checkpoint file at exactly `path` (no temp name, no rename); messages
- * name `label` (the final name of a temporary file), or path if label is NULL. opt as for
- * ckpt_save (required). */
-int ckpt_write_file(const char *path, const char *label, stage *st, optim *opt, const ckpt_meta *meta,
-                    MPI_Comm comm, double *bytes_out, char *err, size_t errlen);
-/* The checksum of an open dataset (metadata reads; under MPI-IO every rank calls it in the
- * same order): *has_crc = 1 and *stored from its uint32 attribute crc32c, else *fletcher = 1
- * if HDF5's Fletcher32 filter is on it (HDF5 then verifies it as it reads). dpath names the
- * dataset in messages. */
-int ckpt_dataset_checksum(hid_t ds, const char *dpath, int *has_crc, uint32_t *stored, int *fletcher, h5ctx *cx);
-/* CRC-32C of n floats as little-endian fp32 bytes (what a dataset's crc32c covers). */
-uint32_t ckpt_crc_floats(const float *p, size_t n);
-/* "ckpt_00000042.h5" -> 42; -1 for any other name. */
-long long ckpt_name_step(const char *name);
-#endif
 
 #endif

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include "pipelm/hparams.h"
 #include "pipelm/model.h"
 
 #define PL_PATH 4096
@@ -30,11 +31,8 @@ typedef struct {
     double ffn_dim_multiplier;   /* llama: 0 = none */
     double norm_eps, rope_theta;
     /* training */
-    int steps, batch, seq_len, microbatches;
-    double lr, min_lr;
-    char lr_schedule[16];
-    int warmup_steps;
-    double weight_decay, grad_clip, beta1, beta2, eps;
+    optim_hparams hp;            /* --lr .. --grad-clip, and --steps (hp.total_steps) */
+    int batch, seq_len, microbatches;
     long long seed, data_seed;
     int markov_branch;
     char data[PL_PATH], val_data[PL_PATH];
@@ -90,8 +88,8 @@ typedef struct {
 
 /* The training settings a checkpoint records and its loader checks (64-bit, as read). */
 typedef struct {
-    double lr, min_lr, grad_clip, beta1, beta2, eps, weight_decay;
-    const char *lr_schedule;
+    optim_hparams hp;        /* the floats and the schedule (its warmup_steps and total_steps are not
+                              * read: the 64-bit ones below are) */
     long long warmup_steps, total_steps, batch, seq_len, microbatches;
     long long markov_branch; /* < 0: not recorded */
     int no_run;              /* 1: batch, seq_len, microbatches all 0 (a file no run saved: pipelm convert) */

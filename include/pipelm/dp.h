@@ -30,7 +30,6 @@
 typedef struct {
     size_t lo, n;          /* [lo, lo + n) floats of grads (and params, m, v) */
     size_t plo, pn;        /* this replica's piece: [lo + plo, lo + plo + pn) */
-    size_t moff;           /* where the piece's moments start in the sharded m and v */
     int layer;             /* block, or -1 */
     int tied;              /* the tied wte (started after the tied sum) */
     int state;             /* DP_IDLE.. */
@@ -62,11 +61,11 @@ typedef struct {
     int *order, nstarted, next_gather;
     double t_hidden_wait;  /* seconds waited at the step's end for reductions (not hidden) */
     double t_gather;       /* seconds of the ZeRO parameter all-gather */
-    size_t moment_floats;  /* floats in each of m and v on this replica */
+    size_t moment_floats;  /* floats in each of m and v on this replica (the optimizer's nmoment) */
 } dp_reducer;
 
-/* Set up the buckets of st over comm (D = its size); with zero, shrink opt's moments to this
- * replica's pieces. Installs the stage's on_grad_final hook (M = micro-batches per step),
+/* Set up the buckets of st over comm (D = its size); with zero, shard opt (optim_shard) to
+ * this replica's pieces. Installs the stage's on_grad_final hook (M = micro-batches per step),
  * unless st is a holder of chunks: then dp_hook each chunk. */
 int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M, char *err, size_t errlen);
 /* Install the hook on one chunk of a holder st (stage_init_holder): dp_init does it for a
@@ -77,10 +76,12 @@ void dp_free(dp_reducer *r, int free_comm);
 /* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every
  * bucket. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads). */
 int dp_finish(dp_reducer *r, int full);
+/* Zero t_hidden_wait and t_gather (the start of a timed part). */
+void dp_reset_timers(dp_reducer *r);
 /* Squared norm of each tensor over this replica's pieces (sum over replicas = the norm). */
 int dp_grad_sumsq(const dp_reducer *r, double *sq);
-/* Clip and AdamW on this replica's pieces (ZeRO) or everything, then (ZeRO) all-gather the
- * parameters. */
+/* optim_step (which, under ZeRO, updates this replica's pieces only), then (ZeRO) all-gather
+ * the parameters. */
 int dp_optim_step(dp_reducer *r, int step, double lr, double norm);
 /* ZeRO: whole-size moments for a checkpoint (gather = 1: filled from every replica's pieces,
  * for a save; 0: zero, for a load), and back to the pieces after it. No-ops without ZeRO. */

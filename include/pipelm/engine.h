@@ -48,6 +48,14 @@ int engine_init(engine *e, stage *st, int V, const sched *sc, MPI_Comm comm, cha
 void engine_free(engine *e);
 /* Zero the per-op timers and counts (rank totals and per chunk), at the start of a timed part. */
 void engine_reset_costs(engine *e);
+/* Test-only fault injection: pipeline rank fail_rank (-1: none) fails at fail_step, during
+ * the step's pipeline (during != 0) or before it. */
+void engine_set_faults(engine *e, int fail_rank, int fail_step, int during);
+/* Before a step: zero the F/B/wait timers and forget the last non-finite forward. */
+void engine_begin_step(engine *e);
+/* Record a timeline into tr (NULL: none); engine_take_trace hands it back and stops. */
+void engine_set_trace(engine *e, trace *tr);
+trace *engine_take_trace(engine *e);
 /* One training step: inputs/targets are the whole batch (B*T, host); every stage's
  * gradients accumulate; on the last stage *loss_sum = sum of token losses in micro-batch
  * order (else 0). dloss = 1/(B*T). */

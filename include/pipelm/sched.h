@@ -90,7 +90,8 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
    With V = 1, interleaved-1f1b, looped-bfs and interleaved-zb are accepted and build
    exactly 1f1b, gpipe and zb-h1 (under their own name). zb-v is refused: its V-shaped
    layout (stage 2P-1-r on rank r) is not the loop layout s % P of this module.
-   Returns 0 on success; on error fills err and leaves *s empty. */
+   Returns PL_OK; on error PL_EINVAL (a bad name or size; PL_ENOMEM out of memory), err filled
+   and *s left empty. */
 int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen);
 
 /* Bytes that building, validating and dry-running a P x V x M schedule takes at most, before
@@ -111,16 +112,16 @@ void sched_free(sched *s);
 /* The torch spelling of an op ("F", "B", "SEND_F", ...), or NULL if invalid. */
 const char *sched_op_str(sched_op op);
 
-/* Write an action as torch does ("0F3", "2RECV_F0"). 0 = ok, -1 = bad op,
-   negative stage/mb, or buffer too small. */
+/* Write an action as torch does ("0F3", "2RECV_F0"). PL_OK, or PL_EINVAL for a bad op,
+   negative stage/mb, or a buffer too small. */
 int sched_action_format(const sched_action *a, char *buf, size_t len);
 
 /* Parse exactly "<stage><op><mb>" (decimal, no sign, no spaces, nothing after).
-   0 = ok, -1 = rejected (a is then left untouched). */
+   PL_OK, or PL_EINVAL: rejected (a is then left untouched). */
 int sched_action_parse(const char *str, sched_action *a);
 
 /* Write one CSV row per rank (actions separated by ',', rows by '\n').
-   0 = ok, -1 = I/O error. */
+   PL_OK, PL_EIO on a write error (PL_EINVAL for an empty schedule or a bad action). */
 int sched_write_csv(const sched *s, FILE *f);
 
 /* The largest schedule CSV a reader takes (a 64-stage, 4096-micro-batch schedule is ~10 MB). */
@@ -131,7 +132,8 @@ int sched_write_csv(const sched *s, FILE *f);
    Stages beyond the rows are chunks: when max stage >= P, S = max stage + 1
    must be a multiple of P (refused otherwise) and V = S / P; else V = 1.
    The result is not validated (a stage on the wrong row is sched_validate's
-   to refuse); call sched_validate. 0 = ok. */
+   to refuse); call sched_validate. PL_OK, or PL_EINVAL with err (PL_ENOMEM out of memory,
+   PL_EIO a read error). */
 int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen);
 
 /* Check that the schedule is complete, well ordered, has matched send/recv
@@ -139,7 +141,8 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
    holds per (global stage, micro-batch): stage s only on rank s % P; SEND_F of
    stage s pairs with RECV_F of stage s+1 (on rank (s+1) % P), SEND_B of stage s
    with RECV_B of stage s-1, same micro-batch.
-   0 = valid; otherwise err names the rank, the action (with its stage) and the reason.
+   PL_OK = valid; otherwise PL_EINVAL and err names the rank, the action (with its stage)
+   and the reason (PL_ENOMEM: out of memory).
 
    It also checks the engine's storage contract, so that every schedule it
    accepts computes exactly what one process computes. Every value that
@@ -183,8 +186,8 @@ typedef struct {
 
 /* Play the schedule with F=1, B=2, I=1, W=1 on every stage (a chunk costs what a
    stage costs), communication instantaneous; a RECV completes at the time its
-   matching SEND was issued. busy and bubble are over the P ranks. Fails (with a
-   message naming each blocked rank) on deadlock or on malformed actions. 0 = ok. */
+   matching SEND was issued. busy and bubble are over the P ranks. Fails (PL_EINVAL, with
+   a message naming each blocked rank) on deadlock or on malformed actions. PL_OK = ok. */
 int sched_simulate(const sched *s, sched_sim *out, char *err, size_t errlen);
 
 /* Release a sched_sim; safe on a zeroed one. */

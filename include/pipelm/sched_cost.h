@@ -35,13 +35,15 @@ typedef struct {
     double *act_peak;           /* activation bytes each rank holds at most (its chunks together) */
 } sched_pred;
 
-/* Allocate costs for P stages (zeroed). 0 or -1. */
+/* Allocate costs for P stages (zeroed). PL_OK or PL_ENOMEM. */
 int sched_costs_alloc(sched_costs *c, int P);
 void sched_costs_free(sched_costs *c);
-/* Read / write the text form. A missing I or W is taken as half of B, a missing B as I + W. */
+/* Read / write the text form (PL_OK; PL_EINVAL with err for a malformed file, PL_EIO for a
+ * write error). A missing I or W is taken as half of B, a missing B as I + W. */
 int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen);
 int sched_costs_write(const sched_costs *c, FILE *f);
-/* Play the schedule with these costs (its P must be the costs' P). 0, or -1 with err. */
+/* Play the schedule with these costs (its P must be the costs' P). PL_OK, or PL_EINVAL
+ * (PL_ENOMEM) with err. */
 int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen);
 void sched_pred_free(sched_pred *p);
 

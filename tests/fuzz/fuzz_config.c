@@ -112,10 +112,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];
     if (fuzz_u8(&in) & 1) config_preset(&o, "llama-tiny", err, sizeof err);
     int *ints[] = {&o.vocab_size, &o.max_seq_len, &o.n_layer, &o.n_head, &o.n_embd, &o.n_kv_head, &o.multiple_of,
-                   &o.use_scaled_rope, &o.batch, &o.seq_len, &o.microbatches, &o.warmup_steps, &o.steps,
+                   &o.use_scaled_rope, &o.batch, &o.seq_len, &o.microbatches, &o.hp.warmup_steps, &o.hp.total_steps,
                    &o.markov_branch};
-    double *dbls[] = {&o.ffn_dim_multiplier, &o.norm_eps, &o.rope_theta, &o.lr, &o.min_lr, &o.grad_clip, &o.beta1,
-                      &o.beta2, &o.eps, &o.weight_decay};
+    double *dbls[] = {&o.ffn_dim_multiplier, &o.norm_eps, &o.rope_theta, &o.hp.lr, &o.hp.min_lr, &o.hp.grad_clip,
+                      &o.hp.beta1, &o.hp.beta2, &o.hp.eps, &o.hp.weight_decay};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) take_int(&in, ints[i]);
     for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) take_dbl(&in, dbls[i]);
     if (fuzz_u8(&in) & 1) o.set_vocab = 1;
