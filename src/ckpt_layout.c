@@ -65,24 +65,6 @@ int ckpt_schema_of_model(const model_config *c, ckpt_gtensor *g) {
     return n;
 }
 
-/* GPT-2's schema order: wte, wpe, h.0/ln1_w ... h.L-1/fcproj_b, lnf_w, lnf_b. */
-int ckpt_schema_gpt2(const model_config *c, ckpt_gtensor *g) {
-    int n = 0, C = c->C;
-    /* per-kind shape: rows, cols (cols 0 = 1-D) */
-    int rows[P_NKINDS_GPT2] = {c->Vp, c->maxT, C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C, C, C};
-    int cols[P_NKINDS_GPT2] = {C, C, 0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0, 0, 0};
-    for (int k = 0; k < P_NKINDS_GPT2; k++) {
-        int block = k >= P_LN1W && k <= P_FCPROJB;
-        if (block && k != P_LN1W) continue; /* blocks are emitted layer by layer below */
-        int nl = block ? c->L : 1;
-        for (int l = 0; l < nl; l++) {
-            int k0 = block ? P_LN1W : k, k1 = block ? P_FCPROJB : k;
-            for (int kk = k0; kk <= k1; kk++) schema_row(&g[n++], kk, block ? l : -1, rows[kk], cols[kk]);
-        }
-    }
-    return n;
-}
-
 /* ---- host views of backend memory ------------------------------------------------------ */
 
 /* Section s of the schema (0 /model, 1 /optim/m, 2 /optim/v) as a backend buffer: the

@@ -3,8 +3,8 @@
  * attributes, written identically by every rank, and the root meta_crc32c, the CRC-32C of
  * their canonical text (docs/formats.md §2). On load every attribute is checked for its type
  * and range, by the same validation the command line uses (config.c), before anything
- * narrows it. What depends on the architecture is gathered at the top of this file, each
- * marked "arch:".
+ * narrows it. What depends on the architecture (its own /config attributes, how they make a
+ * config) is asked of its table (arch.h).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/arch.h"
 #include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
@@ -28,46 +29,34 @@ typedef struct {
     long long cfg[6]; /* vocab_size, padded_vocab_size, max_seq_len, n_layer, n_head, n_embd */
     int has_arch;     /* /config/arch present (a file of an older pipelm has none: gpt2) */
     char arch[16];
-    /* /config, Llama only: n_kv_head, ffn_hidden, multiple_of, use_scaled_rope, llama_version_major,
-     * llama_version_minor; ffn_dim_multiplier, norm_eps, rope_theta */
-    long long lcfg[6];
-    double lf[3];
+    /* /config: the architecture's own attributes, in its table's order (attr_int, attr_f64) */
+    long long lcfg[ARCH_MAX_ATTRS];
+    double lf[ARCH_MAX_ATTRS];
     ckpt_meta m;      /* /train (m.step is /train step) and /optim beta1.. */
     int has_branch;   /* /train markov_branch present */
 } meta_all;
 
-/* ---- what depends on the architecture ("arch:"; an architecture table replaces these) ---- */
+/* ---- what depends on the architecture: asked of its table (arch.h) ---------------------- */
 
-/* The Llama attributes of /config (docs/formats.md), in the order of meta_all.lcfg / lf. */
-static const char *const llama_int_attr[6] = {"n_kv_head", "ffn_hidden", "multiple_of", "use_scaled_rope",
-                                              "llama_version_major", "llama_version_minor"};
-static const char *const llama_f64_attr[3] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
+/* The datasets of the whole model, in the architecture table's order (the schema's). */
+int ckpt_global_tensors(const model_config *c, ckpt_gtensor *g) { return ckpt_schema_of_model(c, g); }
 
-/* arch: the datasets of the whole model: GPT-2's own schema order, Llama's from its table. */
-int ckpt_global_tensors(const model_config *c, ckpt_gtensor *g) {
-    return c->arch == MODEL_LLAMA ? ckpt_schema_of_model(c, g) : ckpt_schema_gpt2(c, g);
-}
+/* meta_all's architecture attributes from a config. */
+static void arch_meta_fill(const model_config *c, meta_all *a) { arch_of(c)->attrs_of(c, a->lcfg, a->lf); }
 
-/* arch: meta_all's Llama fields from a config (nothing for GPT-2). */
-static void arch_meta_fill(const model_config *c, meta_all *a) {
-    if (c->arch != MODEL_LLAMA) return;
-    long long li[6] = {c->NKV, c->H, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor};
-    double lf[3] = {c->ffn_mult, c->norm_eps, c->rope_theta};
-    memcpy(a->lcfg, li, sizeof li);
-    memcpy(a->lf, lf, sizeof lf);
-}
-
-/* arch: the Llama attributes of /config, written into the open group g (nothing for GPT-2). */
+/* The architecture's own /config attributes, written into the open group g. */
 static int arch_attrs_write(hid_t g, const model_config *c, const meta_all *a, h5ctx *cx) {
-    for (int i = 0; c->arch == MODEL_LLAMA && i < 6; i++) PL_TRY(ckpt_attr_i64(g, llama_int_attr[i], a->lcfg[i], cx));
-    for (int i = 0; c->arch == MODEL_LLAMA && i < 3; i++) PL_TRY(ckpt_attr_f64(g, llama_f64_attr[i], a->lf[i], cx));
+    const model_arch *A = arch_of(c);
+    for (int i = 0; i < A->nattr_int; i++) PL_TRY(ckpt_attr_i64(g, A->attr_int[i], a->lcfg[i], cx));
+    for (int i = 0; i < A->nattr_f64; i++) PL_TRY(ckpt_attr_f64(g, A->attr_f64[i], a->lf[i], cx));
     return PL_OK;
 }
 
-/* arch: does the metadata read or written describe a Llama model (its /config attributes)? */
-static int meta_is_llama(const meta_all *a) { return a->has_arch && strcmp(a->arch, "llama") == 0; }
+/* The architecture the metadata read names (read_meta_arch checked it exists). */
+static const model_arch *meta_arch(const meta_all *a) { return arch_find(a->arch); }
 
-/* arch: /config/arch of the open group g: "gpt2" or "llama"; absent (an older pipelm's file): gpt2. */
+/* /config/arch of the open group g, one of the registry's names; absent (an older pipelm's
+ * file): gpt2. */
 static int read_meta_arch(hid_t g, meta_all *a, h5ctx *cx) {
     int rc = PL_OK;
     htri_t ha;
@@ -77,52 +66,26 @@ static int read_meta_arch(hid_t g, meta_all *a, h5ctx *cx) {
     a->has_arch = ha > 0;
     snprintf(a->arch, sizeof a->arch, "gpt2");
     if (a->has_arch && (rc = ckpt_attr_get_str(g, "/config", "arch", a->arch, sizeof a->arch, cx))) goto done;
-    if (strcmp(a->arch, "gpt2") != 0 && strcmp(a->arch, "llama") != 0)
-        rc = ckpt_fail(cx, PL_EIO, "attribute /config/arch is '%s', not gpt2 or llama", a->arch);
+    if (!arch_find(a->arch)) {
+        char names[64];
+        arch_names(" or ", names, sizeof names);
+        rc = ckpt_fail(cx, PL_EIO, "attribute /config/arch is '%s', not %s", a->arch, names);
+    }
 done:
     return rc;
 }
 
-/* arch: the Llama attributes of /config (every one required), range-checked by name before
- * anything narrows them: by the one validation of Llama settings the command line and
- * --init use too (config.c), so a run's checkpoints always pass it. */
-static int read_meta_llama(hid_t g, meta_all *a, h5ctx *cx) {
-    for (int i = 0; i < 6; i++) PL_TRY(ckpt_attr_get_i64(g, "/config", llama_int_attr[i], &a->lcfg[i], cx));
-    for (int i = 0; i < 3; i++) PL_TRY(ckpt_attr_get_f64(g, "/config", llama_f64_attr[i], &a->lf[i], cx));
-    /* ffn_hidden is derived: read_meta_config compares it with the size the others give */
-    if (a->lcfg[1] < 1 || a->lcfg[1] > INT_MAX)
-        return ckpt_fail(cx, PL_EIO, "attribute /config/ffn_hidden = %lld is out of range (1..%d)", a->lcfg[1],
-                         INT_MAX);
-    cfg_llama l = {a->cfg[4], a->lcfg[0], a->lcfg[2], a->lcfg[3], a->lcfg[4], a->lcfg[5], a->lf[0], a->lf[1], a->lf[2]};
-    char e2[512];
-    if (config_check_llama(&l, CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) return ckpt_fail(cx, PL_EIO, "%s", e2);
-    return PL_OK;
-}
-
-/* arch: the model /config describes (its 64-bit values a->cfg range-checked already), into
- * *cfg: Llama's through read_meta_llama and llama_config_make, GPT-2's gpt2_config_make. */
+/* The model /config describes (its 64-bit values a->cfg range-checked already), into *cfg:
+ * the architecture's attributes (every one required) read, then range-checked and made by
+ * its table's config_of_attrs before anything narrows them. */
 static int arch_config_make(hid_t g, meta_all *a, model_config *cfg, h5ctx *cx) {
-    char e2[256];
-    if (!meta_is_llama(a)) {
-        if (gpt2_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->cfg[5], e2,
-                             sizeof e2) != PL_OK)
-            return ckpt_fail(cx, PL_EIO, "bad /config: %s", e2);
-        return PL_OK;
-    }
-    PL_TRY(read_meta_llama(g, a, cx));
-    if (llama_config_make(cfg, (int)a->cfg[0], (int)a->cfg[2], (int)a->cfg[3], (int)a->cfg[4], (int)a->lcfg[0],
-                          (int)a->cfg[5], (int)a->lcfg[2], (float)a->lf[0], (float)a->lf[1], (float)a->lf[2],
-                          (int)a->lcfg[3], CFG_NAME_ATTR, e2, sizeof e2) != PL_OK)
-        return ckpt_fail(cx, PL_EIO, "bad /config (llama): %s", e2);
-    if (cfg->H != a->lcfg[1])
-        return ckpt_fail(cx, PL_EIO, "attribute /config/ffn_hidden = %lld is not the MLP hidden size %d that "
-                         "n_embd, ffn_dim_multiplier and multiple_of give", a->lcfg[1], cfg->H);
-    cfg->ver_major = (int)a->lcfg[4];
-    cfg->ver_minor = (int)a->lcfg[5];
+    const model_arch *A = meta_arch(a);
+    for (int i = 0; i < A->nattr_int; i++) PL_TRY(ckpt_attr_get_i64(g, "/config", A->attr_int[i], &a->lcfg[i], cx));
+    for (int i = 0; i < A->nattr_f64; i++) PL_TRY(ckpt_attr_get_f64(g, "/config", A->attr_f64[i], &a->lf[i], cx));
+    char e2[640];
+    if (A->config_of_attrs(a->cfg, a->lcfg, a->lf, cfg, e2, sizeof e2) != PL_OK) return ckpt_fail(cx, PL_EIO, "%s", e2);
     return PL_OK;
 }
-
-
 
 /* ---- the hyper-parameters (hparams.h): one table, one function pair -------------------- */
 
@@ -203,9 +166,10 @@ static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
           a->format_version, a->version, a->root_step, a->created);
     for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", cn[i], a->cfg[i]);
     if (a->has_arch) CANON("/config/arch=%s\n", a->arch);
-    if (meta_is_llama(a)) {
-        for (int i = 0; i < 6; i++) CANON("/config/%s=%lld\n", llama_int_attr[i], a->lcfg[i]);
-        for (int i = 0; i < 3; i++) CANON("/config/%s=%.17g\n", llama_f64_attr[i], a->lf[i]);
+    const model_arch *A = meta_arch(a);
+    if (A) {
+        for (int i = 0; i < A->nattr_int; i++) CANON("/config/%s=%lld\n", A->attr_int[i], a->lcfg[i]);
+        for (int i = 0; i < A->nattr_f64; i++) CANON("/config/%s=%.17g\n", A->attr_f64[i], a->lf[i]);
     }
     CANON("/optim/name=%s\n", a->optim_name);
     hp_canon("optim", &m->hp, buf, len, &o);
@@ -543,17 +507,15 @@ int ckpt_check_config(const model_config *f, const model_config *r, h5ctx *cx) {
         return ckpt_fail(cx, PL_EINVAL, "arch is %s in the file but %s in this run", model_arch_name(f->arch),
                          model_arch_name(r->arch));
     const char *names[] = {"vocab_size", "padded_vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd",
-                           "n_kv_head", "ffn_hidden", "use_scaled_rope"};
-    int a[] = {f->V, f->Vp, f->maxT, f->L, f->NH, f->C, f->NKV, f->H, f->use_scaled_rope};
-    int b[] = {r->V, r->Vp, r->maxT, r->L, r->NH, r->C, r->NKV, r->H, r->use_scaled_rope};
-    for (int i = 0; i < 9; i++)
+                           "n_kv_head", "ffn_hidden"};
+    int a[] = {f->V, f->Vp, f->maxT, f->L, f->NH, f->C, f->NKV, f->H};
+    int b[] = {r->V, r->Vp, r->maxT, r->L, r->NH, r->C, r->NKV, r->H};
+    for (int i = 0; i < 8; i++)
         if (a[i] != b[i])
             return ckpt_fail(cx, PL_EINVAL, "%s is %d in the file but %d in this run", names[i], a[i], b[i]);
-    if (f->norm_eps != r->norm_eps || f->rope_theta != r->rope_theta)
-        return ckpt_fail(cx, PL_EINVAL, "%s is %g in the file but %g in this run",
-                         f->norm_eps != r->norm_eps ? "norm_eps" : "rope_theta",
-                         (double)(f->norm_eps != r->norm_eps ? f->norm_eps : f->rope_theta),
-                         (double)(f->norm_eps != r->norm_eps ? r->norm_eps : r->rope_theta));
+    char e2[256];
+    if (arch_of(r)->same_settings(f, r, CFG_NAME_ATTR, e2, sizeof e2) != PL_OK)
+        return ckpt_fail(cx, PL_EINVAL, "%s", e2);
     return PL_OK;
 }
 

@@ -35,7 +35,7 @@ static int make_buckets(dp_reducer *r, char *err, size_t errlen) {
         b->lo = t->offset;
         b->n = t->numel;
         b->layer = t->layer;
-        b->tied = t->kind == P_WTE;
+        b->tied = model_tensor_is_tied(&st->cfg, t);
         b->rq = MPI_REQUEST_NULL;
     }
     r->nb = nb;

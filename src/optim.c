@@ -13,6 +13,7 @@
 #include <string.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
+#include "pipelm/arch.h"
 #include "pipelm/optim.h"
 
 /* The whole-size moments, zero; one replica of one. */
@@ -156,7 +157,7 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks) {
     stage *st = o->st;
     const backend *be = o->be;
     PL_TRY(stage_tied_grads_local(st));
-    if (st->cfg.arch == MODEL_LLAMA) return PL_OK; /* Llama's head is not tied to wte */
+    if (!arch_of(&st->cfg)->tied) return PL_OK; /* no head row reads an embedding (Llama) */
     if (nranks <= 1 || !(st->has_embed || st->has_head)) return PL_OK;
     size_t n = (size_t)st->cfg.Vp * st->cfg.C;
     void *host = NULL;

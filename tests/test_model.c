@@ -1007,6 +1007,9 @@ START_TEST(test_arch_find) {
     for (int i = 0; i < arch_count; i++) {
         ck_assert_int_eq(arch_registry[i]->id, i);
         ck_assert_str_eq(model_arch_name(i), arch_registry[i]->name);
+        /* the checkpoint metadata holds at most ARCH_MAX_ATTRS of each */
+        ck_assert_int_le(arch_registry[i]->nattr_int, ARCH_MAX_ATTRS);
+        ck_assert_int_le(arch_registry[i]->nattr_f64, ARCH_MAX_ATTRS);
     }
     pl_options o;
     config_defaults(&o);

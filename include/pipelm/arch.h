@@ -94,6 +94,9 @@ typedef struct {
 /* A part's rows from a static array. */
 #define ARCH_ROWS(a) {(a), (int)(sizeof(a) / sizeof((a)[0]))}
 
+/* The most /config attributes of one type an architecture adds (test_model checks every row). */
+#define ARCH_MAX_ATTRS 8
+
 typedef struct model_arch {
     const char *name;        /* "gpt2": --arch, /config/arch, messages */
     int id;                  /* its index in the registry: model_config.arch */
@@ -142,7 +145,8 @@ typedef struct model_arch {
     /* hdr holds got bytes (at least 1024; magic and version checked); messages name `path` */
     int (*llmc_header_read)(const char *path, const void *hdr, size_t got, model_config *cfg, char *err,
                             size_t errlen);
-    /* checkpoint /config attributes beyond the common six and arch (docs/formats.md) */
+    /* checkpoint /config attributes beyond the common six and arch (docs/formats.md), at most
+     * ARCH_MAX_ATTRS of each type */
     const char *const *attr_int;
     int nattr_int;
     const char *const *attr_f64;

@@ -112,10 +112,8 @@ int ckpt_check_ownership(const stage *st, const optim *opt, const ckpt_gtensor *
 extern const char *const ckpt_sections[3];
 /* "/model/h.3/qkv_w": the dataset of section s for tensor g. */
 void ckpt_dataset_path(int s, const ckpt_gtensor *g, char *buf, size_t len);
-/* The GPT-2 schema (embeddings, blocks layer by layer, final norm), and any architecture's
- * from the model's own tensor table (model_layout of the whole model); return the count.
- * ckpt_global_tensors (ckpt_meta.c) chooses. */
-int ckpt_schema_gpt2(const model_config *c, ckpt_gtensor *g);
+/* The schema of any architecture, from the model's own tensor table (model_layout of the
+ * whole model, whose order is the schema's); returns the count, 0 if out of memory. */
 int ckpt_schema_of_model(const model_config *c, ckpt_gtensor *g);
 /* Section s as a backend buffer: the optimizer's (laid out as st->params) or, with no
  * optimizer, the parameters only (NULL for the moments). */

@@ -32,17 +32,12 @@ typedef struct {
 } llama_config;
 
 /* Model dimensions, one struct for every architecture. Vp = V rounded up to a multiple of 128;
- * for GPT-2 NKV = NH, H = 4 C and the Llama settings are 0. The Llama settings are read as
- * cfg.llama.*; the unnamed copy of the same members (a union: one storage) keeps the flat
- * names for ckpt.c until it reads them through the table. */
+ * for GPT-2 NKV = NH, H = 4 C and the Llama settings (cfg.llama) are 0. */
 typedef struct {
     int V, Vp, maxT, L, NH, C;
     int arch;              /* architecture id: arch_of(cfg) is its descriptor */
     int NKV, H;            /* key/value heads (NH for GPT-2), MLP hidden size (4 C for GPT-2) */
-    union {
-        llama_config llama;
-        struct { int multiple_of, use_scaled_rope, ver_major, ver_minor; float ffn_mult, norm_eps, rope_theta; };
-    };
+    llama_config llama;    /* Llama's own settings (model_llama.c) */
 } model_config;
 
 /* Parameter kinds, global across architectures: checkpoint leaf names and the key of each

@@ -49,12 +49,13 @@ static void take_dbl(fuzz_in *in, double *v) {
 static void check_as_loader(const pl_options *o, const model_config *c) {
     char err[1024];
     if (c->arch == MODEL_LLAMA) {
-        cfg_llama l = {c->NH, c->NKV, c->multiple_of, c->use_scaled_rope, c->ver_major, c->ver_minor,
-                       (double)c->ffn_mult, (double)c->norm_eps, (double)c->rope_theta};
+        cfg_llama l = {c->NH, c->NKV, c->llama.multiple_of, c->llama.use_scaled_rope, c->llama.ver_major,
+                       c->llama.ver_minor, (double)c->llama.ffn_mult, (double)c->llama.norm_eps,
+                       (double)c->llama.rope_theta};
         model_config back;
         if (config_check_llama(&l, CFG_NAME_ATTR, err, sizeof err) != 0 ||
-            llama_config_make(&back, c->V, c->maxT, c->L, c->NH, c->NKV, c->C, c->multiple_of, (float)l.ffn_mult,
-                              (float)l.norm_eps, (float)l.rope_theta, c->use_scaled_rope, CFG_NAME_ATTR, err,
+            llama_config_make(&back, c->V, c->maxT, c->L, c->NH, c->NKV, c->C, c->llama.multiple_of, (float)l.ffn_mult,
+                              (float)l.norm_eps, (float)l.rope_theta, c->llama.use_scaled_rope, CFG_NAME_ATTR, err,
                               sizeof err) != 0 || back.H != c->H) {
             fprintf(stderr, "fuzz_config: start-up accepted a Llama model its checkpoint refuses: %s\n", err);
             abort();
@@ -75,9 +76,9 @@ static void check_header(const model_config *c) {
     float hf[256] = {0};
     if (c->arch == MODEL_LLAMA) {
         h[0] = LLMC_LLAMA_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH;
-        h[6] = c->NKV; h[7] = c->C; h[8] = c->multiple_of; h[9] = c->use_scaled_rope;
-        h[10] = c->ver_major; h[11] = c->ver_minor;
-        hf[0] = c->ffn_mult; hf[1] = c->norm_eps; hf[2] = c->rope_theta;
+        h[6] = c->NKV; h[7] = c->C; h[8] = c->llama.multiple_of; h[9] = c->llama.use_scaled_rope;
+        h[10] = c->llama.ver_major; h[11] = c->llama.ver_minor;
+        hf[0] = c->llama.ffn_mult; hf[1] = c->llama.norm_eps; hf[2] = c->llama.rope_theta;
     } else {
         h[0] = LLMC_MODEL_MAGIC; h[1] = 3; h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C;
         h[7] = c->Vp;
@@ -98,7 +99,7 @@ static void check_header(const model_config *c) {
     int rc = llmc_read_config(path, &back, &version, err, sizeof err);
     unlink(path);
     if (rc != 0 || back.V != c->V || back.maxT != c->maxT || back.L != c->L || back.NH != c->NH || back.C != c->C ||
-        back.NKV != c->NKV || back.H != c->H || back.norm_eps != c->norm_eps || back.rope_theta != c->rope_theta) {
+        back.NKV != c->NKV || back.H != c->H || back.llama.norm_eps != c->llama.norm_eps || back.llama.rope_theta != c->llama.rope_theta) {
         fprintf(stderr, "fuzz_config: start-up accepted a model whose llm.c header is refused or differs: %s\n",
                 rc ? err : "(a field differs)");
         abort();
