@@ -76,12 +76,12 @@ float *ckpt_section_base(const stage *st, const optim *opt, int s) {
 }
 
 /* The tensor of this stage that dataset g's data is written from: NULL where this rank
- * writes none (the tied wte is written from the first stage only). */
+ * writes none (a tied copy is written from its owner, the first stage). */
 const param_tensor *ckpt_written_tensor(const stage *st, const optim *opt, const ckpt_gtensor *g, int i) {
     const param_tensor *t = stage_find_tensor(st, g->kind, g->layer);
     /* data parallelism: the D replicas of a stage share its tensors out, tensor i to replica i mod D */
     int D = opt && opt->dp_size > 1 ? opt->dp_size : 1, d = D > 1 ? opt->dp_rank : 0;
-    return t && (g->kind != P_WTE || st->has_embed) && i % D == d ? t : NULL;
+    return t && !t->tied_copy && i % D == d ? t : NULL;
 }
 
 /* A host view of one tensor of a section, for one dataset: map (mode PL_MAP_READ to write
