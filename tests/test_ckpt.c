@@ -1197,15 +1197,11 @@ static int parse_split(const char *s, int *split) {
     return n;
 }
 
-/* save / load / bench over MPI_COMM_WORLD, one stage per rank. */
-static int drive(int argc, char **argv) {
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    const char *cmd = argv[1];
-    char err[2048] = "", path[1024] = "";
-    pl_options o; /* the checkpoint settings from their alias variables (PIPELM_CKPT_XFER ...), as train's defaults */
+/* The driver's checkpoint settings: train's defaults, from their alias variables
+ * (PIPELM_CKPT_XFER ...), as a run takes them. */
+static int driver_opts(int rank) {
+    pl_options o;
+    char err[512];
     config_defaults(&o);
     if (config_check_ckpt(&o, err, sizeof err) != 0) {
         if (rank == 0) fprintf(stderr, "%s\n", err);
@@ -1214,6 +1210,18 @@ static int drive(int argc, char **argv) {
     ckpt_opts co;
     ckpt_opts_of(&o, &co);
     ckpt_set_opts(&co);
+    return 0;
+}
+
+/* save / load / bench over MPI_COMM_WORLD, one stage per rank. */
+static int drive(int argc, char **argv) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    const char *cmd = argv[1];
+    char err[2048] = "", path[1024] = "";
+    if (driver_opts(rank) != 0) return 2;
     const char *be_env = getenv("TEST_CKPT_BACKEND"); /* "staging": the staging backend of the tests */
     if (be_env && strcmp(be_env, "staging") == 0) {
         staging_setup();
