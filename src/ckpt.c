@@ -2,7 +2,8 @@
  * ckpt.c — the checkpoint module's HDF5 plumbing: the one error check (CKPT_H5 turns
  * HDF5's error stack into one message naming the file, rank, object, call and source line),
  * messages for failures outside HDF5, files opened through MPI-IO with collective metadata
- * (and the MPI-IO hints), groups, dataset-transfer lists.
+ * (and the MPI-IO hints), groups, dataset-transfer lists; and the settings of this process's
+ * saves and loads (ckpt_opts, set once at start-up).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -137,21 +138,57 @@ done:
     return rc;
 }
 
+/* ---- settings ------------------------------------------------------------------------- */
+
+/* This process's settings: ckpt_set_opts at start-up, the built-in ones until then. */
+static ckpt_opts the_opts = {0, "", 1, 1};
+
+/* The built-in settings (what a run without --ckpt-* options or alias variables gets). */
+void ckpt_opts_default(ckpt_opts *c) {
+    memset(c, 0, sizeof *c);
+    c->verify = 1;
+    c->space_check = 1;
+}
+
+/* The settings the options ask for; config_check_ckpt has checked their values. */
+void ckpt_opts_of(const pl_options *o, ckpt_opts *c) {
+    ckpt_opts_default(c);
+    c->collective = strcmp(o->ckpt_xfer, "collective") == 0;
+    snprintf(c->hints, sizeof c->hints, "%s", o->ckpt_hints);
+    c->verify = o->ckpt_verify != 0;
+    c->space_check = o->ckpt_space_check != 0;
+}
+
+/* Set once at start-up, before any save or load. */
+void ckpt_set_opts(const ckpt_opts *c) {
+    the_opts = *c;
+}
+
+/* What the writer, the loader and the save read. */
+const ckpt_opts *ckpt_get_opts(void) {
+    return &the_opts;
+}
+
 /* MPI-IO hints. Each dataset is one contiguous extent written by its owner alone, so ROMIO's
  * two-phase collective buffering (which funnels the data through aggregator ranks) and data
- * sieving (which reads and rewrites gaps) only cost time: both off. PIPELM_CKPT_HINTS =
- * "key=value,key=value" adds or overrides hints (e.g. Lustre striping_factor). */
+ * sieving (which reads and rewrites gaps) only cost time: both off. --ckpt-hints
+ * "key=value,key=value" adds or overrides hints (e.g. Lustre striping_factor); each item is
+ * split at its first '=', leading blanks of the key dropped, empty items skipped. */
 static MPI_Info make_hints(void) {
     MPI_Info info;
     if (MPI_Info_create(&info) != MPI_SUCCESS) return MPI_INFO_NULL;
     MPI_Info_set(info, "romio_cb_write", "disable");
     MPI_Info_set(info, "romio_ds_write", "disable");
-    const char *h = getenv("PIPELM_CKPT_HINTS");
-    char k[128], v[128];
-    while (h && sscanf(h, " %127[^=]=%127[^,]", k, v) == 2) {
-        MPI_Info_set(info, k, v);
-        h = strchr(h, ',');
-        if (h) h++;
+    for (const char *h = the_opts.hints; *h;) {
+        size_t n = strcspn(h, ","), eq = strcspn(h, "=");
+        char k[128], v[128];
+        size_t b = strspn(h, " \t");
+        if (eq < n && eq > b && eq - b < sizeof k && n - eq - 1 < sizeof v && n - eq > 1) {
+            snprintf(k, sizeof k, "%.*s", (int)(eq - b), h + b);
+            snprintf(v, sizeof v, "%.*s", (int)(n - eq - 1), h + eq + 1);
+            MPI_Info_set(info, k, v);
+        }
+        h += n + (h[n] == ',');
     }
     return info;
 }

@@ -238,10 +238,9 @@ done:
     return rc;
 }
 
-/* PIPELM_CKPT_VERIFY=0 skips the read-back (only to measure what it costs). */
+/* --ckpt-verify 0 skips the read-back (only to measure what it costs). */
 static int verify_off(void) {
-    const char *s = getenv("PIPELM_CKPT_VERIFY");
-    return s && strcmp(s, "0") == 0;
+    return !ckpt_get_opts()->verify;
 }
 
 /* Collective: verify a written, closed checkpoint before it is published: the metadata

@@ -110,6 +110,18 @@ static int ckpt_to_llmc(const char *in, const char *out, char *err, size_t errle
     return rc;
 }
 
+/* The checkpoint settings of a tool: train's defaults, with their alias variables
+ * (PIPELM_CKPT_XFER, ...), so that convert writes and reads as a run would. */
+static int set_tool_opts(char *err, size_t errlen) {
+    pl_options o;
+    config_defaults(&o);
+    PL_TRY(config_check_ckpt(&o, err, errlen));
+    ckpt_opts co;
+    ckpt_opts_of(&o, &co);
+    ckpt_set_opts(&co);
+    return PL_OK;
+}
+
 /* `pipelm convert IN OUT`: the direction comes from IN's first bytes. Exit status 0/1/2. */
 int ckpt_convert_main(int argc, char **argv, int first) {
     int rank = 0;
@@ -135,6 +147,10 @@ int ckpt_convert_main(int argc, char **argv, int first) {
     if (pl_check_output_file(out, "output", err, sizeof err) != PL_OK) {
         pl_error("convert: %s", err);
         return 1;
+    }
+    if (set_tool_opts(err, sizeof err) != PL_OK) {
+        pl_error("convert: %s", err);
+        return 2;
     }
     int kind = file_kind(in, err, sizeof err), rc;
     if (kind < 0) rc = PL_EIO;

@@ -9,7 +9,7 @@
  * is mapped before the data phase and the CRCs run on a second thread alongside the writes,
  * the views unmapped only after it joins; a staging backend maps one tensor at a time around
  * its write. The data transfer is INDEPENDENT by default (only the owner calls H5Dwrite: no
- * collective at all per dataset) or, collective (ckpt_xfer_mode), one collective H5Dwrite per
+ * collective at all per dataset) or, with --ckpt-xfer collective (ckpt_xfer_mode), one collective H5Dwrite per
  * dataset in which the others select nothing. The CRCs reach every rank in the one
  * MPI_Allreduce that also agrees on the status of the whole data phase; every rank then
  * writes the same attribute values, and the file is flushed.
@@ -69,13 +69,10 @@ int ckpt_fail_mode(int size, int *who, h5ctx *cx) {
 
 /* ---- writing one file ------------------------------------------------------------------- */
 
-/* Parse PIPELM_CKPT_XFER (default independent); -1 with a message if it is something else. */
+/* The transfer mode of the settings (--ckpt-xfer; checked when it was set). */
 int ckpt_xfer_mode(h5ctx *cx) {
-    const char *s = getenv("PIPELM_CKPT_XFER");
-    if (!s || !s[0] || strcmp(s, "independent") == 0) return XFER_INDEPENDENT;
-    if (strcmp(s, "collective") == 0) return XFER_COLLECTIVE;
-    ckpt_fail(cx, PL_EINVAL, "PIPELM_CKPT_XFER='%s' is not independent or collective", s);
-    return -1;
+    (void)cx;
+    return ckpt_get_opts()->collective ? XFER_COLLECTIVE : XFER_INDEPENDENT;
 }
 
 /* Create one dataset under parent (contiguous, fp32, never filled: creating it writes
@@ -148,11 +145,10 @@ static double space_needed(const model_config *c, int ntensors) {
     return 3.0 * 4.0 * (double)model_num_params(c) + 3.0 * ntensors * 2048.0 + 1048576.0;
 }
 
-/* PIPELM_CKPT_NO_SPACE_CHECK=1 turns off the free-space check and the reservation below
- * (only for tests of a disk that fills up half way, on one rank). */
+/* --ckpt-space-check 0 turns off the free-space check and the reservation below (only for
+ * tests of a disk that fills up half way, on one rank). */
 static int space_check_off(void) {
-    const char *s = getenv("PIPELM_CKPT_NO_SPACE_CHECK");
-    return s && s[0] == '1';
+    return !ckpt_get_opts()->space_check;
 }
 
 /* Rank 0, before creating the file: refuse early if the file system clearly lacks room. */

@@ -131,6 +131,14 @@ static const opt_desc options[] = {
     O_STR("ckpt-dir", ckpt_dir, "directory for checkpoints (one HDF5 file per save)"),
     O_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
     O_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
+    O_CHOICE("ckpt-xfer", ckpt_xfer, "independent|collective", "MPI-IO data transfers of checkpoints: independent "
+             "(each tensor's owner alone) or collective (default independent, or PIPELM_CKPT_XFER)"),
+    O_STR("ckpt-hints", ckpt_hints, "MPI-IO hints key=value,key=value for checkpoint files, added to (or "
+          "overriding) romio_cb_write=disable,romio_ds_write=disable (default none, or PIPELM_CKPT_HINTS)"),
+    O_INT("ckpt-verify", ckpt_verify, "1: re-read every dataset of a save and check its CRC-32C before publishing "
+          "it; 0: skip that (only to measure its cost; default 1, or PIPELM_CKPT_VERIFY)"),
+    O_INT("ckpt-space-check", ckpt_space_check, "1: check and reserve the free space before writing a checkpoint; "
+          "0: do not (default 1, or PIPELM_CKPT_NO_SPACE_CHECK=1 for 0)"),
     {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
      "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest", NULL},
     O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
@@ -151,6 +159,22 @@ static const opt_desc options[] = {
 };
 #define NOPT ((int)(sizeof options / sizeof options[0]))
 
+/* The checkpoint settings' aliases, read as they always were: PIPELM_CKPT_XFER's value as is
+ * (empty: independent; anything else is refused by config_check_ckpt, naming it), the hints as
+ * they are, PIPELM_CKPT_VERIFY=0 skips the verification, PIPELM_CKPT_NO_SPACE_CHECK=1 (a value
+ * starting with 1) the space check. Hints too long for the option are refused, not cut. */
+static void ckpt_env_aliases(pl_options *o) {
+    const char *v = getenv("PIPELM_CKPT_XFER");
+    snprintf(o->ckpt_xfer, sizeof o->ckpt_xfer, "%s", v && v[0] ? v : "independent");
+    v = getenv("PIPELM_CKPT_HINTS");
+    snprintf(o->ckpt_hints, sizeof o->ckpt_hints, "%s", v ? v : "");
+    if (v && strlen(v) >= sizeof o->ckpt_hints) o->ckpt_hints[0] = '\x01'; /* too long: config_check_ckpt says so */
+    v = getenv("PIPELM_CKPT_VERIFY");
+    o->ckpt_verify = !(v && strcmp(v, "0") == 0);
+    v = getenv("PIPELM_CKPT_NO_SPACE_CHECK");
+    o->ckpt_space_check = !(v && v[0] == '1');
+}
+
 /* The run options whose environment variable is kept as an alias: it sets the default, a config
  * file or the command line wins. Read as they always were: "0" turns the binding or the kernel
  * choice off, anything else leaves it on; a grace that is not a positive number is automatic. */
@@ -162,6 +186,7 @@ static void env_aliases(pl_options *o) {
     v = getenv("PIPELM_STOP_GRACE");
     double g = v ? atof(v) : 0;
     o->stop_grace = isfinite(g) && g > 0 && g <= 1e7 ? g : 0;
+    ckpt_env_aliases(o);
 }
 
 void config_defaults(pl_options *o) {
@@ -846,6 +871,48 @@ static int validate_model_and_train(const pl_options *o, char *err, size_t errle
     return config_check_train(&t, o->init[0] ? NULL : &c, CFG_NAME_OPTION, err, errlen);
 }
 
+/* One item of a hint list: "key=value", the key (leading blanks dropped) and the value each
+ * 1..127 characters, as ckpt.c's make_hints takes them. */
+static int hint_ok(const char *h, size_t n) {
+    size_t b = strspn(h, " \t"), eq = strcspn(h, "=");
+    return eq < n && eq > b && eq - b < 128 && n - eq > 1 && n - eq - 1 < 128;
+}
+
+int config_check_ckpt(const pl_options *o, char *err, size_t errlen) {
+    char shown[128];
+    if (strcmp(o->ckpt_xfer, "independent") != 0 && strcmp(o->ckpt_xfer, "collective") != 0) {
+        escape_str(o->ckpt_xfer, shown, sizeof shown);
+        snprintf(err, errlen, "--ckpt-xfer (or PIPELM_CKPT_XFER) must be independent or collective (got '%s')", shown);
+        return PL_EINVAL;
+    }
+    if (o->ckpt_hints[0] == '\x01') {
+        snprintf(err, errlen, "PIPELM_CKPT_HINTS is longer than the %zu characters --ckpt-hints takes",
+                 sizeof o->ckpt_hints - 1);
+        return PL_EINVAL;
+    }
+    for (const char *h = o->ckpt_hints; *h;) {
+        size_t n = strcspn(h, ",");
+        if (n && !hint_ok(h, n)) {
+            char item[256];
+            snprintf(item, sizeof item, "%.*s", (int)(n < 200 ? n : 200), h);
+            escape_str(item, shown, sizeof shown);
+            snprintf(err, errlen, "--ckpt-hints (or PIPELM_CKPT_HINTS): '%s' is not key=value (each of 1 to 127 "
+                     "characters; items separated by ',')", shown);
+            return PL_EINVAL;
+        }
+        h += n + (h[n] == ',');
+    }
+    if (o->ckpt_verify != 0 && o->ckpt_verify != 1) {
+        snprintf(err, errlen, "--ckpt-verify must be 0 or 1 (got %d)", o->ckpt_verify);
+        return PL_EINVAL;
+    }
+    if (o->ckpt_space_check != 0 && o->ckpt_space_check != 1) {
+        snprintf(err, errlen, "--ckpt-space-check must be 0 or 1 (got %d)", o->ckpt_space_check);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 int config_validate(const pl_options *o, char *err, size_t errlen) {
 #define REQUIRE(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return PL_EINVAL; } } while (0)
     REQUIRE(o->hp.total_steps >= 1, "--steps must be >= 1 (got %d): it counts the optimizer steps of the run",
@@ -871,6 +938,7 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);
     REQUIRE(!o->ckpt_every || o->ckpt_dir[0], "--ckpt-every needs --ckpt-dir");
     REQUIRE(strcmp(o->resume, "latest") != 0 || o->ckpt_dir[0], "a bare --resume needs --ckpt-dir (or give --resume FILE)");
+    if (config_check_ckpt(o, err, errlen) != PL_OK) return PL_EINVAL;
     REQUIRE(o->warmup >= 0, "--warmup must be >= 0 (got %d)", o->warmup);
     REQUIRE(o->peak_gflops >= 0, "--peak-gflops must be >= 0 (got %g)", o->peak_gflops);
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);

@@ -572,8 +572,8 @@ static int layout_grid(run *R, const pl_options *o) {
     return PL_OK;
 }
 
-/* Fields, threads, watchdog, signals, the tied communicator: before anything can fail on
- * one rank only. */
+/* Fields, threads, watchdog, checkpoint settings, signals, the tied communicator: before
+ * anything can fail on one rank only. */
 static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) {
     R->o = o;
     R->world = R->comm = comm;
@@ -602,6 +602,9 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     comm_watchdog_s = o->watchdog;
     comm_notice_s = o->watchdog > 0 && o->watchdog < 120 ? o->watchdog / 4 : 30.0;
     comm_polite = R->polite;
+    ckpt_opts co; /* --ckpt-xfer, --ckpt-hints, --ckpt-verify, --ckpt-space-check: every save and load */
+    ckpt_opts_of(o, &co);
+    ckpt_set_opts(&co);
     /* --stop-grace (seconds): how long a stop signal waits for a step that cannot end */
     L->grace = o->stop_grace;
     comm_stop_grace_s = L->grace > 0 ? L->grace : 60.0;

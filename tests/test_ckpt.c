@@ -3,7 +3,7 @@
  * bit-identical for parameters and both moments; a whole-model checkpoint loads into any
  * split; CRC-32C (SSE4.2 and table versions) against the check value and each other; every
  * dataset contiguous with a crc32c attribute that matches its bytes, in both transfer modes
- * (PIPELM_CKPT_XFER); a flipped byte fails the load naming the dataset and the CRC-32C
+ * (--ckpt-xfer; its alias refused when unknown, and losing to the option); a flipped byte fails the load naming the dataset and the CRC-32C
  * mismatch; a dataset without a checksum is refused, one with HDF5's Fletcher32 filter (the
  * old format) accepted; config, shape and missing-dataset errors named; injected failures (PIPELM_CKPT_FAIL=write, rename) and a full file system
  * (a tiny tmpfs, skipped where mount is not permitted) leave the previous checkpoint as
@@ -442,39 +442,44 @@ START_TEST(test_crc32c) {
 }
 END_TEST
 
-/* PIPELM_CKPT_XFER=collective saves and loads as the default independent transfers do (CRCs
- * right, a corrupted dataset named); an unknown value is refused, naming it. */
+/* --ckpt-xfer collective (ckpt_opts.collective) saves and loads as the default independent
+ * transfers do (CRCs right, a corrupted dataset named); an unknown value of the option's alias
+ * PIPELM_CKPT_XFER is refused at start-up, naming it, and the option wins over the alias. */
 START_TEST(test_xfer_modes) {
     const char *modes[2] = {"collective", "independent"};
     model_config c = small_cfg();
+    ckpt_opts co;
     for (int k = 0; k < 2; k++) {
         char dir[64], path[1024], err[2048] = "";
         snprintf(dir, sizeof dir, "xfer_%s", modes[k]);
-        setenv("PIPELM_CKPT_XFER", modes[k], 1);
+        ckpt_opts_default(&co);
+        co.collective = k == 0;
+        ckpt_set_opts(&co);
         save_whole(tpath(dir), 2, 40, 0, path, sizeof path);
         ck_assert_int_eq(check_crc_attrs(path, &c), 120);
         int ok, rc = load_whole(path, 40, &ok, err, sizeof err);
         /* and a corrupted dataset fails the load in this mode too */
         ck_assert_int_eq(corrupt_dataset(path, "/optim/m/h.2/qkv_w"), 0);
         int rc2 = load_whole(path, 40, &ok, err, sizeof err);
-        unsetenv("PIPELM_CKPT_XFER");
+        ckpt_opts_default(&co);
+        ckpt_set_opts(&co);
         ck_assert_msg(rc == 0, "%s: %s", modes[k], err);
         ck_assert_int_ne(rc2, 0);
         ck_assert_msg(strstr(err, "dataset /optim/m/h.2/qkv_w: CRC-32C mismatch"), "%s: got: %s", modes[k], err);
     }
-    stage st;
-    optim opt;
-    whole_stage(&st, &opt, &c);
-    int split[1] = {c.L};
-    ckpt_meta m = sample_meta(3, 1, split);
-    char path[1024], err[2048] = "";
+    pl_options o;
+    char err[2048] = "";
     setenv("PIPELM_CKPT_XFER", "sometimes", 1);
-    int rc = ckpt_save(tpath("xfer_bad"), &st, &opt, &m, 0, MPI_COMM_SELF, path, sizeof path, NULL, err, sizeof err);
-    unsetenv("PIPELM_CKPT_XFER");
+    config_defaults(&o);
+    int rc = config_validate(&o, err, sizeof err);
     ck_assert_int_ne(rc, 0);
-    ck_assert_msg(strstr(err, "PIPELM_CKPT_XFER='sometimes'"), "got: %s", err);
-    ck_assert(!exists(tpath("xfer_bad/latest")));
-    free_stage(&st, &opt);
+    ck_assert_msg(strstr(err, "PIPELM_CKPT_XFER") && strstr(err, "'sometimes'"), "got: %s", err);
+    char *argv[] = {"--ckpt-xfer", "collective"};
+    ck_assert_int_eq(config_parse(&o, 2, argv, 0, 0, err, sizeof err), 0);
+    unsetenv("PIPELM_CKPT_XFER");
+    ck_assert_msg(config_validate(&o, err, sizeof err) == 0, "got: %s", err);
+    ckpt_opts_of(&o, &co);
+    ck_assert_int_eq(co.collective, 1);
 }
 END_TEST
 
@@ -891,9 +896,13 @@ START_TEST(test_enospc) {
     }
     const char *dir = tpath("tiny/ck");
     int rc1 = save_cfg(&c, dir, 1, 31, 1, path, sizeof path, err, sizeof err);
-    if (_i % 2) setenv("PIPELM_CKPT_NO_SPACE_CHECK", "1", 1);
+    ckpt_opts co;
+    ckpt_opts_default(&co);
+    co.space_check = !(_i % 2); /* --ckpt-space-check 0 */
+    ckpt_set_opts(&co);
     int rc = rc1 ? -1 : save_cfg(&c, dir, 2, 32, 1, path, sizeof path, err, sizeof err);
-    unsetenv("PIPELM_CKPT_NO_SPACE_CHECK");
+    ckpt_opts_default(&co);
+    ckpt_set_opts(&co);
     printf("full disk (%lld-byte tmpfs, %lld-byte checkpoints, space check %s): %s\n", limit, S,
            _i % 2 ? "off" : "on", err);
     /* the first checkpoint, as latest resolves it */
@@ -1188,6 +1197,22 @@ static int parse_split(const char *s, int *split) {
     return n;
 }
 
+/* The driver's checkpoint settings: train's defaults, from their alias variables
+ * (PIPELM_CKPT_XFER ...), as a run takes them. */
+static int driver_opts(int rank) {
+    pl_options o;
+    char err[512];
+    config_defaults(&o);
+    if (config_check_ckpt(&o, err, sizeof err) != 0) {
+        if (rank == 0) fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    ckpt_opts co;
+    ckpt_opts_of(&o, &co);
+    ckpt_set_opts(&co);
+    return 0;
+}
+
 /* save / load / bench over MPI_COMM_WORLD, one stage per rank. */
 static int drive(int argc, char **argv) {
     int rank, size;
@@ -1196,6 +1221,7 @@ static int drive(int argc, char **argv) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     const char *cmd = argv[1];
     char err[2048] = "", path[1024] = "";
+    if (driver_opts(rank) != 0) return 2;
     const char *be_env = getenv("TEST_CKPT_BACKEND"); /* "staging": the staging backend of the tests */
     if (be_env && strcmp(be_env, "staging") == 0) {
         staging_setup();

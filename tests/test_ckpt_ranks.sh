@@ -4,7 +4,9 @@
 # rename, a rank SIGKILLed mid-write) and a full file system leave `latest` on the previous
 # checkpoint, loadable; keep=K prunes only after a good save; llm.c -> checkpoint -> llm.c is
 # byte-identical; collective data transfers (PIPELM_CKPT_XFER=collective) write a file that
-# loads the same, and an injected failure there ends the save without a hang; inspect
+# loads the same, and an injected failure there ends the save without a hang; train's
+# --ckpt-verify, --ckpt-space-check, --ckpt-hints and --ckpt-xfer take effect (also from a
+# config file) and win over their alias variables, which still work; inspect
 # verifies every CRC-32C and names a corrupted dataset, as a load does; h5py reads the file
 # as the schema says and recomputes a few crc32c attributes; and, once `pipelm train` saves checkpoints, a run killed after
 # its step-2 checkpoint resumes to the same final weights as an uninterrupted run.
@@ -145,6 +147,42 @@ rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "dataset /model/h.1/qkv_w: CRC-32C mismatch (stored 0x" l.out; then
     ok "the same with collective reads (PIPELM_CKPT_XFER=collective)"
 else bad "collective load of a corrupt file" "exit $rc: $(tail -n 2 l.out)"; fi
+
+# --- pipelm train: the checkpoint options, and their variables as aliases that lose to them ------
+O="--preset tiny --steps 1 --batch 4 --seq-len 16 --eval-every 0 --progress 0 --log-every 100 --ckpt-every 1"
+printf 'ckpt_verify = 0\n' > v0.ini
+# a corrupted save is published only without the verification; the run line shows the settings
+PIPELM_CKPT_FAIL=corrupt PIPELM_CKPT_NO_SPACE_CHECK=1 mpirun_t 60 1 train $O --config v0.ini --ckpt-dir v1 \
+    --metrics v1.jsonl > v1.out 2>&1
+rc1=$?
+PIPELM_CKPT_FAIL=corrupt PIPELM_CKPT_VERIFY=0 mpirun_t 60 1 train $O --ckpt-dir v2 > v2.out 2>&1
+rc2=$?
+PIPELM_CKPT_FAIL=corrupt PIPELM_CKPT_VERIFY=0 PIPELM_CKPT_NO_SPACE_CHECK=1 mpirun_t 60 1 train $O --ckpt-dir v3 \
+    --ckpt-verify 1 --ckpt-space-check 1 --metrics v3.jsonl > v3.out 2>&1
+rc3=$?
+if [ $rc1 -eq 0 ] && [ -e v1/ckpt_00000001.h5 ] && grep -q '"ckpt-verify":0,"ckpt-space-check":0' v1.jsonl &&
+    [ $rc2 -eq 0 ] && [ -e v2/ckpt_00000001.h5 ] && [ $rc3 -ne 0 ] && [ $rc3 -ne 124 ] && [ ! -e v3/ckpt_00000001.h5 ] &&
+    grep -q "verifying the written file" v3.out && grep -q '"ckpt-verify":1,"ckpt-space-check":1' v3.jsonl; then
+    ok "ckpt_verify = 0 (config file) and PIPELM_CKPT_VERIFY=0 skip the verification; --ckpt-verify 1 and --ckpt-space-check 1 win over their variables"
+else bad "--ckpt-verify / --ckpt-space-check" "exits $rc1 $rc2 $rc3: $(tail -n 2 v1.out v2.out v3.out)"; fi
+# the hints reach MPI-IO (ROMIO prints them when it opens the file)
+ROMIO_PRINT_HINTS=1 PIPELM_CKPT_HINTS=cb_buffer_size=1048577 mpirun_t 60 1 train $O --ckpt-dir h1 > h1.out 2>&1
+ROMIO_PRINT_HINTS=1 PIPELM_CKPT_HINTS=cb_buffer_size=1048577 mpirun_t 60 1 train $O --ckpt-dir h2 \
+    --ckpt-hints cb_buffer_size=2097153 > h2.out 2>&1
+if grep -q "cb_buffer_size .*= 1048577" h1.out && grep -q "cb_buffer_size .*= 2097153" h2.out &&
+    ! grep -q "= 1048577" h2.out; then
+    ok "PIPELM_CKPT_HINTS reaches MPI-IO, and --ckpt-hints wins over it"
+else bad "--ckpt-hints" "$(grep cb_buffer_size h1.out h2.out | head -n 4)"; fi
+# an unknown transfer mode is refused at start-up naming the variable; the option wins over it
+PIPELM_CKPT_XFER=sometimes mpirun_t 60 1 train $O --ckpt-dir x1 > x1.out 2>&1
+rc1=$?
+PIPELM_CKPT_XFER=sometimes PIPELM_CKPT_FAIL=write:0 mpirun_t 120 2 train $O --steps 2 --ckpt-dir x2 \
+    --ckpt-xfer collective > x2.out 2>&1
+rc2=$?
+if [ $rc1 -eq 2 ] && grep -q "PIPELM_CKPT_XFER.*'sometimes'" x1.out && [ $rc2 -ne 0 ] && [ $rc2 -ne 124 ] &&
+    grep -q "rank 0: injected failure" x2.out && [ ! -e x2/latest ]; then
+    ok "PIPELM_CKPT_XFER=sometimes is refused; --ckpt-xfer collective wins over it, and a failing rank ends the save (no hang)"
+else bad "--ckpt-xfer" "exits $rc1 $rc2: $(tail -n 2 x1.out x2.out)"; fi
 
 # --- pipelm train: resume is bit-identical (runs once train saves checkpoints) -------------------
 COMMON="--preset tiny --steps 4 --batch 8 --seq-len 32 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <mpi.h>
+#include "pipelm/config.h"
 #include "pipelm/optim.h"
 #include "pipelm/stage.h"
 
@@ -38,6 +39,25 @@ typedef struct {
     int markov_branch;         /* --markov-branch of the run; -1 when the file does not say */
     int meta_verified;         /* on load: 1 if the file's meta_crc32c held, 0 if it has none */
 } ckpt_meta;
+
+/* How this process's checkpoints are written and read (--ckpt-xfer, --ckpt-hints, --ckpt-verify,
+ * --ckpt-space-check; README "Checkpoints"). */
+typedef struct {
+    int collective;    /* 1: collective MPI-IO data transfers; 0 (default): independent ones */
+    char hints[1024];  /* MPI-IO hints "key=value,key=value" added to (or overriding) the built-in
+                        * romio_cb_write=disable,romio_ds_write=disable; "" for none */
+    int verify;        /* 1 (default): re-read and CRC-check a save before publishing it */
+    int space_check;   /* 1 (default): check and reserve the free space before writing */
+} ckpt_opts;
+
+/* The built-in settings: independent transfers, no extra hints, verify, check the space. */
+void ckpt_opts_default(ckpt_opts *c);
+/* The settings the options ask for (config_validate has checked them: config_check_ckpt). */
+void ckpt_opts_of(const pl_options *o, ckpt_opts *c);
+/* Set once at start-up (train from its options, `pipelm convert` from the defaults and their
+ * alias variables): every later save and load of this process uses these settings; until
+ * then, ckpt_opts_default's. Not thread-safe; call it before any save or load. */
+void ckpt_set_opts(const ckpt_opts *c);
 
 /* Collective over comm: write every stage's parameters and AdamW moments (the optimizer's
  * buffers OPTIM_PARAMS, OPTIM_M, OPTIM_V, read through host views: backend map/unmap) and

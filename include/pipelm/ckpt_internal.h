@@ -142,8 +142,12 @@ int ckpt_check_config(const model_config *f, const model_config *r, h5ctx *cx);
 /* PIPELM_CKPT_FAIL (test-only): the mode and the rank that fails; -1 with a message if unknown. */
 enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT };
 int ckpt_fail_mode(int size, int *who, h5ctx *cx);
-/* How the data of a dataset travels; -1 with a message for a bad setting. */
+/* How the data of a dataset travels (ckpt_opts.collective); cx is unused: the setting was
+ * checked when it was set, so this never fails. */
 enum { XFER_INDEPENDENT, XFER_COLLECTIVE };
 int ckpt_xfer_mode(h5ctx *cx);
+/* ---- ckpt.c ------------------------------------------------------------------------------ */
+/* The settings ckpt_set_opts gave (the built-in ones before any call). */
+const ckpt_opts *ckpt_get_opts(void);
 
 #endif

@@ -54,6 +54,9 @@ typedef struct {
     /* checkpoints */
     char ckpt_dir[PL_PATH], resume[PL_PATH];
     int ckpt_every, ckpt_keep;
+    char ckpt_xfer[16];   /* independent | collective: MPI-IO data transfers (config_check_ckpt checks it) */
+    char ckpt_hints[1024]; /* MPI-IO hints "key=value,..." added to the built-in ones */
+    int ckpt_verify, ckpt_space_check; /* 1 (default) or 0: re-read a save before publishing it; check the space */
     /* timeline */
     char trace[PL_PATH];
     /* benchmark (pipelm bench only) */
@@ -117,7 +120,8 @@ int config_vocab(const pl_options *o);
 int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen);
 
 /* Fill defaults (preset "tiny"). The run options that have an environment variable as an alias
- * (PIPELM_BIND, PIPELM_BLAS_AUTO, PIPELM_STOP_GRACE: docs/testing.md) take their default from it. */
+ * (PIPELM_BIND, PIPELM_BLAS_AUTO, PIPELM_STOP_GRACE, PIPELM_CKPT_XFER, PIPELM_CKPT_HINTS,
+ * PIPELM_CKPT_VERIFY, PIPELM_CKPT_NO_SPACE_CHECK: docs/testing.md) take their default from it. */
 void config_defaults(pl_options *o);
 /* Apply a preset by name; PL_EINVAL for an unknown one (err names the known ones). */
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
@@ -126,6 +130,10 @@ int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
  * accepted too. argv is not modified. Uses getopt_long's global state (optind, optarg...),
  * reset on each call: not thread-safe, and a caller's own getopt loop must not be mid-way. */
 int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen);
+/* Check the checkpoint settings (--ckpt-xfer, --ckpt-hints, --ckpt-verify, --ckpt-space-check),
+ * whether they came from the options or from their alias variables (a message names both);
+ * config_validate does it, and `pipelm convert` on its defaults. */
+int config_check_ckpt(const pl_options *o, char *err, size_t errlen);
 /* Check ranges and combinations (batch divisible by microbatches, seq-len <= max...). */
 int config_validate(const pl_options *o, char *err, size_t errlen);
 /* Print the option table as --help text (bench-only options when bench != 0). */
