@@ -50,6 +50,7 @@
 #include "pipelm/backend_host.h"
 #include "pipelm/backend_math.h"
 #include "pipelm/common.h"
+#include "pipelm/onednn_ops.h"
 
 #define MM_CACHE 64
 #define MAXD 4
@@ -430,6 +431,8 @@ static void dn_finalize(void) {
 static const backend_opt_decl dn_opts[] = {
     {"allow-emulated", "1: run --precision bf16 on a CPU without native bf16 (emulated, slower than fp32)", "0",
      "0|1", "PIPELM_ONEDNN_ALLOW_EMULATED"},
+    {"vec-ops", "1: the backend's AVX-512 LayerNorm, GELU, softmax, loss and AdamW (where the CPU has AVX-512); "
+     "0: the CPU backend's loops (the former bits)", "1", "0|1", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -471,6 +474,7 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     rc = dn_set_threads(opt && opt->threads > 0 ? opt->threads : cur_threads());
     if (rc) { snprintf(err, errlen, "%s", host_error()); return rc; }
     S.prec = prec;
+    onednn_ops_select(backend_opt_flag(dn_opts, opt, "vec-ops"));
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
         snprintf(err, errlen, "backend onednn: %s matmul unavailable: %s", backend_precision_name(prec), host_error());
@@ -491,10 +495,11 @@ static void dn_describe(char *buf, size_t len) {
         return;
     }
     /* "<name>: library, kernel, precision" as backend_cpu's line */
-    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s", v->major, v->minor, v->patch,
+    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s, %s", v->major, v->minor, v->patch,
              isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
              S.prec == PL_PREC_BF16 ? (S.native_bf16 ? " (inputs converted with avx512_bf16)"
-                                                     : " (inputs converted by a scalar loop)") : "");
+                                                     : " (inputs converted by a scalar loop)") : "",
+             onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's");
 }
 
 #define NEED_INIT(what)                                                                        \
@@ -586,38 +591,6 @@ static void view4(int64_t *d, int64_t *s, int64_t B, int64_t NH, int64_t r, int6
     s[0] = sb; s[1] = sh; s[2] = sr; s[3] = sc;
 }
 
-/* Causal softmax of the rows of att (B*NH*T rows of T), in place; upper triangle zeroed. */
-static void softmax_causal(float *att, int BH, int T) {
-    size_t rows = (size_t)BH * T;
-    #pragma omp parallel for schedule(static)
-    for (size_t rr = 0; rr < rows; rr++) {
-        int t = (int)(rr % T);
-        float *r = att + rr * T;
-        float mx = r[0];
-        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) r[j] *= inv;
-        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
-    }
-}
-
-/* The backward of the softmax, in place on datt: dpre = a (datt - rowsum(a datt)). */
-static void softmax_causal_bwd(float *datt, const float *att, int BH, int T) {
-    size_t rows = (size_t)BH * T;
-    #pragma omp parallel for schedule(static)
-    for (size_t rr = 0; rr < rows; rr++) {
-        int t = (int)(rr % T);
-        const float *ar = att + rr * T;
-        float *dr = datt + rr * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
-        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
-        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
-    }
-}
-
 /* Grouped-query attention on a fused qkv (B, T, W), W = (NH + 2 NKV) HS: query head h = g G + j
  * (G = NH / NKV) reads kv head g. For each j the G-th query heads form a 4-D batch (B, NKV) of
  * products against the kv heads (query head stride G HS, kv head stride HS), so the products
@@ -654,9 +627,14 @@ static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
         view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h (T, T) */
         PL_TRY(mm_run(&k, q + es * j * hs, kk, att + j * TT, NULL, what));
     }
-    softmax_causal(att, B * NH, T);
+    /* bf16: the softmax writes the bf16 copy of att in its own pass where it can */
     const void *a = att;
-    if (bf) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
+    if (bf) {
+        void *a16 = NULL;
+        PL_TRY(scratch(SCR_B, sizeof(uint16_t) * (size_t)B * NH * TT, &a16));
+        a = a16;
+        if (!onednn_softmax_causal(att, a16, B * NH, T)) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
+    } else onednn_softmax_causal(att, NULL, B * NH, T);
     for (int64_t j = 0; j < G; j++) {
         key_init(&k, 4, bf, 0, 0, 1.0f);
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h */
@@ -710,9 +688,14 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
         view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
         PL_TRY(mm_run(&k, a + es * j * TT, dy + es * j * hs, dv, NULL, what));
     }
-    softmax_causal_bwd(datt, att, B * NH, T);
     const void *dpv = datt;
-    if (bf) PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dpv));
+    if (bf) { /* the bf16 att in SCR_C is not needed any more: the bf16 dpre takes its place */
+        void *d16 = NULL;
+        PL_TRY(scratch(SCR_C, sizeof(uint16_t) * (size_t)B * NH * TT, &d16));
+        dpv = d16;
+        if (!onednn_softmax_causal_bwd(datt, d16, att, B * NH, T))
+            PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dpv));
+    } else onednn_softmax_causal_bwd(datt, NULL, att, B * NH, T);
     const char *dp = dpv;
     for (int64_t j = 0; j < G; j++) {
         /* dq_h = s dpre_h k_g */
@@ -753,4 +736,14 @@ const backend backend_onednn = {
     .matmul_bwd_weight = dn_matmul_bwd_weight,
     .attention_gqa_fwd = dn_attention_gqa_fwd,
     .attention_gqa_bwd = dn_attention_gqa_bwd,
+    /* onednn_ops.c: AVX-512 loops, or backend_cpu's ops on a CPU without AVX-512 */
+    .layernorm_fwd = onednn_layernorm_fwd,
+    .layernorm_bwd_input = onednn_layernorm_bwd_input,
+    .layernorm_bwd_weight = onednn_layernorm_bwd_weight,
+    .gelu_fwd = onednn_gelu_fwd,
+    .gelu_bwd = onednn_gelu_bwd,
+    .crossentropy_fwd = onednn_crossentropy_fwd,
+    .crossentropy_bwd = onednn_crossentropy_bwd,
+    .adamw = onednn_adamw,
+    .sumsq = onednn_sumsq,
 };

@@ -208,7 +208,7 @@ void config_defaults(pl_options *o) {
     o->microbatches = 1;
     strcpy(o->split, "auto");
     strcpy(o->schedule, "1f1b");
-    strcpy(o->backend, "cpu");
+    strcpy(o->backend, "auto");
     strcpy(o->precision, "fp32");
     strcpy(o->recompute, "none");
     strcpy(o->arch, "gpt2");
@@ -951,11 +951,25 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
             o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
-    const backend *be = backend_find(o->backend); /* an unknown one: the run says which are built */
+    REQUIRE(strcmp(o->backend, "auto") != 0 || strcmp(o->precision, "bf16") != 0 || backend_find("onednn"),
+            "--precision bf16: --backend auto takes onednn for bf16, and this binary was built without it "
+            "(built: %s; ./configure finds Debian's libdnnl-dev%s)", backend_list(),
+            backend_find("cuda") ? "; or --backend cuda on a GPU" : "");
+    const backend *be = backend_find(config_backend(o)); /* an unknown one: the run says which are built */
     if (be && backend_opts_check(be, o->backend_opt, err, errlen) != PL_OK) return PL_EINVAL;
 #undef REQUIRE
     /* lr, betas, eps, weight decay, batch, seq-len, markov-branch, the model: the checkpoint's ranges */
     return validate_model_and_train(o, err, errlen);
+}
+
+/* The backend a run uses: --backend, or for "auto" the one for --precision: onednn for bf16
+ * (whether it can run bf16 on this CPU is its init's to say, with a message), cpu for fp32,
+ * because OpenBLAS is the fp32 reference and, on the CPUs measured, at least as fast as
+ * oneDNN's fp32 (so the default run's bits are the reference's). Later: a GPU backend when
+ * one is built and a GPU is present (its init would have to be tried here). */
+const char *config_backend(const pl_options *o) {
+    if (strcmp(o->backend, "auto") != 0) return o->backend;
+    return strcmp(o->precision, "bf16") == 0 ? "onednn" : "cpu";
 }
 
 /* An option's help line; --backend's names the backends this binary was built with. */
@@ -970,7 +984,8 @@ static const char *help_text(const opt_desc *d, char *buf, size_t len) {
         } else names[o++] = *b;
     }
     names[o] = 0;
-    snprintf(buf, len, "compute backend: %s (the ones built into this binary; default cpu)", names);
+    snprintf(buf, len, "compute backend: %s (the ones built into this binary), or auto (default: onednn for "
+             "--precision bf16, cpu for fp32)", names);
     return buf;
 }
 

@@ -60,7 +60,8 @@ void report_stage_table(run *R) {
             getenv("PIPELM_WAIT_CHOSEN") ? "; OMP_WAIT_POLICY=PASSIVE set by pipelm (two thread pools)" : "");
     char bdesc[256] = "";
     R->be->describe(bdesc, sizeof bdesc);
-    pl_info("backend: %s, precision %s\n", bdesc, R->o->precision);
+    pl_info("backend: %s, precision %s%s\n", bdesc, R->o->precision,
+            strcmp(R->o->backend, "auto") == 0 ? " (chosen by --backend auto)" : "");
     if (R->V > 1)
         pl_info("pipeline: %d stages = %d ranks x %d chunks (stage s on rank s mod %d), schedule %s, %d micro-batch%s "
                 "of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->P, R->sc.name, R->M, R->M > 1 ? "es" : "", Bm,
@@ -237,7 +238,9 @@ void report_run_line(run *R) {
     char ent[64];
     metrics_num(ent, sizeof ent, R->have_train ? R->train.entropy : NAN);
     fprintf(f, "{\"event\":\"run\",\"version\":\"%s\",\"config\":", PACKAGE_VERSION);
-    config_write_json(R->o, f);
+    pl_options o = *R->o; /* the backend that ran, not "auto" */
+    snprintf(o.backend, sizeof o.backend, "%s", R->be->name);
+    config_write_json(&o, f);
     fprintf(f, ",\"model\":{\"vocab_size\":%d,\"padded_vocab_size\":%d,\"max_seq_len\":%d,\"n_layer\":%d,"
             "\"n_head\":%d,\"n_embd\":%d,\"params\":%zu}", R->cfg.V, R->cfg.Vp, R->cfg.maxT, R->cfg.L,
             R->cfg.NH, R->cfg.C, model_num_params(&R->cfg));

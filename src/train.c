@@ -132,7 +132,8 @@ static int lock_ckpt_dir(const run *R, char *err, size_t errlen) {
     if (note[0]) pl_note("%s", note);
     return PL_OK;
 }
-/* The backend named by --backend, set up with --precision and this rank's threads. */
+/* The backend named by --backend (auto: config_backend's choice), set up with --precision
+ * and this rank's threads. */
 static int setup_backend(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     backend_options bo = {PL_PREC_FP32, R->lay.threads, -1, R->lay.local_rank, R->lay.local_ranks, o->backend_opt};
@@ -140,15 +141,17 @@ static int setup_backend(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "--precision %s: not fp32 or bf16", o->precision);
         return PL_EINVAL;
     }
-    const backend *be = backend_find(o->backend);
+    const char *name = config_backend(o);
+    const backend *be = backend_find(name);
     if (!be) {
-        snprintf(err, errlen, "unknown or unbuilt backend '%s' (this build has: %s)%s%s", o->backend, backend_list(),
+        snprintf(err, errlen, "unknown or unbuilt backend '%s' (this build has: %s)%s%s", name, backend_list(),
                  backend_refusal()[0] ? "; refused: " : "", backend_refusal());
         return PL_EINVAL;
     }
     char e2[512] = "";
     if (be->init(&bo, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "backend %s cannot run here: %s", be->name, e2);
+        snprintf(err, errlen, "backend %s%s cannot run here: %s", be->name,
+                 strcmp(o->backend, "auto") == 0 ? " (--backend auto's choice for this precision)" : "", e2);
         return PL_EINVAL;
     }
     /* a benchmark also says where the step goes: its ops are timed by class (--profile-ops,

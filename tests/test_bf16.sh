@@ -73,6 +73,15 @@ sys.exit(0 if a[0] != b[0] and abs(a[0] - b[0]) <= 1e-2 * a[0] else 1)
 EOF
     then ok "bf16 step-1 loss differs from fp32 by under 1%"; else bad "bf16 vs fp32 step 1" "$(losses ref_bf16.jsonl | head -1) vs $(losses cpu.jsonl | head -1)"; fi
 
+    # --precision bf16 alone: --backend auto takes onednn, says so, and names it in the run line;
+    # with 2 threads per rank the same bits (the vector ops split rows or channels, not sums)
+    mpirun_t 120 1 train $COMMON --precision bf16 --threads 2 --metrics auto.jsonl --save-final auto.bin \
+        > auto.out 2>&1
+    if cmp -s ref_bf16.bin auto.bin && grep "backend: onednn" auto.out | grep -q "chosen by --backend auto" \
+            && grep -q '"backend":"onednn","precision":"bf16"' auto.jsonl; then
+        ok "bf16 with the default --backend auto: onednn, 2 threads, the same bits ($(grep -m1 'backend:' auto.out | cut -c1-90))"
+    else bad "--precision bf16 alone" "$(grep -m1 'backend' auto.out) $(tail -n 2 auto.out | tr '\n' ' ')"; fi
+
     # learning: the tiny preset reaches the entropy floor + 0.25 nats within 400 steps (full
     # tier only: 400 steps are half this test's time; the plain tier keeps every bf16 bit check)
     if ! full_tier; then full_only "bf16 learns to the entropy floor + 0.25 in 400 steps"

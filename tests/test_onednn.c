@@ -376,10 +376,13 @@ START_TEST(test_table) {
     }
 #define PL_COMPUTE_OP(ret, name, params, args, cls) PL_MEM_OP(ret, name, params, args, cls)
 #include "pipelm/backend_ops.h"
-    ck_assert_int_eq(own, 5); /* the three matmuls and the two attention ops */
+    /* the three matmuls, the two attention ops and onednn_ops.c's nine (LayerNorm x3, GELU x2,
+     * cross-entropy x2, AdamW, sumsq) */
+    ck_assert_int_eq(own, 14);
     ck_assert_ptr_nonnull(backend_onednn.matmul_fwd);
     ck_assert_ptr_nonnull(backend_onednn.attention_gqa_bwd);
-    ck_assert_ptr_null(backend_onednn.layernorm_fwd);
+    ck_assert_ptr_nonnull(backend_onednn.layernorm_fwd);
+    ck_assert_ptr_null(backend_onednn.residual_fwd);
     ck_assert_int_gt(taken, 20);
     ck_assert_int_eq(dn->synchronize(), 0);
     /* an op taken from backend_cpu reports into this backend's error() */
@@ -551,6 +554,74 @@ START_TEST(test_threads) {
 }
 END_TEST
 
+/* onednn_ops.c's ops (LayerNorm, GELU, cross-entropy, AdamW, sumsq) on odd shapes (C, V and n
+ * not multiples of 16, sumsq over several chunks) with `threads` threads and the given
+ * --backend-opt settings; results into r[] (VNRES buffers, allocated here). */
+enum { VN = 37, VC = 83, VV = 1001, VVP = 1024, VNE = 100003, VNRES = 13 };
+static const size_t vsize[VNRES] = {VN * VC, VN, VN, VN * VC, VC, VC, VNE, VNE, VN, VN * VVP, VN * VVP, 3 * VNE, 1};
+static void vec_ops_run(float **r, int prec, int threads, const char *settings) {
+    backend_options o = {prec, threads, -1, 0, 0, settings};
+    char err[512] = "";
+    ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "init: %s", err);
+    OK(dn->set_threads(threads));
+    rng_seed(11);
+    float *x = falloc(VN * VC), *w = falloc(VC), *b = falloc(VC), *dy = falloc(VNE), *g = falloc(VNE);
+    int tg[VN];
+    fill_rand(x, VN * VC, -2, 2); fill_rand(w, VC, -1, 1); fill_rand(b, VC, -1, 1);
+    fill_rand(dy, VNE, -1, 1); fill_rand(g, VNE, -1e-2, 1e-2);
+    for (int i = 0; i < VN; i++) tg[i] = (i * 97) % VV;
+    for (int i = 0; i < VNRES; i++) r[i] = falloc(vsize[i]);
+    fill_rand(r[3], VN * VC, -1, 1); fill_rand(r[4], VC, -1, 1); fill_rand(r[5], VC, -1, 1);
+    OK(dn->layernorm_fwd(r[0], r[1], r[2], x, w, b, VN, VC));
+    OK(dn->layernorm_bwd_input(r[3], dy, x, w, r[1], r[2], VN, VC));
+    OK(dn->layernorm_bwd_weight(r[4], r[5], dy, x, r[1], r[2], VN, VC));
+    OK(dn->gelu_fwd(r[6], dy, VNE));
+    OK(dn->gelu_bwd(r[7], dy, g, VNE));
+    fill_rand(r[9], VN * VVP, -8, 8);
+    OK(dn->crossentropy_fwd(r[8], r[9], tg, VN, VV, VVP));
+    memcpy(r[10], r[9], sizeof(float) * VN * VVP);
+    OK(dn->crossentropy_bwd(r[10], tg, 0.25f, VN, VV, VVP));
+    fill_rand(r[11], 3 * VNE, 0, 1e-3); /* p, m, v */
+    OK(dn->adamw(r[11], g, r[11] + VNE, r[11] + 2 * VNE, VNE, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3));
+    double sq = 0;
+    OK(dn->sumsq(dy, VNE, &sq));
+    r[12][0] = (float)sq;
+    dn->free(x); dn->free(w); dn->free(b); dn->free(dy); dn->free(g);
+}
+
+/* The vector ops: within TOL32 of the CPU backend's (vec-ops=0 is the CPU backend's own, bit for
+ * bit), and the same bits with 1 and 2 threads; both precisions (the ops are fp32 in both). */
+START_TEST(test_vec_ops) {
+    for (int bf = 0; bf < 2; bf++) {
+        if (bf && !bf16_ok) continue;
+        int prec = bf ? PL_PREC_BF16 : PL_PREC_FP32;
+        float *v1[VNRES], *v2[VNRES], *c[VNRES];
+        vec_ops_run(v1, prec, 1, NULL);
+        vec_ops_run(v2, prec, 2, NULL);
+        vec_ops_run(c, prec, 2, "vec-ops=0");
+        float *ref[VNRES];
+        /* the CPU backend on the same inputs: vec_ops_run through cpu's table */
+        const backend *save = dn;
+        dn = cpu;
+        vec_ops_run(ref, PL_PREC_FP32, 2, NULL);
+        dn = save;
+        for (int i = 0; i < VNRES; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s vector op result %d, 1 and 2 threads", bf ? "bf16" : "fp32", i);
+            check_same(what, v1[i], v2[i], vsize[i]);
+            snprintf(what, sizeof what, "%s vec-ops=0 result %d is the cpu backend's", bf ? "bf16" : "fp32", i);
+            check_same(what, c[i], ref[i], vsize[i]);
+            snprintf(what, sizeof what, "%s vector op result %d vs cpu", bf ? "bf16" : "fp32", i);
+            if (i != 12) check32(what, v1[i], ref[i], NULL, vsize[i]);
+            else ck_assert_msg(fabsf(v1[i][0] - ref[i][0]) <= 1e-6f * ref[i][0], "sumsq %g vs %g", v1[i][0], ref[i][0]);
+            dn->free(v1[i]); dn->free(v2[i]); dn->free(c[i]); dn->free(ref[i]);
+        }
+    }
+    OK(dn->set_threads(default_threads));
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
 /* the primitive cache: a repeated product creates nothing; more shapes than the cache holds
  * are evicted and still compute correctly */
 START_TEST(test_cache) {
@@ -626,7 +697,7 @@ static Suite *onednn_suite(void) {
         {"attention_fp32", test_attention_fp32}, {"attention_bf16", test_attention_bf16},
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
-        {"gqa_bf16", test_gqa_bf16},
+        {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -136,6 +136,8 @@ int config_parse(pl_options *o, int argc, char **argv, int first, int bench, cha
 int config_check_ckpt(const pl_options *o, char *err, size_t errlen);
 /* Check ranges and combinations (batch divisible by microbatches, seq-len <= max...). */
 int config_validate(const pl_options *o, char *err, size_t errlen);
+/* The backend name a run uses: --backend, with "auto" resolved for --precision. */
+const char *config_backend(const pl_options *o);
 /* Print the option table as --help text (bench-only options when bench != 0). */
 void config_print_help(FILE *out, int bench);
 /* Write the settings as a JSON object (for the metrics "run" line). */
