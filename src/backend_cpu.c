@@ -410,13 +410,7 @@ static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, con
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, W, k, W, 0.0f, a, T);
     for (int t = 0; t < T; t++) {
         float *r = a + (size_t)t * T;
-        float mx = r[0];
-        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) r[j] *= inv;
-        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+        softmax_causal_row(r, t, T);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, W, 0.0f, o, ldo);
 }

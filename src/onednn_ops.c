@@ -56,13 +56,7 @@ static void softmax_scalar(float *att, int BH, int T) {
     for (size_t rr = 0; rr < rows; rr++) {
         int t = (int)(rr % T);
         float *r = att + rr * T;
-        float mx = r[0];
-        for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) r[j] *= inv;
-        for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+        softmax_causal_row(r, t, T);
     }
 }
 

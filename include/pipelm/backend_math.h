@@ -2,7 +2,7 @@
  * backend_math.h — the scalar functions every backend computes the same way, written once
  * so that the CPU loops, the oneDNN backend's softmax and the CUDA kernels agree bit for bit
  * where their order of operations does: exp_fast (the softmax and the GELU/SiLU exponentials),
- * tanh_fast on top of it, and the fp32 -> bf16 rounding of the bf16 products. Plain C99 that
+ * tanh_fast on top of it, one row of the causal softmax, and the fp32 -> bf16 rounding of the bf16 products. Plain C99 that
  * nvcc compiles as host and device code (PL_MATH_FN), with no library calls, so loops over it
  * vectorise.
  */
@@ -45,6 +45,19 @@ PL_MATH_FN float exp_fast(float x) {
 
 /* tanh(u) = 1 - 2 / (1 + exp(2u)), through exp_fast (absolute error ~1e-7). */
 PL_MATH_FN float tanh_fast(float u) { return 1.0f - 2.0f / (1.0f + exp_fast(2.0f * u)); }
+
+/* One row of the causal softmax, in place: row r of T scores at position t keeps columns
+ * 0..t (max-subtracted, exponentiated, normalised in that order) and zeroes the rest. The
+ * CPU attention and the oneDNN backend's share it, so their probabilities are the same bits. */
+PL_MATH_FN void softmax_causal_row(float *r, int t, int T) {
+    float mx = r[0];
+    for (int j = 1; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+    float sum = 0.0f;
+    for (int j = 0; j <= t; j++) { r[j] = exp_fast(r[j] - mx); sum += r[j]; }
+    float inv = 1.0f / sum;
+    for (int j = 0; j <= t; j++) r[j] *= inv;
+    for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+}
 
 /* fp32 -> bf16 bits, round to nearest even; as VCVTNEPS2BF16 does, denormal inputs flush to
  * a signed zero and a NaN stays a (quiet) NaN. */
