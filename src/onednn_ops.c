@@ -131,7 +131,10 @@ VEC static inline void store16(unsigned short *dst, __m512 x, __mmask16 m) {
 VEC static void softmax_row(float *r, unsigned short *o16, int t, int T) {
     int n = t + 1;
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < n; j += 16) mx = _mm512_mask_max_ps(mx, tail(j, n), mx, _mm512_loadu_ps(r + j));
+    for (int j = 0; j < n; j += 16) { /* masked loads: the last row's tail must not read past the buffer */
+        __mmask16 m = tail(j, n);
+        mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, r + j));
+    }
     __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
         __mmask16 m = tail(j, n);
@@ -384,7 +387,10 @@ VEC static void ce_fwd_vec(float *losses, float *logits, const int *targets, int
     for (int i = 0; i < N; i++) {
         float *r = logits + (size_t)i * Vp;
         __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
-        for (int j = 0; j < V; j += 16) mx = _mm512_mask_max_ps(mx, tail(j, V), mx, _mm512_loadu_ps(r + j));
+        for (int j = 0; j < V; j += 16) {
+            __mmask16 m = tail(j, V);
+            mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, r + j));
+        }
         __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
         for (int j = 0; j < V; j += 16) {
             __mmask16 k = tail(j, V);

@@ -693,20 +693,23 @@ START_TEST(test_dims_and_split) {
                     split_free(&b);
                 }
     split_exact_limit = saved;
-    /* deep and narrow: n-layer 10000 over 64 stages in well under a second or two */
+    /* deep and narrow: n-layer 10000 over 64 stages. The bound guards the search's complexity
+     * (an exponential search would take hours), not its speed: it is this thread's CPU time, so
+     * a loaded machine does not move it, and it is loose enough for a sanitizer build (about
+     * 6 s under ASan, about 1 s without). Speed belongs in benchmarks. */
     model_config deep;
     ck_assert_int_eq(gpt2_config_make(&deep, 256, 64, 10000, 1, 8, err, sizeof err), 0);
     struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     ck_assert_int_eq(split_make(&sp, "auto", &deep, 64, 8, 1, 64, err, sizeof err), 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     long long sum = 0;
     for (int s = 0; s < 64; s++) sum += sp.blocks[s];
     ck_assert_int_eq(sum, 10000);
     split_free(&sp);
-    fprintf(stderr, "split search: n-layer 10000 over 64 stages in %.3f s\n", secs);
-    ck_assert_msg(secs < 5.0, "split search took %.1f s", secs);
+    fprintf(stderr, "split search: n-layer 10000 over 64 stages in %.3f s of CPU\n", secs);
+    ck_assert_msg(secs < 60.0, "split search took %.1f s of CPU", secs);
 }
 END_TEST
 
