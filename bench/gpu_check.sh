@@ -486,11 +486,14 @@ PYEOF
 GB=
 if want 5; then
     for b in $BATCHES; do
-        if gpt2_run "$b"; then
+        rc=0
+        gpt2_run "$b" || rc=$?
+        if [ "$rc" = 0 ]; then
             GB=$b
             res "gpt2_B$b" "fits"
             break
         fi
+        [ "$rc" -lt 124 ] || die "GPT-2 step at B=$b: timed out (exit $rc; its timeout capped by the budget)" "$D/gpt2_B$b.log"
         why=$(fit_reason "$D/gpt2_B$b.log")
         [ -n "$why" ] || die "GPT-2 step at B=$b (neither the size limit nor an out-of-memory)" "$D/gpt2_B$b.log"
         res "gpt2_B$b" "does not fit: $why"

@@ -84,7 +84,7 @@ if full_tier; then
     wall=$(($(date +%s) - t0))
     if [ "$RC" -ne 0 ] && [ "$wall" -le 32 ]; then ok "short budget: stops in ${wall}s (budget 30)"
     else bad "short budget" "exit $RC after ${wall}s (budget 30)"; fi
-    has "short budget: the cut step named" short failed_step "B=4096\|out of time"
+    has "short budget: the cut step named" short failed_step "B=4096: timed out\|out of time"
 else
     full_only "the whole dry run; a budget that runs out during a step"
 fi
