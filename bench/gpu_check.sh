@@ -12,30 +12,50 @@
 # the tail of its log):
 #   1. unpack .debs into a private prefix (never into /), fix the .pc files and mpicc's paths;
 #   2. configure --with-cuda --with-cuda-arch=90 --without-onednn; make pipelm tests/test_cuda;
-#   3. tests/test_cuda (every op against backend_cpu; exit 77 = no GPU = a failure here);
+#   3. tests/test_cuda with PIPELM_TEST_FULL=1 (every op against backend_cpu, the real-size
+#      cases included; exit 77 = no GPU = a failure here); then, where compute-sanitizer exists,
+#      `--tool memcheck` over the same test and `--tool racecheck` over the cases whose kernels
+#      share memory (CK_RUN_CASE=layernorm, crossentropy, rmsnorm; their plain-tier shapes);
 #   4. tiny preset on the GPU: fp32 1, 2 and 4 ranks (PIPELM_CUDA_SHARE=1) and a second 1-rank
 #      run: losses and --save-final weights bit-identical (cmp); bf16 1 vs 2 ranks likewise;
 #      fp32 GPU vs CPU: losses of 6 steps within 1e-5 relative, step-1 gradients (--dump-grads)
 #      per tensor within 1e-4 max-relative; a GPU checkpoint resumed on the CPU and the other
 #      way round (final loss within 1e-4 relative of the uninterrupted run); an allocation
 #      failure injected on one rank (PIPELM_FAIL_ALLOC) ends both ranks with its message;
-#   5. GPT-2 124M, T=1024, bf16: the largest batch of GPU_CHECK_BATCH that fits, median step
-#      time of the steps after the warm-up; PyTorch's bf16/TF32 matmul peak (8192^3); PyTorch
-#      eager bf16 on the same model and batch (SDPA attention, then llm.c's naive attention),
-#      and torch.compile when time allows; MFU against the measured bf16 peak;
+#   5. GPT-2 124M, T=1024, bf16: the largest batch of GPU_CHECK_BATCH that fits (a batch the
+#      stage's size limit refuses, "micro-batch too large", or one that runs out of memory in
+#      any form: cudaMalloc's "out of memory", cuBLAS's CUBLAS_STATUS_ALLOC_FAILED, pipelm's
+#      own allocation messages, is "does not fit": the next smaller one is tried); the step-1
+#      loss against ln(V) = 10.82 (random init: within 0.5 nats; the logits' spread at init
+#      adds about 0.15); median step time of the steps after the warm-up; PyTorch's bf16/TF32
+#      matmul peak (8192^3); PyTorch eager bf16 on the same model and batch (SDPA attention,
+#      then llm.c's naive attention), and torch.compile when time allows; MFU against the
+#      measured bf16 peak;
 #   6. GPT-2, bf16, B=16, M=8: two pipeline stages on the one GPU vs one stage.
-# Optional steps are skipped once GPU_CHECK_BUDGET seconds (default 420) have passed.
+# Time: every step's timeout is its own limit capped by what is left of GPU_CHECK_BUDGET
+# seconds (default 420; less GPU_CHECK_RESERVE, default 15, kept for the summary), so no step
+# carries the run past the budget: set the budget below the device call's timeout_s. A
+# required step with no time left stops the run; an optional one is recorded "skipped (time)".
 #
 # $OUT gets at most 8 files (the device tool's limit): summary.txt (the table, also printed
 # last), results.json, log.txt (everything printed), test_cuda.log, details.tar.gz (every
-# run's log, metrics and the build logs).
+# run's log, metrics and the build logs). results.json and summary.txt are rewritten (whole,
+# by a rename) after every result and details.tar.gz at every step, so a run that is killed
+# keeps what it measured; their "status" then says "incomplete".
 #
-# Environment: OUT (default /tmp/gpu_check_out), GPU_CHECK_BUDGET, GPU_CHECK_BATCH (default
-# "64 32 16 8", largest first), GPU_CHECK_COMPILE=0 (skip torch.compile), GPU_CHECK_ARCH
-# (default 90), GPU_CHECK_KEEP=1 (keep the work folder), GPU_CHECK_DRYRUN=1 (a machine
-# without a GPU: checks this script's unpacking and build; test_cuda may skip and the GPU runs
-# are skipped), GPU_CHECK_FAKE=1 (with DRYRUN: runs steps 4-6 on the CPU backend, fp32, tiny
-# sizes, no PyTorch: checks the script's logic only; its numbers mean nothing).
+# Environment: OUT (default /tmp/gpu_check_out), GPU_CHECK_BUDGET, GPU_CHECK_RESERVE,
+# GPU_CHECK_BATCH (default "32 16 8", largest first: B*T*Vp must stay under 2^31 floats, so
+# GPT-2 at T=1024 allows at most 41), GPU_CHECK_STEPS (default "3 4 5 6": the steps after the
+# build to run), GPU_CHECK_COMPILE=0 (skip torch.compile), GPU_CHECK_ARCH (default 90),
+# GPU_CHECK_KEEP=1 (keep the work folder), GPU_CHECK_DRYRUN=1 (a machine without a GPU: checks
+# this script's unpacking and build; test_cuda may skip and the GPU runs are skipped),
+# GPU_CHECK_FAKE=1 (with DRYRUN: runs steps 4-6 on the CPU backend, fp32, tiny sizes, no
+# PyTorch: checks the script's logic only, its numbers mean nothing; the batch list is then
+# "262144 32 16": 262144 is refused by the size limit, 32 runs out of memory by
+# PIPELM_FAIL_ALLOC, 16 fits), GPU_CHECK_BUILD=DIR (use that configured build's pipelm and
+# tests/test_cuda instead of steps 1-2: the dry run of tests/test_gpu_check.sh), and, for that
+# test only, GPU_CHECK_KILL_AFTER=KEY (the script kills itself with SIGKILL once result KEY is
+# written).
 set -uo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,13 +64,17 @@ T0=$(date +%s)
 OUT=${OUT:-${TMPDIR:-/tmp}/gpu_check_out}
 mkdir -p "$OUT"
 BUDGET=${GPU_CHECK_BUDGET:-420}
-BATCHES=${GPU_CHECK_BATCH:-64 32 16 8}
+RESERVE=${GPU_CHECK_RESERVE:-15}
 ARCH=${GPU_CHECK_ARCH:-90}
 DRYRUN=${GPU_CHECK_DRYRUN:-0}
 FAKE=${GPU_CHECK_FAKE:-0}
-BE=cuda PREC16=bf16 GPT2=(--preset gpt2 --seq-len 1024)
+STEPS=" ${GPU_CHECK_STEPS:-3 4 5 6} "
+BUILD=${GPU_CHECK_BUILD:-}
+BE=cuda PREC16=bf16 GPT2=(--preset gpt2 --seq-len 1024) VOCAB=50257 OOM_BATCH=
+BATCHES=${GPU_CHECK_BATCH:-32 16 8}
 if [ "$FAKE" = 1 ]; then
-    BE=cpu PREC16=fp32 GPT2=(--preset tiny) BATCHES="16"
+    BE=cpu PREC16=fp32 GPT2=(--preset tiny) VOCAB=256 OOM_BATCH=32
+    BATCHES=${GPU_CHECK_BATCH:-262144 32 16}
 fi
 # everything printed also goes to $OUT/log.txt (a pipe the script waits for, not a process
 # substitution that could be cut off when the command returns)
@@ -64,29 +88,61 @@ mkdir -p "$D"
 
 elapsed() { echo $(($(date +%s) - T0)); }
 note() { echo "== [$(elapsed)s] $*"; }
+want() { [[ "$STEPS" == *" $1 "* ]]; } # want N: step N is in GPU_CHECK_STEPS
 RESULTS=$D/results.txt # key<TAB>value lines, turned into results.json and summary.txt
 : >"$RESULTS"
-res() { printf '%s\t%s\n' "$1" "$2" >>"$RESULTS"; }
-over_budget() { [ "$(elapsed)" -ge "$BUDGET" ]; }
 
-finish() {
-    local rc=$?
-    res status "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
-    res elapsed_s "$(elapsed)"
-    python3 - "$RESULTS" "$OUT/results.json" "$OUT/summary.txt" <<'PYEOF' || true
-import json, sys
-src, jout, sout = sys.argv[1:4]
+# flush STATUS: results.json and summary.txt from the results so far, each written beside
+# and renamed, so that a kill at any moment leaves the last complete pair.
+flush() {
+    python3 - "$RESULTS" "$OUT/results.json" "$OUT/summary.txt" "$1" "$(elapsed)" <<'PYEOF' || true
+import json, os, sys
+src, jout, sout, status, el = sys.argv[1:6]
 rows = []
 for line in open(src):
     k, _, v = line.rstrip("\n").partition("\t")
     rows.append((k, v))
-json.dump(dict(rows), open(jout, "w"), indent=1)
-with open(sout, "w") as f:
+rows += [("status", status), ("elapsed_s", el)]
+with open(jout + ".tmp", "w") as f:
+    json.dump(dict(rows), f, indent=1)
+with open(sout + ".tmp", "w") as f:
     f.write("gpu_check results\n")
     for k, v in rows:
         f.write("  %-44s %s\n" % (k, v))
+os.replace(jout + ".tmp", jout)
+os.replace(sout + ".tmp", sout)
 PYEOF
-    (cd "$W" && tar czf "$OUT/details.tar.gz" details build/config.log build/make.log 2>/dev/null) || true
+}
+# pack: details.tar.gz from the logs so far (by a rename, as flush)
+pack() {
+    (cd "$W" && tar czf "$OUT/details.tar.gz.tmp" details build/config.log build/make.log 2>/dev/null
+        mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz") || true
+}
+progress() { flush "incomplete (stopped or killed after [$(elapsed)s])"; }
+# res KEY VALUE: one result, written out at once
+res() {
+    printf '%s\t%s\n' "$1" "$2" >>"$RESULTS"
+    progress
+    if [ "${GPU_CHECK_KILL_AFTER:-}" = "$1" ]; then kill -KILL $$; fi
+}
+# step TITLE: a new step: the logs so far packed, the title printed
+step() {
+    pack
+    note "$@"
+}
+# tmo SECONDS [MIN]: SECONDS capped by the time left in the budget, less the reserve and the
+# 5 s that `timeout -k 5` may add before its KILL; fails when fewer than MIN (default 5) are left
+tmo() {
+    local left=$((BUDGET - RESERVE - 5 - $(elapsed))) min=${2:-5}
+    [ "$left" -ge "$min" ] || return 1
+    echo $(($1 < left ? $1 : left))
+}
+
+finish() {
+    local rc=$?
+    trap - EXIT
+    flush "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+    pack
     echo
     cat "$OUT/summary.txt" 2>/dev/null
     [ "${GPU_CHECK_KEEP:-0}" = 1 ] && echo "kept $W" || rm -rf "$W"
@@ -107,13 +163,50 @@ die() {
     exit 1
 }
 
+# sanitize NAME SECONDS TOOL [VAR=VALUE...]: tests/test_cuda under compute-sanitizer's TOOL
+# (API errors are the test's own business: it provokes some); the result under NAME.
+sanitize() {
+    local name=$1 own=$2 tool=$3 t rc=0
+    shift 3
+    t=$(tmo "$own" 30) || { res "$name" "skipped (time)"; return; }
+    env "$@" timeout -k 5 "$t" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+        --log-file "$D/$name.log" "$B/tests/test_cuda" >"$D/$name.out" 2>&1 || rc=$?
+    local sum
+    sum=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$D/$name.log" 2>/dev/null | tail -n 1 | sed 's/^=* *//')
+    echo "$name: exit $rc: ${sum:-no summary}"
+    if [ "$rc" = 0 ]; then res "$name" "clean (${sum:-no summary})"
+    elif [ "$rc" -ge 124 ]; then res "$name" "timed out after ${t}s (${sum:-no summary}; details/$name.log)"
+    else res "$name" "ERRORS (exit $rc: ${sum:-no summary}; details/$name.log)"
+    fi
+}
+# sanitizers: memcheck over the whole of test_cuda (its real-size cases too), racecheck over
+# the cases whose kernels reduce in shared memory, at their plain-tier shapes
+sanitizers() {
+    if [ -z "$SANITIZER" ]; then
+        res compute_sanitizer "skipped (no compute-sanitizer here)"
+        return
+    fi
+    sanitize memcheck 180 memcheck PIPELM_TEST_FULL=1
+    for c in layernorm crossentropy rmsnorm; do
+        sanitize "racecheck_$c" 60 racecheck PIPELM_TEST_FULL=0 CK_RUN_CASE="$c"
+    done
+}
+
 # ---------------------------------------------------------------------------------------------
 note "machine"
 uname -a
 nproc
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv || true
+res budget_s "$BUDGET (reserve $RESERVE)"
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -n "$BUILD" ]; then
+    step "1-2. using the build in $BUILD (GPU_CHECK_BUILD)"
+    B=$(cd "$BUILD" && pwd) PIPELM=$BUILD/pipelm
+    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+    [ -x "$PIPELM" ] || die "GPU_CHECK_BUILD=$BUILD: no pipelm there"
+    res build "given ($BUILD)"
+else # steps 1-2, not indented: up to "fi # GPU_CHECK_BUILD"
 [ -n "$NVCC" ] || die "no nvcc on this machine"
 CUDA_DIR=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
 "$NVCC" --version | tail -n 2
@@ -143,7 +236,7 @@ fi
 res cuda_home "$CUDA_HOME"
 
 # ---------------------------------------------------------------------------------------------
-note "1. unpacking .debs into a private prefix"
+step "1. unpacking .debs into a private prefix"
 ls .debs/*.deb >/dev/null 2>&1 || die "no .debs/*.deb here: run bench/get_debs.sh and carry .debs"
 P=$W/pfx
 mkdir -p "$P/bin"
@@ -179,7 +272,7 @@ mpicc -show || die "mpicc wrapper"
 command -v mpiexec hydra_pmi_proxy || die "mpiexec / hydra_pmi_proxy not on PATH"
 
 # ---------------------------------------------------------------------------------------------
-note "2. configure and build (sm_$ARCH)"
+step "2. configure and build (sm_$ARCH)"
 if [ -d .debs/autotools ]; then
     if [ -f .debs/autotools/SOURCES.sha256 ] && ! sha256sum -c --quiet .debs/autotools/SOURCES.sha256; then
         echo "warning: configure.ac or Makefile.am changed since bench/get_debs.sh snapshotted the autotools files"
@@ -195,39 +288,55 @@ elif ! [ -x configure ]; then
 fi
 B=$W/build
 mkdir -p "$B"
-(cd "$B" && "$top/configure" --with-cuda="$CUDA_HOME" --with-cuda-arch="$ARCH" --without-onednn --without-isal \
-    --with-openblas=system \
-    CFLAGS="-g -O3" >configure.log 2>&1) || die "configure" "$B/config.log"
+t=$(tmo 120) || die "out of time before configure"
+(cd "$B" && timeout -k 5 "$t" "$top/configure" --with-cuda="$CUDA_HOME" --with-cuda-arch="$ARCH" --without-onednn \
+    --without-isal --with-openblas=system CFLAGS="-g -O3" >configure.log 2>&1) || die "configure" "$B/config.log"
 tail -n 14 "$B/configure.log"
-(cd "$B" && make -j"$(nproc)" pipelm tests/test_cuda >make.log 2>&1) || die "make" "$B/make.log"
+t=$(tmo 300) || die "out of time before make"
+(cd "$B" && timeout -k 5 "$t" make -j"$(nproc)" pipelm tests/test_cuda >make.log 2>&1) || die "make" "$B/make.log"
 PIPELM=$B/pipelm
 if ldd "$PIPELM" | grep "not found"; then die "pipelm has libraries not found (above)"; fi
 "$PIPELM" --version || die "pipelm --version"
 res build "ok ($(elapsed)s)"
+fi # GPU_CHECK_BUILD
+SANITIZER=$(command -v compute-sanitizer || true)
+[ -z "$SANITIZER" ] && [ -n "$NVCC" ] && [ -x "$(dirname "$NVCC")/compute-sanitizer" ] && SANITIZER=$(dirname "$NVCC")/compute-sanitizer
 
 # ---------------------------------------------------------------------------------------------
-note "3. tests/test_cuda"
-rc=0
-TEST_CUDA_VERBOSE=1 timeout 300 "$B/tests/test_cuda" >"$OUT/test_cuda.log" 2>&1 || rc=$?
-grep -E "^test_cuda|Checks:|Failures|:[0-9]+:[EF]:" "$OUT/test_cuda.log" | head -40
-if [ "$rc" = 77 ] && [ "$DRYRUN" = 1 ]; then
-    res test_cuda "skipped (77, dry run)"
-elif [ "$rc" != 0 ]; then
-    res test_cuda "FAILED (exit $rc)"
-    die "tests/test_cuda exit $rc (77: no usable GPU)" "$OUT/test_cuda.log"
-else
-    res test_cuda "passed"
-    res test_cuda_worst "$(grep '^test_cuda: worst' "$OUT/test_cuda.log" | sed 's/^test_cuda: //')"
+step "3. tests/test_cuda"
+if want 3; then
+    rc=0
+    if ! [ -x "$B/tests/test_cuda" ]; then
+        rc=77
+        echo "no $B/tests/test_cuda (a build without CUDA)"
+    elif t=$(tmo 300); then
+        PIPELM_TEST_FULL=1 TEST_CUDA_VERBOSE=1 timeout -k 5 "$t" "$B/tests/test_cuda" >"$OUT/test_cuda.log" 2>&1 || rc=$?
+    else
+        die "out of time before tests/test_cuda"
+    fi
+    grep -E "^test_cuda|Checks:|Failures|:[0-9]+:[EF]:" "$OUT/test_cuda.log" 2>/dev/null | head -40
+    if [ "$rc" = 77 ] && [ "$DRYRUN" = 1 ]; then
+        res test_cuda "skipped (77, dry run)"
+    elif [ "$rc" != 0 ]; then
+        res test_cuda "FAILED (exit $rc$([ "$rc" -ge 124 ] && echo ", timed out"))"
+        die "tests/test_cuda exit $rc (77: no usable GPU)" "$OUT/test_cuda.log"
+    else
+        res test_cuda "passed"
+        res test_cuda_worst "$(grep '^test_cuda: worst' "$OUT/test_cuda.log" | sed 's/^test_cuda: //')"
+        sanitizers
+    fi
 fi
 
 note "   CPU sanity: 2 ranks, tiny preset"
-timeout 120 mpiexec -n 2 "$PIPELM" train --preset tiny --steps 2 --progress 0 >"$D/cpu_sanity.log" 2>&1 ||
+t=$(tmo 120) || die "out of time before the CPU sanity run"
+timeout -k 5 "$t" mpiexec -n 2 "$PIPELM" train --preset tiny --steps 2 --progress 0 >"$D/cpu_sanity.log" 2>&1 ||
     die "mpiexec -n 2 pipelm train (cpu)" "$D/cpu_sanity.log"
 res cpu_sanity ok
 
 if [ "$DRYRUN" = 1 ] && [ "$FAKE" != 1 ]; then
     note "dry run: the GPU steps are skipped"
-    timeout 60 mpiexec -n 2 "$PIPELM" train --backend cuda --steps 1 >"$D/cuda_refusal.log" 2>&1
+    t=$(tmo 60) || die "out of time before the refusal run"
+    timeout -k 5 "$t" mpiexec -n 2 "$PIPELM" train --backend cuda --steps 1 >"$D/cuda_refusal.log" 2>&1
     rc=$?
     cat "$D/cuda_refusal.log"
     res cuda_refusal_exit "$rc"
@@ -235,14 +344,17 @@ if [ "$DRYRUN" = 1 ] && [ "$FAKE" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-note "4. bit-identity and CPU agreement (tiny preset on the GPU)"
+step "4. bit-identity and CPU agreement (tiny preset on the GPU)"
+if want 4; then
 export PIPELM_CUDA_SHARE=1
 TINY=(--preset tiny --steps 6 --microbatches 4 --eval-every 0 --val-batches 1 --progress 0 --seed 7)
 # train NAME NP BACKEND PRECISION [extra options]
 train() {
     local name=$1 np=$2 be=$3 prec=$4
     shift 4
-    timeout 180 mpiexec -n "$np" "$PIPELM" train "${TINY[@]}" --backend "$be" --precision "$prec" \
+    local t
+    t=$(tmo 180) || die "out of time before train $name"
+    timeout -k 5 "$t" mpiexec -n "$np" "$PIPELM" train "${TINY[@]}" --backend "$be" --precision "$prec" \
         --metrics "$D/$name.jsonl" --save-final "$D/$name.bin" "$@" >"$D/$name.log" 2>&1 ||
         die "train $name (np $np, $be, $prec)" "$D/$name.log"
 }
@@ -302,10 +414,12 @@ for n in a:
         worst, wn = (e if e == e else float("inf")), n
 print("grads_gpu_vs_cpu_fp32_worst_max_rel\t%.3e in %s (%s; tol 1e-4)" % (worst, wn, "ok" if worst <= 1e-4 else "NOT MET"))
 PYEOF
+progress
 tail -n 2 "$RESULTS"
 
 note "   an injected cudaMalloc failure on rank 1 ends both ranks"
-timeout -k 5 120 mpiexec -n 1 "$PIPELM" train "${TINY[@]}" --backend "$BE" : \
+t=$(tmo 120) || die "out of time before the injected failure"
+timeout -k 5 "$t" mpiexec -n 1 "$PIPELM" train "${TINY[@]}" --backend "$BE" : \
     -n 1 env PIPELM_FAIL_ALLOC=7 "$PIPELM" train "${TINY[@]}" --backend "$BE" >"$D/fail_alloc.log" 2>&1
 rc=$?
 grep -m3 "error\|stopping" "$D/fail_alloc.log"
@@ -331,62 +445,111 @@ for a, b, k in (("resume_on_cpu", "ck_cuda", "gpu_ckpt_resumed_on_cpu"), ("resum
     r = abs(x - y) / abs(y)
     print("%s_final_loss_rel\t%.3e (%s; tol 1e-4)" % (k, r, "ok" if r <= 1e-4 else "NOT MET"))
 PYEOF
+progress
 tail -n 2 "$RESULTS"
+unset PIPELM_CUDA_SHARE
+fi # step 4
 
 # ---------------------------------------------------------------------------------------------
-note "5. GPT-2 124M, T=1024, bf16: pipelm"
-unset PIPELM_CUDA_SHARE
-GB=
-for b in $BATCHES; do
-    n=gpt2_B$b
-    if timeout 300 mpiexec -n 1 "$PIPELM" train "${GPT2[@]}" --backend "$BE" --precision "$PREC16" \
-        --batch "$b" --microbatches 1 --steps 8 --eval-every 0 --val-batches 1 --progress 0 \
-        --metrics "$D/$n.jsonl" >"$D/$n.log" 2>&1; then
-        GB=$b
-        break
+step "5. GPT-2 124M, T=1024, bf16: pipelm"
+# fit_reason LOG: why a run did not fit (the size limit or an out-of-memory in any form), or
+# nothing for a failure of another kind
+fit_reason() {
+    if grep -q "micro-batch too large" "$1"; then
+        echo "refused by the size limit (micro-batch too large)"
+    elif grep -Eqi "out of (host |device )?memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|resource allocation failed|allocation of [0-9]+ bytes( failed|: too large)" "$1"; then
+        echo "out of memory ($(grep -Eim1 "out of|alloc" "$1" | cut -c1-160))"
     fi
-    grep -qi "out of memory\|cudaErrorMemoryAllocation" "$D/$n.log" || die "GPT-2 step at B=$b (not an out-of-memory)" "$D/$n.log"
-    echo "B=$b does not fit; trying a smaller batch"
-done
-[ -n "$GB" ] || die "GPT-2: no batch of '$BATCHES' fits"
-tail -n 14 "$D/gpt2_B$GB.log"
-res gpt2_batch "$GB"
+}
+# gpt2_run B: one GPT-2 run of 8 steps at batch B (FAKE: an allocation failure injected at
+# OOM_BATCH, so the out-of-memory path runs too); its exit status
+gpt2_run() {
+    local b=$1 t fail=()
+    t=$(tmo 300 20) || die "out of time in the batch search (at B=$b)"
+    [ "$b" = "$OOM_BATCH" ] && fail=(env PIPELM_FAIL_ALLOC=3)
+    timeout -k 5 "$t" ${fail[@]+"${fail[@]}"} mpiexec -n 1 "$PIPELM" train "${GPT2[@]}" --backend "$BE" --precision "$PREC16" \
+        --batch "$b" --microbatches 1 --steps 8 --eval-every 0 --val-batches 1 --progress 0 \
+        --metrics "$D/gpt2_B$b.jsonl" >"$D/gpt2_B$b.log" 2>&1
+}
+# loss_check: the step-1 loss of the chosen run against ln(VOCAB), tolerance 0.5 nats
+loss_check() {
+    python3 - "$D/gpt2_B$GB.jsonl" "$VOCAB" >>"$RESULTS" <<'PYEOF' || die "reading the step-1 loss"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"event":"step"' in l]
+l1, want = rows[0]["loss"], math.log(int(sys.argv[2]))
+ok = abs(l1 - want) <= 0.5
+print("gpt2_step1_loss\t%.4f (ln %s = %.4f, tol 0.5: %s)" % (l1, sys.argv[2], want, "ok" if ok else "NOT MET"))
+PYEOF
+    progress
+    tail -n 1 "$RESULTS"
+}
+GB=
+if want 5; then
+    for b in $BATCHES; do
+        rc=0
+        gpt2_run "$b" || rc=$?
+        if [ "$rc" = 0 ]; then
+            GB=$b
+            res "gpt2_B$b" "fits"
+            break
+        fi
+        [ "$rc" -lt 124 ] || die "GPT-2 step at B=$b: timed out (exit $rc; its timeout capped by the budget)" "$D/gpt2_B$b.log"
+        why=$(fit_reason "$D/gpt2_B$b.log")
+        [ -n "$why" ] || die "GPT-2 step at B=$b (neither the size limit nor an out-of-memory)" "$D/gpt2_B$b.log"
+        res "gpt2_B$b" "does not fit: $why"
+        echo "B=$b does not fit ($why); trying a smaller batch"
+    done
+    [ -n "$GB" ] || die "GPT-2: no batch of '$BATCHES' fits"
+    tail -n 14 "$D/gpt2_B$GB.log"
+    res gpt2_batch "$GB"
+    loss_check
 
-note "   PyTorch: matmul peak, then eager bf16 at B=$GB"
-if [ "$FAKE" != 1 ]; then
-    timeout 120 python3 "$top/bench/torch_gpu_step.py" --peak --json "$D/peak.json" >"$D/peak.log" 2>&1 ||
-        die "torch matmul peak" "$D/peak.log"
-    cat "$D/peak.log"
-    timeout 240 python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn sdpa --json "$D/torch_sdpa.json" \
-        >"$D/torch_sdpa.log" 2>&1 || echo "torch eager (sdpa) failed: $(tail -n 3 "$D/torch_sdpa.log")"
-    tail -n 2 "$D/torch_sdpa.log"
-else
-    GPU_CHECK_COMPILE=0
-fi
-if ! over_budget && [ "$FAKE" != 1 ]; then
-    timeout 240 python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn naive --json "$D/torch_naive.json" \
-        >"$D/torch_naive.log" 2>&1 || echo "torch eager (naive) failed: $(tail -n 3 "$D/torch_naive.log")"
-    tail -n 2 "$D/torch_naive.log"
-else
-    res torch_naive "skipped (time)"
+    note "   PyTorch: matmul peak, then eager bf16 at B=$GB"
+    if [ "$FAKE" = 1 ]; then
+        GPU_CHECK_COMPILE=0
+        res torch "skipped (fake)"
+    elif t=$(tmo 120 30); then
+        timeout -k 5 "$t" python3 "$top/bench/torch_gpu_step.py" --peak --json "$D/peak.json" >"$D/peak.log" 2>&1 ||
+            die "torch matmul peak" "$D/peak.log"
+        cat "$D/peak.log"
+        if t=$(tmo 240 60); then
+            timeout -k 5 "$t" python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn sdpa --json "$D/torch_sdpa.json" \
+                >"$D/torch_sdpa.log" 2>&1 || echo "torch eager (sdpa) failed: $(tail -n 3 "$D/torch_sdpa.log")"
+            tail -n 2 "$D/torch_sdpa.log"
+        else
+            res torch_sdpa "skipped (time)"
+        fi
+        if t=$(tmo 240 60); then
+            timeout -k 5 "$t" python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn naive --json "$D/torch_naive.json" \
+                >"$D/torch_naive.log" 2>&1 || echo "torch eager (naive) failed: $(tail -n 3 "$D/torch_naive.log")"
+            tail -n 2 "$D/torch_naive.log"
+        else
+            res torch_naive "skipped (time)"
+        fi
+    else
+        res torch "skipped (time)"
+    fi
 fi
 
-note "6. two pipeline stages on one GPU vs one (GPT-2, bf16, B=16, M=8)"
-if ! over_budget; then
+step "6. two pipeline stages on one GPU vs one (GPT-2, bf16, B=16, M=8)"
+if want 6; then
     export PIPELM_CUDA_SHARE=1
     for np in 1 2; do
-        timeout 240 mpiexec -n $np "$PIPELM" train "${GPT2[@]}" --backend "$BE" --precision "$PREC16" \
-            --batch 16 --microbatches 8 --steps 6 --eval-every 0 --val-batches 1 --progress 0 \
-            --metrics "$D/pipe_p$np.jsonl" >"$D/pipe_p$np.log" 2>&1 || echo "pipeline run with $np rank(s) failed"
+        if t=$(tmo 240 30); then
+            timeout -k 5 "$t" mpiexec -n $np "$PIPELM" train "${GPT2[@]}" --backend "$BE" --precision "$PREC16" \
+                --batch 16 --microbatches 8 --steps 6 --eval-every 0 --val-batches 1 --progress 0 \
+                --metrics "$D/pipe_p$np.jsonl" >"$D/pipe_p$np.log" 2>&1 || echo "pipeline run with $np rank(s) failed"
+            res "pipeline_p$np" "ran ($(grep -c '"event":"step"' "$D/pipe_p$np.jsonl" 2>/dev/null || echo 0) steps)"
+        else
+            res "pipeline_p$np" "skipped (time)"
+        fi
     done
     unset PIPELM_CUDA_SHARE
-else
-    res pipeline "skipped (time)"
 fi
 
-if [ "${GPU_CHECK_COMPILE:-1}" != 0 ] && ! over_budget; then
+if [ -n "$GB" ] && [ "${GPU_CHECK_COMPILE:-1}" != 0 ] && t=$(tmo 200 90); then
     note "   PyTorch torch.compile bf16 at B=$GB (if it works here)"
-    timeout 200 python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn sdpa --compile --json "$D/torch_compile.json" \
+    timeout -k 5 "$t" python3 "$top/bench/torch_gpu_step.py" --B "$GB" --attn sdpa --compile --json "$D/torch_compile.json" \
         >"$D/torch_compile.log" 2>&1 || echo "torch.compile failed or timed out: $(tail -n 3 "$D/torch_compile.log")"
     tail -n 2 "$D/torch_compile.log"
 else
@@ -395,7 +558,7 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 note "summary of the timings"
-python3 - "$D" "$GB" >>"$RESULTS" <<'PYEOF' || true
+python3 - "$D" "${GB:-0}" >>"$RESULTS" <<'PYEOF' || true
 import json, os, statistics, sys
 D, GB = sys.argv[1], int(sys.argv[2])
 def load(n):

@@ -11,7 +11,8 @@
 #
 # Runs twice: EMU_NDEV=0 (no driver: must exit 77) and EMU_NDEV=1 (must pass). Needs g++ with
 # C++20 (std::barrier), mpicc, Check, OpenBLAS. Takes a few minutes (thousands of threads per
-# launch). Not part of `make check`.
+# launch); PIPELM_TEST_FULL=1 adds test_cuda's full-tier real-size cases (attention at T = 1024:
+# several more minutes). Not part of `make check`.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$top/build}" && pwd)

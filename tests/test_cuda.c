@@ -7,6 +7,12 @@
  * and 96 or 203 (not multiples of 32), T = 7, 13 and 40, NH = 3 and 4, V = 37 with Vp = 40 and
  * 128, N = 21, 37, 130, 300 and 600 rows (not multiples of 32; 300 and 600 span several of the
  * backend's 64-row column-sum chunks).
+ * Real sizes, so that the row kernels' strided loops run more than one iteration of their
+ * blocks (128 threads for the softmax, 256 for the norms, 512 for cross-entropy): attention at
+ * T = 200 (hs 64), cross-entropy at GPT-2's V = 50257 padded to 50304 (5 rows), LayerNorm and
+ * RMSNorm at C = 2048 (3 rows), grouped-query attention at NH = 32, NKV = 8, HS = 64 (3
+ * tokens); in the full tier (PIPELM_TEST_FULL=1; bench/gpu_check.sh sets it) also attention at
+ * T = 1024 with one and two heads, the norms at 70 rows and GQA at B 2 T 6. Same tolerances.
  *
  * Measures (TEST_CUDA_VERBOSE=1 prints every value):
  *   max-rel  = max|x - ref| / max|ref| over the whole tensor; for an accumulating op x and ref
@@ -64,6 +70,13 @@ static const backend *gpu = &backend_cuda;
 static const backend *cpu = &backend_cpu;
 static int have_device = 0;
 static char init_err[512] = "";
+
+/* The full tier (PIPELM_TEST_FULL=1, as tests/lib.sh): the real-size cases that are slow
+ * under tests/cuda_emu.sh run only there (bench/gpu_check.sh sets it on a GPU). */
+static int full_tier(void) {
+    const char *f = getenv("PIPELM_TEST_FULL");
+    return f && strcmp(f, "1") == 0;
+}
 
 // ----------------------------------------------------------------------------
 // helpers
@@ -494,6 +507,8 @@ START_TEST(test_layernorm) {
     layernorm_case(21, 24);
     layernorm_case(21, 15);
     layernorm_case(300, 203);
+    layernorm_case(3, 2048); /* C = 2048: 8 iterations of the 256-thread row loops */
+    if (full_tier()) layernorm_case(70, 2048); /* and two column-sum chunks at that width */
 }
 END_TEST
 
@@ -820,6 +835,13 @@ START_TEST(test_attention) {
     attention_case(3, 7, 24, 3);
     attention_case(2, 13, 15, 3);
     attention_case(2, 40, 96, 4);
+    /* rows past 128 take a second iteration of the 128-thread softmax loops; GPT-2's context
+     * (rows of up to 1024: 8 iterations) in the full tier, about 3 minutes emulated */
+    attention_case(1, 200, 64, 1);
+    if (full_tier()) {
+        attention_case(1, 1024, 64, 1);
+        attention_case(1, 1024, 128, 2);
+    }
 }
 END_TEST
 
@@ -880,61 +902,66 @@ END_TEST
 // ----------------------------------------------------------------------------
 // 8. cross-entropy with the padded vocabulary
 
-START_TEST(test_crossentropy) {
-    enum { N = 21, V = 37 };
-    static const int Vps[2] = {40, 128};
-    rng_seed(9);
-    for (int k = 0; k < 2; k++) {
-        int Vp = Vps[k];
-        size_t nl = (size_t)N * Vp;
-        char what[96];
-        float *logits = xmalloc(sizeof(float) * nl);
-        int targets[N];
-        for (int i = 0; i < N; i++) {
-            for (int j = 0; j < Vp; j++) logits[(size_t)i * Vp + j] = j < V ? (float)(6 * rng_u01() - 3) : 1.0e4f + j;
-            targets[i] = (int)(rng_u01() * V);
-        }
-        targets[0] = 0;
-        targets[1] = V - 1;
-        for (int j = 0; j < V; j++) logits[3 * Vp + j] += 90.0f; /* exp overflows unshifted */
-        float *probs = hdup(logits, nl), *losses = hconst(N, 0);
-        CPU_OK(cpu->crossentropy_fwd(losses, probs, targets, N, V, Vp));
-        int *g_t = dput_i(targets, N);
-        float *first = NULL, *lfirst = NULL;
-        for (int rep = 0; rep < 2; rep++) {
-            float *g_l = dput(logits, nl), *g_loss = dconst(N, 999.0f);
-            OK(gpu->crossentropy_fwd(g_loss, g_l, g_t, N, V, Vp));
-            float *p = dget(g_l, nl), *l = dget(g_loss, N);
-            if (rep == 0) {
-                snprintf(what, sizeof what, "crossentropy_fwd probs Vp=%d", Vp);
-                check32(what, p, probs, NULL, nl);
-                snprintf(what, sizeof what, "crossentropy_fwd losses Vp=%d", Vp);
-                check32(what, l, losses, NULL, N);
-                for (int i = 0; i < N; i++)
-                    for (int j = V; j < Vp; j++) ck_assert(p[(size_t)i * Vp + j] == 0.0f);
-                /* the backward on the GPU's own probs: the same bits as backend_cpu's */
-                float *dl = hdup(p, nl);
-                const float dloss = 1.0f / N;
-                CPU_OK(cpu->crossentropy_bwd(dl, targets, dloss, N, V, Vp));
-                OK(gpu->crossentropy_bwd(g_l, g_t, dloss, N, V, Vp));
-                snprintf(what, sizeof what, "crossentropy_bwd Vp=%d", Vp);
-                check_same_dev(what, g_l, dl, nl);
-                free(dl);
-                first = p;
-                lfirst = l;
-            } else {
-                snprintf(what, sizeof what, "crossentropy_fwd twice Vp=%d", Vp);
-                check_same(what, p, first, nl);
-                check_same(what, l, lfirst, N);
-                free(p);
-                free(l);
-            }
-            gpu->free(g_l);
-            gpu->free(g_loss);
-        }
-        gpu->free(g_t);
-        free(logits); free(probs); free(losses); free(first); free(lfirst);
+/* One cross-entropy case: N rows of V classes padded to Vp (the padded logits huge, so a
+ * kernel that reads them shows); row 3, where there is one, overflows exp unshifted. */
+static void crossentropy_case(int N, int V, int Vp) {
+    size_t nl = (size_t)N * Vp;
+    char what[96];
+    float *logits = xmalloc(sizeof(float) * nl);
+    int *targets = xmalloc(sizeof(int) * N);
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < Vp; j++) logits[(size_t)i * Vp + j] = j < V ? (float)(6 * rng_u01() - 3) : 1.0e4f + j;
+        targets[i] = (int)(rng_u01() * V);
     }
+    targets[0] = 0;
+    targets[1] = V - 1;
+    if (N > 3)
+        for (int j = 0; j < V; j++) logits[3 * Vp + j] += 90.0f;
+    float *probs = hdup(logits, nl), *losses = hconst(N, 0);
+    CPU_OK(cpu->crossentropy_fwd(losses, probs, targets, N, V, Vp));
+    int *g_t = dput_i(targets, N);
+    float *first = NULL, *lfirst = NULL;
+    for (int rep = 0; rep < 2; rep++) {
+        float *g_l = dput(logits, nl), *g_loss = dconst(N, 999.0f);
+        OK(gpu->crossentropy_fwd(g_loss, g_l, g_t, N, V, Vp));
+        float *p = dget(g_l, nl), *l = dget(g_loss, N);
+        if (rep == 0) {
+            snprintf(what, sizeof what, "crossentropy_fwd probs N=%d V=%d Vp=%d", N, V, Vp);
+            check32(what, p, probs, NULL, nl);
+            snprintf(what, sizeof what, "crossentropy_fwd losses N=%d V=%d Vp=%d", N, V, Vp);
+            check32(what, l, losses, NULL, N);
+            for (int i = 0; i < N; i++)
+                for (int j = V; j < Vp; j++) ck_assert(p[(size_t)i * Vp + j] == 0.0f);
+            /* the backward on the GPU's own probs: the same bits as backend_cpu's */
+            float *dl = hdup(p, nl);
+            const float dloss = 1.0f / N;
+            CPU_OK(cpu->crossentropy_bwd(dl, targets, dloss, N, V, Vp));
+            OK(gpu->crossentropy_bwd(g_l, g_t, dloss, N, V, Vp));
+            snprintf(what, sizeof what, "crossentropy_bwd N=%d V=%d Vp=%d", N, V, Vp);
+            check_same_dev(what, g_l, dl, nl);
+            free(dl);
+            first = p;
+            lfirst = l;
+        } else {
+            snprintf(what, sizeof what, "crossentropy_fwd twice N=%d V=%d Vp=%d", N, V, Vp);
+            check_same(what, p, first, nl);
+            check_same(what, l, lfirst, N);
+            free(p);
+            free(l);
+        }
+        gpu->free(g_l);
+        gpu->free(g_loss);
+    }
+    gpu->free(g_t);
+    free(logits); free(targets); free(probs); free(losses); free(first); free(lfirst);
+}
+
+START_TEST(test_crossentropy) {
+    rng_seed(9);
+    crossentropy_case(21, 37, 40);
+    crossentropy_case(21, 37, 128);
+    /* GPT-2's vocabulary: each row ~100 iterations of the 512-thread block's loops */
+    crossentropy_case(5, 50257, 50304);
 }
 END_TEST
 
@@ -1050,6 +1077,8 @@ START_TEST(test_rmsnorm) {
     rng_seed(12);
     rmsnorm_case(21, 24);
     rmsnorm_case(300, 203);
+    rmsnorm_case(3, 2048); /* Llama 3.2 1B's width */
+    if (full_tier()) rmsnorm_case(70, 2048);
 }
 END_TEST
 
@@ -1137,6 +1166,8 @@ START_TEST(test_attention_gqa) {
     gqa_case(2, 5, 6, 2, 6);
     gqa_case(2, 13, 8, 1, 8);
     gqa_case(3, 7, 4, 4, 6);
+    gqa_case(1, 3, 32, 8, 64); /* Llama 3.2 1B's heads: 32 query heads on 8 key/value heads */
+    if (full_tier()) gqa_case(2, 6, 32, 8, 64);
     float *x = dconst(1024, 0.0f);
     ck_assert_int_eq(gpu->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
     ck_assert_msg(strstr(gpu->error(), "attention_gqa_fwd") && strstr(gpu->error(), "invalid shape"), "error(): %s",
