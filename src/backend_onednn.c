@@ -746,15 +746,18 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
 /* writes the weight cache must see: the CPU backend's memory ops, AdamW and scale, each
  * telling onednn_wcache.c what it allocates, frees or writes */
 
+/* Memory the cache may take weights from: the CPU backend's allocation, recorded. */
 static int dn_alloc(void **p, size_t bytes) {
     int rc = backend_cpu.alloc(p, bytes);
     if (rc == 0) wcache_alloc(*p, bytes);
     return rc;
 }
+/* The allocation and every copy inside it go. */
 static void dn_free(void *p) {
     wcache_free(p);
     backend_cpu.free(p);
 }
+/* from_host, copy, zero: the copies over the destination are stale. */
 static int dn_from_host(void *dst, const void *src, size_t bytes) {
     wcache_write(dst, bytes);
     return backend_cpu.from_host(dst, src, bytes);
@@ -773,7 +776,7 @@ static int dn_map(void **host, void *p, size_t bytes, int mode) {
     return backend_cpu.map(host, p, bytes, mode);
 }
 static int dn_unmap(void *host, void *p, size_t bytes, int mode) {
-    if (mode & PL_MAP_WRITE) wcache_write(p, bytes);
+    if (mode & PL_MAP_WRITE) wcache_write_whole(p, bytes);
     return backend_cpu.unmap(host, p, bytes, mode);
 }
 /* The optimizer's update: the weights' copies are made again on their next product. */
@@ -782,6 +785,7 @@ static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
     wcache_update(p, n);
     return onednn_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
 }
+/* scale writes x (the optimizer scales gradients, but any caller may scale weights). */
 static int dn_scale(float *x, float s, size_t n) {
     wcache_write(x, n * sizeof(float));
     return backend_cpu.scale(x, s, n);

@@ -53,6 +53,7 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
     return 0;
 }
 
+/* The bytes [p, p + bytes); whether two spans share a byte; whether a lies within outer. */
 static span span_of(const void *p, size_t bytes) {
     span s = {(uintptr_t)p, (uintptr_t)p + bytes};
     return s;
@@ -67,16 +68,19 @@ static void drop_copy(size_t i) {
     W.cp[i] = W.cp[--W.ncp];
 }
 
+/* Every copy dropped (the cache switched off, or cleared). */
 static void drop_copies(void) {
     while (W.ncp) drop_copy(W.ncp - 1);
 }
 
+/* On with a converter, or off (the copies go; allocations and weight ranges stay known). */
 void wcache_enable(int on, wcache_cvt_fn cvt) {
     W.on = on && cvt;
     W.cvt = cvt;
     if (!W.on) drop_copies();
 }
 
+/* A live allocation of the backend; one the table cannot hold is never weights. */
 void wcache_alloc(const void *p, size_t bytes) {
     if (!p) return;
     if (grow((void **)&W.alloc, &W.capalloc, W.nalloc + 1, sizeof *W.alloc)) return; /* untracked: never weights */
@@ -98,6 +102,7 @@ void wcache_free(const void *p) {
     }
 }
 
+/* The copies overlapping [p, p + bytes) are stale (kept, to be made again in place). */
 void wcache_write(const void *p, size_t bytes) {
     if (!bytes) return;
     span s = span_of(p, bytes);
@@ -121,6 +126,24 @@ void wcache_update(const float *p, size_t n) {
         }
 }
 
+/* A write through a view of all of allocation [p, p + bytes) (a ZeRO-1 gather of every
+ * parameter of the stage): stale as any write; and when AdamW updated a part of it, all of it
+ * is weights from now on (the other replicas' shards it holds change only so, or by AdamW). */
+void wcache_write_whole(const void *p, size_t bytes) {
+    wcache_write(p, bytes);
+    span s = span_of(p, bytes);
+    int known = 0, has_weights = 0;
+    for (size_t i = 0; i < W.nalloc && !known; i++) known = W.alloc[i].lo == s.lo && W.alloc[i].hi == s.hi;
+    for (size_t k = 0; known && k < W.nwr; k++) {
+        if (W.wr[k].lo == s.lo && W.wr[k].hi == s.hi) return; /* already */
+        has_weights |= inside(W.wr[k], s);
+    }
+    if (!has_weights || W.nwr >= MAX_RANGES) return;
+    if (grow((void **)&W.wr, &W.capwr, W.nwr + 1, sizeof *W.wr)) return;
+    W.wr[W.nwr++] = s;
+}
+
+/* Whether s lies within one weight range (a tensor AdamW updates, or a part of one). */
 static int is_weight(span s) {
     for (size_t k = 0; k < W.nwr; k++)
         if (inside(s, W.wr[k])) return 1;
@@ -140,6 +163,7 @@ static wcopy *find_or_add(const float *w, size_t n) {
     return &W.cp[W.ncp++];
 }
 
+/* The fresh copy of (w, n), made now if stale or new; NULL when w is not weights. */
 void wcache_get(const float *w, size_t n, const uint16_t **out) {
     *out = NULL;
     if (!W.on || !n || !w || n > SIZE_MAX / sizeof(float) || !is_weight(span_of(w, n * sizeof(float)))) {
@@ -160,6 +184,7 @@ void wcache_get(const float *w, size_t n, const uint16_t **out) {
     *out = c->bf;
 }
 
+/* Everything forgotten and freed; the on/off setting and the converter stay. */
 void wcache_clear(void) {
     drop_copies();
     free(W.cp);

@@ -737,6 +737,28 @@ START_TEST(test_wcache) {
     ((float *)h)[7] += 1.0f;
     OK(dn->unmap(h, w, WN * sizeof(float), PL_MAP_WRITE));
     copy_ok(w, WN, 1, "after the unmap");
+    /* a view of a whole allocation AdamW updated a part of (ZeRO-1's gather): all of it is
+     * weights after the unmap; a view of a part, or of an allocation without weights, is not */
+    float *za = falloc(2 * WN), *zb = falloc(2 * WN);
+    fill_rand(za, 2 * WN, -1, 1);
+    OK(dn->adamw(za, g, m, v, WN, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    OK(dn->map(&h, za + WN, WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->unmap(h, za + WN, WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->map(&h, zb, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->unmap(h, zb, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    wcache_get(za + WN, WN, &c);
+    ck_assert_msg(c == NULL, "the other shard is weights before a view of the whole buffer was written");
+    wcache_get(zb, WN, &c);
+    ck_assert_msg(c == NULL, "a buffer without weights became weights");
+    copy_ok(za, WN, 1, "the shard AdamW updated");
+    OK(dn->map(&h, za, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    ((float *)h)[WN + 5] = 2.0f;
+    OK(dn->unmap(h, za, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    copy_ok(za + WN, WN, 1, "the other shard after the gather");
+    copy_ok(za, WN, 1, "the own shard after the gather");
+    copy_ok(za + WN, WN, 0, "the other shard again");
+    dn->free(za);
+    dn->free(zb);
     /* memory this backend did not allocate is never weights, even after AdamW */
     float *hm = malloc(WN * sizeof(float)), *hg = calloc(WN, sizeof(float)), *hmm = calloc(2 * WN, sizeof(float));
     ck_assert(hm && hg && hmm);

@@ -4,8 +4,9 @@
  * a checkpoint, an llm.c file or a data-parallel gather writes it; so its bf16 copy is made
  * once after each change and reused by every micro-batch's forward and input-gradient product
  * until the next one, instead of being converted again on every call. A range counts as
- * weights only when it lies inside memory this backend allocated and AdamW has updated it
- * (memory that only this backend's calls write, by the backend contract); every write the
+ * weights only when it lies inside memory this backend allocated and AdamW has updated it, or
+ * inside such an allocation after a write through a view of all of it (ZeRO-1's gather) —
+ * memory that only this backend's calls write, by the backend contract; every write the
  * backend sees (AdamW, scale, from_host, copy, zero, a map or unmap for writing, free) drops
  * the copies it overlaps. The copies are the same rounding of the same values as a per-call
  * conversion, so the products keep their bits. One caller thread, as every backend here.
@@ -27,6 +28,10 @@ void wcache_alloc(const void *p, size_t bytes);
 void wcache_free(const void *p);
 /* bytes at p were (or are about to be) written: the copies overlapping them are stale. */
 void wcache_write(const void *p, size_t bytes);
+/* A write through one view of all of the allocation at p (bytes: its size): as wcache_write,
+ * and if AdamW updated a part of it, all of it is weights (under ZeRO-1 a replica's AdamW
+ * updates its own shard and a gather writes the whole parameter buffer). */
+void wcache_write_whole(const void *p, size_t bytes);
 /* AdamW updated n floats at p: stale as above, and [p, p + n) is a weight range if it lies
  * inside memory this backend allocated. */
 void wcache_update(const float *p, size_t n);
