@@ -33,6 +33,10 @@
  *   these shapes (bit-identical here, and also measured so on 1024x768x3072, 1024x3072x768,
  *   1024x512x10000 and attention B4 T256 C768 NH12; oneDNN does not promise it for every shape
  *   or thread count, see the comment at test_threads).
+ * bf16 weight cache (onednn_wcache.c): on any CPU, the module through the backend's wrapped
+ *   memory ops and AdamW (what becomes weights, which writes make a copy stale, a copy equal to
+ *   a conversion made here); where bf16 runs, matmul_fwd and matmul_bwd_input bit-identical
+ *   with weight-cache=1 and =0 after every kind of write.
  * Exit status 77 (skip) only when init refuses bf16 for want of native bf16 support on this
  * CPU; the fp32 cases then still run and a failure among them still fails the test.
  */
