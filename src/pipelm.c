@@ -11,6 +11,7 @@
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/eval.h"
 #include "pipelm/files.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/sched.h"
@@ -23,6 +24,7 @@ static void usage(FILE *out) {
             "usage: mpiexec -n P pipelm <command> [options]\n\n"
             "commands:\n"
             "  train      train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank\n"
+            "  eval       the loss and perplexity of a model file or checkpoint on a data set, pipelined\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
             "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
@@ -355,6 +357,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
         return 0;
     }
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
+    if (strcmp(argv[1], "eval") == 0) return eval_main(argc, argv, comm, abort_needed);
     if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
     if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
     int bench = strcmp(argv[1], "bench") == 0;
