@@ -88,7 +88,7 @@ int eval_resume_config(const pl_options *o, model_config *cfg, char *err, size_t
 }
 
 /* Collective: the weights of --resume (parameters only; the training settings need not match). */
-static int eval_load(run *R) {
+int eval_load_resume(run *R) {
     const pl_options *o = R->o;
     char path[PL_PATH + 64], err[1024] = "";
     int rc = ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, err,
@@ -144,7 +144,7 @@ int eval_after_setup(run *R, int *agreed) {
     int rc = R->wrank == 0 && o->eval_json[0] ? pl_check_output_file(o->eval_json, "--json", err, sizeof err) : PL_OK;
     if (rc != PL_OK) pl_error("%s", err);
     PL_TRY(comm_agree(R->world, rc, NULL));
-    if (o->resume[0]) PL_TRY(eval_load(R));
+    if (o->resume[0]) PL_TRY(eval_load_resume(R));
     int nb;
     PL_TRY(eval_batches(R, &nb));
     double t0 = pl_now(), loss = 0;

@@ -773,7 +773,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
     if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
     if (o->eval_mode) { /* pipelm eval: the validation path over the weights, nothing trained */
-        rc = eval_after_setup(&R, agreed);
+        rc = o->eval_mode == 2 ? generate_after_setup(&R, agreed) : eval_after_setup(&R, agreed);
         goto done;
     }
     L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;

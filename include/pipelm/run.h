@@ -2,8 +2,8 @@
  * run.h — the state of one rank's training run, shared by the loop (train.c), its
  * reporting (report.c: banner, step lines, timers, progress, benchmark figures, the end of
  * the run) and its checkpoints (train_ckpt.c: save and resume). Internal to `pipelm train`
- * and `pipelm eval` (eval.c, which runs the trainer's set-up and validation path): nothing
- * outside those four files includes it.
+ * and `pipelm eval` and `generate` (eval.c, generate.c, which runs the trainer's set-up and validation path): nothing
+ * outside those five files includes it.
  */
 #ifndef PIPELM_RUN_H
 #define PIPELM_RUN_H
@@ -85,6 +85,10 @@ int train_evaluate(run *R, int nbatches, double *val_loss);
 /* eval.c (collective): `pipelm eval` after train.c's set-up: load --resume's weights, run
  * train_evaluate over the batches, report; *agreed as train_run's. */
 int eval_after_setup(run *R, int *agreed);
+/* eval.c (collective): the parameters of the checkpoint --resume names into R->st. */
+int eval_load_resume(run *R);
+/* generate.c (collective): `pipelm generate` after train.c's set-up; *agreed as train_run's. */
+int generate_after_setup(run *R, int *agreed);
 
 /* train_ckpt.c (collective) */
 int train_save_checkpoint(run *R, int step);
