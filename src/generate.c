@@ -650,6 +650,10 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     if (rc == PL_OK) rc = gen_parse(&g, so, err, sizeof err);
     if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     free(rest);
+    if (rc == PL_OK && o.dp > 1) {
+        snprintf(err, sizeof err, "generate runs one pipeline: --dp %d is not supported (use --dp 1)", o.dp);
+        rc = PL_EINVAL;
+    }
     o.batch = o.microbatches = o.seq_len = 1; /* the trainer's set-up: one tiny slot per stage */
     if (o.chunks > 1 && strcmp(o.schedule, "1f1b") == 0) strcpy(o.schedule, "interleaved-1f1b");
     if (rc == PL_OK) rc = config_validate(&o, err, sizeof err);
