@@ -75,7 +75,7 @@ grep -q "^\[0\] A" t1.out && ok "a version-1 tokenizer file on 2 ranks" || bad "
 
 # the PyTorch reference: GPT-2 and Llama (GQA) of odd shapes, 20 greedy tokens and their logits
 if out=$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/torch_generate.py" --pipelm "$PIPELM" --mpiexec "$MPIEXEC" \
-         --ranks 1,2 2>&1); then ok "torch_generate.py: $(echo "$out" | grep -c '^ok') cases against PyTorch"
+         --ranks "$(full_tier && echo 1,2,3 || echo 2)" 2>&1); then ok "torch_generate.py: $(echo "$out" | grep -c '^ok') cases against PyTorch"
 else bad "torch_generate.py" "$(echo "$out" | grep -v '^ok' | head -5)"; fi
 
 expect "a token at or above the vocabulary is refused by name" 2 "token 256 (position 1) is not below the vocabulary" \
