@@ -63,7 +63,8 @@ static void train_usage(FILE *out) {
 
 static void bench_usage(FILE *out) {
     fprintf(out, "usage: mpiexec -n P pipelm bench [train options] [--warmup N] [--steps N] [--json FILE] [--csv FILE]\n"
-                 "       pipelm bench --peak [--json FILE]\n\n"
+                 "       pipelm bench --peak [--json FILE]\n"
+                 "       pipelm bench --generate [generate options] [--json FILE]   (`pipelm bench --generate --help`)\n\n"
                  "Runs --warmup untimed steps then --steps timed ones (defaults 2 and 5) and reports\n"
                  "tokens/s, step time, model TFLOP/s (6N + 6LCT per token), MFU against the measured\n"
                  "sgemm peak of every rank, measured and theoretical bubble, and per-stage compute,\n"
