@@ -78,6 +78,25 @@ if out=$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/torch_generate.py" --pip
          --ranks "$(full_tier && echo 1,2,3 || echo 2)" 2>&1); then ok "torch_generate.py: $(echo "$out" | grep -c '^ok') cases against PyTorch"
 else bad "torch_generate.py" "$(echo "$out" | grep -v '^ok' | head -5)"; fi
 
+# Ctrl-C: SIGINT to mpiexec (forwarded to every rank) ends the run after the steps in flight,
+# the tokens so far printed and written, exit 75 (a long decode of the tutorial model)
+mpirun_t 120 1 train --preset tutorial --max-seq-len 512 --steps 1 --batch 1 --seq-len 8 --progress 0 \
+    --save-final tut.bin > tut.out 2>&1 || bad "tutorial weights" "exit $?"
+/usr/bin/python3 -c "print('\n'.join(','.join(str((7 * i + 13 * j) % 10000) for j in range(8)) for i in range(16)))" > p16.txt
+"$MPIEXEC" -n 2 "$PIPELM" generate --init tut.bin --prompt-file p16.txt --max-new-tokens 500 --tokens-out int.tok \
+    > int.out 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^data:" int.out && break; sleep 0.2; done
+sleep 1
+kill -INT "$pid"
+( sleep 60; kill -9 "$pid" 2>/dev/null ) & guard=$!
+wait "$pid"
+rc=$?
+kill "$guard" 2>/dev/null
+if [ $rc -eq 75 ] && grep -q "stopped by a signal" int.out && [ "$(wc -l < int.tok)" = 16 ]; then
+    ok "SIGINT stops generation cleanly on every rank (exit 75, $(tr ',' '\n' < int.tok | grep -c .) tokens kept)"
+else bad "SIGINT" "exit $rc $(tail -2 int.out)"; fi
+
 expect "a token at or above the vocabulary is refused by name" 2 "token 256 (position 1) is not below the vocabulary" \
     mpirun_t 60 2 generate --init w.bin --prompt-tokens 1,256
 expect "a prompt longer than max_seq_len is refused" 2 "more than the model's max_seq_len 64" \
