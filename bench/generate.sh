@@ -5,7 +5,8 @@
 #      8 prompts (16 tokens each) in flight, REPS rounds with the P interleaved; P=1 both with
 #      one thread and with the node's cores, so the ratio to one rank can be read either way;
 #   2. the KV-cached decode of 256 tokens against recomputing the prefix at every step
-#      (--kv-cache 0), one prompt, one rank, one thread, interleaved;
+#      (--kv-cache 0), one prompt of 8 tokens, one rank, one thread, interleaved: on the
+#      tutorial model and on the tiny preset (max-seq-len 320, random weights);
 #   3. torch's cached greedy decode (tests/torch_generate.py --bench, one thread, float32) on
 #      the same model file beside pipelm's, one prompt, one rank, one thread.
 # Figures go to stdout as one JSON line per run, with `uptime` beside them; run it on an idle
@@ -46,6 +47,11 @@ done
 for rep in $(seq "$REPS"); do
     run "cached256_$rep" 1 --prompt-file "$W/p1.txt" --max-new-tokens 256 --threads 1
     run "recompute256_$rep" 1 --prompt-file "$W/p1.txt" --max-new-tokens 256 --threads 1 --kv-cache 0
+    for kv in 1 0; do
+        "$MPIEXEC" -n 1 "$PIPELM" bench --generate --preset tiny --max-seq-len 320 --prompt-file "$W/p1.txt" \
+            --max-new-tokens 256 --threads 1 --kv-cache $kv --json "$W/tiny$kv.json" > "$W/tiny.out" 2>&1
+        echo "{\"run\":\"tiny256_kv${kv}_$rep\",\"load\":\"$(uptime | sed 's/.*load average: //')\",\"result\":$(cat "$W/tiny$kv.json")}"
+    done
 done
 for rep in $(seq "$REPS"); do
     run "pipelm_1prompt_$rep" 1 --prompt-file "$W/p1.txt" --max-new-tokens "$NEW" --threads 1
