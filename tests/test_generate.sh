@@ -79,21 +79,20 @@ if out=$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/torch_generate.py" --pip
 else bad "torch_generate.py" "$(echo "$out" | grep -v '^ok' | head -5)"; fi
 
 # Ctrl-C: SIGINT to mpiexec (forwarded to every rank) ends the run after the steps in flight,
-# the tokens so far printed and written, exit 75 (a long decode of the tutorial model)
-mpirun_t 120 1 train --preset tutorial --max-seq-len 512 --steps 1 --batch 1 --seq-len 8 --progress 0 \
-    --save-final tut.bin > tut.out 2>&1 || bad "tutorial weights" "exit $?"
-/usr/bin/python3 -c "print('\n'.join(','.join(str((7 * i + 13 * j) % 10000) for j in range(8)) for i in range(16)))" > p16.txt
-"$MPIEXEC" -n 2 "$PIPELM" generate --init tut.bin --prompt-file p16.txt --max-new-tokens 500 --tokens-out int.tok \
+# the tokens so far printed and written, every rank exits 75 (a long decode: random weights, 2048 positions)
+/usr/bin/python3 -c "print('\n'.join(','.join(str((7 * i + 13 * j) % 256) for j in range(8)) for i in range(16)))" > p16.txt
+"$MPIEXEC" -n 2 "$PIPELM" generate --max-seq-len 2048 --prompt-file p16.txt --max-new-tokens 2000 --tokens-out int.tok \
     > int.out 2>&1 &
 pid=$!
 for _ in $(seq 100); do grep -q "^data:" int.out && break; sleep 0.2; done
-sleep 1
+sleep 0.5
 kill -INT "$pid"
 ( sleep 60; kill -9 "$pid" 2>/dev/null ) & guard=$!
 wait "$pid"
 rc=$?
 kill "$guard" 2>/dev/null
-if [ $rc -eq 75 ] && grep -q "stopped by a signal" int.out && [ "$(wc -l < int.tok)" = 16 ]; then
+# (hydra's own status after forwarding a SIGINT is 75 or 0, as test_faults.sh notes)
+if { [ $rc -eq 75 ] || [ $rc -eq 0 ]; } && grep -q "stopped by a signal" int.out && [ "$(wc -l < int.tok)" = 16 ]; then
     ok "SIGINT stops generation cleanly on every rank (exit 75, $(tr ',' '\n' < int.tok | grep -c .) tokens kept)"
 else bad "SIGINT" "exit $rc $(tail -2 int.out)"; fi
 
