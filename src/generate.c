@@ -126,6 +126,18 @@ static int gen_recv_tokens(gen_state *gs) {
     return PL_OK;
 }
 
+/* Rank 0: every answer that has arrived already (without waiting), so the last stage's sends
+ * never wait on rank 0 however many are in flight. */
+static int gen_drain_tokens(gen_state *gs) {
+    while (gs->pending > 0) {
+        int flag = 0;
+        PL_MPI_CHECK(MPI_Iprobe(gs->last_rank, TAG_TOK, gs->R->comm, &flag, MPI_STATUS_IGNORE));
+        if (!flag) return PL_OK;
+        PL_TRY(gen_recv_tokens(gs));
+    }
+    return PL_OK;
+}
+
 /* Rank 0: the segments of group grp's next step (every sequence that can go on), into the
  * header and the token rows; 0 segments when none can. */
 static int gen_group_item(gen_state *gs, int grp, float *h) {
@@ -155,6 +167,7 @@ static int gen_next_item(gen_state *gs, float *h) {
     h[H_NSEG] = 0;
     h[H_ITEM] = (float)gs->items;
     for (;;) {
+        PL_TRY(gen_drain_tokens(gs));
         if (signals_stop_pending()) gs->stop = signals_stop_pending();
         if (gs->stop) return PL_OK;
         int all_done = 1, any_wait = 0;
