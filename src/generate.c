@@ -50,6 +50,9 @@ typedef struct {
     kv_seg *seg;
     /* rank 0: the sequences */
     int **tok, *ntok, *fed, *waiting, *done, *ngen, rr, pending, stop;
+    long *pend;                      /* (nprompts + 1) ring: items whose answer is awaited, oldest first */
+    int pend_head, lag;              /* lag: a rank runs chunk c of item k - c lag in its round k */
+    unsigned char *cdone;            /* V: the chunk has passed the end item */
     double *t_first;                 /* per sequence: seconds to its first token */
     long items;
     double t0, busy, t_end;
@@ -123,6 +126,7 @@ static int gen_recv_tokens(gen_state *gs) {
     if (b[0]) gs->stop = b[0];
     for (int i = 0; i < b[1]; i++) gen_apply(gs, b[2 + 2 * i], b[3 + 2 * i]);
     gs->pending--;
+    gs->pend_head = (gs->pend_head + 1) % (gs->g->nprompts + 1);
     return PL_OK;
 }
 
@@ -158,9 +162,11 @@ static int gen_group_item(gen_state *gs, int grp, float *h) {
     return nseg;
 }
 
-/* Rank 0: the next item in round-robin group order, waiting for the last stage's tokens when
- * a group's sequences all wait for theirs; an end item when every sequence is done or a
- * stop was asked for. */
+/* Rank 0: the next item in round-robin group order; when every group's sequences wait for
+ * their tokens, it waits for the oldest answer if the last stage answers it in an earlier
+ * round (chunks run lag items apart: waiting for a later round would deadlock), else it
+ * sends an empty item through; an end item when every sequence is done or a stop was asked
+ * for. */
 static int gen_next_item(gen_state *gs, float *h) {
     int nprompts = gs->g->nprompts;
     h[H_KIND] = K_END;
@@ -186,6 +192,11 @@ static int gen_next_item(gen_state *gs, float *h) {
             }
         }
         if (!any_wait) return PL_OK; /* nothing can go on (not reached) */
+        if (gs->pend[gs->pend_head] + (long)(gs->V - 1) * gs->lag >= gs->items) {
+            h[H_KIND] = K_WORK; /* answered in this round or later: an empty item keeps the rounds going */
+            gs->items++;
+            return PL_OK;
+        }
         PL_TRY(gen_recv_tokens(gs));
     }
 }
@@ -271,13 +282,14 @@ static int gen_step(gen_state *gs, int c, int *end) {
     *end = h[H_KIND] == K_END;
     int rows = *end ? 0 : gen_segs(gs, h), nseg = *end ? 0 : (int)h[H_NSEG], smp = 0;
     for (int i = 0; i < nseg; i++) smp |= gs->seg[i].sample;
-    if (s == 0 && smp && gs->last_rank != 0) gs->pending++;
+    if (s == 0 && smp && gs->last_rank != 0)
+        gs->pend[(gs->pend_head + gs->pending++) % (gs->g->nprompts + 1)] = gs->items - 1;
     if (s < gs->S - 1) {
         PL_TRY(gen_sbuf(gs, &out, &rq));
         memcpy(out, h, sizeof(float) * gs->hdr);
         out[H_STOP] = (float)((int)h[H_STOP] | signals_stop_pending());
     }
-    if (!*end) {
+    if (!*end && nseg > 0) {
         double t = pl_now();
         int rc = kv_stage_forward(&gs->kv[c], gs->seg, nseg, gs->tokrows, h + gs->hdr, out ? out + gs->hdr : NULL,
                                   gs->logits);
@@ -288,18 +300,26 @@ static int gen_step(gen_state *gs, int c, int *end) {
             return PL_EBACKEND;
         }
     }
-    if (s == gs->S - 1) return *end ? PL_OK : gen_answer(gs, h);
+    if (s == gs->S - 1) return *end || !nseg ? PL_OK : gen_answer(gs, h);
     PL_MPI_CHECK(MPI_Isend(out, gs->hdr + rows * C, MPI_FLOAT, gen_owner(gs, s + 1), TAG_ACT + s + 1, gs->R->comm,
                            rq));
     return PL_OK;
 }
 
-/* Every rank: items until the end item has passed all of this rank's chunks; rank 0 then
- * takes the answers still in flight (after a stop), and every send completes. */
+/* Every rank, in rounds: chunk c runs item k - c lag in round k (so with chunks a rank works
+ * on a later item's first chunk while an earlier one goes round the other ranks), until the
+ * end item has passed all of its chunks; rank 0 then takes the answers still in flight
+ * (after a stop), and every send completes. */
 static int gen_loop(gen_state *gs) {
     gs->t0 = pl_now();
-    for (int end = 0; !end;)
-        for (int c = 0; c < gs->V; c++) PL_TRY(gen_step(gs, c, &end));
+    int ended = 0;
+    for (long k = 0; ended < gs->V; k++)
+        for (int c = 0; c < gs->V; c++) {
+            int end = 0;
+            if (gs->cdone[c] || k - (long)c * gs->lag < 0) continue;
+            PL_TRY(gen_step(gs, c, &end));
+            if (end) { gs->cdone[c] = 1; ended++; }
+        }
     while (gs->rank == 0 && gs->pending > 0) PL_TRY(gen_recv_tokens(gs));
     comm_what w = {"the last sends of generation", -1, -1, -1};
     PL_TRY(comm_waitall(GEN_NBUF, gs->sreq, &w));
@@ -344,8 +364,11 @@ static int gen_alloc(gen_state *gs, char *err, size_t errlen) {
     gs->gmax = (n + gs->G - 1) / gs->G;
     gs->rows = gs->gmax * (g->kv_cache ? chunk : c->maxT);
     gs->hdr = H_LEN + 4 * gs->gmax;
+    gs->lag = gs->V > 1 ? (gs->P + gs->V - 1) / gs->V : 0;
     gs->kv = calloc((size_t)gs->V, sizeof(kv_stage));
-    if (!gs->kv) return PL_ENOMEM;
+    gs->cdone = calloc((size_t)gs->V, 1);
+    gs->pend = calloc((size_t)n + 1, sizeof(long));
+    if (!gs->kv || !gs->cdone || !gs->pend) return PL_ENOMEM;
     for (int k = 0; k < gs->V; k++) PL_TRY(kv_stage_init(&gs->kv[k], &gs->R->stv[k], n, gs->rows, err, errlen));
     size_t msg = sizeof(float) * ((size_t)gs->hdr + (size_t)gs->rows * c->C);
     gs->rbuf = malloc(msg);
@@ -383,7 +406,7 @@ static void gen_free(gen_state *gs) {
     for (int i = 0; i <= GEN_NBUF; i++) free(gs->tbuf[i]);
     free(gs->logits); free(gs->tokrows); free(gs->seg);
     for (int q = 0; gs->tok && q < gs->g->nprompts; q++) free(gs->tok[q]);
-    free(gs->tok); free(gs->ntok); free(gs->t_first);
+    free(gs->tok); free(gs->ntok); free(gs->t_first); free(gs->cdone); free(gs->pend);
     if (gs->lf) fclose(gs->lf);
 }
 
