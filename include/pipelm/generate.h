@@ -7,7 +7,9 @@
  * group's next step (a header naming its row segments, and the tokens) into stage 0; every
  * stage computes its blocks and passes the activations on; the last stage samples (greedy at
  * temperature 0; else temperature, top-k, top-p with a stream per sequence and position,
- * so the draws do not depend on P or G) and sends the new tokens back to rank 0. A sequence
+ * so the draws do not depend on P or G) and sends the new tokens back to rank 0. With V
+ * chunks per rank, a rank's chunk c runs item k - c lag in its round k (lag = ceil(P / V)), and
+ * rank 0 sends an empty item when every group waits for an answer of a later round. A sequence
  * ends at --max-new-tokens, at the end-of-text id, or at the model's max_seq_len. A stop
  * signal ends the run after the steps in flight, every rank together (exit 75).
  */
