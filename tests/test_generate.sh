@@ -32,6 +32,9 @@ for M in w wl; do
     done
     gen ch_$M 2 --init $M.bin --chunks-per-rank 2 --groups 3
     cmp -s ref_$M.tok ch_$M.tok && ok "$M: --chunks-per-rank 2, 3 groups on 2 ranks = one rank" || bad "$M chunks" "differ"
+    gen ch3_$M 2 --init $M.bin --chunks-per-rank 3 --groups 1
+    cmp -s ref_$M.tok ch3_$M.tok && ok "$M: 3 chunks per rank, one group (empty items keep the rounds) = one rank" \
+        || bad "$M chunks 3" "differ"
     gen cl_$M 1 --init $M.bin --logits-out cl_$M.lg
     gen nc_$M 2 --init $M.bin --kv-cache 0 --logits-out nc_$M.lg
     if cmp -s ref_$M.tok nc_$M.tok && awk -F, 'NR == FNR { for (i = 4; i <= NF; i++) a[$1 "," $2 "," i] = $i; next }
