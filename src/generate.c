@@ -369,7 +369,7 @@ static int gen_alloc(gen_state *gs, char *err, size_t errlen) {
     gs->cdone = calloc((size_t)gs->V, 1);
     gs->pend = calloc((size_t)n + 1, sizeof(long));
     if (!gs->kv || !gs->cdone || !gs->pend) return PL_ENOMEM;
-    for (int k = 0; k < gs->V; k++) PL_TRY(kv_stage_init(&gs->kv[k], &gs->R->stv[k], n, gs->rows, err, errlen));
+    for (int k = 0; k < gs->V; k++) PL_TRY(kv_stage_init(&gs->kv[k], &gs->R->stv[k], n, gs->rows, gs->gmax, err, errlen));
     size_t msg = sizeof(float) * ((size_t)gs->hdr + (size_t)gs->rows * c->C);
     gs->rbuf = malloc(msg);
     for (int i = 0; i < GEN_NBUF; i++) {

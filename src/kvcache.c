@@ -42,8 +42,8 @@ static size_t kv_lay(kv_stage *kv, char *base) {
         kv->scr.t[i] = n ? kv_carve(base, &off, n) : NULL;
     }
     kv->x = kv_carve(base, &off, R * c->C);
-    kv->hx = kv_carve(base, &off, R * c->C);
-    kv->logits = st->has_head ? kv_carve(base, &off, R * c->Vp) : NULL;
+    kv->hx = st->has_head ? kv_carve(base, &off, (size_t)kv->nsample * c->C) : NULL;
+    kv->logits = st->has_head ? kv_carve(base, &off, (size_t)kv->nsample * c->Vp) : NULL;
     kv->tok = (int *)kv_carve(base, &off, R);
     return off;
 }
@@ -63,13 +63,14 @@ static int kv_fill(kv_stage *kv) {
     return PL_OK;
 }
 
-int kv_stage_init(kv_stage *kv, stage *st, int nseq, int rows, char *err, size_t errlen) {
+int kv_stage_init(kv_stage *kv, stage *st, int nseq, int rows, int nsample, char *err, size_t errlen) {
     memset(kv, 0, sizeof *kv);
     kv->st = st;
     kv->nseq = nseq;
     kv->maxT = st->cfg.maxT;
     kv->kvw = st->cfg.NKV * (st->cfg.C / st->cfg.NH);
     kv->rows = rows;
+    kv->nsample = nsample;
     size_t bytes = kv_lay(kv, NULL);
     int rc = st->be->alloc(&kv->arena, bytes);
     if (rc == PL_OK) {
@@ -121,7 +122,7 @@ int kv_stage_forward(kv_stage *kv, kv_seg *seg, int nseg, const int *tok_host, c
     const model_arch *A = st->arch;
     const model_config *c = &st->cfg;
     int N = nseg ? seg[nseg - 1].row + seg[nseg - 1].n : 0;
-    if (N < 1 || N > kv->rows) return PL_EINVAL;
+    if (N < 1 || N > kv->rows || nseg > kv->nsample) return PL_EINVAL;
     size_t nc = sizeof(float) * N * c->C;
     block_dims d = {1, N, c->C, c->NH, N, c->NKV, c->C / c->NH, c->H, (int)arch_dim_value(c, 1, AD_QKV), c, kv->scr.t};
     kv_batch b = {nseg, seg};

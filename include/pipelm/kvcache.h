@@ -36,20 +36,21 @@ struct stage;
 typedef struct {
     struct stage *st;
     int nseq, maxT, kvw, rows;  /* cached sequences, positions, NKV HS, most rows of one item */
+    int nsample;                /* most sampled rows (segments) of one item */
     float *cache;               /* (nseq, nb, 2, maxT, kvw) */
     block_ptrs work;            /* the architecture's block activation rows, for `rows` rows */
     block_ptrs head;            /* its head activation rows, for `rows` rows */
     block_ptrs scr;             /* its scratch rows: per position for maxT, per token for `rows` */
     float *x;                   /* (rows, C) the residual stream */
-    float *hx;                  /* (rows, C) the rows whose logits are wanted */
-    float *logits;              /* (rows, Vp) */
+    float *hx;                  /* (nsample, C) the rows whose logits are wanted */
+    float *logits;              /* (nsample, Vp) */
     int *tok;                   /* (rows) tokens (first stage) */
     void *arena;
 } kv_stage;
 
-/* Allocate the cache of nseq sequences and buffers for items of at most `rows` rows on
- * stage st (its weights set already). err gets the backend's message. */
-int kv_stage_init(kv_stage *kv, struct stage *st, int nseq, int rows, char *err, size_t errlen);
+/* Allocate the cache of nseq sequences and buffers for items of at most `rows` rows and
+ * `nsample` segments on stage st (its weights set already). err gets the backend's message. */
+int kv_stage_init(kv_stage *kv, struct stage *st, int nseq, int rows, int nsample, char *err, size_t errlen);
 void kv_stage_free(kv_stage *kv);
 /* The stage's part of an item: tok_host (rows, first stage) or x_in (host, rows x C) in;
  * out_host (rows x C) receives the output unless this is the last stage; on the last stage
