@@ -270,6 +270,11 @@ static int gpt2_of_attrs(const long long *k, const long long *ints, const double
     return PL_OK;
 }
 
+static int gpt2_block_decode(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                             const kv_batch *kv, const float *x);
+static int gpt2_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
+                             const kv_batch *kv);
+
 const model_arch arch_gpt2 = {
     .name = "gpt2", .id = MODEL_GPT2,
     .embed = ARCH_ROWS(gpt2_embed), .block = ARCH_ROWS(gpt2_block), .head = ARCH_ROWS(gpt2_head),
@@ -288,4 +293,40 @@ const model_arch arch_gpt2 = {
     .llmc_header_write = gpt2_header_write, .llmc_header_read = gpt2_header_read,
     .attr_int = NULL, .nattr_int = 0, .attr_f64 = NULL, .nattr_f64 = 0,
     .attrs_of = gpt2_attrs_of, .config_of_attrs = gpt2_of_attrs,
+    .block_decode = gpt2_block_decode, .embed_decode = gpt2_embed_decode,
 };
+
+/* ---- decoding with a KV cache (kvcache.h) ---- */
+
+/* The block over an item's rows: as gpt2_block_forward, with the attention of each segment
+ * over its sequence's cache (the new keys and values appended to it). */
+static int gpt2_block_decode(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                             const kv_batch *kv, const float *x) {
+    int N = d->N, C = d->C, NH = d->NH, HS = C / NH;
+    PL_TRY(be->layernorm_fwd(a[GA_LN1], a[GA_LN1_MEAN], a[GA_LN1_RSTD], x, p[G_LN1W], p[G_LN1B], N, C));
+    PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, 3 * C));
+    for (int i = 0; i < kv->nseg; i++) {
+        const kv_seg *s = &kv->seg[i];
+        PL_TRY(be->attention_kv_fwd(a[GA_ATTY] + (size_t)s->row * C, s->k, s->v, a[GA_QKV] + (size_t)s->row * 3 * C,
+                                    s->pos, s->n, NH, NH, HS));
+    }
+    PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], p[G_ATTPROJB], N, C, C));
+    PL_TRY(be->residual_fwd(a[GA_RES2], a[GA_RES2], x, (size_t)N * C));
+    PL_TRY(be->layernorm_fwd(a[GA_LN2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], a[GA_RES2], p[G_LN2W], p[G_LN2B], N, C));
+    PL_TRY(be->matmul_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, 4 * C));
+    PL_TRY(be->gelu_fwd(a[GA_FCH_GELU], a[GA_FCH], (size_t)N * 4 * C));
+    PL_TRY(be->matmul_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], p[G_FCPROJB], N, 4 * C, C));
+    return be->residual_fwd(a[GA_RES3], a[GA_RES3], a[GA_RES2], (size_t)N * C);
+}
+
+/* x = wte[tok] + wpe[pos] for each segment's rows (the position table from its first position). */
+static int gpt2_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
+                             const kv_batch *kv) {
+    int C = d->C;
+    for (int i = 0; i < kv->nseg; i++) {
+        const kv_seg *s = &kv->seg[i];
+        PL_TRY(be->encoder_fwd(x + (size_t)s->row * C, tok + s->row, p[GE_WTE], p[GE_WPE] + (size_t)s->pos * C, s->n,
+                               s->n, C));
+    }
+    return PL_OK;
+}

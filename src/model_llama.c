@@ -435,6 +435,11 @@ static int llama_of_attrs(const long long *k, const long long *li, const double 
     return PL_OK;
 }
 
+static int llama_block_decode(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                              const kv_batch *kv, const float *x);
+static int llama_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
+                              const kv_batch *kv);
+
 const model_arch arch_llama = {
     .name = "llama", .id = MODEL_LLAMA,
     .embed = ARCH_ROWS(llama_embed), .block = ARCH_ROWS(llama_block), .head = ARCH_ROWS(llama_head),
@@ -453,4 +458,44 @@ const model_arch arch_llama = {
     .llmc_header_write = llama_header_write, .llmc_header_read = llama_header_read,
     .attr_int = llama_attr_int, .nattr_int = 6, .attr_f64 = llama_attr_f64, .nattr_f64 = 3,
     .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
+    .block_decode = llama_block_decode, .embed_decode = llama_embed_decode,
 };
+
+/* ---- decoding with a KV cache (kvcache.h) ---- */
+
+/* The block over an item's rows: as llama_block_forward, each segment rotated at its own
+ * positions (the tables from its first one) and attending over its sequence's cache. */
+static int llama_block_decode(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                              const kv_batch *kv, const float *x) {
+    int N = d->N, C = d->C, H = d->H, QKV = d->QKV, half = d->HS / 2;
+    float eps = d->cfg->llama.norm_eps, *scr = d->x[LX_SCRATCH];
+    PL_TRY(be->rmsnorm_fwd(a[LA_ATTNORM], a[LA_ATTNORM_RSTD], x, p[L_ATTNORM], N, C, eps));
+    PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));
+    for (int i = 0; i < kv->nseg; i++) {
+        const kv_seg *s = &kv->seg[i];
+        size_t r = (size_t)s->row;
+        PL_TRY(be->rope_fwd(a[LA_QKV] + r * QKV, scr + r * QKV, d->x[LX_COS] + (size_t)s->pos * half,
+                            d->x[LX_SIN] + (size_t)s->pos * half, s->n, s->n, d->NH, d->NKV, d->HS));
+        PL_TRY(be->attention_kv_fwd(a[LA_ATTY] + r * C, s->k, s->v, a[LA_QKV] + r * QKV, s->pos, s->n, d->NH, d->NKV,
+                                    d->HS));
+    }
+    PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, C, C));
+    PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
+    PL_TRY(be->rmsnorm_fwd(a[LA_MLPNORM], a[LA_MLPNORM_RSTD], a[LA_RES2], p[L_MLPNORM], N, C, eps));
+    PL_TRY(be->matmul_fwd(a[LA_UP], a[LA_MLPNORM], p[L_FCW], NULL, N, C, H));
+    PL_TRY(be->matmul_fwd(a[LA_GATE], a[LA_MLPNORM], p[L_FC2W], NULL, N, C, H));
+    PL_TRY(be->swiglu_fwd(a[LA_PROD], a[LA_UP], a[LA_GATE], (size_t)N * H));
+    PL_TRY(be->matmul_fwd(a[LA_RES3], a[LA_PROD], p[L_FCPROJW], NULL, N, H, C));
+    return be->residual_fwd(a[LA_RES3], a[LA_RES3], a[LA_RES2], (size_t)N * C);
+}
+
+/* x = wte[tok] for each segment's rows (the shared op adds the zero position rows). */
+static int llama_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
+                              const kv_batch *kv) {
+    int C = d->C;
+    for (int i = 0; i < kv->nseg; i++) {
+        const kv_seg *s = &kv->seg[i];
+        PL_TRY(be->encoder_fwd(x + (size_t)s->row * C, tok + s->row, p[LE_WTE], d->x[LX_ZERO_POS], s->n, s->n, C));
+    }
+    return PL_OK;
+}

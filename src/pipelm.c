@@ -11,6 +11,8 @@
 #include "pipelm/ckpt.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/eval.h"
+#include "pipelm/generate.h"
 #include "pipelm/files.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/sched.h"
@@ -23,6 +25,8 @@ static void usage(FILE *out) {
             "usage: mpiexec -n P pipelm <command> [options]\n\n"
             "commands:\n"
             "  train      train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank\n"
+            "  eval       the loss and perplexity of a model file or checkpoint on a data set, pipelined\n"
+            "  generate   sample from a model through the pipeline stages, with a KV cache per stage\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
             "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
@@ -59,7 +63,8 @@ static void train_usage(FILE *out) {
 
 static void bench_usage(FILE *out) {
     fprintf(out, "usage: mpiexec -n P pipelm bench [train options] [--warmup N] [--steps N] [--json FILE] [--csv FILE]\n"
-                 "       pipelm bench --peak [--json FILE]\n\n"
+                 "       pipelm bench --peak [--json FILE]\n"
+                 "       pipelm bench --generate [generate options] [--json FILE]   (`pipelm bench --generate --help`)\n\n"
                  "Runs --warmup untimed steps then --steps timed ones (defaults 2 and 5) and reports\n"
                  "tokens/s, step time, model TFLOP/s (6N + 6LCT per token), MFU against the measured\n"
                  "sgemm peak of every rank, measured and theoretical bubble, and per-stage compute,\n"
@@ -355,12 +360,16 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
         return 0;
     }
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
+    if (strcmp(argv[1], "eval") == 0) return eval_main(argc, argv, comm, abort_needed);
+    if (strcmp(argv[1], "generate") == 0) return generate_main(argc, argv, comm, 0, abort_needed);
     if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
     if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
     int bench = strcmp(argv[1], "bench") == 0;
     if (bench)
-        for (int i = 2; i < argc; i++)
+        for (int i = 2; i < argc; i++) {
             if (strcmp(argv[i], "--peak") == 0) return bench_peak_main(argc, argv, 2, comm);
+            if (strcmp(argv[i], "--generate") == 0) return generate_main(argc, argv, comm, 1, abort_needed);
+        }
     if (strcmp(argv[1], "train") != 0 && !bench) {
         if (rank == 0) {
             pl_error("unknown command '%s'", argv[1]);

@@ -20,6 +20,7 @@
 #include "pipelm/config.h"
 #include "pipelm/data.h"
 #include "pipelm/engine.h"
+#include "pipelm/eval.h"
 #include "pipelm/files.h"
 #include "pipelm/layout.h"
 #include "pipelm/llmc.h"
@@ -78,7 +79,8 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
-    } else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
+    } else if (o->eval_mode && o->resume[0]) PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
+    else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);
     return config_check_train(&t, &R->cfg, CFG_NAME_OPTION, err, errlen);
@@ -383,10 +385,10 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     free(g);
     return rc;
 }
-/* Validation: val_batches batches forward only; every rank gets the mean loss. */
-static int evaluate(run *R, double *val_loss) {
+/* Validation: nbatches batches forward only; every rank gets the mean loss (run.h). */
+int train_evaluate(run *R, int nbatches, double *val_loss) {
     double sum = 0.0;
-    for (int k = 0; k < R->o->val_batches; k++) {
+    for (int k = 0; k < nbatches; k++) {
         char err[4400];
         if (R->have_val && data_read_batch(&R->val, k, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
             pl_error("%s", err);
@@ -398,9 +400,11 @@ static int evaluate(run *R, double *val_loss) {
     }
     double in = R->st.has_head ? sum : 0.0, out = 0.0;
     PL_TRY(comm_allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the validation loss"));
-    *val_loss = out / ((double)R->o->val_batches * R->Bg * R->T);
+    *val_loss = out / ((double)nbatches * R->Bg * R->T);
     return PL_OK;
 }
+/* The trainer's validation: --val-batches batches. */
+static int evaluate(run *R, double *val_loss) { return train_evaluate(R, R->o->val_batches, val_loss); }
 /* Validation at a step, if any rank has validation data; prints and records val_loss. */
 static int maybe_evaluate(run *R, int step) {
     int anyval = R->have_val;
@@ -528,7 +532,7 @@ static int before_loop(run *R, int *first_step) {
         pl_info("data: %s\n", R->train.desc);
     report_run_line(R);
     *first_step = 1;
-    if (o->resume[0]) PL_TRY(train_resume_checkpoint(R, first_step));
+    if (o->resume[0] && !o->eval_mode) PL_TRY(train_resume_checkpoint(R, first_step));
     if (o->trace[0] && R->d == 0) { /* replica 0's pipeline: the others run the same schedule */
         trace *tr = trace_open(R->comm);
         if (!tr) return PL_ENOMEM;
@@ -768,6 +772,10 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     R.first_step = L.first_step;
     if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
     if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
+    if (o->eval_mode) { /* pipelm eval: the validation path over the weights, nothing trained */
+        rc = o->eval_mode == 2 ? generate_after_setup(&R, agreed) : eval_after_setup(&R, agreed);
+        goto done;
+    }
     L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);

@@ -295,6 +295,33 @@ static void attention_case(int B, int T, int NH, int NKV, int HS) {
     be->free(g_qkv); be->free(g_dout); be->free(g_out); be->free(g_att); be->free(g_dq);
 }
 
+/* Decoding over a KV cache (attention_kv_fwd): on the CPU, a prefill of `split` rows then the
+ * rest is the causal grouped-query attention of the whole sequence (attention_gqa_fwd, B = 1);
+ * the backend's output and caches equal the CPU's. */
+static void kv_case(int T, int NH, int NKV, int HS, int split) {
+    int W = (NH + 2 * NKV) * HS, KW = NKV * HS, maxT = T + 3;
+    size_t nq = (size_t)T * W, no = (size_t)T * NH * HS, nk = (size_t)maxT * KW;
+    char what[96];
+    float *qkv = hrand(nq, -1, 1), *ref = hrand(no, 0, 0), *att = hrand((size_t)NH * T * T, 0, 0);
+    float *out = hrand(no, 0, 0), *kc = hrand(nk, 0, 0), *vc = hrand(nk, 0, 0);
+    CPU_OK(cpu->attention_gqa_fwd(ref, att, qkv, 1, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_kv_fwd(out, kc, vc, qkv, 0, split, NH, NKV, HS));
+    CPU_OK(cpu->attention_kv_fwd(out + (size_t)split * NH * HS, kc, vc, qkv + (size_t)split * W, split, T - split, NH,
+                                 NKV, HS));
+    snprintf(what, sizeof what, "cpu attention_kv_fwd = attention_gqa_fwd T%d NH%d NKV%d HS%d", T, NH, NKV, HS);
+    check32(what, out, ref, NULL, no);
+    float *g_qkv = dput(qkv, nq), *g_out = dput(ref, no), *z = hrand(nk, 0, 0), *g_kc = dput(z, nk), *g_vc = dput(z, nk);
+    OK(be->attention_kv_fwd(g_out, g_kc, g_vc, g_qkv, 0, split, NH, NKV, HS));
+    OK(be->attention_kv_fwd(g_out + (size_t)split * NH * HS, g_kc, g_vc, g_qkv + (size_t)split * W, split, T - split,
+                            NH, NKV, HS));
+    snprintf(what, sizeof what, "attention_kv_fwd out T%d NH%d NKV%d split %d", T, NH, NKV, split);
+    compare(what, g_out, out, NULL, no, 0);
+    compare("attention_kv_fwd k cache", g_kc, kc, NULL, (size_t)T * KW, 0);
+    compare("attention_kv_fwd v cache", g_vc, vc, NULL, (size_t)T * KW, 0);
+    free(qkv); free(ref); free(att); free(out); free(kc); free(vc); free(z);
+    be->free(g_qkv); be->free(g_out); be->free(g_kc); be->free(g_vc);
+}
+
 /* copy (overlapping too), zero, map READ / WRITE, synchronize: exact. */
 static void memory_case(void) {
     enum { n = 1000 };
@@ -343,6 +370,8 @@ START_TEST(test_attention) {
     rng_seed(7);
     FOR_TARGETS(attention_case(3, 13, 3, 3, 8); attention_case(2, 40, 4, 4, 24); attention_case(2, 17, 6, 2, 6);
                 attention_case(2, 9, 8, 1, 12));
+    /* 200 positions: past one block of the CUDA kernel (128 threads over the keys) */
+    FOR_TARGETS(kv_case(13, 3, 3, 8, 5); kv_case(20, 6, 2, 6, 19); kv_case(9, 8, 1, 12, 1); kv_case(200, 4, 2, 16, 150));
 }
 END_TEST
 

@@ -1177,6 +1177,42 @@ START_TEST(test_attention_gqa) {
 }
 END_TEST
 
+/* Decoding over a KV cache at real length: one new row (and a chunk of 5) after pos cached
+ * positions (random keys and values), GPT-2 124M's heads and Llama's grouped ones; the output
+ * and the appended cache rows against the CPU's, twice the same bits; more than the shared
+ * score buffer's positions is refused by name. */
+static void kv_case(int pos, int n, int NH, int NKV, int HS) {
+    char what[128];
+    int W = (NH + 2 * NKV) * HS, KW = NKV * HS;
+    size_t nq = (size_t)n * W, no = (size_t)n * NH * HS, nk = (size_t)(pos + n) * KW;
+    float *qkv = hrand(nq, -1, 1), *kc = hrand(nk, -1, 1), *vc = hrand(nk, -1, 1), *out = hconst(no, 0);
+    float *g_qkv = dput(qkv, nq), *g_kc = dput(kc, nk), *g_vc = dput(vc, nk), *g_out = dconst(no, 0);
+    CPU_OK(cpu->attention_kv_fwd(out, kc, vc, qkv, pos, n, NH, NKV, HS));
+    OK(gpu->attention_kv_fwd(g_out, g_kc, g_vc, g_qkv, pos, n, NH, NKV, HS));
+    float *o1 = dget(g_out, no), *k1 = dget(g_kc, nk), *v1 = dget(g_vc, nk);
+    snprintf(what, sizeof what, "attention_kv_fwd pos=%d n=%d NH=%d NKV=%d HS=%d", pos, n, NH, NKV, HS);
+    check32(what, o1, out, NULL, no);
+    check_same("attention_kv_fwd k cache", k1, kc, nk);
+    check_same("attention_kv_fwd v cache", v1, vc, nk);
+    OK(gpu->attention_kv_fwd(g_out, g_kc, g_vc, g_qkv, pos, n, NH, NKV, HS));
+    float *o2 = dget(g_out, no);
+    check_same("attention_kv_fwd twice", o2, o1, no);
+    free(qkv); free(kc); free(vc); free(out); free(o1); free(k1); free(v1); free(o2);
+    gpu->free(g_qkv); gpu->free(g_kc); gpu->free(g_vc); gpu->free(g_out);
+}
+
+START_TEST(test_attention_kv) {
+    rng_seed(16);
+    kv_case(1023, 1, 12, 12, 64); /* GPT-2 124M's last position */
+    kv_case(300, 5, 32, 8, 64);   /* Llama 3.2 1B's heads, a prefill chunk of 5 */
+    float *x = dconst(1024, 0.0f);
+    ck_assert_int_eq(gpu->attention_kv_fwd(x, x, x, x, 4096, 1, 2, 2, 4), PL_EBACKEND);
+    ck_assert_msg(strstr(gpu->error(), "attention_kv_fwd") && strstr(gpu->error(), "invalid shape"), "error(): %s",
+                  gpu->error());
+    gpu->free(x);
+}
+END_TEST
+
 START_TEST(test_swiglu) {
     enum { n = 1031 };
     rng_seed(15);
@@ -1233,6 +1269,7 @@ static Suite *cuda_suite(void) {
         {"attention", test_attention}, {"elementwise", test_elementwise}, {"crossentropy", test_crossentropy},
         {"adamw", test_adamw},         {"sumsq", test_sumsq},             {"rmsnorm", test_rmsnorm},
         {"rope", test_rope},           {"attention_gqa", test_attention_gqa}, {"swiglu", test_swiglu},
+        {"attention_kv", test_attention_kv},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

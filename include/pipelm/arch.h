@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include "pipelm/backend.h"
 #include "pipelm/config.h"
+#include "pipelm/kvcache.h"
 #include "pipelm/model.h"
 
 /* A dimension as a function of the config (and, for activations, of the sequence length T). */
@@ -156,6 +157,14 @@ typedef struct model_arch {
      * n_embd) and the architecture's attributes, all range-checked first; PL_EIO and a message */
     int (*config_of_attrs)(const long long *common, const long long *ints, const double *f64, model_config *cfg,
                            char *err, size_t errlen);
+    /* decoding with a KV cache (kvcache.h): one block over an item's d->N rows x (their
+     * positions and caches in kv; the new keys and values are written to the caches), the
+     * output in a[block_out]; a holds the activation rows for d->N rows (AD_NHT ones unused) */
+    int (*block_decode)(const backend *be, const block_dims *d, float *const *p, float *const *a, const kv_batch *kv,
+                        const float *x);
+    /* the embedding of an item's tokens (backend memory) at their positions */
+    int (*embed_decode)(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
+                        const kv_batch *kv);
 } model_arch;
 
 /* The architectures, in id order; the count. */

@@ -122,5 +122,13 @@ PL_COMPUTE_OP(int, swiglu_fwd, (float *out, const float *up, const float *gate, 
 PL_COMPUTE_OP(int, swiglu_bwd, (float *dup, float *dgate, const float *dout, const float *up, const float *gate,
               size_t n), (dup, dgate, dout, up, gate, n), ELEMENTWISE)
 
+/* ---- compute: decoding with a KV cache (kvcache.h) ---- */
+/* Attention of n new rows of one sequence over its cache: the k and v parts of qkv
+ * (n, (NH + 2 NKV) HS, laid out as attention_gqa_fwd's) are written to rows pos..pos+n-1 of kc
+ * and vc ((maxT, NKV HS) each), then row i's query head h attends to cache rows 0..pos+i of kv
+ * head h / (NH / NKV): out (n, NH HS), scale 1/sqrt(HS). qkv, kc, vc, out: backend memory. */
+PL_COMPUTE_OP(int, attention_kv_fwd, (float *out, float *kc, float *vc, const float *qkv, int pos, int n, int NH,
+              int NKV, int HS), (out, kc, vc, qkv, pos, n, NH, NKV, HS), ATTENTION)
+
 #undef PL_MEM_OP
 #undef PL_COMPUTE_OP

@@ -21,6 +21,8 @@
 
 #define PL_PATH 4096
 
+struct gen_opts; /* generate.h */
+
 typedef struct {
     char preset[32];
     /* model */
@@ -73,6 +75,11 @@ typedef struct {
      * set_dims for any dimension or --arch, set_mask one bit per setting (CFG_SET_*) */
     int set_vocab, set_dims;
     unsigned set_mask;
+    /* pipelm eval (eval.c): 1 when the run only evaluates; batches to evaluate (0: the whole
+     * file); the JSON result file */
+    int eval_mode, eval_batches;   /* eval_mode 2: pipelm generate (generate.c), with gen */
+    char eval_json[PL_PATH];
+    const struct gen_opts *gen;
 } pl_options;
 
 /* Bits of pl_options.set_mask: the model settings an --init file's header also holds. */

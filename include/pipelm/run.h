@@ -1,8 +1,9 @@
 /*
  * run.h — the state of one rank's training run, shared by the loop (train.c), its
  * reporting (report.c: banner, step lines, timers, progress, benchmark figures, the end of
- * the run) and its checkpoints (train_ckpt.c: save and resume). Internal to `pipelm train`:
- * nothing outside those three files includes it.
+ * the run) and its checkpoints (train_ckpt.c: save and resume). Internal to `pipelm train`
+ * and `pipelm eval` and `generate` (eval.c, generate.c, which runs the trainer's set-up and validation path): nothing
+ * outside those five files includes it.
  */
 #ifndef PIPELM_RUN_H
 #define PIPELM_RUN_H
@@ -75,6 +76,19 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
 void report_norm_slot(const run *R, int slot, char *buf, size_t len);
 int report_bench(run *R, const double *step_s, int nsteps);
 int report_finish(run *R, int first_step, int done_steps, double wall, double last_loss, int stopped);
+
+/* train.c (collective): the mean loss of batches 0..nbatches-1 of R->val, forward only,
+ * summed in micro-batch and batch order on the last stage, then over the world; the
+ * trainer's validation loss is this with --val-batches. */
+int train_evaluate(run *R, int nbatches, double *val_loss);
+
+/* eval.c (collective): `pipelm eval` after train.c's set-up: load --resume's weights, run
+ * train_evaluate over the batches, report; *agreed as train_run's. */
+int eval_after_setup(run *R, int *agreed);
+/* eval.c (collective): the parameters of the checkpoint --resume names into R->st. */
+int eval_load_resume(run *R);
+/* generate.c (collective): `pipelm generate` after train.c's set-up; *agreed as train_run's. */
+int generate_after_setup(run *R, int *agreed);
 
 /* train_ckpt.c (collective) */
 int train_save_checkpoint(run *R, int step);
