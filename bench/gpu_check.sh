@@ -28,7 +28,8 @@
 #      own allocation messages, is "does not fit": the next smaller one is tried); the step-1
 #      loss against ln(V) = 10.82 (random init: within 0.5 nats; the logits' spread at init
 #      adds about 0.15); median step time of the steps after the warm-up; PyTorch's bf16/TF32
-#      matmul peak (8192^3); PyTorch eager bf16 on the same model and batch (SDPA attention,
+#      matmul peak (8192^3); the same batch with --backend-opt flash=0 (attention by cuBLAS
+#      products, against the default fused kernels); PyTorch eager bf16 on the same model and batch (SDPA attention,
 #      then llm.c's naive attention), and torch.compile when time allows; MFU against the
 #      measured bf16 peak;
 #   6. GPT-2, bf16, B=16, M=8: two pipeline stages on the one GPU vs one stage.
@@ -503,6 +504,16 @@ if want 5; then
     tail -n 14 "$D/gpt2_B$GB.log"
     res gpt2_batch "$GB"
     loss_check
+    # the same batch with attention through cuBLAS products and the softmax kernel (flash=0),
+    # against the default fused kernels: what the fused kernels save on this GPU
+    if [ "$FAKE" != 1 ] && t=$(tmo 120 40); then
+        timeout -k 5 "$t" mpiexec -n 1 "$PIPELM" train "${GPT2[@]}" --backend "$BE" --precision "$PREC16" \
+            --backend-opt flash=0 --batch "$GB" --microbatches 1 --steps 8 --eval-every 0 --val-batches 1 \
+            --progress 0 --metrics "$D/gpt2_flash0.jsonl" >"$D/gpt2_flash0.log" 2>&1 ||
+            res gpt2_flash0 "failed or out of time: $(fit_reason "$D/gpt2_flash0.log")"
+    else
+        res gpt2_flash0 "skipped (time or fake)"
+    fi
 
     note "   PyTorch: matmul peak, then eager bf16 at B=$GB"
     if [ "$FAKE" = 1 ]; then
@@ -580,8 +591,11 @@ p = pipelm_ms("gpt2_B%d.jsonl" % GB)
 peak = load("peak.json") or {}
 bf = peak.get("bf16_tflops")
 print("gpt2_flops_per_step\t%.2f TFLOP (6N + 6LCT per token, N=%d, B=%d, T=%d)" % (flops / 1e12, N, GB, T))
+p0 = pipelm_ms("gpt2_flash0.jsonl")
 if p:
     print("pipelm_gpt2_bf16_step_ms\t%.1f" % p)
+    if p0:
+        print("pipelm_gpt2_bf16_step_ms_flash0\t%.1f (attention by cuBLAS products: %.2fx the fused kernels' step)" % (p0, p0 / p))
     print("pipelm_gpt2_bf16_tflops\t%.1f" % (flops / (p / 1e3) / 1e12))
 if bf:
     print("peak_bf16_tflops_measured\t%.1f (torch 8192^3)" % bf)

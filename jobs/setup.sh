@@ -5,8 +5,9 @@
 # With --test --full (what .ci/run does): the full tier (PIPELM_TEST_FULL=1: the slow checks
 # too, docs/testing.md), then the sanitizer stage (the full tier in ./build-asan, configured
 # --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
-# FUZZ_SECONDS, default 60, in ./build-fuzz). PIPELM_CI_STAGES picks stages (default "tests",
-# or "tests sanitizers fuzz" with --full); PIPELM_TEST_JOBS tests run at once (default 2).
+# FUZZ_SECONDS, default 60, in ./build-fuzz) and the cuda-emu stage (tests/cuda_emu.sh: the
+# CUDA kernels under the host emulation). PIPELM_CI_STAGES picks stages (default "tests", or
+# "tests sanitizers fuzz cuda-emu" with --full); PIPELM_TEST_JOBS tests run at once (default 2).
 # Exits non-zero if any stage fails; prints each stage's time as it ends, and all of them last.
 # PIPELM_BUILD names the build directory instead of build (then BUILD-asan and BUILD-fuzz).
 # Safe to run again: installed packages and a configured build are reused.
@@ -79,7 +80,7 @@ if [ "${1:-}" = "--test" ]; then
     status=0
     full=0
     [ "${2:-}" = "--full" ] && full=1
-    if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz}; else stages=${PIPELM_CI_STAGES:-tests}; fi
+    if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz cuda-emu}; else stages=${PIPELM_CI_STAGES:-tests}; fi
     # the full mode runs the tests' full tier (docs/testing.md), in both test stages
     [ $full -eq 1 ] && export PIPELM_TEST_FULL=1
     # tests at once: each works in its own directory, shares no file or port (docs/testing.md)
@@ -112,6 +113,12 @@ if [ "${1:-}" = "--test" ]; then
             ;;
         fuzz)
             FUZZ_BUILD="$top/$build-fuzz" "$top/tests/fuzz/run.sh" || rc=$?
+            ;;
+        cuda-emu)
+            # the CUDA backend's kernels under the host emulation (no GPU needed): test_cuda's
+            # plain cases and the conformance test, ASan + UBSan (the full-tier sizes take
+            # many more minutes: run them by hand with PIPELM_TEST_FULL=1)
+            PIPELM_TEST_FULL=0 "$top/tests/cuda_emu.sh" . || rc=$?
             ;;
         *) echo "setup: unknown stage '$stage' in PIPELM_CI_STAGES"; rc=1 ;;
         esac

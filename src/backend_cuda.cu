@@ -26,7 +26,10 @@
  *   - row reductions (LayerNorm, softmax, cross-entropy): one block per row, a fixed block size,
  *     per-thread strided sums then a fixed shuffle tree;
  *   - column sums over rows (LayerNorm dw/db, matmul db): fixed chunks of CS_ROWS rows summed in
- *     a fixed order into partials, then the partials of each column added in chunk order;
+ *     a fixed order into partials, then the partials of each column in CS_TY strided lanes,
+ *     the lanes added in order;
+ *   - fused attention (flash=1): one query (or key) row per thread, keys (queries) visited in
+ *     increasing order in fixed tiles, each sum in a fixed order;
  *   - embedding gradient: dwpe per (t, c) adds rows t, t+T, ... in order; dwte sorts the token
  *     ids with their row numbers (CUB's radix sort: stable, so the result is unique), then one
  *     block per distinct token adds its rows in increasing row order, as backend_cpu does
@@ -262,12 +265,21 @@ __global__ void k_colsum_part(float *pdw, float *pdb, const float *dout, const f
         if (LN) pdw[(size_t)p * C + c] = w;
     }
 }
-/* Step 2: dst[c] += sum of the R partials of column c, in chunk order. */
+/* Step 2: dst[c] += the sum of the R partials of column c: block (tile) takes 32 columns, lane
+ * y adds partials y, y+CS_TY, ... in order, then lane 0 adds the CS_TY lanes in order (so
+ * CS_TY times the threads of one per column, and a fixed order). blockDim (32, CS_TY). */
 __global__ void k_colsum_final(float *dst, const float *part, int R, int C) {
-    GRID_STRIDE(c, (size_t)C) {
-        float acc = 0.0f;
-        for (int p = 0; p < R; p++) acc += part[(size_t)p * C + c];
-        dst[c] += acc;
+    __shared__ float sh[CS_TY][33];
+    int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
+    float acc = 0.0f;
+    if (c < C)
+        for (int p = ty; p < R; p += CS_TY) acc += part[(size_t)p * C + c];
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float s = 0.0f;
+        for (int k = 0; k < CS_TY; k++) s += sh[k][tx];
+        dst[c] += s;
     }
 }
 
@@ -328,6 +340,183 @@ __global__ void k_softmax_causal_bwd(float *datt, const float *att, int T) {
     float dot = block_sum(s, sh);
     for (int j = threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) d[j] = 0.0f;
+}
+
+/* ---- fused causal attention (flash-attention style), on permuted (BH, T, hs) q, k, v ----
+ * No T x T buffer: a block of FA_Q threads takes FA_Q consecutive query rows of one (b, h),
+ * one row per thread, and walks the key rows 0..t in tiles of FA_K staged in shared memory,
+ * keeping the running max m, the running sum l and the unnormalised output o of its row
+ * (online softmax: each tile's scores first, then one rescale of l and o per tile). Keys are
+ * visited in increasing order and each sum runs in a fixed order, so the result depends only
+ * on the values (no atomics, no dependence on the device). Inputs are TT (fp32, or bf16 for
+ * --precision bf16, where the probabilities and the score gradients are also rounded to bf16
+ * before their products, as the matrix-product path rounds att and dpre); accumulation fp32.
+ * The forward leaves, in the att buffer, the row log-sum-exp lse (BH*T floats) and the
+ * permuted output O (BH*T*hs floats) that the backward reads. HSM: a bound on hs (32, 64,
+ * 128) sizing the per-thread registers. */
+#define FA_Q 64 /* query rows per block (one per thread) */
+#define FA_K 32 /* key rows per shared-memory tile */
+__device__ __forceinline__ float ld_f32(const float *p) { return *p; }
+__device__ __forceinline__ float ld_f32(const uint16_t *p) { return __int_as_float((int)((uint32_t)*p << 16)); }
+/* x rounded to bf16 and back when bf (the product's input precision), else x. */
+__device__ __forceinline__ float round_as(float x, int bf) {
+    if (!bf) return x;
+    uint16_t h = f32_to_bf16(x);
+    return ld_f32(&h);
+}
+
+/* Forward: O, lse for query rows t of pair bh = blockIdx.y. */
+template <int HSM, typename TT>
+__global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, const TT *v, int T, int hs,
+                            float scale, int bf) {
+    __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
+    size_t base = (size_t)blockIdx.y * T * hs;
+    int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
+    float qr[HSM], o[HSM], m = -1e30f, l = 0.0f;
+#pragma unroll
+    for (int d = 0; d < HSM; d++) {
+        qr[d] = t < T && d < hs ? ld_f32(q + base + (size_t)t * hs + d) : 0.0f;
+        o[d] = 0.0f;
+    }
+    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+        for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
+            int jj = e / hs, d = e % hs, j = j0 + jj;
+            ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
+            vs[jj][d] = j < T ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
+        }
+        __syncthreads();
+        if (t < T && j0 <= t) {
+            float s[FA_K], mt = m;
+            int n = t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K;
+            for (int jj = 0; jj < n; jj++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int d = 0; d < HSM; d++) acc += d < hs ? qr[d] * ks[jj][d] : 0.0f;
+                s[jj] = acc * scale;
+                mt = s[jj] > mt ? s[jj] : mt;
+            }
+            float corr = exp_fast(m - mt);
+            l *= corr;
+#pragma unroll
+            for (int d = 0; d < HSM; d++) o[d] *= corr;
+            for (int jj = 0; jj < n; jj++) {
+                float p = exp_fast(s[jj] - mt);
+                l += p;
+                p = round_as(p, bf);
+#pragma unroll
+                for (int d = 0; d < HSM; d++) o[d] += d < hs ? p * vs[jj][d] : 0.0f;
+            }
+            m = mt;
+        }
+        __syncthreads();
+    }
+    if (t < T) {
+        float inv = 1.0f / l;
+        for (int d = 0; d < hs; d++) O[base + (size_t)t * hs + d] = o[d] * inv;
+        lse[(size_t)blockIdx.y * T + t] = m + logf(l);
+    }
+}
+
+/* Backward, step 1: Dr[row] = dy_row . O_row (= sum_j p_j dp_j), one thread per row. */
+template <typename TT>
+__global__ void k_flash_rowdot(float *Dr, const TT *dy, const float *O, size_t rows, int hs) {
+    GRID_STRIDE(r, rows) {
+        float acc = 0.0f;
+        for (int d = 0; d < hs; d++) acc += ld_f32(dy + r * hs + d) * O[r * hs + d];
+        Dr[r] = acc;
+    }
+}
+
+/* Backward, step 2: dq_t = scale sum_{j<=t} ds_tj k_j, ds_tj = p_tj (dy_t . v_j - Dr_t), p_tj =
+ * exp(scale q_t . k_j - lse_t); one query row per thread, key tiles in shared memory. */
+template <int HSM, typename TT>
+__global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v, const TT *dy, const float *lse,
+                               const float *Dr, int T, int hs, float scale, int bf) {
+    __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
+    size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
+    int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
+    float qr[HSM], dyr[HSM], acc[HSM];
+#pragma unroll
+    for (int d = 0; d < HSM; d++) {
+        qr[d] = t < T && d < hs ? ld_f32(q + base + (size_t)t * hs + d) : 0.0f;
+        dyr[d] = t < T && d < hs ? ld_f32(dy + base + (size_t)t * hs + d) : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float L = t < T ? lse[row + t] : 0.0f, D = t < T ? Dr[row + t] : 0.0f;
+    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+        for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
+            int jj = e / hs, d = e % hs, j = j0 + jj;
+            ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
+            vs[jj][d] = j < T ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
+        }
+        __syncthreads();
+        int n = t < T ? (t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K) : 0;
+        for (int jj = 0; jj < n; jj++) {
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int d = 0; d < HSM; d++) {
+                s += d < hs ? qr[d] * ks[jj][d] : 0.0f;
+                dp += d < hs ? dyr[d] * vs[jj][d] : 0.0f;
+            }
+            float p = exp_fast(s * scale - L), ds = round_as(p * (dp - D), bf);
+#pragma unroll
+            for (int d = 0; d < HSM; d++) acc[d] += d < hs ? ds * ks[jj][d] : 0.0f;
+        }
+        __syncthreads();
+    }
+    if (t < T)
+        for (int d = 0; d < hs; d++) dq[base + (size_t)t * hs + d] = acc[d] * scale;
+}
+
+/* Backward, step 3: for key row j (one per thread), dv_j = sum_{t>=j} p_tj dy_t and dk_j =
+ * scale sum_{t>=j} ds_tj q_t, over query tiles (q, dy, lse, Dr) staged in shared memory. */
+template <int HSM, typename TT>
+__global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k, const TT *v, const TT *dy,
+                                 const float *lse, const float *Dr, int T, int hs, float scale, int bf) {
+    __shared__ float qs[FA_K][HSM + 1], dys[FA_K][HSM + 1], Ls[FA_K], Ds[FA_K];
+    size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
+    int j = blockIdx.x * FA_Q + threadIdx.x, jf = blockIdx.x * FA_Q;
+    float kr[HSM], vr[HSM], ak[HSM], av[HSM];
+#pragma unroll
+    for (int d = 0; d < HSM; d++) {
+        kr[d] = j < T && d < hs ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
+        vr[d] = j < T && d < hs ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
+        ak[d] = av[d] = 0.0f;
+    }
+    for (int i0 = jf - jf % FA_K; i0 < T; i0 += FA_K) {
+        for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
+            int ii = e / hs, d = e % hs, i = i0 + ii;
+            qs[ii][d] = i < T ? ld_f32(q + base + (size_t)i * hs + d) : 0.0f;
+            dys[ii][d] = i < T ? ld_f32(dy + base + (size_t)i * hs + d) : 0.0f;
+        }
+        for (int ii = threadIdx.x; ii < FA_K; ii += blockDim.x) {
+            Ls[ii] = i0 + ii < T ? lse[row + i0 + ii] : 0.0f;
+            Ds[ii] = i0 + ii < T ? Dr[row + i0 + ii] : 0.0f;
+        }
+        __syncthreads();
+        for (int ii = 0; ii < FA_K && j < T; ii++) {
+            int i = i0 + ii;
+            if (i < j || i >= T) continue;
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int d = 0; d < HSM; d++) {
+                s += d < hs ? qs[ii][d] * kr[d] : 0.0f;
+                dp += d < hs ? dys[ii][d] * vr[d] : 0.0f;
+            }
+            float p = exp_fast(s * scale - Ls[ii]), ds = round_as(p * (dp - Ds[ii]), bf), pr = round_as(p, bf);
+#pragma unroll
+            for (int d = 0; d < HSM; d++) {
+                av[d] += d < hs ? pr * dys[ii][d] : 0.0f;
+                ak[d] += d < hs ? ds * qs[ii][d] : 0.0f;
+            }
+        }
+        __syncthreads();
+    }
+    if (j < T)
+        for (int d = 0; d < hs; d++) {
+            dk[base + (size_t)j * hs + d] = ak[d] * scale;
+            dv[base + (size_t)j * hs + d] = av[d];
+        }
 }
 
 __global__ void k_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -402,14 +591,14 @@ __global__ void k_ce_fwd(float *losses, float *logits, const int *targets, int V
 /* probs -> (probs - onehot) * dloss over the first V columns; padded columns untouched (0). The
  * product is rounded before the subtraction, as backend_cpu's two statements. */
 __global__ void k_ce_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
-    size_t n = (size_t)N * Vp;
-    GRID_STRIDE(i, n) {
-        size_t row = i / Vp;
-        int j = (int)(i % Vp);
-        if (j >= V) continue;
-        float g = __fmul_rn(probs[i], dloss);
+    /* a 2-D grid: x over the columns, y over the rows (strided past 65535), so no division */
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= V) return;
+    for (size_t row = blockIdx.y; row < (size_t)N; row += gridDim.y) {
+        float *r = probs + row * Vp;
+        float g = __fmul_rn(r[j], dloss);
         if (j == targets[row]) g -= dloss;
-        probs[i] = g;
+        r[j] = g;
     }
 }
 
@@ -586,6 +775,7 @@ static struct {
     int prec;
     int tf32;
     int sync_each;
+    int flash;                         /* 1: the fused attention kernels where they fit */
     int threads;
     cudaStream_t st;
     cublasHandle_t blas;
@@ -793,6 +983,8 @@ static const backend_opt_decl cu_opts[] = {
      "PIPELM_CUDA_SYNC"},
     {"tf32", "1: fp32 products may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)", "0", "0|1",
      "PIPELM_CUDA_TF32"},
+    {"flash", "1: causal attention by the fused kernels (no T x T products; hs <= 128, T > hs), 0: cuBLAS "
+              "products and the softmax kernel", "1", "0|1", "PIPELM_CUDA_FLASH"},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -913,6 +1105,7 @@ static int cu_init(const backend_options *opt, char *err, size_t errlen) {
     S.prec = prec;
     S.tf32 = backend_opt_flag(cu_opts, opt, "tf32");
     S.sync_each = backend_opt_flag(cu_opts, opt, "sync");
+    S.flash = backend_opt_flag(cu_opts, opt, "flash");
     if (opt && opt->threads > 0) S.threads = opt->threads;
     cu_errbuf[0] = 0;
     return 0;
@@ -1178,8 +1371,8 @@ static int colsum(float *dw, float *db, const float *dout, const float *inp, con
     else
         KERNEL(k_colsum_part<0>, grid, block, (float *)NULL, pdb, dout, (const float *)NULL, (const float *)NULL,
                (const float *)NULL, N, C);
-    KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, db, pdb, R, C);
-    if (ln) KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, dw, pdw, R, C);
+    KERNEL(k_colsum_final, (unsigned)tiles, block, db, pdb, R, C);
+    if (ln) KERNEL(k_colsum_final, (unsigned)tiles, block, dw, pdw, R, C);
     return 0;
 }
 
@@ -1250,6 +1443,58 @@ static int permute_in(void *dst, const float *src, int ld, int B, int T, int C, 
     else
         KERNEL(k_permute<float>, ew_grid(n), EW_THREADS, (float *)dst, src, ld, B, T, C, NH);
     return 0;
+}
+
+/* The fused kernels run when --backend-opt flash=1 (the default), hs <= 128 (the registers'
+ * bound) and T > hs (the att buffer, B*NH*T*T floats, then holds lse and O: B*NH*T*(hs+1)). */
+static int flash_fits(int B, int T, int NH, int hs) {
+    return S.flash && hs <= 128 && T > hs && (long long)B * NH <= 65535;
+}
+
+/* The forward's launch for one register bound HSM and input type TT. */
+template <int HSM, typename TT>
+static int flash_fwd_launch(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
+                            float scale, int bf) {
+    auto fk = k_flash_fwd<HSM, TT>;
+    dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
+    KERNEL(fk, grid, FA_Q, O, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, hs, scale, bf);
+    return 0;
+}
+/* The backward's launches (row dots, dq, dk and dv) for HSM and TT. */
+template <int HSM, typename TT>
+static int flash_bwd_launch(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
+                            const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale,
+                            int bf) {
+    auto fd = k_flash_rowdot<TT>;
+    auto fq = k_flash_bwd_dq<HSM, TT>;
+    auto fkv = k_flash_bwd_dkdv<HSM, TT>;
+    size_t rows = (size_t)BH * T;
+    dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
+    KERNEL(fd, ew_grid(rows), EW_THREADS, Dr, (const TT *)dy, O, rows, hs);
+    KERNEL(fq, grid, FA_Q, dq, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale, bf);
+    KERNEL(fkv, grid, FA_Q, dk, dv, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale,
+           bf);
+    return 0;
+}
+/* Dispatch on hs's register bound (32, 64, 128) and the precision. */
+static int flash_fwd(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
+                     float scale, int bf) {
+    if (hs <= 32)
+        return bf ? flash_fwd_launch<32, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
+                  : flash_fwd_launch<32, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
+    if (hs <= 64)
+        return bf ? flash_fwd_launch<64, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
+                  : flash_fwd_launch<64, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
+    return bf ? flash_fwd_launch<128, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
+              : flash_fwd_launch<128, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
+}
+static int flash_bwd(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
+                     const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale, int bf) {
+#define FLASH_BWD(H, TT) flash_bwd_launch<H, TT>(dq, dk, dv, Dr, q, k, v, dy, O, lse, BH, T, hs, scale, bf)
+    if (hs <= 32) return bf ? FLASH_BWD(32, uint16_t) : FLASH_BWD(32, float);
+    if (hs <= 64) return bf ? FLASH_BWD(64, uint16_t) : FLASH_BWD(64, float);
+    return bf ? FLASH_BWD(128, uint16_t) : FLASH_BWD(128, float);
+#undef FLASH_BWD
 }
 
 /* ======================================================================================== */
@@ -1341,8 +1586,9 @@ static int cu_crossentropy_fwd(float *losses, float *logits, const int *targets,
 static int cu_crossentropy_bwd(float *probs, const int *targets, float dloss, int N, int V, int Vp) {
     OP("crossentropy_bwd", "N=%lld V=%lld Vp=%lld", N, V, Vp, 0);
     if (N < 0 || V <= 0 || Vp < V) return fail_shape();
-    size_t n = (size_t)N * Vp;
-    if (n) KERNEL(k_ce_bwd, ew_grid(n), EW_THREADS, probs, targets, dloss, N, V, Vp);
+    if (N == 0) return 0;
+    dim3 grid((unsigned)((V + EW_THREADS - 1) / EW_THREADS), (unsigned)(N < 65535 ? N : 65535));
+    KERNEL(k_ce_bwd, grid, EW_THREADS, probs, targets, dloss, N, V, Vp);
     return 0;
 }
 
@@ -1390,7 +1636,8 @@ static int cu_rmsnorm_bwd_input(float *dinp, const float *dout, const float *inp
     if (N) KERNEL(k_rmsnorm_bwd_input, (unsigned)N, LN_THREADS, dinp, dout, inp, w, rstd, C);
     return 0;
 }
-/* dw += sum_rows dy x rstd: fixed chunks of CS_ROWS rows into partials, then chunk order. */
+/* dw += sum_rows dy x rstd: fixed chunks of CS_ROWS rows into partials, then k_colsum_final's
+ * fixed order. */
 static int cu_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
     OP("rmsnorm_bwd_weight", "N=%lld C=%lld", N, C, 0, 0);
     if (N < 0 || C < 0) return fail_shape();
@@ -1401,7 +1648,7 @@ static int cu_rmsnorm_bwd_weight(float *dw, const float *dout, const float *inp,
     TRY(scratch(SCR_PART, sizeof(float) * (size_t)R * C, &pv));
     dim3 grid((unsigned)R, (unsigned)tiles), block(32, CS_TY);
     KERNEL(k_rms_colsum_part, grid, block, (float *)pv, dout, inp, rstd, N, C);
-    KERNEL(k_colsum_final, ew_grid((size_t)C), EW_THREADS, dw, (const float *)pv, R, C);
+    KERNEL(k_colsum_final, (unsigned)tiles, block, dw, (const float *)pv, R, C);
     return 0;
 }
 
@@ -1452,12 +1699,30 @@ static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
         KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)k, qkv + C, W, B, T, NH, G, hs);
         KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
     }
+    if (flash_fits(B, T, NH, hs)) { /* att holds lse (BH*T), then the permuted output O */
+        float *O = att + (size_t)BH * T;
+        TRY(flash_fwd(O, att, q, k, v, BH, T, hs, scale, bf));
+        KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)O, B, T, C, NH);
+        return 0;
+    }
     TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
     KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
     KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)y, B, T, C, NH);
+    return 0;
+}
+
+/* dqkv <- the permuted dq, and dk, dv summed over each kv head's G query heads in ascending h
+ * (k_unpermute_sum; G = 1: a copy): no atomics, a fixed order. */
+static int unpermute_grads(float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T, int NH,
+                           int NKV, int hs) {
+    int G = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs;
+    size_t n1 = (size_t)B * T * C, nkv = (size_t)B * T * NKV * hs;
+    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv, W, dq, B, T, C, NH);
+    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C, W, dk, B, T, NKV, G, hs);
+    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C + NKV * hs, W, dv, B, T, NKV, G, hs);
     return 0;
 }
 
@@ -1471,7 +1736,7 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
     if (B == 0 || T == 0) return 0;
     int bf = S.prec == PL_PREC_BF16, hs = HS, BH = B * NH, G = NH / NKV, C = NH * HS, W = (NH + 2 * NKV) * HS;
-    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C, nkv = (size_t)B * T * NKV * HS;
+    size_t es = bf ? 2 : 4, n1 = (size_t)B * T * C;
     long long THS = (long long)T * hs, TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
     void *q, *k, *v, *dy, *datt, *dq, *dk, *dv;
@@ -1479,7 +1744,8 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     TRY(scratch(SCR_K, n1 * es, &k));
     TRY(scratch(SCR_V, n1 * es, &v));
     TRY(scratch(SCR_DY, n1 * es, &dy));
-    TRY(scratch(SCR_DATT, sizeof(float) * (size_t)BH * TT, &datt));
+    int fl = flash_fits(B, T, NH, hs);
+    TRY(scratch(SCR_DATT, sizeof(float) * (size_t)BH * (fl ? T : TT), &datt)); /* flash: the row dots */
     TRY(scratch(SCR_Y, n1 * sizeof(float), &dq));
     TRY(scratch(SCR_DK, n1 * sizeof(float), &dk));
     TRY(scratch(SCR_DV, n1 * sizeof(float), &dv));
@@ -1492,6 +1758,11 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
         KERNEL(k_permute_rep<float>, ew_grid(n1), EW_THREADS, (float *)v, qkv + C + NKV * HS, W, B, T, NH, G, hs);
     }
     TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
+    if (fl) {
+        TRY(flash_bwd((float *)dq, (float *)dk, (float *)dv, (float *)datt, q, k, v, dy, att + (size_t)BH * T, att, BH,
+                      T, hs, scale, bf));
+        return unpermute_grads(dqkv, (const float *)dq, (const float *)dk, (const float *)dv, B, T, NH, NKV, hs);
+    }
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
@@ -1501,10 +1772,7 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
     TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));
     TRY(gemm(1, 0, T, hs, T, scale, dp, T, TT, q, hs, THS, 0.0f, (float *)dk, hs, THS, BH, bf));
-    KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, dqkv, W, (const float *)dq, B, T, C, NH);
-    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C, W, (const float *)dk, B, T, NKV, G, hs);
-    KERNEL(k_unpermute_sum, ew_grid(nkv), EW_THREADS, dqkv + C + NKV * HS, W, (const float *)dv, B, T, NKV, G, hs);
-    return 0;
+    return unpermute_grads(dqkv, (const float *)dq, (const float *)dk, (const float *)dv, B, T, NH, NKV, hs);
 }
 
 static int cu_swiglu_fwd(float *out, const float *up, const float *gate, size_t n) {

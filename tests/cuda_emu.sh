@@ -12,7 +12,8 @@
 # Runs twice: EMU_NDEV=0 (no driver: must exit 77) and EMU_NDEV=1 (must pass). Needs g++ with
 # C++20 (std::barrier), mpicc, Check, OpenBLAS. Takes a few minutes (thousands of threads per
 # launch); PIPELM_TEST_FULL=1 adds test_cuda's full-tier real-size cases (attention at T = 1024:
-# several more minutes). Not part of `make check`.
+# several more minutes). Not part of `make check`: the cuda-emu stage of
+# `./jobs/setup.sh --test --full` (.ci/run) runs it with the plain cases.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$top/build}" && pwd)
@@ -23,7 +24,7 @@ blas_cflags=$(pkg-config --cflags openblas)
 blas_libs=$(pkg-config --libs openblas)
 
 set -x
-g++ -std=c++20 -O1 -g -Wall -Wextra $san -pthread -DPIPELM_CUDA_EMU -include "$top/tests/cuda_emu.h" \
+g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_CUDA_EMU -include "$top/tests/cuda_emu.h" \
     -x c++ -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend_cuda.cu}" -o "$out/backend_cuda.o"
 # the registry with the cuda backend only (not the build's config.h: it may name others)
 mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"

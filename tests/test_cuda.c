@@ -142,13 +142,16 @@ static float *dget(const float *d, size_t n) {
     return h;
 }
 
-/* The CUDA backend in precision prec (init again). */
-static void use_prec(int prec) {
-    backend_options o = {prec, 1, -1, 0, 0, NULL};
+/* The CUDA backend in precision prec with the settings opts (init again). */
+static void use_opts(int prec, const char *opts) {
+    backend_options o = {prec, 1, -1, 0, 0, opts};
     char err[512] = "";
     int rc = gpu->init(&o, err, sizeof err);
-    ck_assert_msg(rc == 0, "cuda init %s: %s", backend_precision_name(prec), err);
+    ck_assert_msg(rc == 0, "cuda init %s %s: %s", backend_precision_name(prec), opts, err);
 }
+/* ... with the product path of attention (flash=0), whose att holds the softmax probabilities
+ * that the cases below compare; flash_case runs the fused kernels (flash=1) too. */
+static void use_prec(int prec) { use_opts(prec, "flash=0"); }
 
 /* fp32 -> bf16 -> fp32, round to nearest even, denormals to a signed zero, NaN quiet: the
  * conversion the backend documents (backend_onednn's f32_to_bf16). */
@@ -1161,6 +1164,76 @@ static void gqa_case(int B, int T, int NH, int NKV, int HS) {
     free(qkv); free(dout);
 }
 
+/* Two bf16 results that round in different places (the fused kernels round the unnormalised
+ * probabilities, the product path the normalised ones) within attention's bf16 bounds of each
+ * other; no lower bound, unlike check16 against fp32. */
+static void check_bf16_pair(const char *what, const float *x, const float *y, size_t n) {
+    double *a = incr(x, NULL, n), *b = incr(y, NULL, n), rel, cs;
+    l2_cos(a, b, n, &rel, &cs);
+    free(a);
+    free(b);
+    if (verbose) printf("  %-50s l2-rel %.3e cos %.7f\n", what, rel, cs);
+    ck_assert_msg(rel <= TOL16_ATT_REL && cs >= TOL16_ATT_COS, "%s: l2-rel %.3e cos %.7f", what, rel, cs);
+}
+
+/* The fused attention kernels (flash=1) against backend_cpu and against the product path
+ * (flash=0), fp32 and bf16, each run twice for the same bits: out and dqkv (att holds the
+ * fused kernels' own state, lse and O, when they run: T > HS; when T <= HS the product path
+ * runs and att is compared too). */
+static void flash_case(int B, int T, int NH, int NKV, int HS) {
+    char what[160];
+    size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
+    float *qkv = hrand(n3, -1, 1), *dout = hrand(n1, -1, 1);
+    att_res ref = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
+    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS));
+    for (int bf = 0; bf < 2; bf++) {
+        int prec = bf ? PL_PREC_BF16 : PL_PREC_FP32;
+        use_opts(prec, "flash=0");
+        att_res p = gpu_gqa(qkv, dout, B, T, NH, NKV, HS);
+        use_opts(prec, "flash=1");
+        att_res f = gpu_gqa(qkv, dout, B, T, NH, NKV, HS), f2 = gpu_gqa(qkv, dout, B, T, NH, NKV, HS);
+        const char *pn = bf ? "bf16" : "fp32";
+        snprintf(what, sizeof what, "%s flash out B=%d T=%d NH=%d NKV=%d HS=%d vs cpu", pn, B, T, NH, NKV, HS);
+        if (bf) check16(what, f.out, ref.out, NULL, n1, 1); else check32(what, f.out, ref.out, NULL, n1);
+        snprintf(what, sizeof what, "%s flash dqkv B=%d T=%d NH=%d NKV=%d HS=%d vs cpu", pn, B, T, NH, NKV, HS);
+        if (bf) check16(what, f.dqkv, ref.dqkv, NULL, n3, 1); else check32(what, f.dqkv, ref.dqkv, NULL, n3);
+        if (T <= HS) { /* the product path ran in both: the same bits, att the probabilities */
+            snprintf(what, sizeof what, "%s flash=1 with T <= HS: the product path", pn);
+            check_same(what, f.out, p.out, n1);
+            check_same(what, f.att, p.att, na);
+            check_same(what, f.dqkv, p.dqkv, n3);
+        } else {
+            snprintf(what, sizeof what, "%s flash out vs the product path", pn);
+            if (bf) check_bf16_pair(what, f.out, p.out, n1); else check32(what, f.out, p.out, NULL, n1);
+            snprintf(what, sizeof what, "%s flash dqkv vs the product path", pn);
+            if (bf) check_bf16_pair(what, f.dqkv, p.dqkv, n3); else check32(what, f.dqkv, p.dqkv, NULL, n3);
+        }
+        snprintf(what, sizeof what, "%s flash twice", pn);
+        check_same(what, f2.out, f.out, n1);
+        check_same(what, f2.dqkv, f.dqkv, n3);
+        att_free(&p); att_free(&f); att_free(&f2);
+    }
+    use_prec(PL_PREC_FP32);
+    att_free(&ref);
+    free(qkv); free(dout);
+}
+
+START_TEST(test_attention_flash) {
+    rng_seed(15);
+    flash_case(2, 13, 3, 3, 8);   /* one tile, hs <= 32 */
+    flash_case(2, 5, 6, 2, 6);    /* T <= HS: the product path */
+    flash_case(2, 70, 4, 4, 16);  /* a second block of queries and three key tiles */
+    flash_case(1, 100, 6, 2, 24); /* grouped-query: three query heads per kv head */
+    flash_case(1, 130, 2, 1, 64); /* hs 64 */
+    flash_case(1, 140, 1, 1, 100); /* hs 100: the 128-register bound, hs not a power of two */
+    if (full_tier()) {
+        flash_case(1, 1024, 2, 2, 64);
+        flash_case(1, 1024, 4, 1, 128);
+    }
+}
+END_TEST
+
 START_TEST(test_attention_gqa) {
     rng_seed(14);
     gqa_case(2, 5, 6, 2, 6);
@@ -1266,7 +1339,8 @@ static Suite *cuda_suite(void) {
     } cases[] = {
         {"memory", test_memory},       {"failures", test_failures},       {"encoder", test_encoder},
         {"layernorm", test_layernorm}, {"matmul", test_matmul},           {"tf32", test_tf32},
-        {"attention", test_attention}, {"elementwise", test_elementwise}, {"crossentropy", test_crossentropy},
+        {"attention", test_attention},
+        {"attention_flash", test_attention_flash}, {"elementwise", test_elementwise}, {"crossentropy", test_crossentropy},
         {"adamw", test_adamw},         {"sumsq", test_sumsq},             {"rmsnorm", test_rmsnorm},
         {"rope", test_rope},           {"attention_gqa", test_attention_gqa}, {"swiglu", test_swiglu},
         {"attention_kv", test_attention_kv},

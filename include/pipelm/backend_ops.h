@@ -106,9 +106,11 @@ PL_COMPUTE_OP(int, rope_fwd, (float *out, const float *inp, const float *fcos, c
 PL_COMPUTE_OP(int, rope_bwd, (float *dinp, const float *dout, const float *fcos, const float *fsin, int N, int T,
               int NH, int NKV, int HS), (dinp, dout, fcos, fsin, N, T, NH, NKV, HS), ELEMENTWISE)
 /* Causal grouped-query attention over a fused qkv (B, T, (NH + 2 NKV) HS) laid out as above:
- * query head h reads kv head h / (NH / NKV); att (B, NH, T, T) softmax probabilities kept for
- * the backward; out (B, T, NH HS); scale 1/sqrt(HS). NKV == NH is ordinary multi-head attention
- * (GPT-2's: qkv (B, T, 3C), HS = C / NH). */
+ * query head h reads kv head h / (NH / NKV); att: room for (B, NH, T, T) floats that the
+ * backend keeps for the backward (the host backends, and cuda with flash=0, the softmax
+ * probabilities; cuda's fused kernels the row log-sum-exp and the output); out (B, T, NH HS);
+ * scale 1/sqrt(HS). NKV == NH is ordinary multi-head attention (GPT-2's: qkv (B, T, 3C),
+ * HS = C / NH). */
 PL_COMPUTE_OP(int, attention_gqa_fwd, (float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
               int HS), (out, att, qkv, B, T, NH, NKV, HS), ATTENTION)
 /* dqkv (overwrites; the k and v gradients of a shared kv head sum over its query heads in a
