@@ -56,9 +56,12 @@ int ckpt_fail_mode(int size, int *who, h5ctx *cx) {
     *who = size - 1;
     if (!s || !s[0]) return FAIL_NONE;
     int mode = strncmp(s, "write", 5) == 0 ? FAIL_WRITE : strncmp(s, "rename", 6) == 0 ? FAIL_RENAME
-             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : strncmp(s, "corrupt", 7) == 0 ? FAIL_CORRUPT : -1;
+             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : strncmp(s, "corrupt", 7) == 0 ? FAIL_CORRUPT
+             : strncmp(s, "before", 6) == 0 ? FAIL_BEFORE : strncmp(s, "after", 5) == 0 ? FAIL_AFTER
+             : strncmp(s, "stall", 5) == 0 ? FAIL_STALL : strncmp(s, "delay", 5) == 0 ? FAIL_DELAY : -1;
     if (mode < 0) {
-        ckpt_fail(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK], corrupt", s);
+        ckpt_fail(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK], corrupt, "
+                  "before[:RANK], after[:RANK], stall[:RANK], delay[:RANK]", s);
         return -1;
     }
     const char *colon = strchr(s, ':');
@@ -299,6 +302,18 @@ static int wfile_prepare(wfile *w) {
     return rc;
 }
 
+/* Test-only, on the failing rank before its first dataset (the file exists, no data yet):
+ * PIPELM_CKPT_FAIL=before fails there, stall hangs there (as a rank whose disk stopped), so
+ * that the other ranks wait in the collective calls that follow; delay waits 3 s there (a
+ * slow disk: a save that is still being written when the next step ends). */
+static void inject_before(wfile *w) {
+    if (w->mode == FAIL_BEFORE)
+        w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure before any dataset was written "
+                          "(PIPELM_CKPT_FAIL=before)");
+    if (w->mode == FAIL_STALL) sleep(3600);
+    if (w->mode == FAIL_DELAY) sleep(3);
+}
+
 /* Dataset k (tensor i of section s) under parent: its view mapped (staging backends), its
  * CRC (without the thread), the write (only by its owner, only before a failure), the
  * view unmapped; and the test-only failure half way through. */
@@ -311,6 +326,7 @@ static void write_one(wfile *w, int s, int i, int k, hid_t parent) {
     if (t && !w->eager)
         keep(w, ckpt_view_map(w->be, ckpt_section_base(w->st, w->opt, s), t, PL_MAP_READ, dpath, &w->views[k],
                               use(w)));
+    if (w->rc == PL_OK && w->rank == w->who && k == 0) inject_before(w);
     const float *data = w->rc == PL_OK ? w->views[k].host : NULL;
     if (data && !w->threaded) w->vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(data, g->numel);
     h5ctx *u = use(w);
@@ -324,6 +340,9 @@ static void write_one(wfile *w, int s, int i, int k, hid_t parent) {
             w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure after %d of %d datasets (PIPELM_CKPT_FAIL=write)",
                               k + 1, w->total);
     }
+    if (w->rc == PL_OK && w->rank == w->who && k + 1 == w->total && w->mode == FAIL_AFTER)
+        w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure after all %d datasets were written, before the ranks "
+                          "agreed (PIPELM_CKPT_FAIL=after)", w->total);
 }
 
 /* Section s (/model, /optim/m, /optim/v): its group, a group per block, every dataset. Every

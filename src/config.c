@@ -139,6 +139,8 @@ static const opt_desc options[] = {
           "it; 0: skip that (only to measure its cost; default 1, or PIPELM_CKPT_VERIFY)"),
     O_INT("ckpt-space-check", ckpt_space_check, "1: check and reserve the free space before writing a checkpoint; "
           "0: do not (default 1, or PIPELM_CKPT_NO_SPACE_CHECK=1 for 0)"),
+    O_INT("ckpt-async", ckpt_async, "1: copy each save into host memory and write it on a background thread while "
+          "training goes on (the same file; needs MPI_THREAD_MULTIPLE); 0: training waits for the save (default)"),
     {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
      "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest", NULL},
     O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
@@ -908,6 +910,10 @@ int config_check_ckpt(const pl_options *o, char *err, size_t errlen) {
     }
     if (o->ckpt_space_check != 0 && o->ckpt_space_check != 1) {
         snprintf(err, errlen, "--ckpt-space-check must be 0 or 1 (got %d)", o->ckpt_space_check);
+        return PL_EINVAL;
+    }
+    if (o->ckpt_async != 0 && o->ckpt_async != 1) {
+        snprintf(err, errlen, "--ckpt-async must be 0 or 1 (got %d)", o->ckpt_async);
         return PL_EINVAL;
     }
     return PL_OK;

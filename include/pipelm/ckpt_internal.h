@@ -140,7 +140,8 @@ int ckpt_check_config(const model_config *f, const model_config *r, h5ctx *cx);
 
 /* ---- ckpt_write.c ----------------------------------------------------------------------- */
 /* PIPELM_CKPT_FAIL (test-only): the mode and the rank that fails; -1 with a message if unknown. */
-enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT };
+enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT, FAIL_BEFORE, FAIL_AFTER, FAIL_STALL,
+       FAIL_DELAY };
 int ckpt_fail_mode(int size, int *who, h5ctx *cx);
 /* How the data of a dataset travels (ckpt_opts.collective); cx is unused: the setting was
  * checked when it was set, so this never fails. */
