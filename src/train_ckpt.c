@@ -209,17 +209,29 @@ int train_ckpt_async_setup(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* A rank that must end while its writer thread is inside an MPI call: MPI_Abort from this
+ * thread then races the writer's progress engine (UCX asserts and the rank dies of SIGABRT),
+ * so the rank ends itself, as the deadline watcher of comm.c does, and the launcher ends the
+ * others. A second for the launcher to forward the message first. */
+static void end_rank_now(void) {
+    fflush(stdout);
+    fflush(stderr);
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    _exit(1);
+}
+
 /* Wait (this rank alone) for the writer in flight to return, under the checkpoint's
  * deadline: past it the writer is stuck in a collective call (a peer stopped taking part),
- * and the job is ended (PL_ETIMEOUT, not agreed). */
+ * and the job is ended (end_rank_now). */
 static int wait_writer(run *R, double *waited) {
     double t0 = pl_now(), limit = ckpt_deadline_s(R);
     while (!ckpt_async_done(R->ca)) {
         if (comm_watchdog_s > 0 && ckpt_async_age(R->ca) > limit) {
             pl_error("watchdog: the checkpoint writer of step %lld has been writing for %.0f s (the limit is "
                      "--watchdog plus 12 s per million parameters: %.0f s): a rank stopped taking part in its "
-                     "collective HDF5 calls; aborting the job", ckpt_async_step(R->ca), ckpt_async_age(R->ca), limit);
-            return PL_ETIMEOUT;
+                     "collective HDF5 calls; ending the job", ckpt_async_step(R->ca), ckpt_async_age(R->ca), limit);
+            end_rank_now();
         }
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
@@ -300,8 +312,7 @@ int train_ckpt_async_poll(run *R, int *agreed) {
     int mine = ckpt_async_done(R->ca), all = 0;
     if (!mine && comm_watchdog_s > 0 && ckpt_async_age(R->ca) > ckpt_deadline_s(R)) {
         double w;
-        *agreed = 0;
-        return wait_writer(R, &w); /* says so and fails at once: the deadline has passed */
+        return wait_writer(R, &w); /* the deadline has passed: says so and ends the rank */
     }
     int rc = comm_allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, R->world, "the agreement on the checkpoint writers");
     if (rc != PL_OK) { *agreed = 0; return rc; }
@@ -313,8 +324,8 @@ int train_ckpt_async_poll(run *R, int *agreed) {
 int train_ckpt_async_drain(run *R, int *agreed) {
     if (!ckpt_async_busy(R->ca)) return PL_OK;
     double w;
-    int rc = wait_writer(R, &w);
-    if (rc != PL_OK) { *agreed = 0; return rc; }
+    (void)agreed; /* a writer past its deadline ends the rank (wait_writer) */
+    PL_TRY(wait_writer(R, &w));
     return finish_write(R);
 }
 
@@ -322,6 +333,7 @@ int train_ckpt_async_drain(run *R, int *agreed) {
  * completes (and is reported); after one that is not agreed the writer is left to the abort. */
 void train_ckpt_async_free(run *R, int agreed) {
     if (!R->ca) return;
+    if (!agreed && ckpt_async_busy(R->ca)) end_rank_now(); /* its message is out; no MPI_Abort beside the writer */
     int dummy = agreed;
     if (agreed && ckpt_async_busy(R->ca) && train_ckpt_async_drain(R, &dummy) != PL_OK) {
         /* reported; the run already failed */
