@@ -304,14 +304,14 @@ static int wfile_prepare(wfile *w) {
 
 /* Test-only, on the failing rank before its first dataset (the file exists, no data yet):
  * PIPELM_CKPT_FAIL=before fails there, stall hangs there (as a rank whose disk stopped), so
- * that the other ranks wait in the collective calls that follow; delay waits 3 s there (a
+ * that the other ranks wait in the collective calls that follow; delay waits 1 s there (a
  * slow disk: a save that is still being written when the next step ends). */
 static void inject_before(wfile *w) {
     if (w->mode == FAIL_BEFORE)
         w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure before any dataset was written "
                           "(PIPELM_CKPT_FAIL=before)");
     if (w->mode == FAIL_STALL) sleep(3600);
-    if (w->mode == FAIL_DELAY) sleep(3);
+    if (w->mode == FAIL_DELAY) sleep(1);
 }
 
 /* Dataset k (tensor i of section s) under parent: its view mapped (staging backends), its
