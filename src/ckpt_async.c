@@ -8,10 +8,14 @@
  * (the same datasets from the same values, the same attributes from the same metadata), and
  * nothing of it points into the live stage, so training may change (or free) that.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* SCHED_IDLE */
+#endif
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +141,13 @@ oom:
     return PL_ENOMEM;
 }
 
+int ckpt_async_prepare(ckpt_async *a, const stage *st, const optim *opt, char *err, size_t errlen) {
+    if (a->tensors) return PL_OK;
+    PL_TRY(snapshot_layout(a, st, opt, err, errlen));
+    for (int s = 0; s < 3; s++) memset(a->buf[s], 0, a->nfloat * sizeof(float)); /* the pages, now */
+    return PL_OK;
+}
+
 /* Copy every written tensor of the three buffers into the snapshot, through the backend. */
 static int snapshot_copy(ckpt_async *a, const stage *st, const optim *opt, char *err, size_t errlen) {
     static const int which[3] = {OPTIM_PARAMS, OPTIM_M, OPTIM_V};
@@ -161,6 +172,11 @@ static int snapshot_copy(ckpt_async *a, const stage *st, const optim *opt, char 
  * communicator; it touches nothing the training thread uses. */
 static void *writer_main(void *arg) {
     ckpt_async *a = arg;
+    /* The writer takes only what the training threads leave idle (SCHED_IDLE: their MPI waits,
+     * the pipeline's bubbles), so that a step during the write is barely slower; the CRC thread
+     * of the save inherits it. Where the policy is refused it runs at the normal priority. */
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0) { /* normal priority */ }
     a->rc = ckpt_save(a->dir, &a->snap, &a->sopt, &a->meta, a->keep, a->comm, a->path, sizeof a->path, &a->bytes,
                       a->err, sizeof a->err);
     a->t_end = pl_now();
@@ -176,7 +192,7 @@ int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, cons
         snprintf(err, errlen, "--ckpt-async: the save of step %lld is still being written", a->meta.step);
         return PL_ESTATE;
     }
-    if (!a->tensors) PL_TRY(snapshot_layout(a, st, opt, err, errlen));
+    PL_TRY(ckpt_async_prepare(a, st, opt, err, errlen));
     if (a->snap.ntensors != st->ntensors) {
         snprintf(err, errlen, "--ckpt-async: the stage's tensor table changed between saves");
         return PL_ESTATE;

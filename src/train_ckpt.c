@@ -204,8 +204,9 @@ int train_ckpt_async_setup(run *R, char *err, size_t errlen) {
     PL_TRY(comm_allreduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, R->world, "the snapshot size"));
     PL_TRY(comm_allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, R->world, "the snapshot size"));
     PL_TRY(ckpt_async_init(&R->ca, R->world, err, errlen));
+    PL_TRY(ckpt_async_prepare(R->ca, &R->st, &R->opt, err, errlen));
     pl_info("checkpoints: --ckpt-async: a host snapshot of at most %.1f MB per rank (%.1f MB on all %d ranks), "
-            "written by a background thread\n", most / 1e6, sum / 1e6, R->W);
+            "allocated now and written by a background thread\n", most / 1e6, sum / 1e6, R->W);
     return PL_OK;
 }
 

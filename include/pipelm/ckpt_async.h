@@ -9,7 +9,8 @@
  * must give MPI_THREAD_MULTIPLE. One snapshot at a time: a save that is due while the
  * previous one is writing waits for it. The caller (train_ckpt.c) decides when all ranks
  * join their writers (collectively) and watches the writer's deadline (ckpt_async_age).
- * Not thread-safe itself: only the training thread calls these.
+ * The writer thread runs at SCHED_IDLE: it takes the cores the training leaves idle. Not
+ * thread-safe itself: only the training thread calls these.
  */
 #ifndef PIPELM_CKPT_ASYNC_H
 #define PIPELM_CKPT_ASYNC_H
@@ -30,6 +31,9 @@ int ckpt_async_thread_ok(const char **level);
 /* Collective over comm: duplicate it for the writer and make the (empty) state. PL_EMPI or
  * PL_ENOMEM with a message. */
 int ckpt_async_init(ckpt_async **out, MPI_Comm comm, char *err, size_t errlen);
+/* Allocate the snapshot for st / opt and touch its pages (before step 1, so the first save
+ * does not pay for them); ckpt_async_begin does it if it was not done. */
+int ckpt_async_prepare(ckpt_async *a, const stage *st, const optim *opt, char *err, size_t errlen);
 /* Copy the written tensors of st / opt (the optimizer's buffers: unsharded moments under
  * ZeRO-1, as for ckpt_save) into the snapshot (allocated at the first call, kept for the
  * next) and start the writer on it: ckpt_save(dir, ..., meta, keep). Not collective, but
