@@ -550,6 +550,7 @@ typedef struct {
  * trains on; a layout that does not fit is refused with the ones that would. */
 static int layout_grid(run *R, const pl_options *o) {
     int W = R->W, D = o->dp, P = o->stages;
+    if ((D < 0 || P < 0) && train_layout_auto(R, o, &D, &P) != PL_OK) return PL_EINVAL; /* auto: from what the job has */
     if (!D && !P) D = 1;
     if (!D) D = P > 0 && W % P == 0 ? W / P : 0;
     if (!P) P = D > 0 && W % D == 0 ? W / D : 0;

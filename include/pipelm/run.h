@@ -90,5 +90,9 @@ int train_ckpt_async_setup(run *R, char *err, size_t errlen);
 int train_ckpt_async_poll(run *R, int *agreed);
 int train_ckpt_async_drain(run *R, int *agreed);
 void train_ckpt_async_free(run *R, int agreed);
+/* train_layout.c (collective): --dp auto / --stages auto (o->dp, o->stages < 0): the layout
+ * D x P of the world's ranks, printed with the reason; *D, *P in: > 0 where given. PL_EINVAL
+ * (and the message, from rank 0) when none fits. */
+int train_layout_auto(run *R, const pl_options *o, int *D, int *P);
 
 #endif
