@@ -177,6 +177,9 @@ static void *writer_main(void *arg) {
      * of the save inherits it. Where the policy is refused it runs at the normal priority. */
     struct sched_param sp = {0};
     if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0) { /* normal priority */ }
+    ckpt_write_piece = 4u << 20; /* MPI-IO writes of 4 MiB: the training thread's MPI calls get in between */
+    const char *e = getenv("PIPELM_CKPT_ASYNC_PIECE"); /* test-only: bytes per write */
+    if (e && atol(e) > 0) ckpt_write_piece = (size_t)atol(e);
     a->rc = ckpt_save(a->dir, &a->snap, &a->sopt, &a->meta, a->keep, a->comm, a->path, sizeof a->path, &a->bytes,
                       a->err, sizeof a->err);
     a->t_end = pl_now();

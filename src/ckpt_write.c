@@ -78,6 +78,32 @@ int ckpt_xfer_mode(h5ctx *cx) {
     return ckpt_get_opts()->collective ? XFER_COLLECTIVE : XFER_INDEPENDENT;
 }
 
+_Thread_local size_t ckpt_write_piece = 0;
+
+/* An independent write of a whole dataset in pieces of about ckpt_write_piece bytes (whole
+ * rows, each a hyperslab of the file's dataspace): the same bytes land at the same places. */
+static int write_pieces(hid_t ds, const ckpt_gtensor *g, const float *data, hid_t dxpl, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t fsp = -1, msp = -1;
+    hsize_t rows = (hsize_t)g->shape[0], cols = g->ndim == 2 ? (hsize_t)g->shape[1] : 1;
+    hsize_t step = ckpt_write_piece / (cols * sizeof(float));
+    if (step < 1) step = 1;
+    for (hsize_t r0 = 0; r0 < rows; r0 += step) {
+        hsize_t start[2] = {r0, 0}, cnt[2] = {rows - r0 < step ? rows - r0 : step, cols};
+        CKPT_H5(fsp = H5Dget_space(ds));
+        CKPT_H5(H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, cnt, NULL));
+        CKPT_H5(msp = H5Screate_simple(g->ndim, cnt, NULL));
+        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, msp, fsp, dxpl, data + r0 * cols));
+        H5Sclose(msp);
+        H5Sclose(fsp);
+        msp = fsp = -1;
+    }
+done:
+    if (msp >= 0) H5Sclose(msp);
+    if (fsp >= 0) H5Sclose(fsp);
+    return rc;
+}
+
 /* Create one dataset under parent (contiguous, fp32, never filled: creating it writes
  * nothing) and leave it open in *ds; write data if not NULL (the owner, whole dataset).
  * With collective transfers a rank without data takes part with an empty selection; with
@@ -94,7 +120,9 @@ static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data,
     CKPT_H5(H5Pset_layout(dcpl, H5D_CONTIGUOUS));
     CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER)); /* every element is written */
     CKPT_H5(*ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    if (data) {
+    if (data && ckpt_write_piece && xfer == XFER_INDEPENDENT && g->numel * sizeof(float) > ckpt_write_piece) {
+        rc = write_pieces(*ds, g, data, dxpl, cx);
+    } else if (data) {
         CKPT_H5(H5Dwrite(*ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, data));
     } else if (xfer == XFER_COLLECTIVE) {
         CKPT_H5(H5Sselect_none(sp));
