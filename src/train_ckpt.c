@@ -48,7 +48,8 @@ static double ckpt_deadline_s(const run *R) {
 }
 /* The metrics line of a save that was published (rank 0; docs/formats.md §6): blocked_ms is
  * how long training was held (the whole save when synchronous; the snapshot and any wait for
- * the previous write when asynchronous), write_ms the time to the published file. */
+ * the previous write when asynchronous; the longest of any rank), write_ms the time to the
+ * published file (rank 0's). */
 static void ckpt_metrics_line(run *R, int step, double bytes, double blocked_s, double write_s, double wait_s,
                               double snap_s, int async) {
     metrics_line(&R->mx, "{\"event\":\"ckpt\",\"step\":%d,\"bytes\":%.0f,\"blocked_ms\":%.3f,\"write_ms\":%.3f,"
@@ -248,6 +249,10 @@ static int finish_write(run *R) {
     double bytes = 0.0, write_s = 0.0;
     int step = (int)ckpt_async_step(R->ca);
     int rc = ckpt_async_join(R->ca, path, sizeof path, &bytes, &write_s, err, sizeof err);
+    /* the metrics give the longest hold of any rank (every rank is here: the callers are collective) */
+    double held[3] = {R->ca_blocked, R->ca_wait, R->ca_snap}, most[3];
+    int r2 = comm_allreduce(held, most, 3, MPI_DOUBLE, MPI_MAX, R->world, "the checkpoint's times");
+    if (r2 != PL_OK) return r2;
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d (written in the background): %s", step, err);
         char prev[PL_PATH + 64], e2[PL_PATH + 600];
@@ -261,8 +266,8 @@ static int finish_write(run *R) {
     }
     pl_info("checkpoint %s: step %d, %.1f MB written in the background in %.2f s (%.1f MB/s); training was held "
             "%.3f s\n", path, step, bytes / 1e6, write_s, bytes / 1e6 / (write_s > 0 ? write_s : 1e-9),
-            R->ca_blocked);
-    ckpt_metrics_line(R, step, bytes, R->ca_blocked, write_s, R->ca_wait, R->ca_snap, 1);
+            most[0]);
+    ckpt_metrics_line(R, step, bytes, most[0], write_s, most[1], most[2], 1);
     return PL_OK;
 }
 
