@@ -53,6 +53,7 @@ static size_t written_floats(const stage *st, const optim *opt, ckpt_gtensor *gt
     return total;
 }
 
+/* Host bytes of one snapshot: 3 floats (params, m, v) per written parameter. */
 double ckpt_async_snapshot_bytes(const stage *st, const optim *opt) {
     ckpt_gtensor *gt = calloc((size_t)model_num_tensors(&st->cfg), sizeof *gt);
     if (!gt) return 0.0;
@@ -62,6 +63,7 @@ double ckpt_async_snapshot_bytes(const stage *st, const optim *opt) {
     return b;
 }
 
+/* The thread level MPI gave, by name; 1 if a second thread may call MPI. */
 int ckpt_async_thread_ok(const char **level) {
     static const char *names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED",
                                   "MPI_THREAD_MULTIPLE"};
@@ -72,6 +74,7 @@ int ckpt_async_thread_ok(const char **level) {
     return p == MPI_THREAD_MULTIPLE;
 }
 
+/* The writer's own communicator (collective) and an empty state. */
 int ckpt_async_init(ckpt_async **out, MPI_Comm comm, char *err, size_t errlen) {
     ckpt_async *a = calloc(1, sizeof *a);
     *out = NULL;
@@ -141,6 +144,7 @@ oom:
     return PL_ENOMEM;
 }
 
+/* The snapshot's buffers, allocated and touched once, before the first save. */
 int ckpt_async_prepare(ckpt_async *a, const stage *st, const optim *opt, char *err, size_t errlen) {
     if (a->tensors) return PL_OK;
     PL_TRY(snapshot_layout(a, st, opt, err, errlen));
@@ -187,6 +191,7 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+/* Snapshot, then start the writer (no MPI here: the writers' calls are collective). */
 int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep,
                      double *snap_s, char *err, size_t errlen) {
     double t0 = pl_now();
@@ -219,14 +224,19 @@ int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, cons
     return PL_OK;
 }
 
+/* A writer started and not joined? */
 int ckpt_async_busy(const ckpt_async *a) { return a && a->running; }
 
+/* The writer has returned (joinable without waiting)? */
 int ckpt_async_done(const ckpt_async *a) { return a && a->running && atomic_load(&a->done); }
 
+/* Seconds since the running writer started. */
 double ckpt_async_age(const ckpt_async *a) { return a && a->running ? pl_now() - a->t_begin : 0.0; }
 
+/* The step the writer saves. */
 long long ckpt_async_step(const ckpt_async *a) { return a ? a->meta.step : -1; }
 
+/* Join a writer that has returned: its agreed status and figures. */
 int ckpt_async_join(ckpt_async *a, char *path, size_t pathlen, double *bytes, double *write_s, char *err,
                     size_t errlen) {
     if (!a->running) {
@@ -242,6 +252,7 @@ int ckpt_async_join(ckpt_async *a, char *path, size_t pathlen, double *bytes, do
     return a->rc;
 }
 
+/* Free what the writer used, unless it still runs (the rank is about to end). */
 void ckpt_async_free(ckpt_async *a, int agreed) {
     if (!a) return;
     if (a->running) return; /* on the way to MPI_Abort: the writer may still read its state */

@@ -69,6 +69,7 @@ static void judge(const model_config *c, const pl_options *o, int W, int D, int 
     (void)W;
 }
 
+/* Collective: the most replicas D (and P = W / D) that fit, printed with the reason. */
 int train_layout_auto(run *R, const pl_options *o, int *D, int *P) {
     int W = R->W, V = o->chunks > 0 ? o->chunks : 1;
     model_config c;
