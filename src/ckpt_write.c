@@ -56,9 +56,12 @@ int ckpt_fail_mode(int size, int *who, h5ctx *cx) {
     *who = size - 1;
     if (!s || !s[0]) return FAIL_NONE;
     int mode = strncmp(s, "write", 5) == 0 ? FAIL_WRITE : strncmp(s, "rename", 6) == 0 ? FAIL_RENAME
-             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : strncmp(s, "corrupt", 7) == 0 ? FAIL_CORRUPT : -1;
+             : strncmp(s, "kill", 4) == 0 ? FAIL_KILL : strncmp(s, "corrupt", 7) == 0 ? FAIL_CORRUPT
+             : strncmp(s, "before", 6) == 0 ? FAIL_BEFORE : strncmp(s, "after", 5) == 0 ? FAIL_AFTER
+             : strncmp(s, "stall", 5) == 0 ? FAIL_STALL : strncmp(s, "delay", 5) == 0 ? FAIL_DELAY : -1;
     if (mode < 0) {
-        ckpt_fail(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK], corrupt", s);
+        ckpt_fail(cx, PL_EINVAL, "PIPELM_CKPT_FAIL='%s' is not one of write[:RANK], rename, kill[:RANK], corrupt, "
+                  "before[:RANK], after[:RANK], stall[:RANK], delay[:RANK]", s);
         return -1;
     }
     const char *colon = strchr(s, ':');
@@ -73,6 +76,32 @@ int ckpt_fail_mode(int size, int *who, h5ctx *cx) {
 int ckpt_xfer_mode(h5ctx *cx) {
     (void)cx;
     return ckpt_get_opts()->collective ? XFER_COLLECTIVE : XFER_INDEPENDENT;
+}
+
+_Thread_local size_t ckpt_write_piece = 0;
+
+/* An independent write of a whole dataset in pieces of about ckpt_write_piece bytes (whole
+ * rows, each a hyperslab of the file's dataspace): the same bytes land at the same places. */
+static int write_pieces(hid_t ds, const ckpt_gtensor *g, const float *data, hid_t dxpl, h5ctx *cx) {
+    int rc = PL_OK;
+    hid_t fsp = -1, msp = -1;
+    hsize_t rows = (hsize_t)g->shape[0], cols = g->ndim == 2 ? (hsize_t)g->shape[1] : 1;
+    hsize_t step = ckpt_write_piece / (cols * sizeof(float));
+    if (step < 1) step = 1;
+    for (hsize_t r0 = 0; r0 < rows; r0 += step) {
+        hsize_t start[2] = {r0, 0}, cnt[2] = {rows - r0 < step ? rows - r0 : step, cols};
+        CKPT_H5(fsp = H5Dget_space(ds));
+        CKPT_H5(H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, cnt, NULL));
+        CKPT_H5(msp = H5Screate_simple(g->ndim, cnt, NULL));
+        CKPT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, msp, fsp, dxpl, data + r0 * cols));
+        H5Sclose(msp);
+        H5Sclose(fsp);
+        msp = fsp = -1;
+    }
+done:
+    if (msp >= 0) H5Sclose(msp);
+    if (fsp >= 0) H5Sclose(fsp);
+    return rc;
 }
 
 /* Create one dataset under parent (contiguous, fp32, never filled: creating it writes
@@ -91,7 +120,9 @@ static int write_dataset(hid_t parent, const ckpt_gtensor *g, const float *data,
     CKPT_H5(H5Pset_layout(dcpl, H5D_CONTIGUOUS));
     CKPT_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER)); /* every element is written */
     CKPT_H5(*ds = H5Dcreate2(parent, leaf, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-    if (data) {
+    if (data && ckpt_write_piece && xfer == XFER_INDEPENDENT && g->numel * sizeof(float) > ckpt_write_piece) {
+        rc = write_pieces(*ds, g, data, dxpl, cx);
+    } else if (data) {
         CKPT_H5(H5Dwrite(*ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, data));
     } else if (xfer == XFER_COLLECTIVE) {
         CKPT_H5(H5Sselect_none(sp));
@@ -299,6 +330,18 @@ static int wfile_prepare(wfile *w) {
     return rc;
 }
 
+/* Test-only, on the failing rank before its first dataset (the file exists, no data yet):
+ * PIPELM_CKPT_FAIL=before fails there, stall hangs there (as a rank whose disk stopped), so
+ * that the other ranks wait in the collective calls that follow; delay waits 1 s there (a
+ * slow disk: a save that is still being written when the next step ends). */
+static void inject_before(wfile *w) {
+    if (w->mode == FAIL_BEFORE)
+        w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure before any dataset was written "
+                          "(PIPELM_CKPT_FAIL=before)");
+    if (w->mode == FAIL_STALL) sleep(3600);
+    if (w->mode == FAIL_DELAY) sleep(1);
+}
+
 /* Dataset k (tensor i of section s) under parent: its view mapped (staging backends), its
  * CRC (without the thread), the write (only by its owner, only before a failure), the
  * view unmapped; and the test-only failure half way through. */
@@ -311,6 +354,7 @@ static void write_one(wfile *w, int s, int i, int k, hid_t parent) {
     if (t && !w->eager)
         keep(w, ckpt_view_map(w->be, ckpt_section_base(w->st, w->opt, s), t, PL_MAP_READ, dpath, &w->views[k],
                               use(w)));
+    if (w->rc == PL_OK && w->rank == w->who && k == 0) inject_before(w);
     const float *data = w->rc == PL_OK ? w->views[k].host : NULL;
     if (data && !w->threaded) w->vals[1 + k] = 1ULL << 32 | ckpt_crc_floats(data, g->numel);
     h5ctx *u = use(w);
@@ -324,6 +368,9 @@ static void write_one(wfile *w, int s, int i, int k, hid_t parent) {
             w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure after %d of %d datasets (PIPELM_CKPT_FAIL=write)",
                               k + 1, w->total);
     }
+    if (w->rc == PL_OK && w->rank == w->who && k + 1 == w->total && w->mode == FAIL_AFTER)
+        w->rc = ckpt_fail(&w->cx, PL_EIO, "injected failure after all %d datasets were written, before the ranks "
+                          "agreed (PIPELM_CKPT_FAIL=after)", w->total);
 }
 
 /* Section s (/model, /optim/m, /optim/v): its group, a group per block, every dataset. Every

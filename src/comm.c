@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include "pipelm/comm.h"
@@ -208,4 +210,17 @@ void comm_deadline_disarm(void) {
     dl_armed = 0;
     pthread_cond_signal(&dl_cv);
     pthread_mutex_unlock(&dl_mu);
+}
+
+/* ---- the thread level ------------------------------------------------------------------ */
+
+int comm_init_thread(int *argc, char ***argv, int multiple) {
+    static const char *names[] = {"single", "funneled", "serialized", "multiple"};
+    static const int levels[] = {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED,
+                                 MPI_THREAD_MULTIPLE};
+    int want = multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, got = MPI_THREAD_SINGLE;
+    const char *e = getenv("PIPELM_MPI_THREAD"); /* test-only */
+    for (int i = 0; e && i < 4; i++)
+        if (strcmp(e, names[i]) == 0) want = levels[i];
+    return MPI_Init_thread(argc, argv, want, &got);
 }

@@ -109,9 +109,10 @@ static const opt_desc options[] = {
           "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
           "file's, else 1)"),
     O_INT("virtual-stages", chunks, "alias of --chunks-per-rank"),
-    O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1); "
-          "rank r runs stage r / D of replica r % D"),
-    O_INT("stages", stages, "pipeline stages P (0: world size / --dp); with both, D x P must be the world size"),
+    O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1; auto: the most "
+          "replicas whose stage fits the memory, batch and model); rank r runs stage r / D of replica r % D"),
+    O_INT("stages", stages, "pipeline stages P (0: world size / --dp; auto: as --dp auto chooses); with both, D x P "
+          "must be the world size"),
     O_INT("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -139,6 +140,8 @@ static const opt_desc options[] = {
           "it; 0: skip that (only to measure its cost; default 1, or PIPELM_CKPT_VERIFY)"),
     O_INT("ckpt-space-check", ckpt_space_check, "1: check and reserve the free space before writing a checkpoint; "
           "0: do not (default 1, or PIPELM_CKPT_NO_SPACE_CHECK=1 for 0)"),
+    O_INT("ckpt-async", ckpt_async, "1: copy each save into host memory and write it on a background thread while "
+          "training goes on (the same file; needs MPI_THREAD_MULTIPLE); 0: training waits for the save (default)"),
     {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
      "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest", NULL},
     O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
@@ -340,6 +343,11 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
     errno = 0;
     switch (d->type) {
     case OPT_INT: {
+        if ((d->offset == offsetof(pl_options, dp) || d->offset == offsetof(pl_options, stages)) &&
+            strcmp(val, "auto") == 0) { /* -1: chosen from the job's ranks (train_layout.c) */
+            *(int *)dst = -1;
+            break;
+        }
         if (!is_decimal_int(val)) goto bad;
         long long v = strtoll(val, &end, 10);
         if (*end || errno || v < INT_MIN || v > INT_MAX) goto bad;
@@ -910,6 +918,10 @@ int config_check_ckpt(const pl_options *o, char *err, size_t errlen) {
         snprintf(err, errlen, "--ckpt-space-check must be 0 or 1 (got %d)", o->ckpt_space_check);
         return PL_EINVAL;
     }
+    if (o->ckpt_async != 0 && o->ckpt_async != 1) {
+        snprintf(err, errlen, "--ckpt-async must be 0 or 1 (got %d)", o->ckpt_async);
+        return PL_EINVAL;
+    }
     return PL_OK;
 }
 
@@ -925,8 +937,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->val_batches >= 1, "--val-batches must be >= 1 (got %d)", o->val_batches);
     REQUIRE(o->log_every >= 1, "--log-every must be >= 1 (got %d)", o->log_every);
     REQUIRE(o->timers_every >= 0, "--timers-every must be >= 0 (got %d)", o->timers_every);
-    REQUIRE(o->dp >= 0, "--dp must be >= 0 (got %d)", o->dp);
-    REQUIRE(o->stages >= 0, "--stages must be >= 0 (got %d)", o->stages);
+    REQUIRE(o->dp >= -1, "--dp must be >= 0 or auto (got %d)", o->dp);
+    REQUIRE(o->stages >= -1, "--stages must be >= 0 or auto (got %d)", o->stages);
     REQUIRE(o->chunks >= 0 && o->chunks <= 64, "--chunks-per-rank must be 0 to 64 (got %d)", o->chunks);
     REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);

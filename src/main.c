@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include "pipelm/blas.h"
 #include "pipelm/common.h"
+#include "pipelm/comm.h"
 #include "pipelm/config.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/signals.h"
@@ -38,10 +39,21 @@ static int blas_auto_setting(int argc, char **argv) {
     return o.blas_auto;
 }
 
+/* --ckpt-async needs MPI_THREAD_MULTIPLE (its writer thread makes MPI calls): train parses
+ * its options once more for it, as for --blas-auto; anything else starts MPI as before. */
+static int wants_threads(int argc, char **argv) {
+    static pl_options o;
+    char err[1024];
+    config_defaults(&o);
+    if (argc > 1 && strcmp(argv[1], "train") == 0 && config_parse(&o, argc, argv, 2, 0, err, sizeof err) == PL_OK)
+        return o.ckpt_async != 0;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* may re-execute with OPENBLAS_CORETYPE set: before MPI starts */
     blas_choose_kernel(argv, blas_auto_setting(argc, argv));
-    MPI_Init(&argc, &argv);
+    comm_init_thread(&argc, &argv, wants_threads(argc, argv));
     int abort_needed = 0;
     int status = pipelm_main(argc, argv, MPI_COMM_WORLD, NULL, &abort_needed);
     if (abort_needed) {

@@ -304,6 +304,7 @@ static int setup(run *R, char *err, size_t errlen) {
         return PL_EBACKEND;
     }
     PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen));
+    PL_TRY(train_ckpt_async_check(R, err, errlen)); /* --ckpt-async: MPI's thread level, the snapshot's memory */
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     /* --fail-rank names a world rank */
     engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
@@ -553,6 +554,7 @@ typedef struct {
  * trains on; a layout that does not fit is refused with the ones that would. */
 static int layout_grid(run *R, const pl_options *o) {
     int W = R->W, D = o->dp, P = o->stages;
+    if ((D < 0 || P < 0) && train_layout_auto(R, o, &D, &P) != PL_OK) return PL_EINVAL; /* auto: from what the job has */
     if (!D && !P) D = 1;
     if (!D) D = P > 0 && W % P == 0 ? W / P : 0;
     if (!P) P = D > 0 && W % D == 0 ? W / D : 0;
@@ -631,6 +633,7 @@ static int after_step(run *R, const loop_state *L, int *agreed) {
     if (!o->bench && ((o->eval_every && step % o->eval_every == 0) || step == L->last_step)) {
         if ((rc = maybe_evaluate(R, step)) != PL_OK) { *agreed = 0; return rc; }
     }
+    if ((rc = train_ckpt_async_poll(R, agreed)) != PL_OK) return rc; /* --ckpt-async: a finished write */
     if (o->ckpt_dir[0] && !o->bench &&
         (L->stopped || step == L->last_step || (o->ckpt_every && step % o->ckpt_every == 0))) {
         if (fail_here(R, step, "save")) { *agreed = 0; return PL_EPEER; }
@@ -720,6 +723,7 @@ static int stop_before_first_step(run *R, int first_step) {
 
 /* Free everything; after a failure the peers may be anywhere: no collective on that path. */
 static void teardown(run *R, int agreed) {
+    train_ckpt_async_free(R, agreed); /* first: a write in flight completes while the ranks are in step */
     trace *tr = engine_take_trace(&R->eng);
     if (tr) trace_discard(tr);
     metrics_close(&R->mx);
@@ -767,6 +771,10 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     rc = setup_dp(&R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
     if ((rc = agree(&R, rc, "the data-parallel set-up")) != PL_OK) goto done;
+    err[0] = 0;
+    rc = train_ckpt_async_setup(&R, err, sizeof err); /* --ckpt-async: the writer's communicator */
+    if (rc != PL_OK && err[0]) pl_error("%s", err);
+    if ((rc = agree(&R, rc, "the set-up of --ckpt-async")) != PL_OK) goto done;
     L.first_step = 1;
     rc = before_loop(&R, &L.first_step);
     R.first_step = L.first_step;
@@ -781,7 +789,9 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
     L.step_s = o->bench ? calloc(L.last_step + 1, sizeof(double)) : NULL;
     L.t_start = pl_now();
-    if ((rc = run_steps(&R, &L, agreed)) == PL_OK) rc = end_run(&R, &L, agreed);
+    rc = run_steps(&R, &L, agreed);
+    if (rc == PL_OK) rc = train_ckpt_async_drain(&R, agreed); /* --ckpt-async: the write in flight completes */
+    if (rc == PL_OK) rc = end_run(&R, &L, agreed);
     if (rc == PL_EINVAL) rc = PL_ESTATE; /* past set-up nothing is a bad setting (exit 1, not 2) */
 done:
     free(L.step_s);

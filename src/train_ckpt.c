@@ -1,16 +1,22 @@
 /*
  * train_ckpt.c — a training run's checkpoints: the state recorded beside the tensors, the
  * collective save with its report, and resuming (settings that change the data stream must
- * match the saved ones).
+ * match the saved ones). With --ckpt-async a save copies the rank's share into a host
+ * snapshot and a writer thread writes the file (ckpt_async.h) while the steps go on; after
+ * each step the ranks agree whether every writer has finished (one small all-reduce, only
+ * while a write is in flight), so all of them join it, report it and fail on it together.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "pipelm/ckpt.h"
+#include "pipelm/ckpt_async.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/run.h"
@@ -40,8 +46,20 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
 static double ckpt_deadline_s(const run *R) {
     return comm_watchdog_s + 12.0 * (double)model_num_params(&R->cfg) / 1e6;
 }
+/* The metrics line of a save that was published (rank 0; docs/formats.md §6): blocked_ms is
+ * how long training was held (the whole save when synchronous; the snapshot and any wait for
+ * the previous write when asynchronous; the longest of any rank), write_ms the time to the
+ * published file (rank 0's). */
+static void ckpt_metrics_line(run *R, int step, double bytes, double blocked_s, double write_s, double wait_s,
+                              double snap_s, int async) {
+    metrics_line(&R->mx, "{\"event\":\"ckpt\",\"step\":%d,\"bytes\":%.0f,\"blocked_ms\":%.3f,\"write_ms\":%.3f,"
+                 "\"mode\":\"%s\",\"wait_ms\":%.3f,\"snapshot_ms\":%.3f}", step, bytes, blocked_s * 1e3,
+                 write_s * 1e3, async ? "async" : "sync", wait_s * 1e3, snap_s * 1e3);
+}
+static int save_async(run *R, int step);
 /* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */
 int train_save_checkpoint(run *R, int step) {
+    if (R->ca) return save_async(R, step);
     ckpt_meta m;
     fill_meta(R, step, &m);
     char path[PL_PATH + 64], err[1024] = "";
@@ -79,6 +97,7 @@ int train_save_checkpoint(run *R, int step) {
     }
     pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,
             bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    ckpt_metrics_line(R, step, bytes, t1 - t0, t1 - t0, 0.0, 0.0, 0);
     return PL_OK;
 }
 /* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
@@ -136,4 +155,195 @@ int train_resume_checkpoint(run *R, int *first_step) {
             m.step, m.nstages, m.nstages > 1 ? "s" : "", split, bytes / 1e6, t1 - t0,
             bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
     return PL_OK;
+}
+
+/* ---- --ckpt-async ------------------------------------------------------------------------ */
+
+/* Host memory this process may still take (MemAvailable of /proc/meminfo) in bytes; test-only
+ * PIPELM_CKPT_ASYNC_MEM_MB stands in for it. A negative value: unknown. */
+static double mem_available(void) {
+    const char *e = getenv("PIPELM_CKPT_ASYNC_MEM_MB");
+    if (e && e[0]) return atof(e) * 1e6;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = -1.0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb < 0 ? -1.0 : kb * 1024.0;
+}
+
+/* Before step 1, not collective (in the set-up): --ckpt-async needs MPI_THREAD_MULTIPLE, and
+ * its snapshot must fit in this rank's share of the node's available memory. */
+int train_ckpt_async_check(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (!o->ckpt_async || !o->ckpt_dir[0] || o->bench) return PL_OK;
+    const char *level;
+    if (!ckpt_async_thread_ok(&level)) {
+        snprintf(err, errlen, "--ckpt-async needs MPI_THREAD_MULTIPLE (its writer thread makes MPI calls beside "
+                 "training), but the MPI library gave %s: run without --ckpt-async", level);
+        return PL_EINVAL;
+    }
+    double need = ckpt_async_snapshot_bytes(&R->st, &R->opt), have = mem_available();
+    int share = R->lay.local_ranks > 0 ? R->lay.local_ranks : 1;
+    if (have >= 0 && need > have / share) {
+        snprintf(err, errlen, "--ckpt-async: the checkpoint snapshot of this rank needs %.1f MB of host memory, but "
+                 "only %.1f MB are available to each of the node's %d rank%s (MemAvailable %.1f MB): run without "
+                 "--ckpt-async, or on more ranks", need / 1e6, have / share / 1e6, share, share > 1 ? "s" : "",
+                 have / 1e6);
+        return PL_ENOMEM;
+    }
+    return PL_OK;
+}
+
+/* Collective, after the agreed set-up: the writer's communicator, and the banner line with
+ * the snapshot's size (the largest rank's, and all ranks' together). */
+int train_ckpt_async_setup(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (!o->ckpt_async || !o->ckpt_dir[0] || o->bench) return PL_OK;
+    double mine = ckpt_async_snapshot_bytes(&R->st, &R->opt), most = 0.0, sum = 0.0;
+    PL_TRY(comm_allreduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, R->world, "the snapshot size"));
+    PL_TRY(comm_allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, R->world, "the snapshot size"));
+    PL_TRY(ckpt_async_init(&R->ca, R->world, err, errlen));
+    PL_TRY(ckpt_async_prepare(R->ca, &R->st, &R->opt, err, errlen));
+    pl_info("checkpoints: --ckpt-async: a host snapshot of at most %.1f MB per rank (%.1f MB on all %d ranks), "
+            "allocated now and written by a background thread\n", most / 1e6, sum / 1e6, R->W);
+    return PL_OK;
+}
+
+/* A rank that must end while its writer thread is inside an MPI call: MPI_Abort from this
+ * thread then races the writer's progress engine (UCX asserts and the rank dies of SIGABRT),
+ * so the rank ends itself, as the deadline watcher of comm.c does, and the launcher ends the
+ * others. A second for the launcher to forward the message first. */
+static void end_rank_now(void) {
+    fflush(stdout);
+    fflush(stderr);
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    _exit(1);
+}
+
+/* Wait (this rank alone) for the writer in flight to return, under the checkpoint's
+ * deadline: past it the writer is stuck in a collective call (a peer stopped taking part),
+ * and the job is ended (end_rank_now). */
+static int wait_writer(run *R, double *waited) {
+    double t0 = pl_now(), limit = ckpt_deadline_s(R);
+    while (!ckpt_async_done(R->ca)) {
+        if (comm_watchdog_s > 0 && ckpt_async_age(R->ca) > limit) {
+            pl_error("watchdog: the checkpoint writer of step %lld has been writing for %.0f s (the limit is "
+                     "--watchdog plus 12 s per million parameters: %.0f s): a rank stopped taking part in its "
+                     "collective HDF5 calls; ending the job", ckpt_async_step(R->ca), ckpt_async_age(R->ca), limit);
+            end_rank_now();
+        }
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    *waited = pl_now() - t0;
+    return PL_OK;
+}
+
+/* Every rank's writer has returned: join it, report the save (or its failure, the same on
+ * every rank: the writers agreed) and write its metrics line. */
+static int finish_write(run *R) {
+    char path[PL_PATH + 64], err[1024] = "";
+    double bytes = 0.0, write_s = 0.0;
+    int step = (int)ckpt_async_step(R->ca);
+    int rc = ckpt_async_join(R->ca, path, sizeof path, &bytes, &write_s, err, sizeof err);
+    /* the metrics give the longest hold of any rank (every rank is here: the callers are collective) */
+    double held[3] = {R->ca_blocked, R->ca_wait, R->ca_snap}, most[3];
+    int r2 = comm_allreduce(held, most, 3, MPI_DOUBLE, MPI_MAX, R->world, "the checkpoint's times");
+    if (r2 != PL_OK) return r2;
+    if (rc != PL_OK) {
+        if (err[0]) pl_error("checkpoint at step %d (written in the background): %s", step, err);
+        char prev[PL_PATH + 64], e2[PL_PATH + 600];
+        if (R->wrank == 0 && ckpt_latest(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
+            pl_error("checkpoint at step %d failed; %s/latest still names the previous checkpoint %s", step,
+                     R->o->ckpt_dir, prev);
+        else if (R->wrank == 0)
+            pl_error("checkpoint at step %d failed; no earlier checkpoint is named by %s/latest (%s)", step,
+                     R->o->ckpt_dir, e2);
+        return rc;
+    }
+    pl_info("checkpoint %s: step %d, %.1f MB written in the background in %.2f s (%.1f MB/s); training was held "
+            "%.3f s\n", path, step, bytes / 1e6, write_s, bytes / 1e6 / (write_s > 0 ? write_s : 1e-9),
+            most[0]);
+    ckpt_metrics_line(R, step, bytes, most[0], write_s, most[1], most[2], 1);
+    return PL_OK;
+}
+
+/* Collective: an asynchronous save after `step`: wait for the write in flight (saying how
+ * long), then the snapshot, then the writer; the ranks agree that every snapshot was taken. */
+static int save_async(run *R, int step) {
+    double t0 = pl_now(), wait_s = 0.0, snap_s = 0.0;
+    int rc = PL_OK;
+    if (ckpt_async_busy(R->ca)) {
+        long long prev = ckpt_async_step(R->ca);
+        PL_TRY(wait_writer(R, &wait_s)); /* not agreed: the job ends */
+        PL_TRY(finish_write(R));
+        pl_info("checkpoint at step %d waited %.2f s for the write of step %lld to finish\n", step, wait_s, prev);
+    }
+    ckpt_meta m;
+    fill_meta(R, step, &m);
+    char err[1024] = "";
+    trace_event(R->eng.tr, "checkpoint snapshot", "ckpt", -1, t0, t0);
+    rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK; /* ZeRO-1: whole moments, as for a synchronous save */
+    rc = comm_agree(R->world, rc, NULL);
+    if (rc == PL_OK) rc = ckpt_async_begin(R->ca, R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, &snap_s, err,
+                                           sizeof err);
+    if (rc != PL_OK && err[0]) pl_error("checkpoint at step %d: %s", step, err);
+    if (R->have_dp) {
+        int r2 = dp_moments_pieces(&R->dp);
+        if (rc == PL_OK) rc = r2;
+    }
+    /* a rank whose writer did not start leaves the others' writers waiting: ended together here,
+     * before the next step */
+    int who = -1;
+    rc = comm_agree(R->world, rc, &who);
+    double t1 = pl_now();
+    trace_event(R->eng.tr, "checkpoint snapshot", "ckpt", -1, t0, t1);
+    if (rc != PL_OK) {
+        if (R->wrank == 0 && who >= 0) pl_error("checkpoint at step %d: rank %d could not start its write", step, who);
+        return rc;
+    }
+    R->ca_blocked = t1 - t0;
+    R->ca_wait = wait_s;
+    R->ca_snap = snap_s;
+    return PL_OK;
+}
+
+/* Collective, after each step: while a write is in flight, have all writers returned? Then
+ * every rank joins its writer at this step. A writer past its deadline ends the job. */
+int train_ckpt_async_poll(run *R, int *agreed) {
+    if (!ckpt_async_busy(R->ca)) return PL_OK;
+    int mine = ckpt_async_done(R->ca), all = 0;
+    if (!mine && comm_watchdog_s > 0 && ckpt_async_age(R->ca) > ckpt_deadline_s(R)) {
+        double w;
+        return wait_writer(R, &w); /* the deadline has passed: says so and ends the rank */
+    }
+    int rc = comm_allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, R->world, "the agreement on the checkpoint writers");
+    if (rc != PL_OK) { *agreed = 0; return rc; }
+    return all ? finish_write(R) : PL_OK;
+}
+
+/* Collective: the end of the run (or a stop): the write in flight completes before the run
+ * ends; its failure fails the run. */
+int train_ckpt_async_drain(run *R, int *agreed) {
+    if (!ckpt_async_busy(R->ca)) return PL_OK;
+    double w;
+    (void)agreed; /* a writer past its deadline ends the rank (wait_writer) */
+    PL_TRY(wait_writer(R, &w));
+    return finish_write(R);
+}
+
+/* The end of the run on any path: after an agreed failure the write in flight still
+ * completes (and is reported); after one that is not agreed the writer is left to the abort. */
+void train_ckpt_async_free(run *R, int agreed) {
+    if (!R->ca) return;
+    if (!agreed && ckpt_async_busy(R->ca)) end_rank_now(); /* its message is out; no MPI_Abort beside the writer */
+    int dummy = agreed;
+    if (agreed && ckpt_async_busy(R->ca) && train_ckpt_async_drain(R, &dummy) != PL_OK) {
+        /* reported; the run already failed */
+    }
+    ckpt_async_free(R->ca, agreed && dummy);
+    R->ca = NULL;
 }

@@ -140,12 +140,18 @@ int ckpt_check_config(const model_config *f, const model_config *r, h5ctx *cx);
 
 /* ---- ckpt_write.c ----------------------------------------------------------------------- */
 /* PIPELM_CKPT_FAIL (test-only): the mode and the rank that fails; -1 with a message if unknown. */
-enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT };
+enum { FAIL_NONE, FAIL_WRITE, FAIL_RENAME, FAIL_KILL, FAIL_CORRUPT, FAIL_BEFORE, FAIL_AFTER, FAIL_STALL,
+       FAIL_DELAY };
 int ckpt_fail_mode(int size, int *who, h5ctx *cx);
 /* How the data of a dataset travels (ckpt_opts.collective); cx is unused: the setting was
  * checked when it was set, so this never fails. */
 enum { XFER_INDEPENDENT, XFER_COLLECTIVE };
 int ckpt_xfer_mode(h5ctx *cx);
+/* Bytes per H5Dwrite of a dataset with independent transfers, in this thread (0, the default:
+ * each dataset in one call). The --ckpt-async writer sets it: MPICH holds its global lock for
+ * the whole of an MPI-IO write, so smaller writes let the training thread's MPI calls in
+ * between. The file is the same. */
+extern _Thread_local size_t ckpt_write_piece;
 /* ---- ckpt.c ------------------------------------------------------------------------------ */
 /* The settings ckpt_set_opts gave (the built-in ones before any call). */
 const ckpt_opts *ckpt_get_opts(void);

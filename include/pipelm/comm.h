@@ -62,4 +62,11 @@ int comm_deadline_arm(const char *what, double seconds);
 void comm_deadline_enter(void);
 void comm_deadline_disarm(void);
 
+/* MPI_Init_thread at the level a run needs: MPI_THREAD_MULTIPLE when `multiple` (an
+ * asynchronous checkpoint writer makes MPI calls beside the training thread), else
+ * MPI_THREAD_SINGLE as MPI_Init gives. Test-only: PIPELM_MPI_THREAD=single|funneled|
+ * serialized|multiple asks for that level instead (to see --ckpt-async refused). Returns
+ * MPI_Init_thread's status. */
+int comm_init_thread(int *argc, char ***argv, int multiple);
+
 #endif

@@ -59,6 +59,7 @@ typedef struct {
     char ckpt_xfer[16];   /* independent | collective: MPI-IO data transfers (config_check_ckpt checks it) */
     char ckpt_hints[1024]; /* MPI-IO hints "key=value,..." added to the built-in ones */
     int ckpt_verify, ckpt_space_check; /* 1 (default) or 0: re-read a save before publishing it; check the space */
+    int ckpt_async;       /* 1: save from a host snapshot on a writer thread while training goes on (ckpt_async.h) */
     /* timeline */
     char trace[PL_PATH];
     /* benchmark (pipelm bench only) */

@@ -55,6 +55,8 @@ typedef struct {
     int *rc_modes;              /* S: each global stage's STAGE_RECOMPUTE_* */
     int first_step;             /* the run's first step: weights as loaded or initialised */
     int nan_injected;           /* the step at which --fail-at nan wrote a NaN here, or 0 */
+    struct ckpt_async *ca;      /* --ckpt-async's writer (ckpt_async.h), or NULL */
+    double ca_blocked, ca_wait, ca_snap; /* the write in flight: seconds training was held, of it waiting, snapshot */
 } run;
 
 /* What one step's all-reduce tells every rank besides the norm and the loss. */
@@ -93,5 +95,18 @@ int generate_after_setup(run *R, int *agreed);
 /* train_ckpt.c (collective) */
 int train_save_checkpoint(run *R, int step);
 int train_resume_checkpoint(run *R, int *first_step);
+/* --ckpt-async (train_ckpt.c): the set-up's check (thread level, snapshot memory; not
+ * collective), the writer's set-up (collective, after the agreed set-up), after each step the
+ * agreement on finished writers, the wait for the write in flight at the end of the run, and
+ * the clean-up on every way out (*agreed / agreed: whether the ranks are still in step). */
+int train_ckpt_async_check(run *R, char *err, size_t errlen);
+int train_ckpt_async_setup(run *R, char *err, size_t errlen);
+int train_ckpt_async_poll(run *R, int *agreed);
+int train_ckpt_async_drain(run *R, int *agreed);
+void train_ckpt_async_free(run *R, int agreed);
+/* train_layout.c (collective): --dp auto / --stages auto (o->dp, o->stages < 0): the layout
+ * D x P of the world's ranks, printed with the reason; *D, *P in: > 0 where given. PL_EINVAL
+ * (and the message, from rank 0) when none fits. */
+int train_layout_auto(run *R, const pl_options *o, int *D, int *P);
 
 #endif
