@@ -62,7 +62,11 @@ void report_stage_table(run *R) {
     R->be->describe(bdesc, sizeof bdesc);
     pl_info("backend: %s, precision %s%s\n", bdesc, R->o->precision,
             strcmp(R->o->backend, "auto") == 0 ? " (chosen by --backend auto)" : "");
-    if (R->V > 1)
+    if (R->V > 1 && R->sc.place == SCHED_PLACE_V)
+        pl_info("pipeline: %d stages = %d ranks x %d chunks (V-shaped: stages r and %d-r on rank r), schedule %s, %d "
+                "micro-batch%s of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->S - 1, R->sc.name, R->M,
+                R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
+    else if (R->V > 1)
         pl_info("pipeline: %d stages = %d ranks x %d chunks (stage s on rank s mod %d), schedule %s, %d micro-batch%s "
                 "of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->P, R->sc.name, R->M, R->M > 1 ? "es" : "", Bm,
                 R->T, R->o->split);
@@ -79,7 +83,7 @@ void report_stage_table(run *R) {
         double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
         static const char *const rc_name[] = {"none", "selective", "full"};
         int mode = R->rc_modes ? R->rc_modes[s] : 0;
-        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, s % R->P, blocks, parts,
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, sched_stage_rank(&R->sc, s), blocks, parts,
                 split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight_stage(&R->sc, s),
                 rc_name[mode]);
     }
@@ -151,7 +155,8 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
                      "value, first in %s, %s; stopping all ranks", step, loss, norm, at, names[ps],
                      nonfinite_cause(all[3 * ps + 2]));
         } else if (nw->fwd_stage >= 0) {
-            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : (nw->fwd_stage % R->P) * R->D, at, sizeof at);
+            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : sched_stage_rank(&R->sc, nw->fwd_stage) * R->D, at,
+                       sizeof at);
             pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of global "
                      "stage %d on %s, micro-batch %d, whose weights are finite everywhere: the activations "
                      "overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, loss, norm,
@@ -173,7 +178,7 @@ void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
     else {
         int l = slot - 1, s = 0;
         while (s < R->S - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
-        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s % R->P);
+        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, sched_stage_rank(&R->sc, s));
     }
 }
 /* Gather every rank's timers (ms per step over the interval) and print min/median/max. */
@@ -329,7 +334,8 @@ static int report_costs(run *R) {
         /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
         for (int k = 0; cols && k < 6; k++)
             for (int r = 0; r < R->P; r++)
-                for (int ch = 0; ch < V; ch++) cols[k * S + ch * R->P + r] = all[(size_t)r * 6 * V + ch * 6 + k];
+                for (int ch = 0; ch < V; ch++)
+                    cols[k * S + sched_place_stage(R->sc.place, R->P, r, ch)] = all[(size_t)r * 6 * V + ch * 6 + k];
         if (cols) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
@@ -418,11 +424,29 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     if (R->profiled) PL_TRY(report_op_classes(R, k));
     return R->o->costs_out[0] ? report_costs(R) : PL_OK;
 }
+/* Both ends on this rank as two chunks (the V placement): its wte and the head chunk's copy. */
+static int tied_copies_local(run *R, int *same) {
+    const param_tensor *t = NULL;
+    for (int i = 0; i < R->st.ntensors; i++)
+        if (R->st.tensors[i].tied_copy) t = &R->st.tensors[i];
+    if (!t) return PL_OK;
+    size_t n = t->numel * sizeof(float);
+    void *a = NULL, *b = NULL;
+    int rc = R->be->map(&a, R->st.wte, n, PL_MAP_READ);
+    if (rc == PL_OK) rc = R->be->map(&b, R->st.params + t->offset, n, PL_MAP_READ);
+    if (rc == PL_OK) *same = memcmp(a, b, n) == 0;
+    else pl_error("backend %s: a host view of the tied embedding: %s", R->be->name, stage_error(&R->st));
+    if (b) R->be->unmap(b, R->st.params + t->offset, n, PL_MAP_READ);
+    if (a) R->be->unmap(a, R->st.wte, n, PL_MAP_READ);
+    return rc;
+}
+
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {
     *same = 1;
     if (!arch_of(&R->cfg)->tied) return PL_OK; /* an untied head: nothing to compare */
-    if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
+    if (R->P > 1 && R->st.has_embed && R->st.has_head) PL_TRY(tied_copies_local(R, same)); /* a V's rank 0 */
+    else if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
         size_t n = (size_t)R->cfg.Vp * R->cfg.C;
         float *other = malloc(n * sizeof(float));
         int peer = R->st.has_embed ? 1 : 0; /* rank within the tied communicator */
