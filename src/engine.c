@@ -37,9 +37,10 @@ static int rank_of(const engine *e, int s) { return sched_place_rank(e->sc->plac
 /* The global stage this rank runs as chunk c. */
 static int stage_of(const engine *e, int c) { return sched_place_stage(e->sc->place, e->P, e->rank, c); }
 
-/* 1 if stages a and a + 1 both run on this rank: they hand over by a copy, no message. */
+/* 1 if stages a and a + 1 both run on this rank in a V placement: a copy, no message. */
 static int local_edge(const engine *e, int a) {
-    return a >= 0 && a + 1 < e->S && rank_of(e, a) == e->rank && rank_of(e, a + 1) == e->rank;
+    return e->sc->place == SCHED_PLACE_V && a >= 0 && a + 1 < e->S && rank_of(e, a) == e->rank &&
+           rank_of(e, a + 1) == e->rank;
 }
 
 int engine_init(engine *e, stage *st, int V, const sched *sc, MPI_Comm comm, char *err, size_t errlen) {

@@ -133,9 +133,12 @@ int sched_stage_rank(const sched *s, int st) {
     return sched_place_rank(s->place, s->P, st);
 }
 
-/* 1 if stages a and a + 1 run on one rank (they hand over in memory, no messages) */
+/* 1 if stages a and a + 1 run on one rank of a V placement (they hand over in memory, no
+   messages); the loop placement keeps its messages even where they go to the same rank (one
+   rank with V chunks), as it always has */
 static int local_edge(const sched *s, int a) {
-    return a >= 0 && a + 1 < sched_nstages(s) && sched_stage_rank(s, a) == sched_stage_rank(s, a + 1);
+    return s->place == SCHED_PLACE_V && a >= 0 && a + 1 < sched_nstages(s) &&
+           sched_stage_rank(s, a) == sched_stage_rank(s, a + 1);
 }
 
 /* append one action of global stage st to its rank (capacity was sized by the caller) */
@@ -769,13 +772,22 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
     return PL_OK;
 }
 
-/* the placement every action of s fits: loop first, then V; loop if neither (the validator
+/* the placement every action of s fits: loop first, then V (which must also have no SEND or
+   RECV between two stages of one rank, as torch writes it); loop if neither (the validator
    then names the action on the wrong row) */
-static int infer_place(const sched *s) {
+static int infer_place(sched *s) {
     for (int place = SCHED_PLACE_LOOP; place <= SCHED_PLACE_V; place++) {
         int fits = 1;
+        s->place = place;
         for (int r = 0; fits && r < s->P; r++)
-            for (int i = 0; fits && i < s->n[r]; i++) fits = sched_place_rank(place, s->P, s->acts[r][i].stage) == r;
+            for (int i = 0; fits && i < s->n[r]; i++) {
+                const sched_action *a = &s->acts[r][i];
+                fits = sched_stage_rank(s, a->stage) == r;
+                if (fits && !is_compute(a->op) && place != SCHED_PLACE_LOOP) {
+                    int lo = peer_stage(a) < a->stage ? peer_stage(a) : a->stage;
+                    fits = !local_edge(s, lo);
+                }
+            }
         if (fits) return place;
     }
     return SCHED_PLACE_LOOP;

@@ -7,7 +7,9 @@
  * Virtual stages: a rank may own V >= 1 model chunks. The model is then split
  * into S = P * V stages and global stage s runs on rank s % P as that rank's
  * chunk s / P (torch's and Megatron's loop layout), so activations wrap from
- * the last rank back to rank 0. With V = 1 stage s is simply rank s.
+ * the last rank back to rank 0; or, in the V layout (zb-v, dualpipev), on rank
+ * s for s < P and 2P-1-s after (the placement map below). With V = 1 stage s
+ * is simply rank s.
  * Every action names its GLOBAL stage.
  *
  * Actions are written the way PyTorch's torch.distributed.pipelining writes
@@ -16,7 +18,8 @@
  * be saved and loaded as the same CSV torch's _dump_csv/_load_csv use: one row
  * per rank, comma-separated action strings, no header. The module builds
  * "gpipe", "1f1b", "zb-h1" (one chunk per rank) and "interleaved-1f1b",
- * "looped-bfs", "interleaved-zb" (V chunks per rank), validates any schedule
+ * "looped-bfs", "interleaved-zb" (V chunks per rank), "zb-v" and "dualpipev"
+ * (two chunks per rank in a V), validates any schedule
  * (ownership, ordering, send/recv pairing, storage lifetimes, deadlock freedom
  * under blocking receives and non-blocking sends), simulates it with unit
  * costs (F=1, B=2, I=W=1, comm=0) to get the makespan and bubble fraction, and
