@@ -148,6 +148,10 @@ static const opt_desc options[] = {
     O_BENCH("costs-out", OPT_STR, costs_out, "(bench) write the measured F/B/I/W seconds per stage and message costs "
             "to FILE, for `pipelm schedule --costs`"),
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
+    O_BENCH("costs-in", OPT_STR, costs_in, "(bench) the costs file (from --costs-out) the wait split judges each "
+            "stage's actions by (default: the stages' mean cost per FLOP)"),
+    O_INT("slow-rank", slow_rank, "(testing) pipeline rank whose every F, B, I and W runs --slow-ms longer"),
+    O_DBL("slow-ms", slow_ms, "(testing) the milliseconds --slow-rank adds to each of its actions"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
     O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
@@ -218,6 +222,7 @@ void config_defaults(pl_options *o) {
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
+    o->slow_rank = -1;
     snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
     env_aliases(o);

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/engine.h"
@@ -138,6 +139,13 @@ void engine_reset_costs(engine *e) {
     if (e->n_opc) memset(e->n_opc, 0, sizeof(long) * (size_t)e->V * SCHED_NOPS);
 }
 
+/* The test-only slow rank: sleep inside the action's timed span (engine_set_slow). */
+static void slow_down(const engine *e) {
+    if (e->slow_s <= 0) return;
+    struct timespec ts = {(time_t)e->slow_s, (long)((e->slow_s - (double)(time_t)e->slow_s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {}
+}
+
 /* Charge [t0, t1) to op on chunk c. */
 static void charge(engine *e, int c, sched_op op, double t0, double t1) {
     e->t_op[op] += t1 - t0;
@@ -231,6 +239,7 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
         PL_TRY(st->be->copy(e->recv_f[cn] + m * slice, stage_output(st, slot), slice * sizeof(float)));
     }
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_fwd += t1 - t0;
     charge(e, c, SCHED_F, t0, t1);
@@ -287,6 +296,7 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
     e->b_done[k] = 1;
     if (whole) e->next_b[c]++;
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, op, t0, t1);
@@ -316,6 +326,7 @@ static int run_weight(engine *e, long step, int c, int m) {
     PL_TRY(stage_backward_weight(st, slot));
     e->next_b[c]++;
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, SCHED_W, t0, t1);
@@ -503,6 +514,9 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
     *loss_sum = sum;
     return PL_OK;
 }
+
+/* The test-only slow rank (engine.h). */
+void engine_set_slow(engine *e, double ms) { e->slow_s = ms > 0 ? ms / 1e3 : 0.0; }
 
 /* The test-only faults (engine.h). */
 void engine_set_faults(engine *e, int fail_rank, int fail_step, int during) {

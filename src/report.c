@@ -21,6 +21,7 @@
 #include "pipelm/files.h"
 #include "pipelm/run.h"
 #include "pipelm/trace.h"
+#include "pipelm/waitsplit.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
  * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */
@@ -363,6 +364,99 @@ static int report_costs(run *R) {
     return comm_agree(R->comm, rc, NULL);
 }
 
+/* The wait split's lines, printed under the benchmark table (rank 0). */
+static char split_text[8192];
+
+/* Rank 0: the wait split and its straggler as text (split_text) and as JSON into json. */
+static void print_wait_split(const run *R, const wait_split *w, char *json, size_t jlen) {
+    int to = snprintf(split_text, sizeof split_text, "  wait split (ms per step): measured = schedule + straggler + "
+                      "transfer + other\n");
+    int off = snprintf(json, jlen, "\"wait_split\":{\"ranks\":[");
+    for (int r = 0; r < R->P; r++) {
+        if (to < (int)sizeof split_text - 128)
+            to += snprintf(split_text + to, sizeof split_text - to, "    rank %d: %8.2f = %8.2f + %8.2f + %8.2f + %8.2f\n",
+                           r, 1e3 * w->measured_s[r], 1e3 * w->sched_s[r], 1e3 * w->straggler_s[r],
+                           1e3 * w->transfer_s[r], 1e3 * w->other_s[r]);
+        if (off < (int)jlen - 200)
+            off += snprintf(json + off, jlen - off, "%s{\"rank\":%d,\"measured_ms\":%.3f,\"schedule_ms\":%.3f,"
+                            "\"straggler_ms\":%.3f,\"transfer_ms\":%.3f,\"other_ms\":%.3f}", r ? "," : "", r,
+                            1e3 * w->measured_s[r], 1e3 * w->sched_s[r], 1e3 * w->straggler_s[r],
+                            1e3 * w->transfer_s[r], 1e3 * w->other_s[r]);
+    }
+    if (off < (int)jlen - 100) off += snprintf(json + off, jlen - off, "],\"over_cost\":[");
+    for (int st = 0; st < w->S && off < (int)jlen - 40; st++)
+        off += snprintf(json + off, jlen - off, "%s%.4f", st ? "," : "", w->over[st]);
+    if (w->worst >= 0 && to < (int)sizeof split_text - 600)
+        snprintf(split_text + to, sizeof split_text - to, "  straggler: %s\n", w->why);
+    if (off < (int)jlen - 64 - (int)strlen(w->why))
+        snprintf(json + off, jlen - off, "],\"straggler_stage\":%d,\"straggler_rank\":%d,\"straggler\":\"%s\"}",
+                 w->worst, w->worst >= 0 ? sched_stage_rank(&R->sc, w->worst) : -1, w->why);
+}
+
+/* Rank 0: the measured costs of the S stages (from every rank's chunks, cf[r][c][F B I W]),
+ * the baseline (--costs-in, or NULL) and the split. */
+static int split_on_root(run *R, const double *cf, const double *wait_ms, double xfer, char *json, size_t jlen) {
+    int S = R->S, V = R->V;
+    sched_costs meas, base;
+    memset(&base, 0, sizeof base);
+    PL_TRY(sched_costs_alloc(&meas, S));
+    double *flops = malloc(sizeof(double) * (size_t)(S + R->P)), *ws = flops ? flops + S : NULL;
+    int rc = flops ? PL_OK : PL_ENOMEM;
+    for (int r = 0; rc == PL_OK && r < R->P; r++) {
+        ws[r] = wait_ms[r] / 1e3;
+        for (int c = 0; c < V; c++) {
+            int st = sched_place_stage(R->sc.place, R->P, r, c);
+            const double *v = cf + ((size_t)r * V + c) * 4;
+            meas.f[st] = v[0], meas.b[st] = v[1], meas.i[st] = v[2], meas.w[st] = v[3];
+        }
+    }
+    for (int st = 0; rc == PL_OK && st < S; st++) flops[st] = split_stage_flops(&R->sp, &R->cfg, st, R->T);
+    char err[1024] = "";
+    if (rc == PL_OK && R->o->costs_in[0]) {
+        FILE *f = NULL;
+        rc = pl_open_input(R->o->costs_in, "costs file", 1 << 24, &f, err, sizeof err);
+        if (rc == PL_OK) { rc = sched_costs_read(f, &base, err, sizeof err); fclose(f); }
+    }
+    wait_split w;
+    if (rc == PL_OK) rc = wait_split_compute(&R->sc, &meas, R->o->costs_in[0] ? &base : NULL, flops, xfer, ws, &w, err,
+                                             sizeof err);
+    if (rc == PL_OK) { print_wait_split(R, &w, json, jlen); wait_split_free(&w); }
+    else pl_error("the wait split: %s%s%s", R->o->costs_in[0] ? R->o->costs_in : "", R->o->costs_in[0] ? ": " : "",
+                  err[0] ? err : "out of memory");
+    free(flops);
+    sched_costs_free(&meas);
+    sched_costs_free(&base);
+    return rc;
+}
+
+/* The wait split of a benchmark (waitsplit.h): every rank's mean F, B, I, W seconds per chunk
+ * and its wait (ms per step) gathered, a message's cost measured (ping-pong, ranks 0 and 1);
+ * rank 0 prints the split and puts it into json. Collective. */
+static int report_wait_split(run *R, double wait_ms, char *json, size_t jlen) {
+    int V = R->V, S = R->S;
+    const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
+    double *mine = malloc(sizeof(double) * 4 * V), *all = R->rank == 0 ? malloc(sizeof(double) * (4 * S + R->P)) : NULL;
+    if (!mine || (R->rank == 0 && !all)) { free(mine); free(all); return PL_ENOMEM; }
+    for (int c = 0; c < V; c++)
+        for (int k = 0; k < 4; k++) {
+            size_t j = (size_t)c * SCHED_NOPS + ops[k];
+            mine[c * 4 + k] = R->eng.n_opc[j] ? R->eng.t_opc[j] / R->eng.n_opc[j] : 0.0;
+        }
+    int rc = comm_gather(mine, 4 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
+    if (rc == PL_OK) rc = comm_gather(&wait_ms, 1, MPI_DOUBLE, all ? all + 4 * S : NULL, 0, R->comm,
+                                      "the gather of the waits");
+    free(mine);
+    size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
+    double lat = 0, big = 0;
+    char *buf = R->P > 1 && rc == PL_OK ? calloc(bytes, 1) : NULL;
+    if (R->P > 1 && rc == PL_OK && !buf) rc = PL_ENOMEM;
+    if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
+    free(buf);
+    if (rc == PL_OK && R->rank == 0) rc = split_on_root(R, all, all + 4 * S, big > 0 ? big : lat, json, jlen);
+    free(all);
+    return comm_agree(R->comm, rc, NULL);
+}
+
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */
 int report_bench(run *R, const double *step_s, int nsteps) {
     double mine[BENCH_NSTAT];
@@ -391,6 +485,9 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[10] = R->eng.inflight_peak;
     mine[11] = sched_max_inflight(&R->sc, R->rank);
     mine[12] = R->eng.act_bytes_peak / 1048576.0;
+    static char split_json[16384];
+    split_json[0] = split_text[0] = 0;
+    if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
@@ -417,7 +514,9 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         char what[64];
         snprintf(what, sizeof what, "%s %s matmul", R->be->name, R->o->precision);
         br.peak_what = strcmp(R->be->name, "cpu") == 0 || R->o->peak_gflops > 0 ? NULL : what;
+        br.extra_json = split_json[0] ? split_json : NULL;
         rc = bench_report(&br, R->o->json, R->o->csv);
+        if (split_text[0]) pl_info("%s", split_text);
         free(all);
     }
     PL_TRY(comm_agree(R->comm, rc, NULL));

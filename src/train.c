@@ -312,6 +312,7 @@ static int setup(run *R, char *err, size_t errlen) {
     /* --fail-rank names a world rank */
     engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
                       strcmp(o->fail_at, "during") == 0);
+    if (o->slow_rank == R->rank) engine_set_slow(&R->eng, o->slow_ms); /* test-only: a straggler */
     /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets */
     if (R->rank == 0 || R->rank == last_rank(R)) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,

@@ -43,6 +43,7 @@ typedef struct {
     double act_bytes, act_bytes_peak;      /* their activations (stage_act_bytes_per_slot), now and at most */
     int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
+    double slow_s;                         /* test-only: seconds added to each F, B, I, W (0: none) */
 } engine;
 
 /* st: the V chunks of this rank (sc->V of them, V = 1: one stage). */
@@ -53,6 +54,8 @@ void engine_reset_costs(engine *e);
 /* Test-only fault injection: pipeline rank fail_rank (-1: none) fails at fail_step, during
  * the step's pipeline (during != 0) or before it. */
 void engine_set_faults(engine *e, int fail_rank, int fail_step, int during);
+/* Test-only: every F, B, I and W of this rank runs ms milliseconds longer (a slow rank). */
+void engine_set_slow(engine *e, double ms);
 /* Before a step: zero the F/B/wait timers and forget the last non-finite forward. */
 void engine_begin_step(engine *e);
 /* Record a timeline into tr (NULL: none); engine_take_trace hands it back and stops. */
