@@ -16,6 +16,7 @@
 #include "pipelm/sched.h"
 #include "pipelm/sched_cost.h"
 #include "pipelm/train.h"
+#include "pipelm/tune.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -25,6 +26,7 @@ static void usage(FILE *out) {
             "  train      train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
+            "  tune       the fastest schedule x micro-batches x chunks for measured costs (bench --costs-out)\n"
             "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
             "  inspect    print a checkpoint's metadata and tensors, verify every checksum\n\n"
             "  pipelm <command> --help   options of a command\n"
@@ -357,6 +359,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
         return 0;
     }
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
+    if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv, 2, comm);
     if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
     if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
     int bench = strcmp(argv[1], "bench") == 0;
