@@ -31,6 +31,7 @@
 #include "pipelm/trace.h"
 #include "pipelm/run.h"
 #include "pipelm/train.h"
+#include "pipelm/tune.h"
 
 /* The learning rate of a step: the optimizer's schedule over the run's hyper-parameters. */
 double train_lr(const pl_options *o, int step) { return optim_lr(&o->hp, step); }
@@ -197,10 +198,47 @@ static int recompute_modes(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* --schedule auto: the tuner's first pick for --costs-in (measured with this M) on P ranks and
+ * this replica's batch under the node's memory per rank; sets R->M, *name (into buf) and *V. */
+static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (!o->costs_in[0]) {
+        snprintf(err, errlen, "--schedule auto needs --costs-in FILE (pipelm bench --costs-out, measured with "
+                 "--microbatches %d)", R->M);
+        return PL_EINVAL;
+    }
+    sched_costs c;
+    FILE *f = NULL;
+    PL_TRY(pl_open_input(o->costs_in, "costs file", 1 << 24, &f, err, errlen));
+    int rc = sched_costs_read(f, &c, err, errlen);
+    fclose(f);
+    PL_TRY(rc);
+    long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
+    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0};
+    tune_cand *t = NULL;
+    int n = 0, tried = 0;
+    rc = tune_search(&q, &c, &t, &n, &tried, err, errlen);
+    sched_costs_free(&c);
+    if (rc == PL_OK) {
+        snprintf(buf, len, "%s", t[0].schedule);
+        *V = t[0].V;
+        R->M = t[0].M;
+        if (R->wrank == 0)
+            pl_info("--schedule auto: %s, %d micro-batches, %d chunk(s) per rank (predicted %.2f ms per step, bubble "
+                    "%.1f%%: the best of %d layouts for %s)\n", buf, R->M, *V, 1e3 * t[0].step_s, 100 * t[0].bubble,
+                    tried, o->costs_in);
+    }
+    free(t);
+    return rc;
+}
+
 /* The schedule: --schedule-csv's file or --schedule built for P ranks x V chunks; sets R->V, R->S. */
 static int choose_schedule(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     int V = o->chunks > 0 ? o->chunks : sched_default_chunks(o->schedule);
+    char name[32];
+    snprintf(name, sizeof name, "%s", o->schedule);
+    if (!o->schedule_csv[0] && strcmp(o->schedule, "auto") == 0) PL_TRY(auto_schedule(R, name, sizeof name, &V, err, errlen));
     if (o->schedule_csv[0]) {
         FILE *f = NULL;
         PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
@@ -224,7 +262,7 @@ static int choose_schedule(run *R, char *err, size_t errlen) {
         }
         V = R->sc.V > 1 ? R->sc.V : 1;
     } else {
-        PL_TRY(sched_build_chunks(o->schedule, R->P, V, R->M, &R->sc, err, errlen));
+        PL_TRY(sched_build_chunks(name, R->P, V, R->M, &R->sc, err, errlen));
     }
     PL_TRY(sched_validate(&R->sc, err, errlen));
     if (V > 1 && R->P < 2) {

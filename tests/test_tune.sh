@@ -77,6 +77,17 @@ if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --micro
         --seq-len 16 > v.out 2>&1 && grep -q "^verify 1: --schedule .*: measured [0-9.]* ms per step, predicted" v.out; then
     ok "--verify: $(grep '^verify 1' v.out)"
 else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
+# train --schedule auto takes the tuner's first pick for the same costs
+first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
+if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \
+        --schedule auto --costs-in m.txt > auto.out 2>&1; then
+    S=$(echo "$first" | sed 's/--schedule \([^ ]*\).*/\1/') M=$(echo "$first" | sed 's/.*--microbatches \([0-9]*\).*/\1/')
+    grep -q "^--schedule auto: $S, $M micro-batches" auto.out && ok "train --schedule auto: $(grep -m1 'schedule auto' auto.out | cut -c1-120)" \
+        || bad "--schedule auto" "tune's pick '$first', train: $(grep -m1 'auto' auto.out)"
+else bad "--schedule auto" "exit $? $(grep -m1 error auto.out)"; fi
+mpirun_t 60 1 train --preset tiny --n-layer 2 --steps 1 --schedule auto > auto2.out 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "schedule auto needs --costs-in" auto2.out && ok "--schedule auto without costs refused" || bad "auto refusal" "rc=$rc"
 # the search at P = 64, batch 256 (M up to 256)
 python3 - <<'PY'
 with open("c64.txt", "w") as f:
