@@ -10,6 +10,7 @@
 
 #include "pipelm/sched.h"
 #include "pipelm/sched_cost.h"
+#include "pipelm/waitsplit.h"
 
 // ----------------------------------------------------------------------------
 // helpers
@@ -1095,6 +1096,46 @@ START_TEST(test_vshape_csv) {
 }
 END_TEST
 
+/* the wait split: a stage measured 2x its baseline is named, the parts add up to the wait */
+START_TEST(test_wait_split) {
+    sched s;
+    build_chunks("1f1b", 3, 1, 6, &s);
+    sched_costs base, meas;
+    ck_assert_int_eq(sched_costs_alloc(&base, 3), 0);
+    ck_assert_int_eq(sched_costs_alloc(&meas, 3), 0);
+    for (int st = 0; st < 3; st++) {
+        base.f[st] = 0.01, base.b[st] = 0.02;
+        meas.f[st] = st == 1 ? 0.02 : 0.01, meas.b[st] = st == 1 ? 0.04 : 0.02;
+    }
+    double measured[3] = {0.20, 0.05, 0.15}, flops[3] = {1, 1, 1};
+    wait_split w;
+    char err[512];
+    ck_assert_msg(wait_split_compute(&s, &meas, &base, NULL, 0.001, measured, &w, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(w.worst, 1);
+    ck_assert(fabs(w.over[1] - 1.0) < 1e-9 && fabs(w.over[0]) < 1e-9);
+    ck_assert_msg(strstr(w.why, "stage 1 on rank 1: F and B 100% over cost; ranks 0,2 wait"), "%s", w.why);
+    for (int r = 0; r < 3; r++) {
+        ck_assert(fabs(w.sched_s[r] + w.straggler_s[r] + w.transfer_s[r] + w.other_s[r] - measured[r]) < 1e-12);
+        ck_assert(w.transfer_s[r] >= 0 && w.straggler_s[r] >= 0 && w.sched_s[r] >= 0);
+    }
+    ck_assert(w.straggler_s[0] > 0 && w.straggler_s[2] > 0 && w.straggler_s[1] == 0);
+    wait_split_free(&w);
+    /* no baseline file: the median cost per FLOP; equal FLOPs, so the same stage stands out */
+    ck_assert_int_eq(wait_split_compute(&s, &meas, NULL, flops, 0.0, measured, &w, err, sizeof err), 0);
+    ck_assert_int_eq(w.worst, 1);
+    ck_assert(w.transfer_s[0] == 0 && w.transfer_s[1] == 0);
+    wait_split_free(&w);
+    /* nothing over cost: no straggler */
+    ck_assert_int_eq(wait_split_compute(&s, &base, &base, NULL, 0.0, measured, &w, err, sizeof err), 0);
+    ck_assert_int_eq(w.worst, -1);
+    ck_assert_str_eq(w.why, "");
+    wait_split_free(&w);
+    sched_costs_free(&base);
+    sched_costs_free(&meas);
+    sched_free(&s);
+}
+END_TEST
+
 /* the grid with chunks: cells carry the global stage, per-rank peaks and bubbles, the theory */
 START_TEST(test_chunks_print_grid) {
     sched s;
@@ -1218,6 +1259,7 @@ static Suite *sched_suite(void) {
     tcase_add_test(tc, test_vshape_builders);
     tcase_add_test(tc, test_place_map);
     tcase_add_test(tc, test_vshape_csv);
+    tcase_add_test(tc, test_wait_split);
     suite_add_tcase(su, tc);
     return su;
 }
