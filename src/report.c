@@ -394,8 +394,9 @@ static void print_wait_split(const run *R, const wait_split *w, char *json, size
 }
 
 /* Rank 0: the measured costs of the S stages (from every rank's chunks, cf[r][c][F B I W]),
- * the baseline (--costs-in, or NULL) and the split. */
-static int split_on_root(run *R, const double *cf, const double *wait_ms, double xfer, char *json, size_t jlen) {
+ * the baseline (--costs-in, or NULL) and the split; parts[4 r ..] rank r's four parts in ms. */
+static int split_on_root(run *R, const double *cf, const double *wait_ms, double xfer, char *json, size_t jlen,
+                         double *parts) {
     int S = R->S, V = R->V;
     sched_costs meas, base;
     memset(&base, 0, sizeof base);
@@ -420,7 +421,14 @@ static int split_on_root(run *R, const double *cf, const double *wait_ms, double
     wait_split w;
     if (rc == PL_OK) rc = wait_split_compute(&R->sc, &meas, R->o->costs_in[0] ? &base : NULL, flops, xfer, ws, &w, err,
                                              sizeof err);
-    if (rc == PL_OK) { print_wait_split(R, &w, json, jlen); wait_split_free(&w); }
+    if (rc == PL_OK) {
+        print_wait_split(R, &w, json, jlen);
+        for (int r = 0; r < R->P && r < 64; r++) { /* ms, for the trace's counters */
+            parts[4 * r] = 1e3 * w.sched_s[r], parts[4 * r + 1] = 1e3 * w.straggler_s[r];
+            parts[4 * r + 2] = 1e3 * w.transfer_s[r], parts[4 * r + 3] = 1e3 * w.other_s[r];
+        }
+        wait_split_free(&w);
+    }
     else pl_error("the wait split: %s%s%s", R->o->costs_in[0] ? R->o->costs_in : "", R->o->costs_in[0] ? ": " : "",
                   err[0] ? err : "out of memory");
     free(flops);
@@ -431,7 +439,8 @@ static int split_on_root(run *R, const double *cf, const double *wait_ms, double
 
 /* The wait split of a benchmark (waitsplit.h): every rank's mean F, B, I, W seconds per chunk
  * and its wait (ms per step) gathered, a message's cost measured (ping-pong, ranks 0 and 1);
- * rank 0 prints the split and puts it into json. Collective. */
+ * rank 0 prints the split and puts it into json; every rank puts its parts on the trace as
+ * counters (up to 64 ranks). Collective. */
 static int report_wait_split(run *R, double wait_ms, char *json, size_t jlen) {
     int V = R->V, S = R->S;
     const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
@@ -452,9 +461,16 @@ static int report_wait_split(run *R, double wait_ms, char *json, size_t jlen) {
     if (R->P > 1 && rc == PL_OK && !buf) rc = PL_ENOMEM;
     if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
     free(buf);
-    if (rc == PL_OK && R->rank == 0) rc = split_on_root(R, all, all + 4 * S, big > 0 ? big : lat, json, jlen);
+    double parts[4 * 64] = {0}, mypart[4];
+    if (rc == PL_OK && R->rank == 0) rc = split_on_root(R, all, all + 4 * S, big > 0 ? big : lat, json, jlen, parts);
     free(all);
-    return comm_agree(R->comm, rc, NULL);
+    PL_TRY(comm_agree(R->comm, rc, NULL));
+    if (R->P > 64) return PL_OK;
+    /* every rank puts its own parts on its track of the trace, as counters */
+    PL_MPI_CHECK(MPI_Scatter(parts, 4, MPI_DOUBLE, mypart, 4, MPI_DOUBLE, 0, R->comm));
+    const char *names[4] = {"wait: schedule ms", "wait: straggler ms", "wait: transfer ms", "wait: other ms"};
+    for (int k = 0; k < 4 && R->eng.tr; k++) trace_counter(R->eng.tr, names[k], mypart[k], pl_now());
+    return PL_OK;
 }
 
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */

@@ -2,7 +2,8 @@
 # test_wait.sh — the wait split of `pipelm bench`: each rank's measured MPI wait is split into
 # the schedule's own wait, a straggler's, the transfers' and the remainder, and the parts add
 # up to the measured wait (text and JSON); a rank slowed on purpose (--slow-rank, test-only)
-# is named as the straggler in both, with its stage, and the ranks that waited for it.
+# is named as the straggler in both, with its stage, and the ranks that waited for it; the
+# parts are on the trace as counters.
 . "$(dirname "$0")/lib.sh"
 cd "$WORK"
 B="--preset tiny --n-layer 3 --batch 8 --seq-len 32 --microbatches 4 --warmup 1 --steps 3 --progress 0"
@@ -32,6 +33,19 @@ if mpirun_t 120 3 bench $B --slow-rank 2 --slow-ms 30 --json w2.json > w2.out 2>
     grep -q "straggler: stage 2 on rank 2: F and B [0-9]*% over cost; ranks 0,1 wait" w2.out && ok "the text names it: $(grep straggler: w2.out)" \
         || bad "straggler line" "$(grep -A5 'wait split' w2.out)"
 else bad "bench with a slow rank" "exit $? $(grep -m1 error w2.out)"; fi
+# the trace carries each rank's parts as counters ("C" events), the straggler's on its track
+if mpirun_t 120 3 bench $B --slow-rank 2 --slow-ms 30 --steps 2 --trace wt.json > wt.out 2>&1 && python3 - wt.json <<'PY'
+import json, sys
+c = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "C"]
+names = {(e["tid"], e["name"]) for e in c}
+for r in range(3):
+    for k in ("schedule", "straggler", "transfer", "other"):
+        assert (r, "wait: %s ms" % k) in names, (r, k, sorted(names))
+st = {e["tid"]: e["args"]["wait: straggler ms"] for e in c if e["name"] == "wait: straggler ms"}
+assert st[0] > 0 and st[1] > 0 and st[2] == 0, st
+PY
+then ok "--trace: the four parts as counters on every rank's track; ranks 0 and 1 wait for the straggler"
+else bad "trace counters" "$(grep -m1 error wt.out)"; fi
 # the V shape: the slow stage's rank is found through the placement (stage 1 and 2 on rank 1)
 if mpirun_t 120 2 bench $B --schedule zb-v --slow-rank 1 --slow-ms 30 --json wv.json > wv.out 2>&1; then
     check "2 ranks, zb-v, rank 1 slowed" wv.json 1
