@@ -131,7 +131,7 @@ echo
 echo "== pipelm tune on the 1f1b/zb-h1 costs of M=$m (batch $m), its top 5 measured; $(uptime | sed 's/.*load/load/')"
 timeout 3600 mpiexec -n "$NP" "$PIPELM" tune --costs "$tmp/all.$m.costs" --batch "$m" --costs-microbatches "$m" --verify 5 \
     -- --preset "$PRESET" --threads 1 > "$tmp/tune.log" 2>&1 || echo "   tune failed: $(tail -n 2 "$tmp/tune.log")"
-grep -E "^tune:|^ +[0-9]+  |^verify" "$tmp/tune.log"
+grep -E "^tune:|^ +#|^ +[1-5] +[0-9.]+ +[0-9.]+%|^verify" "$tmp/tune.log"
 python3 - "$tmp/tune.log" "$tmp/1f1b.$m.json" "$m" <<'EOF'
 import json, re, sys
 v = [(float(a), c) for c, a in re.findall(r"^verify \d+: (.*): measured ([0-9.]+) ms", open(sys.argv[1]).read(), re.M)]
