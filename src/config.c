@@ -108,7 +108,7 @@ static const opt_desc options[] = {
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_INT("chunks-per-rank", chunks, "model chunks V per pipeline rank (virtual stages: P x V stages, stage s on "
           "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
-          "file's, else 1)"),
+          "file's, 2 for zb-v and dualpipev (stages r and 2P-1-r on rank r), else 1)"),
     O_INT("virtual-stages", chunks, "alias of --chunks-per-rank"),
     O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1); "
           "rank r runs stage r / D of replica r % D"),
@@ -953,8 +953,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
                 strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0,
             "--fail-at must be before, during, after, save, nan or stall (got '%s')", o->fail_at);
     REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
-            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipev or "
-            "auto (got '%s')", o->schedule);
+            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
+            "zb-v or dualpipev, or auto (got '%s')", o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
     REQUIRE(strcmp(o->backend, "auto") != 0 || strcmp(o->precision, "bf16") != 0 || backend_find("onednn"),
