@@ -88,11 +88,15 @@ static void name_straggler(const sched *s, const sched_costs *meas, wait_split *
     char who[256] = "";
     double total = 0;
     int wo = 0;
-    for (int r = 0; r < s->P && wo < (int)sizeof who - 16; r++)
-        if (r != r0 && w->straggler_s[r] > 0) {
-            wo += snprintf(who + wo, sizeof who - wo, "%s%d", wo ? "," : "", r);
-            total += w->straggler_s[r];
-        }
+    for (int r = 0; r < s->P && wo < (int)sizeof who - 32; r++) { /* runs of ranks as "0-1", "3" */
+        if (r == r0 || !(w->straggler_s[r] > 0)) continue;
+        int e = r;
+        while (e + 1 < s->P && e + 1 != r0 && w->straggler_s[e + 1] > 0) e++;
+        for (int k = r; k <= e; k++) total += w->straggler_s[k];
+        wo += e > r ? snprintf(who + wo, sizeof who - wo, "%s%d-%d", wo ? "," : "", r, e)
+                    : snprintf(who + wo, sizeof who - wo, "%s%d", wo ? "," : "", r);
+        r = e;
+    }
     snprintf(w->why, sizeof w->why, "stage %d on rank %d: %s %.0f%% over cost; %s%s wait %.1f ms for it", st, r0, list,
              100.0 * w->over[st], wo ? "ranks " : "no rank", who, 1e3 * total);
 }
