@@ -5,7 +5,8 @@
 #   bench/schedules.sh [PIPELM]     (env: NP=2, M="8 16", V=2, PRESET=tutorial, STEPS=4, WARMUP=1)
 #
 # For each M: `pipelm bench` runs the one-rank baseline (1f1b on 1 rank), gpipe, 1f1b and
-# zb-h1, and interleaved-1f1b, looped-bfs and interleaved-zb with V chunks per rank, all with
+# zb-h1, interleaved-1f1b, looped-bfs and interleaved-zb with V chunks per rank, and zb-v and
+# dualpipev (two chunks per rank in a V), all with
 # --costs-out (one thread per rank). The costs file of the one-chunk schedules takes F and B
 # from the 1f1b run and I and W from the zb-h1 run; that of the chunked ones, per global
 # stage, F and B from interleaved-1f1b and I and W from interleaved-zb. `pipelm schedule
@@ -15,7 +16,9 @@
 # share of P x the one-rank throughput, and per rank the micro-batches held at most
 # (measured, with the schedule's bound in brackets) and their activation MB (measured, and
 # predicted from the costs file's per-stage bytes). P > the cores
-# oversubscribes them: such rows are marked. A report, not a test: it always exits 0.
+# oversubscribes them: such rows are marked. Then `pipelm tune` on the largest M's shared
+# costs, its top five measured (--verify), the first pick against the best of them and the
+# default 1f1b. A report, not a test: it always exits 0.
 
 PIPELM=${PIPELM:-${1:-./build/pipelm}}
 NP=${NP:-2}
@@ -26,6 +29,7 @@ STEPS=${STEPS:-4}
 WARMUP=${WARMUP:-1}
 SCHEDS="gpipe 1f1b zb-h1"
 CHUNKED="interleaved-1f1b looped-bfs interleaved-zb"
+VSHAPED="zb-v dualpipev" # two chunks per rank in a V
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/schedules.XXXXXX") || exit 0
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -63,14 +67,16 @@ for m in $MS; do
     run one "$m" 1 --schedule 1f1b
     for s in $SCHEDS; do run "$s" "$m" "$NP" --schedule "$s"; done
     for s in $CHUNKED; do run "$s" "$m" "$NP" --schedule "$s" --chunks-per-rank "$V"; done
+    for s in $VSHAPED; do run "$s" "$m" "$NP" --schedule "$s"; done
     merge "$tmp/1f1b.$m.costs" "$tmp/zb-h1.$m.costs" "$tmp/all.$m.costs"
     merge "$tmp/interleaved-1f1b.$m.costs" "$tmp/interleaved-zb.$m.costs" "$tmp/chunks.$m.costs"
     # each schedule predicted twice: from the shared file (what a user would do before running
     # it) and from its own run's costs (I and W, or B, filled from the shared file)
-    for s in $SCHEDS $CHUNKED; do
+    for s in $SCHEDS $CHUNKED $VSHAPED; do
         shared=$tmp/all.$m.costs v=1
         case " $CHUNKED " in *" $s "*) shared=$tmp/chunks.$m.costs v=$V ;; esac
-        case $s in zb-h1|interleaved-zb) merge "$tmp/$s.$m.costs" "$tmp/$s.$m.costs" "$tmp/own.$s.$m.costs" ;;
+        case " $VSHAPED " in *" $s "*) v=2 ;; esac # the per-rank file, scaled to 1/2 per chunk
+        case $s in zb-h1|interleaved-zb|zb-v) merge "$tmp/$s.$m.costs" "$tmp/$s.$m.costs" "$tmp/own.$s.$m.costs" ;;
                    *) merge "$tmp/$s.$m.costs" "$shared" "$tmp/own.$s.$m.costs" ;; esac
         "$PIPELM" schedule --stages "$NP" --chunks-per-rank "$v" --microbatches "$m" --schedule "$s" \
             --costs "$shared" --grid no > "$tmp/$s.$m.pred" 2>&1
@@ -79,7 +85,7 @@ for m in $MS; do
     done
 done
 
-python3 - "$tmp" "$NP" "$MS" "$SCHEDS $CHUNKED" "$over" <<'EOF'
+python3 - "$tmp" "$NP" "$MS" "$SCHEDS $CHUNKED $VSHAPED" "$over" <<'EOF'
 import json, re, sys
 tmp, NP, Ms, scheds, over = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
 print()
@@ -116,5 +122,27 @@ for m in Ms:
     if o:
         print("%-16s %2s %4s %12.1f   (one rank, 1f1b: %.0f tokens/s, %.0f act MB)" % ("one rank", 1, m,
               o["step_ms"]["median"], o["tokens_per_s"], o["stages"][0]["act_mb_peak"]))
+EOF
+
+# the tuner: its top five for the shared costs of the largest M, each measured (tune --verify),
+# its first pick against the best measured of them and against the default command (1f1b)
+m=${MS##* }
+echo
+echo "== pipelm tune on the 1f1b/zb-h1 costs of M=$m (batch $m), its top 5 measured; $(uptime | sed 's/.*load/load/')"
+timeout 3600 mpiexec -n "$NP" "$PIPELM" tune --costs "$tmp/all.$m.costs" --batch "$m" --costs-microbatches "$m" --verify 5 \
+    -- --preset "$PRESET" --threads 1 > "$tmp/tune.log" 2>&1 || echo "   tune failed: $(tail -n 2 "$tmp/tune.log")"
+grep -E "^tune:|^ +#|^ +[1-5] +[0-9.]+ +[0-9.]+%|^verify" "$tmp/tune.log"
+python3 - "$tmp/tune.log" "$tmp/1f1b.$m.json" "$m" <<'EOF'
+import json, re, sys
+v = [(float(a), c) for c, a in re.findall(r"^verify \d+: (.*): measured ([0-9.]+) ms", open(sys.argv[1]).read(), re.M)]
+if v:
+    best = min(v)
+    print("first pick measured %.1f ms, best of the top %d %.1f ms (%s): first / best = %.3f" % (v[0][0], len(v),
+          best[0], best[1], v[0][0] / best[0]))
+    try:
+        d = json.load(open(sys.argv[2]))["step_ms"]["median"]
+        print("default command (1f1b, M=%s) measured %.1f ms: first pick / default = %.3f" % (sys.argv[3], d, v[0][0] / d))
+    except (OSError, ValueError, KeyError):
+        pass
 EOF
 exit 0

@@ -201,7 +201,8 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
                 r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
                 s[8], s[9], (int)s[10], (int)s[11], s[12]);
     }
-    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d}\n", g->D, br->zero, g->V);
+    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d", g->D, br->zero, g->V);
+    fprintf(f, "%s%s}\n", br->extra_json ? "," : "", br->extra_json ? br->extra_json : "");
 }
 
 /* The results as a CSV header and one row (the per-rank figures as their maxima). */

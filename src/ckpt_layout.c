@@ -84,6 +84,27 @@ const param_tensor *ckpt_written_tensor(const stage *st, const optim *opt, const
     return t && !t->tied_copy && i % D == d ? t : NULL;
 }
 
+/* The second tensor of this stage with t's kind and layer, or NULL: a stage that holds both
+ * ends of a tied embedding as two chunks (the V placement's rank 0) keeps the head's copy of
+ * wte beside wte itself, and a read fills both. */
+const param_tensor *ckpt_tied_twin(const stage *st, const param_tensor *t) {
+    for (int i = 0; t && i < st->ntensors; i++)
+        if (&st->tensors[i] != t && st->tensors[i].kind == t->kind && st->tensors[i].layer == t->layer)
+            return &st->tensors[i];
+    return NULL;
+}
+
+/* Copy a dataset just read into t's host view (src) into t's twin, if the stage has one. */
+int ckpt_fill_twin(const backend *be, float *base, const stage *st, const param_tensor *t, const void *src,
+                   const char *dpath, h5ctx *cx) {
+    const param_tensor *tw = ckpt_tied_twin(st, t);
+    if (!tw || !src) return PL_OK;
+    ckpt_view v = {NULL, NULL, 0};
+    PL_TRY(ckpt_view_map(be, base, tw, PL_MAP_WRITE, dpath, &v, cx));
+    memcpy(v.host, src, tw->numel * sizeof(float));
+    return ckpt_view_unmap(be, PL_MAP_WRITE, dpath, &v, cx);
+}
+
 /* A host view of one tensor of a section, for one dataset: map (mode PL_MAP_READ to write
  * the file from it, PL_MAP_WRITE to read the file into it) and unmap, with the same p,
  * bytes and mode. A failure names the backend, the dataset and be->error(). */

@@ -193,6 +193,7 @@ int ckpt_load(const char *path, stage *st, optim *opt, ckpt_meta *meta, MPI_Comm
             int r2 = t && base ? ckpt_view_map(be, base, t, PL_MAP_WRITE, dpath, &v, use) : PL_OK;
             int r3 = read_dataset(f, dpath, g, v.host, xfer, dxpl, s == 2, r2 == PL_OK ? use : &later);
             if (r3 == PL_OK && v.host) mybytes += (double)t->numel * sizeof(float);
+            if (r3 == PL_OK && v.host) r3 = ckpt_fill_twin(be, base, st, t, v.host, dpath, use);
             if (r2 == PL_OK) r2 = r3;
             r3 = ckpt_view_unmap(be, PL_MAP_WRITE, dpath, &v, r2 == PL_OK ? use : &later);
             if (r2 == PL_OK) r2 = r3;

@@ -103,11 +103,12 @@ static const opt_desc options[] = {
           "(whole blocks); or one per stage, comma-separated (default none)"),
     O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split) | "
           "interleaved-1f1b | looped-bfs | interleaved-zb (with --chunks-per-rank V; `pipelm schedule --help` "
-          "gives each one's constraints)"),
+          "gives each one's constraints) | zb-v | dualpipev (2 chunks per rank in a V) | auto (the fastest for "
+          "--costs-in FILE, measured with this --microbatches: schedule, M and V chosen by pipelm tune's search)"),
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_INT("chunks-per-rank", chunks, "model chunks V per pipeline rank (virtual stages: P x V stages, stage s on "
           "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
-          "file's, else 1)"),
+          "file's, 2 for zb-v and dualpipev (stages r and 2P-1-r on rank r), else 1)"),
     O_INT("virtual-stages", chunks, "alias of --chunks-per-rank"),
     O_INT("dp", dp, "data-parallel replicas D of the pipeline (0: world size / --stages, else 1; auto: the most "
           "replicas whose stage fits the memory, batch and model); rank r runs stage r / D of replica r % D"),
@@ -151,6 +152,10 @@ static const opt_desc options[] = {
     O_BENCH("costs-out", OPT_STR, costs_out, "(bench) write the measured F/B/I/W seconds per stage and message costs "
             "to FILE, for `pipelm schedule --costs`"),
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
+    O_STR("costs-in", costs_in, "a costs file (bench --costs-out): what bench's wait split judges each stage's "
+          "actions by (default: the stages' median cost per FLOP), and what --schedule auto searches with"),
+    O_INT("slow-rank", slow_rank, "(testing) pipeline rank whose every F, B, I and W runs --slow-ms longer"),
+    O_DBL("slow-ms", slow_ms, "(testing) the milliseconds --slow-rank adds to each of its actions"),
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
     O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
@@ -221,6 +226,7 @@ void config_defaults(pl_options *o) {
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
+    o->slow_rank = -1;
     snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
     env_aliases(o);
@@ -958,9 +964,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
                 strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0,
             "--fail-at must be before, during, after, save, nan or stall (got '%s')", o->fail_at);
-    REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "zb-v") == 0, /* zb-v: sched.c says why not */
-            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb (got '%s')",
-            o->schedule);
+    REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
+            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
+            "zb-v or dualpipev, or auto (got '%s')", o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
     REQUIRE(strcmp(o->backend, "auto") != 0 || strcmp(o->precision, "bf16") != 0 || backend_find("onednn"),

@@ -2,9 +2,12 @@
  * engine.c — the per-rank action interpreter of a pipeline schedule.
  *
  * Every action names a global stage s; this rank runs it as chunk c = s / P. Activations go
- * from stage s to s + 1 on rank (s + 1) mod P and gradients from s to s - 1, so with one
- * chunk per rank the peers are rank +- 1, and with V chunks the last rank's output of chunk c
- * goes to rank 0's chunk c + 1. Each (chunk, micro-batch) owns its receive and send buffers.
+ * from stage s to s + 1 and gradients from s to s - 1, on the ranks the schedule's placement
+ * names (sched.h): in the loop placement stage s is on rank s mod P, so with one chunk per
+ * rank the peers are rank +- 1, and with V chunks the last rank's output of chunk c goes to
+ * rank 0's chunk c + 1; in the V placement stages P - 1 and P are both on rank P - 1, which
+ * hands the activation (and the gradient) from one chunk to the other by a copy, with no
+ * message. Each (chunk, micro-batch) owns its receive and send buffers.
  *
  * MPI never touches backend memory directly: every buffer a message reads or fills is a host
  * view from the backend's map (the buffer itself on a host backend, a staged copy on a
@@ -16,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/engine.h"
@@ -28,8 +32,17 @@ static int msg_tag(const engine *e, int dir, long step, int s_recv, int mb) {
 /* Evaluation messages sit above every training tag. */
 static int eval_tag(const engine *e, int s_recv, int mb) { return (4 * e->S + s_recv) * e->M + mb; }
 
-/* The rank of global stage s. */
-static int rank_of(const engine *e, int s) { return s % e->P; }
+/* The rank of global stage s (the schedule's placement). */
+static int rank_of(const engine *e, int s) { return sched_place_rank(e->sc->place, e->P, s); }
+
+/* The global stage this rank runs as chunk c. */
+static int stage_of(const engine *e, int c) { return sched_place_stage(e->sc->place, e->P, e->rank, c); }
+
+/* 1 if stages a and a + 1 both run on this rank in a V placement: a copy, no message. */
+static int local_edge(const engine *e, int a) {
+    return e->sc->place == SCHED_PLACE_V && a >= 0 && a + 1 < e->S && rank_of(e, a) == e->rank &&
+           rank_of(e, a + 1) == e->rank;
+}
 
 int engine_init(engine *e, stage *st, int V, const sched *sc, MPI_Comm comm, char *err, size_t errlen) {
     memset(e, 0, sizeof *e);
@@ -81,7 +94,7 @@ int engine_init(engine *e, stage *st, int V, const sched *sc, MPI_Comm comm, cha
     for (int c = 0; c < V; c++) {
         const stage *cs = &st[c];
         size_t slice = (size_t)cs->N * cs->cfg.C * sizeof(float);
-        int s = c * e->P + e->rank, first = s == 0, last = s == e->S - 1, rc = PL_OK;
+        int s = stage_of(e, c), first = s == 0, last = s == e->S - 1, rc = PL_OK;
         void *p = NULL;
         if (!first && (rc = cs->be->alloc(&p, M * slice)) == PL_OK) e->recv_f[c] = p;
         if (!last && rc == PL_OK && (rc = cs->be->alloc(&p, M * slice)) == PL_OK) e->recv_b[c] = p;
@@ -124,6 +137,13 @@ void engine_reset_costs(engine *e) {
     memset(e->n_op, 0, sizeof e->n_op);
     if (e->t_opc) memset(e->t_opc, 0, sizeof(double) * (size_t)e->V * SCHED_NOPS);
     if (e->n_opc) memset(e->n_opc, 0, sizeof(long) * (size_t)e->V * SCHED_NOPS);
+}
+
+/* The test-only slow rank: sleep inside the action's timed span (engine_set_slow). */
+static void slow_down(const engine *e) {
+    if (e->slow_s <= 0) return;
+    struct timespec ts = {(time_t)e->slow_s, (long)((e->slow_s - (double)(time_t)e->slow_s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {}
 }
 
 /* Charge [t0, t1) to op on chunk c. */
@@ -191,13 +211,13 @@ static int chunk_of(const engine *e, long step, const sched_action *a) {
         pl_error("step %ld: action %s names stage %d, which rank %d does not run", step, name, a->stage, e->rank);
         return -1;
     }
-    return a->stage / e->P;
+    return sched_place_chunk(e->sc->place, e->P, a->stage);
 }
 
 /* Run one F of chunk c: wait for its input, forward it into the micro-batch's slot. */
 static int run_forward(engine *e, long step, int c, int m, const int *inputs, const int *targets, float dloss) {
     stage *st = &e->st[c];
-    int s = c * e->P + e->rank, slot, rows = st->Bm * st->T;
+    int s = stage_of(e, c), slot, rows = st->Bm * st->T;
     size_t slice = (size_t)st->N * st->cfg.C, k = (size_t)c * e->M + m;
     /* the LM head's weight gradient is added inside the last stage's forward */
     if (st->has_head && dloss > 0.0f && m != e->next_f[c]) {
@@ -205,7 +225,7 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
                  "(micro-batch %d is next); refusing to run it", step, s, m, e->next_f[c]);
         return PL_EINVAL;
     }
-    if (s > 0) {
+    if (s > 0 && !local_edge(e, s - 1)) { /* a local input was copied in by stage s - 1's F */
         PL_TRY(timed_wait(e, &e->rq_f[k], "wait recv F", SCHED_RECV_F, s, m, rank_of(e, s - 1), step));
         PL_TRY(unview(e, HV_RF, c, m, e->recv_f[c] + m * slice, slice));
     }
@@ -214,7 +234,12 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
     PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                          s > 0 ? e->recv_f[c] + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                          dloss, &e->mb_loss[m], &slot));
+    if (local_edge(e, s)) { /* the next stage is this rank's: its input is this output */
+        int cn = sched_place_chunk(e->sc->place, e->P, s + 1);
+        PL_TRY(st->be->copy(e->recv_f[cn] + m * slice, stage_output(st, slot), slice * sizeof(float)));
+    }
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_fwd += t1 - t0;
     charge(e, c, SCHED_F, t0, t1);
@@ -239,7 +264,7 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
  * micro-batch order. */
 static int run_backward(engine *e, long step, int c, int m, sched_op op) {
     stage *st = &e->st[c];
-    int s = c * e->P + e->rank, whole = op == SCHED_B;
+    int s = stage_of(e, c), whole = op == SCHED_B;
     size_t slice = (size_t)st->N * st->cfg.C, k = (size_t)c * e->M + m;
     int slot = stage_slot_of(st, m);
     const char *name = whole ? "B" : "I";
@@ -252,7 +277,7 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
                  "(micro-batch %d is next); refusing to run it", step, s, m, e->next_b[c]);
         return PL_EINVAL;
     }
-    if (s < e->S - 1) {
+    if (s < e->S - 1 && !local_edge(e, s)) { /* a local gradient was copied in by stage s + 1 */
         PL_TRY(timed_wait(e, &e->rq_b[k], "wait recv B", SCHED_RECV_B, s, m, rank_of(e, s + 1), step));
         PL_TRY(unview(e, HV_RB, c, m, e->recv_b[c] + m * slice, slice));
     }
@@ -264,10 +289,14 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
     double t0 = pl_now();
     const float *dout = s < e->S - 1 ? e->recv_b[c] + m * slice : NULL;
     PL_TRY(whole ? stage_backward(st, slot, dout) : stage_backward_input(st, slot, dout));
-    if (s > 0) PL_TRY(st->be->copy(e->send_b[c] + m * slice, stage_dinput(st), slice * sizeof(float)));
+    if (s > 0 && local_edge(e, s - 1)) { /* the previous stage is this rank's: straight into its input */
+        int cp = sched_place_chunk(e->sc->place, e->P, s - 1);
+        PL_TRY(st->be->copy(e->recv_b[cp] + m * slice, stage_dinput(st), slice * sizeof(float)));
+    } else if (s > 0) PL_TRY(st->be->copy(e->send_b[c] + m * slice, stage_dinput(st), slice * sizeof(float)));
     e->b_done[k] = 1;
     if (whole) e->next_b[c]++;
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, op, t0, t1);
@@ -282,7 +311,7 @@ static int run_backward(engine *e, long step, int c, int m, sched_op op) {
 /* Run one W of chunk c: the weight part of a micro-batch whose I has run, in micro-batch order. */
 static int run_weight(engine *e, long step, int c, int m) {
     stage *st = &e->st[c];
-    int s = c * e->P + e->rank, slot = stage_slot_of(st, m);
+    int s = stage_of(e, c), slot = stage_slot_of(st, m);
     if (slot < 0 || !e->b_done[(size_t)c * e->M + m]) {
         pl_error("step %ld: schedule runs %dW%d before its %s", step, s, m, slot < 0 ? "forward" : "input part (I)");
         return PL_EINVAL;
@@ -297,6 +326,7 @@ static int run_weight(engine *e, long step, int c, int m) {
     PL_TRY(stage_backward_weight(st, slot));
     e->next_b[c]++;
     PL_TRY(st->be->synchronize());
+    slow_down(e);
     double t1 = pl_now();
     e->t_bwd += t1 - t0;
     charge(e, c, SCHED_W, t0, t1);
@@ -342,14 +372,14 @@ static int post_receives(engine *e, long step) {
 static int finish_sends(engine *e, long step) {
     for (int c = 0; c < e->V; c++) {
         stage *st = &e->st[c];
-        int s = c * e->P + e->rank;
+        int s = stage_of(e, c);
         size_t slice = (size_t)st->N * st->cfg.C;
         for (int m = 0; m < e->M; m++) {
             size_t k = (size_t)c * e->M + m;
             if (e->sq_f[k] != MPI_REQUEST_NULL)
                 PL_TRY(timed_wait(e, &e->sq_f[k], "wait send F", SCHED_SEND_F, s, m, rank_of(e, s + 1), step));
             if (e->sq_b[k] != MPI_REQUEST_NULL)
-                PL_TRY(timed_wait(e, &e->sq_b[k], "wait send B", SCHED_SEND_B, s, m, rank_of(e, s + e->S - 1), step));
+                PL_TRY(timed_wait(e, &e->sq_b[k], "wait send B", SCHED_SEND_B, s, m, rank_of(e, s > 0 ? s - 1 : 0), step));
             /* a send F's slot may be gone (its B ran): its view is only released here */
             void **h = hv_at(e, HV_SF, c, m);
             if (*h) {
@@ -372,7 +402,7 @@ static int finish_sends(engine *e, long step) {
 /* SEND_F or SEND_B of (chunk c, micro-batch m): post the non-blocking send. */
 static int run_send(engine *e, long step, int c, int m, sched_op op) {
     stage *st = &e->st[c];
-    int s = c * e->P + e->rank;
+    int s = stage_of(e, c);
     size_t slice = (size_t)st->N * st->cfg.C, k = (size_t)c * e->M + m;
     void *h;
     if (op == SCHED_SEND_F) {
@@ -447,18 +477,17 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
 /* Forward of every micro-batch through every stage, in (micro-batch, stage) order: each rank
  * meets its own stages in that order, so the blocking waits below cannot deadlock. */
 int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_sum) {
-    int r = e->rank;
     double sum = 0.0;
     for (int m = 0; m < e->M; m++)
         for (int c = 0; c < e->V; c++) {
             stage *st = &e->st[c];
-            int s = c * e->P + r, slot, rows = st->N;
+            int s = stage_of(e, c), slot, rows = st->N;
             size_t slice = (size_t)st->N * st->cfg.C;
             double l = 0.0;
             MPI_Request rq = MPI_REQUEST_NULL;
-            comm_what w = {"evaluation forward input", rank_of(e, s + e->S - 1), m, -1};
+            comm_what w = {"evaluation forward input", rank_of(e, s > 0 ? s - 1 : 0), m, -1};
             void *h;
-            if (s > 0) {
+            if (s > 0 && !local_edge(e, s - 1)) { /* a local input was copied in just before */
                 PL_TRY(view(e, HV_RF, c, 0, e->recv_f[c], slice, &h));
                 PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, rank_of(e, s - 1), eval_tag(e, s, m), e->comm, &rq));
                 PL_TRY(comm_wait(&rq, &w));
@@ -467,7 +496,10 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
             PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
                                  s > 0 ? e->recv_f[c] : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                                  0.0f, &l, &slot));
-            if (s < e->S - 1) {
+            if (local_edge(e, s)) {
+                int cn = sched_place_chunk(e->sc->place, e->P, s + 1);
+                PL_TRY(st->be->copy(e->recv_f[cn], stage_output(st, slot), slice * sizeof(float)));
+            } else if (s < e->S - 1) {
                 w.what = "evaluation forward output";
                 w.peer = rank_of(e, s + 1);
                 PL_TRY(view(e, HV_SF, c, 0, stage_output(st, slot), slice, &h));
@@ -482,6 +514,9 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
     *loss_sum = sum;
     return PL_OK;
 }
+
+/* The test-only slow rank (engine.h). */
+void engine_set_slow(engine *e, double ms) { e->slow_s = ms > 0 ? ms / 1e3 : 0.0; }
 
 /* The test-only faults (engine.h). */
 void engine_set_faults(engine *e, int fail_rank, int fail_step, int during) {

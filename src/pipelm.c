@@ -18,6 +18,7 @@
 #include "pipelm/sched.h"
 #include "pipelm/sched_cost.h"
 #include "pipelm/train.h"
+#include "pipelm/tune.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -29,6 +30,7 @@ static void usage(FILE *out) {
             "  generate   sample from a model through the pipeline stages, with a KV cache per stage\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
+            "  tune       the fastest schedule x micro-batches x chunks for measured costs (bench --costs-out)\n"
             "  convert    llm.c model file <-> pipelm HDF5 checkpoint (pipelm convert IN OUT)\n"
             "  inspect    print a checkpoint's metadata and tensors, verify every checksum\n\n"
             "  pipelm <command> --help   options of a command\n"
@@ -176,7 +178,7 @@ static int schedule_get(const char *in, const char *name, int P, int V, int M, d
         pl_error("schedule: --stages and --microbatches must be positive integers");
         return 2;
     }
-    if (sched_build_chunks(name, P, V > 0 ? V : 1, M, s, err, sizeof err) != PL_OK) {
+    if (sched_build_chunks(name, P, V > 0 ? V : sched_default_chunks(name), M, s, err, sizeof err) != PL_OK) {
         pl_error("schedule: %s", err);
         return 2;
     }
@@ -199,9 +201,11 @@ static void schedule_usage(void) {
            "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
            "model cut into P*V stages, stage s on rank s mod P (cells then read \"5F3\": stage 5's\n"
            "forward of micro-batch 3). Schedules and what they need of M (P ranks, V chunks):\n");
-    const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb" };
-    for (int k = 0; k < 6; k++)
-        printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : "any V; ", sched_constraint(names[k]));
+    const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v",
+                            "dualpipev" };
+    for (int k = 0; k < 8; k++)
+        printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : k < 6 ? "any V; " : "V = 2 (the default), stages r and "
+               "2P-1-r on rank r; ", sched_constraint(names[k]));
     printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
            "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
            "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
@@ -362,6 +366,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
     if (strcmp(argv[1], "eval") == 0) return eval_main(argc, argv, comm, abort_needed);
     if (strcmp(argv[1], "generate") == 0) return generate_main(argc, argv, comm, 0, abort_needed);
+    if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv, 2, comm);
     if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
     if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
     int bench = strcmp(argv[1], "bench") == 0;

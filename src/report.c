@@ -21,6 +21,7 @@
 #include "pipelm/files.h"
 #include "pipelm/run.h"
 #include "pipelm/trace.h"
+#include "pipelm/waitsplit.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
  * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */
@@ -62,7 +63,11 @@ void report_stage_table(run *R) {
     R->be->describe(bdesc, sizeof bdesc);
     pl_info("backend: %s, precision %s%s\n", bdesc, R->o->precision,
             strcmp(R->o->backend, "auto") == 0 ? " (chosen by --backend auto)" : "");
-    if (R->V > 1)
+    if (R->V > 1 && R->sc.place == SCHED_PLACE_V)
+        pl_info("pipeline: %d stages = %d ranks x %d chunks (V-shaped: stages r and %d-r on rank r), schedule %s, %d "
+                "micro-batch%s of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->S - 1, R->sc.name, R->M,
+                R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
+    else if (R->V > 1)
         pl_info("pipeline: %d stages = %d ranks x %d chunks (stage s on rank s mod %d), schedule %s, %d micro-batch%s "
                 "of %d x %d tokens, split %s\n", R->S, R->P, R->V, R->P, R->sc.name, R->M, R->M > 1 ? "es" : "", Bm,
                 R->T, R->o->split);
@@ -79,7 +84,7 @@ void report_stage_table(run *R) {
         double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
         static const char *const rc_name[] = {"none", "selective", "full"};
         int mode = R->rc_modes ? R->rc_modes[s] : 0;
-        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, s % R->P, blocks, parts,
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, sched_stage_rank(&R->sc, s), blocks, parts,
                 split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight_stage(&R->sc, s),
                 rc_name[mode]);
     }
@@ -151,7 +156,8 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
                      "value, first in %s, %s; stopping all ranks", step, loss, norm, at, names[ps],
                      nonfinite_cause(all[3 * ps + 2]));
         } else if (nw->fwd_stage >= 0) {
-            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : (nw->fwd_stage % R->P) * R->D, at, sizeof at);
+            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : sched_stage_rank(&R->sc, nw->fwd_stage) * R->D, at,
+                       sizeof at);
             pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of global "
                      "stage %d on %s, micro-batch %d, whose weights are finite everywhere: the activations "
                      "overflowed; stopping all ranks (try a lower --lr or --grad-clip)", step, loss, norm,
@@ -173,7 +179,7 @@ void report_norm_slot(const run *R, int slot, char *buf, size_t len) {
     else {
         int l = slot - 1, s = 0;
         while (s < R->S - 1 && l >= R->sp.first[s] + R->sp.blocks[s]) s++;
-        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, s % R->P);
+        snprintf(buf, len, "block %d (stage %d, rank %d)", l, s, sched_stage_rank(&R->sc, s));
     }
 }
 /* Gather every rank's timers (ms per step over the interval) and print min/median/max. */
@@ -329,7 +335,8 @@ static int report_costs(run *R) {
         /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
         for (int k = 0; cols && k < 6; k++)
             for (int r = 0; r < R->P; r++)
-                for (int ch = 0; ch < V; ch++) cols[k * S + ch * R->P + r] = all[(size_t)r * 6 * V + ch * 6 + k];
+                for (int ch = 0; ch < V; ch++)
+                    cols[k * S + sched_place_stage(R->sc.place, R->P, r, ch)] = all[(size_t)r * 6 * V + ch * 6 + k];
         if (cols) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
@@ -355,6 +362,115 @@ static int report_costs(run *R) {
     }
     free(all);
     return comm_agree(R->comm, rc, NULL);
+}
+
+/* The wait split's lines, printed under the benchmark table (rank 0). */
+static char split_text[8192];
+
+/* Rank 0: the wait split and its straggler as text (split_text) and as JSON into json. */
+static void print_wait_split(const run *R, const wait_split *w, char *json, size_t jlen) {
+    int to = snprintf(split_text, sizeof split_text, "  wait split (ms per step): measured = schedule + straggler + "
+                      "transfer + other\n");
+    int off = snprintf(json, jlen, "\"wait_split\":{\"ranks\":[");
+    for (int r = 0; r < R->P; r++) {
+        if (to < (int)sizeof split_text - 128)
+            to += snprintf(split_text + to, sizeof split_text - to, "    rank %d: %8.2f = %8.2f + %8.2f + %8.2f + %8.2f\n",
+                           r, 1e3 * w->measured_s[r], 1e3 * w->sched_s[r], 1e3 * w->straggler_s[r],
+                           1e3 * w->transfer_s[r], 1e3 * w->other_s[r]);
+        if (off < (int)jlen - 200)
+            off += snprintf(json + off, jlen - off, "%s{\"rank\":%d,\"measured_ms\":%.3f,\"schedule_ms\":%.3f,"
+                            "\"straggler_ms\":%.3f,\"transfer_ms\":%.3f,\"other_ms\":%.3f}", r ? "," : "", r,
+                            1e3 * w->measured_s[r], 1e3 * w->sched_s[r], 1e3 * w->straggler_s[r],
+                            1e3 * w->transfer_s[r], 1e3 * w->other_s[r]);
+    }
+    if (off < (int)jlen - 100) off += snprintf(json + off, jlen - off, "],\"over_cost\":[");
+    for (int st = 0; st < w->S && off < (int)jlen - 40; st++)
+        off += snprintf(json + off, jlen - off, "%s%.4f", st ? "," : "", w->over[st]);
+    if (w->worst >= 0 && to < (int)sizeof split_text - 600)
+        snprintf(split_text + to, sizeof split_text - to, "  straggler: %s\n", w->why);
+    if (off < (int)jlen - 64 - (int)strlen(w->why))
+        snprintf(json + off, jlen - off, "],\"straggler_stage\":%d,\"straggler_rank\":%d,\"straggler\":\"%s\"}",
+                 w->worst, w->worst >= 0 ? sched_stage_rank(&R->sc, w->worst) : -1, w->why);
+}
+
+/* Rank 0: the measured costs of the S stages (from every rank's chunks, cf[r][c][F B I W]),
+ * the baseline (--costs-in, or NULL) and the split; parts[4 r ..] rank r's four parts in ms. */
+static int split_on_root(run *R, const double *cf, const double *wait_ms, double xfer, char *json, size_t jlen,
+                         double *parts) {
+    int S = R->S, V = R->V;
+    sched_costs meas, base;
+    memset(&base, 0, sizeof base);
+    PL_TRY(sched_costs_alloc(&meas, S));
+    double *flops = malloc(sizeof(double) * (size_t)(S + R->P)), *ws = flops ? flops + S : NULL;
+    int rc = flops ? PL_OK : PL_ENOMEM;
+    for (int r = 0; rc == PL_OK && r < R->P; r++) {
+        ws[r] = wait_ms[r] / 1e3;
+        for (int c = 0; c < V; c++) {
+            int st = sched_place_stage(R->sc.place, R->P, r, c);
+            const double *v = cf + ((size_t)r * V + c) * 4;
+            meas.f[st] = v[0], meas.b[st] = v[1], meas.i[st] = v[2], meas.w[st] = v[3];
+        }
+    }
+    for (int st = 0; rc == PL_OK && st < S; st++) flops[st] = split_stage_flops(&R->sp, &R->cfg, st, R->T);
+    char err[1024] = "";
+    if (rc == PL_OK && R->o->costs_in[0]) {
+        FILE *f = NULL;
+        rc = pl_open_input(R->o->costs_in, "costs file", 1 << 24, &f, err, sizeof err);
+        if (rc == PL_OK) { rc = sched_costs_read(f, &base, err, sizeof err); fclose(f); }
+    }
+    wait_split w;
+    if (rc == PL_OK) rc = wait_split_compute(&R->sc, &meas, R->o->costs_in[0] ? &base : NULL, flops, xfer, ws, &w, err,
+                                             sizeof err);
+    if (rc == PL_OK) {
+        print_wait_split(R, &w, json, jlen);
+        for (int r = 0; r < R->P && r < 64; r++) { /* ms, for the trace's counters */
+            parts[4 * r] = 1e3 * w.sched_s[r], parts[4 * r + 1] = 1e3 * w.straggler_s[r];
+            parts[4 * r + 2] = 1e3 * w.transfer_s[r], parts[4 * r + 3] = 1e3 * w.other_s[r];
+        }
+        wait_split_free(&w);
+    }
+    else pl_error("the wait split: %s%s%s", R->o->costs_in[0] ? R->o->costs_in : "", R->o->costs_in[0] ? ": " : "",
+                  err[0] ? err : "out of memory");
+    free(flops);
+    sched_costs_free(&meas);
+    sched_costs_free(&base);
+    return rc;
+}
+
+/* The wait split of a benchmark (waitsplit.h): every rank's mean F, B, I, W seconds per chunk
+ * and its wait (ms per step) gathered, a message's cost measured (ping-pong, ranks 0 and 1);
+ * rank 0 prints the split and puts it into json; every rank puts its parts on the trace as
+ * counters (up to 64 ranks). Collective. */
+static int report_wait_split(run *R, double wait_ms, char *json, size_t jlen) {
+    int V = R->V, S = R->S;
+    const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
+    double *mine = malloc(sizeof(double) * 4 * V), *all = R->rank == 0 ? malloc(sizeof(double) * (4 * S + R->P)) : NULL;
+    if (!mine || (R->rank == 0 && !all)) { free(mine); free(all); return PL_ENOMEM; }
+    for (int c = 0; c < V; c++)
+        for (int k = 0; k < 4; k++) {
+            size_t j = (size_t)c * SCHED_NOPS + ops[k];
+            mine[c * 4 + k] = R->eng.n_opc[j] ? R->eng.t_opc[j] / R->eng.n_opc[j] : 0.0;
+        }
+    int rc = comm_gather(mine, 4 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
+    if (rc == PL_OK) rc = comm_gather(&wait_ms, 1, MPI_DOUBLE, all ? all + 4 * S : NULL, 0, R->comm,
+                                      "the gather of the waits");
+    free(mine);
+    size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
+    double lat = 0, big = 0;
+    char *buf = R->P > 1 && rc == PL_OK ? calloc(bytes, 1) : NULL;
+    if (R->P > 1 && rc == PL_OK && !buf) rc = PL_ENOMEM;
+    if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
+    free(buf);
+    double parts[4 * 64] = {0}, mypart[4];
+    if (rc == PL_OK && R->rank == 0) rc = split_on_root(R, all, all + 4 * S, big > 0 ? big : lat, json, jlen, parts);
+    free(all);
+    PL_TRY(comm_agree(R->comm, rc, NULL));
+    if (R->P > 64) return PL_OK;
+    /* every rank puts its own parts on its track of the trace, as counters */
+    PL_MPI_CHECK(MPI_Scatter(parts, 4, MPI_DOUBLE, mypart, 4, MPI_DOUBLE, 0, R->comm));
+    const char *names[4] = {"wait: schedule ms", "wait: straggler ms", "wait: transfer ms", "wait: other ms"};
+    for (int k = 0; k < 4 && R->eng.tr; k++) trace_counter(R->eng.tr, names[k], mypart[k], pl_now());
+    return PL_OK;
 }
 
 /* Per-rank figures a benchmark gathers at the end (ms per timed step). */
@@ -385,6 +501,9 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[10] = R->eng.inflight_peak;
     mine[11] = sched_max_inflight(&R->sc, R->rank);
     mine[12] = R->eng.act_bytes_peak / 1048576.0;
+    static char split_json[16384];
+    split_json[0] = split_text[0] = 0;
+    if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
@@ -411,18 +530,38 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         char what[64];
         snprintf(what, sizeof what, "%s %s matmul", R->be->name, R->o->precision);
         br.peak_what = strcmp(R->be->name, "cpu") == 0 || R->o->peak_gflops > 0 ? NULL : what;
+        br.extra_json = split_json[0] ? split_json : NULL;
         rc = bench_report(&br, R->o->json, R->o->csv);
+        if (split_text[0]) pl_info("%s", split_text);
         free(all);
     }
     PL_TRY(comm_agree(R->comm, rc, NULL));
     if (R->profiled) PL_TRY(report_op_classes(R, k));
     return R->o->costs_out[0] ? report_costs(R) : PL_OK;
 }
+/* Both ends on this rank as two chunks (the V placement): its wte and the head chunk's copy. */
+static int tied_copies_local(run *R, int *same) {
+    const param_tensor *t = NULL;
+    for (int i = 0; i < R->st.ntensors; i++)
+        if (R->st.tensors[i].tied_copy) t = &R->st.tensors[i];
+    if (!t) return PL_OK;
+    size_t n = t->numel * sizeof(float);
+    void *a = NULL, *b = NULL;
+    int rc = R->be->map(&a, R->st.wte, n, PL_MAP_READ);
+    if (rc == PL_OK) rc = R->be->map(&b, R->st.params + t->offset, n, PL_MAP_READ);
+    if (rc == PL_OK) *same = memcmp(a, b, n) == 0;
+    else pl_error("backend %s: a host view of the tied embedding: %s", R->be->name, stage_error(&R->st));
+    if (b) R->be->unmap(b, R->st.params + t->offset, n, PL_MAP_READ);
+    if (a) R->be->unmap(a, R->st.wte, n, PL_MAP_READ);
+    return rc;
+}
+
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {
     *same = 1;
     if (!arch_of(&R->cfg)->tied) return PL_OK; /* an untied head: nothing to compare */
-    if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
+    if (R->P > 1 && R->st.has_embed && R->st.has_head) PL_TRY(tied_copies_local(R, same)); /* a V's rank 0 */
+    else if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
         size_t n = (size_t)R->cfg.Vp * R->cfg.C;
         float *other = malloc(n * sizeof(float));
         int peer = R->st.has_embed ? 1 : 0; /* rank within the tied communicator */

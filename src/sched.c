@@ -105,10 +105,45 @@ static int sched_alloc(sched *s, const char *name, int P, int V, int M) {
     return PL_OK;
 }
 
-/* append one action of global stage st to its rank st % P (capacity was sized by the
-   caller); with V = 1 the rank is the stage */
+/* the placement map (sched.h): the rank of global stage s */
+int sched_place_rank(int place, int P, int s) {
+    if (P < 1 || s < 0) return -1;
+    int c = s / P, i = s % P;
+    return place == SCHED_PLACE_V && (c & 1) ? P - 1 - i : i;
+}
+
+/* the chunk of global stage s on its rank: s / P in either placement */
+int sched_place_chunk(int place, int P, int s) {
+    (void)place;
+    return P < 1 || s < 0 ? -1 : s / P;
+}
+
+/* the global stage of chunk c on rank r */
+int sched_place_stage(int place, int P, int r, int c) {
+    return c * P + (place == SCHED_PLACE_V && (c & 1) ? P - 1 - r : r);
+}
+
+/* the placement's name, as the dry run and the messages print it */
+const char *sched_place_name(int place) {
+    return place == SCHED_PLACE_LOOP ? "loop" : place == SCHED_PLACE_V ? "v" : NULL;
+}
+
+/* the rank of stage st in schedule s */
+int sched_stage_rank(const sched *s, int st) {
+    return sched_place_rank(s->place, s->P, st);
+}
+
+/* 1 if stages a and a + 1 run on one rank of a V placement (they hand over in memory, no
+   messages); the loop placement keeps its messages even where they go to the same rank (one
+   rank with V chunks), as it always has */
+static int local_edge(const sched *s, int a) {
+    return s->place == SCHED_PLACE_V && a >= 0 && a + 1 < sched_nstages(s) &&
+           sched_stage_rank(s, a) == sched_stage_rank(s, a + 1);
+}
+
+/* append one action of global stage st to its rank (capacity was sized by the caller) */
 static void push(sched *s, int st, sched_op op, int mb) {
-    int r = st % s->P;
+    int r = sched_stage_rank(s, st);
     sched_action *a = &s->acts[r][s->n[r]++];
     a->op = op;
     a->stage = st;
@@ -116,19 +151,20 @@ static void push(sched *s, int st, sched_op op, int mb) {
 }
 
 /* push the forward of mb on stage st with its receive (not on stage 0) and its send
-   (not on the last stage); receive first, send right after the compute */
+   (not on the last stage); receive first, send right after the compute; none across a
+   local edge (both stages on this rank) */
 static void push_fwd(sched *s, int st, int mb) {
-    if (st > 0) push(s, st, SCHED_RECV_F, mb);
+    if (st > 0 && !local_edge(s, st - 1)) push(s, st, SCHED_RECV_F, mb);
     push(s, st, SCHED_F, mb);
-    if (st < sched_nstages(s) - 1) push(s, st, SCHED_SEND_F, mb);
+    if (st < sched_nstages(s) - 1 && !local_edge(s, st)) push(s, st, SCHED_SEND_F, mb);
 }
 
 /* push the backward of mb on stage st with its receive (not on the last stage) and its
-   send (not on stage 0) */
+   send (not on stage 0); none across a local edge */
 static void push_bwd(sched *s, int st, int mb) {
-    if (st < sched_nstages(s) - 1) push(s, st, SCHED_RECV_B, mb);
+    if (st < sched_nstages(s) - 1 && !local_edge(s, st)) push(s, st, SCHED_RECV_B, mb);
     push(s, st, SCHED_B, mb);
-    if (st > 0) push(s, st, SCHED_SEND_B, mb);
+    if (st > 0 && !local_edge(s, st - 1)) push(s, st, SCHED_SEND_B, mb);
 }
 
 // ----------------------------------------------------------------------------
@@ -164,11 +200,11 @@ static void gen_1f1b(sched *s) {
     }
 }
 
-/* the input part of mb's backward (I) with its receive and send */
+/* the input part of mb's backward (I) with its receive and send (none across a local edge) */
 static void push_bwd_input(sched *s, int st, int mb) {
-    if (st < sched_nstages(s) - 1) push(s, st, SCHED_RECV_B, mb);
+    if (st < sched_nstages(s) - 1 && !local_edge(s, st)) push(s, st, SCHED_RECV_B, mb);
     push(s, st, SCHED_I, mb);
-    if (st > 0) push(s, st, SCHED_SEND_B, mb);
+    if (st > 0 && !local_edge(s, st - 1)) push(s, st, SCHED_SEND_B, mb);
 }
 
 /* ZB-H1 as a list scheduler over the unit-cost model (F = I = W = 1, messages free): at
@@ -349,6 +385,121 @@ out:
     return rc;
 }
 
+/* One rank's list in a V-shaped schedule: its two stages (chunk 0 = stage r, chunk 1 =
+   stage 2P-1-r), the next micro-batch of each chunk's F, I (a full B counts as one) and W,
+   and the queue of I's whose W is still to run (dualpipev). The list is built for Mp >= M
+   micro-batches and the actions of micro-batches >= M are left out: whole micro-batches
+   removed from a deadlock-free schedule leave one (the full run's order, restricted to
+   what is left, is an order the smaller one can run), and each stage's order stays
+   ascending. */
+typedef struct {
+    sched *s;
+    int st[2], nf[2], ni[2], nw[2];
+    int *qc, *qm, qh, qt;
+} vrank;
+
+/* the next forward of chunk c */
+static void v_fwd(vrank *v, int c) {
+    int mb = v->nf[c]++;
+    if (mb < v->s->M) push_fwd(v->s, v->st[c], mb);
+}
+
+/* the next input part of chunk c; queue: its W goes to the pending queue */
+static void v_inp(vrank *v, int c, int queue) {
+    int mb = v->ni[c]++;
+    if (queue) { v->qc[v->qt] = c; v->qm[v->qt++] = mb; }
+    if (mb < v->s->M) push_bwd_input(v->s, v->st[c], mb);
+}
+
+/* the next full backward of chunk c (its I and W counters both move) */
+static void v_bwd(vrank *v, int c) {
+    int mb = v->ni[c]++;
+    v->nw[c]++;
+    if (mb < v->s->M) push_bwd(v->s, v->st[c], mb);
+}
+
+/* the next weight part of chunk c */
+static void v_wgt(vrank *v, int c) {
+    int mb = v->nw[c]++;
+    if (mb < v->s->M) push(v->s, v->st[c], SCHED_W, mb);
+}
+
+/* the oldest pending weight part, if any */
+static void v_wgt_queued(vrank *v) {
+    if (v->qh == v->qt) return;
+    int c = v->qc[v->qh], mb = v->qm[v->qh++];
+    v->nw[c]++;
+    if (mb < v->s->M) push(v->s, v->st[c], SCHED_W, mb);
+}
+
+/* ZB-V (Qi et al., section 6) on rank r for Mp = max(M, 2P-1) micro-batches: 2(P-r)-1
+   forwards of chunk 0; r pairs (chunk 1, chunk 0) of forwards; P-r rounds of chunk 1's F, I,
+   W; the steady rounds (chunk 0's F while any is left, I, W; chunk 1's F, I, W) until both
+   chunks have run every forward; r pairs of input parts (chunk 0, chunk 1); P-r rounds of
+   chunk 0's I and oldest W; then chunk 1's and chunk 0's remaining W's. */
+static void gen_zbv_rank(vrank *v, int P, int r, int Mp) {
+    for (int k = 0; k < 2 * (P - r) - 1; k++) v_fwd(v, 0);
+    for (int k = 0; k < r; k++) { v_fwd(v, 1); v_fwd(v, 0); }
+    for (int k = 0; k < P - r; k++) { v_fwd(v, 1); v_inp(v, 1, 0); v_wgt(v, 1); }
+    while (v->nf[1] < v->nf[0] || v->nf[0] < Mp) {
+        if (v->nf[0] < Mp) v_fwd(v, 0);
+        v_inp(v, 0, 0); v_wgt(v, 0);
+        v_fwd(v, 1); v_inp(v, 1, 0); v_wgt(v, 1);
+    }
+    for (int k = 0; k < r; k++) { v_inp(v, 0, 0); v_inp(v, 1, 0); }
+    for (int k = 0; k < P - r; k++) { v_inp(v, 0, 0); v_wgt(v, 0); }
+    while (v->nw[1] < v->ni[1]) v_wgt(v, 1);
+    while (v->nw[0] < v->ni[0]) v_wgt(v, 0);
+}
+
+/* DualPipeV (DeepSeek's DualPipe on P ranks, torch's ScheduleDualPipeV) on rank r for
+   Mp = max(M, 2P): 2(P-r-1) forwards of chunk 0; r+1 pairs of forwards (0, 1); P-r-1 rounds
+   of chunk 1's I, the oldest W, chunk 1's F; the main rounds (chunk 0's F with chunk 1's B,
+   chunk 1's F with chunk 0's B: torch overlaps each pair, here they run in turn); P-r-1
+   rounds of chunk 1's B then chunk 1's F with chunk 0's B; r+1 rounds of a backward of each
+   chunk, the later half split into I (W queued; odd ranks switch one chunk earlier); P-r-1
+   rounds of the oldest W and chunk 0's backward; the W's left. */
+static void gen_dualpipev_rank(vrank *v, int P, int r, int Mp) {
+    for (int k = 0; k < 2 * (P - r - 1); k++) v_fwd(v, 0);
+    for (int k = 0; k < r + 1; k++) { v_fwd(v, 0); v_fwd(v, 1); }
+    for (int k = 0; k < P - r - 1; k++) { v_inp(v, 1, 1); v_wgt_queued(v); v_fwd(v, 1); }
+    for (int k = 0; k < Mp - 2 * P + r + 1; k++) { v_fwd(v, 0); v_bwd(v, 1); v_fwd(v, 1); v_bwd(v, 0); }
+    for (int k = 0; k < P - r - 1; k++) { v_bwd(v, 1); v_fwd(v, 1); v_bwd(v, 0); }
+    int zb = 0, half = (r + 1) / 2;
+    for (int i = 0; i < r + 1; i++) {
+        if (i == half && r % 2 == 1) zb = 1;
+        if (zb) v_inp(v, 1, 1); else v_bwd(v, 1);
+        if (i == half && r % 2 == 0) zb = 1;
+        if (zb) v_inp(v, 0, 1); else v_bwd(v, 0);
+    }
+    for (int k = 0; k < P - r - 1; k++) {
+        v_wgt_queued(v);
+        if (zb) v_inp(v, 0, 1); else v_bwd(v, 0);
+    }
+    while (v->qh < v->qt) v_wgt_queued(v);
+}
+
+/* zb-v (dual = 0) or dualpipev (dual = 1) on every rank; the schedule is V = 2, placed V */
+static int gen_vshape(sched *s, int dual) {
+    int P = s->P, M = s->M, Mp = dual ? (M > 2 * P ? M : 2 * P) : (M > 2 * P - 1 ? M : 2 * P - 1);
+    vrank v;
+    v.qc = malloc(sizeof(int) * 2 * (size_t)Mp);
+    v.qm = malloc(sizeof(int) * 2 * (size_t)Mp);
+    if (!v.qc || !v.qm) { free(v.qc); free(v.qm); return PL_ENOMEM; }
+    for (int r = 0; r < P; r++) {
+        v.s = s;
+        v.st[0] = sched_place_stage(s->place, P, r, 0);
+        v.st[1] = sched_place_stage(s->place, P, r, 1);
+        v.nf[0] = v.nf[1] = v.ni[0] = v.ni[1] = v.nw[0] = v.nw[1] = 0;
+        v.qh = v.qt = 0;
+        if (dual) gen_dualpipev_rank(&v, P, r, Mp);
+        else gen_zbv_rank(&v, P, r, Mp);
+    }
+    free(v.qc);
+    free(v.qm);
+    return PL_OK;
+}
+
 /* the schedules sched_build_chunks knows, with the M they need, for messages and --help */
 static const struct { const char *name; int chunks; const char *rule; } known[] = {
     { "gpipe", 0, "any M; holds M micro-batches per rank" },
@@ -358,8 +509,22 @@ static const struct { const char *name; int chunks; const char *rule; } known[] 
                              "of the ideal exactly when P divides M, and M = 1 gains nothing over 1f1b" },
     { "looped-bfs", 1, "any M; holds V*M micro-batches per rank" },
     { "interleaved-zb", 1, "any M (torch: as interleaved-1f1b); interleaved-1f1b's memory" },
+    { "zb-v", 2, "2 chunks per rank in a V; any M (zero unit-cost bubble once M >= 2P-1); 1f1b's memory" },
+    { "dualpipev", 2, "2 chunks per rank in a V; any M (torch: M >= 2P); F and B of two chunks paired" },
 };
 #define NKNOWN (int)(sizeof(known) / sizeof(known[0]))
+
+/* 2 for the V-shaped schedules (they run exactly two chunks per rank), else 1 */
+int sched_default_chunks(const char *name) {
+    for (int k = 0; name && k < NKNOWN; k++)
+        if (strcmp(name, known[k].name) == 0) return known[k].chunks == 2 ? 2 : 1;
+    return 1;
+}
+
+/* the V-shaped schedules are placed V, the others loop */
+int sched_name_place(const char *name) {
+    return sched_default_chunks(name) == 2 ? SCHED_PLACE_V : SCHED_PLACE_LOOP;
+}
 
 /* the M rule of a schedule, or NULL if the name is unknown */
 const char *sched_constraint(const char *name) {
@@ -386,12 +551,9 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
     int k = 0;
     while (k < NKNOWN && strcmp(name, known[k].name) != 0) k++;
     if (k == NKNOWN) {
-        if (strcmp(name, "zb-v") == 0)
-            set_err(err, errlen, "sched_build: zb-v is not built: its V-shaped layout (stage 2P-1-r on rank r) "
-                    "is not the loop layout (stage s on rank s mod P); use interleaved-zb");
-        else
-            set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1; with chunks "
-                    "per rank interleaved-1f1b, looped-bfs or interleaved-zb)", name);
+        set_err(err, errlen, "sched_build: unknown schedule '%s' (expected gpipe, 1f1b or zb-h1; with chunks "
+                "per rank interleaved-1f1b, looped-bfs or interleaved-zb; with 2 chunks in a V zb-v or dualpipev)",
+                name);
         return PL_EINVAL;
     }
     if (P < 1) { set_err(err, errlen, "sched_build: need at least 1 stage, got P=%d", P); return PL_EINVAL; }
@@ -401,6 +563,11 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
         set_err(err, errlen, "sched_build: P=%d V=%d M=%d too large", P, V, M);
         return PL_EINVAL;
     }
+    if (known[k].chunks == 2 && V != 2) {
+        set_err(err, errlen, "sched_build: %s runs exactly 2 chunks per rank (stages r and 2P-1-r on rank r), got %d",
+                name, V);
+        return PL_EINVAL;
+    }
     if (V > 1 && !known[k].chunks) {
         set_err(err, errlen, "sched_build: %s runs one chunk per rank, got %d chunks per rank (the schedules that "
                 "take chunks: interleaved-1f1b, looped-bfs, interleaved-zb)", name, V);
@@ -408,6 +575,7 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
     }
     int G = interleave_group(P, M);
     if (sched_alloc(s, name, P, V, M) != 0) { set_err(err, errlen, "sched_build: out of memory"); return PL_ENOMEM; }
+    s->place = sched_name_place(name);
     // at most 7 actions per micro-batch per chunk: F, I and W (or B), four comm actions
     for (int r = 0; r < P; r++) {
         s->acts[r] = malloc((size_t)M * (size_t)V * 7 * sizeof(sched_action));
@@ -424,6 +592,8 @@ int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *er
     else if (strcmp(name, "zb-h1") == 0 || (V == 1 && strcmp(name, "interleaved-zb") == 0)) rc = gen_zbh1(s);
     else if (strcmp(name, "looped-bfs") == 0) gen_looped_bfs(s);
     else if (strcmp(name, "interleaved-1f1b") == 0) gen_interleaved(s, G);
+    else if (strcmp(name, "zb-v") == 0) rc = gen_vshape(s, 0);
+    else if (strcmp(name, "dualpipev") == 0) rc = gen_vshape(s, 1);
     else rc = gen_interleaved_zb(s, G);
     if (rc != PL_OK) {
         sched_free(s);
@@ -545,11 +715,33 @@ static int read_line(FILE *f, char **line, size_t *cap) {
     return 1;
 }
 
+/* parse one cell: an action, or torch's "(0F3;1B0)OVERLAP_F_B" as its sub-actions in order;
+   appends to acts[*n]. PL_OK or PL_EINVAL. */
+static int parse_cell(char *cell, sched_action *acts, int *n) {
+    static const char tail[] = ")OVERLAP_F_B";
+    size_t l = strlen(cell), tl = sizeof tail - 1;
+    if (cell[0] != '(') {
+        if (sched_action_parse(cell, &acts[*n]) != 0) return PL_EINVAL;
+        (*n)++;
+        return PL_OK;
+    }
+    if (l <= tl + 1 || strcmp(cell + l - tl, tail) != 0) return PL_EINVAL;
+    cell[l - tl] = '\0';
+    for (char *sub = cell + 1, *semi;; sub = semi + 1) {
+        semi = strchr(sub, ';');
+        if (semi) *semi = '\0';
+        while (*sub == ' ') sub++;
+        if (sched_action_parse(sub, &acts[*n]) != 0) return PL_EINVAL;
+        (*n)++;
+        if (!semi) return PL_OK;
+    }
+}
+
 /* parse one CSV row into a freshly allocated action list */
 static int parse_row(char *line, int row, sched_action **out, int *nout,
                      char *err, size_t errlen) {
     int cap = 1;
-    for (char *p = line; *p; p++) if (*p == ',') cap++;
+    for (char *p = line; *p; p++) if (*p == ',' || *p == ';') cap++;
     sched_action *acts = malloc((size_t)cap * sizeof(sched_action));
     if (acts == NULL) { set_err(err, errlen, "sched_read_csv: out of memory"); return PL_ENOMEM; }
     int n = 0, col = 0;
@@ -562,13 +754,14 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
         size_t l = strlen(cell);
         while (l > 0 && (cell[l - 1] == ' ' || cell[l - 1] == '\t')) cell[--l] = '\0';
         if (l > 0) {
-            if (sched_action_parse(cell, &acts[n]) != 0) {
+            char shown[128];
+            snprintf(shown, sizeof shown, "%s", cell);
+            if (parse_cell(cell, acts, &n) != 0) {
                 set_err(err, errlen, "sched_read_csv: row %d (rank %d), column %d: cannot parse action '%s'",
-                        row + 1, row, col + 1, cell);
+                        row + 1, row, col + 1, shown);
                 free(acts);
                 return PL_EINVAL;
             }
-            n++;
         }
         col++;
         if (!comma) break;
@@ -577,6 +770,27 @@ static int parse_row(char *line, int row, sched_action **out, int *nout,
     *out = acts;
     *nout = n;
     return PL_OK;
+}
+
+/* the placement every action of s fits: loop first, then V (which must also have no SEND or
+   RECV between two stages of one rank, as torch writes it); loop if neither (the validator
+   then names the action on the wrong row) */
+static int infer_place(sched *s) {
+    for (int place = SCHED_PLACE_LOOP; place <= SCHED_PLACE_V; place++) {
+        int fits = 1;
+        s->place = place;
+        for (int r = 0; fits && r < s->P; r++)
+            for (int i = 0; fits && i < s->n[r]; i++) {
+                const sched_action *a = &s->acts[r][i];
+                fits = sched_stage_rank(s, a->stage) == r;
+                if (fits && !is_compute(a->op) && place != SCHED_PLACE_LOOP) {
+                    int lo = peer_stage(a) < a->stage ? peer_stage(a) : a->stage;
+                    fits = !local_edge(s, lo);
+                }
+            }
+        if (fits) return place;
+    }
+    return SCHED_PLACE_LOOP;
 }
 
 /* read torch-style CSV: P = rows, M = largest mb + 1, V = (largest stage + 1) / P when the
@@ -644,6 +858,7 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
         else {
             s->M = maxmb + 1;
             s->V = (int)(S / (size_t)s->P);
+            s->place = infer_place(s);
         }
     }
     if (rc != PL_OK) sched_free(s);
@@ -742,7 +957,7 @@ static void sim_report_deadlock(const sched *s, const int *pc, char *err, size_t
         const sched_action *a = &s->acts[r][pc[r]];
         sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
         append_err(err, errlen, " rank %d blocked at action #%d %s (waiting for %s from rank %d);",
-                   r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), want.stage % s->P);
+                   r, pc[r], act_str(a, b1, sizeof(b1)), act_str(&want, b2, sizeof(b2)), sched_stage_rank(s, want.stage));
     }
 }
 
@@ -812,23 +1027,27 @@ void sched_sim_free(sched_sim *sim) {
 /* Position of each (global stage, op, mb) in its rank's list, -1 if absent. */
 #define POS(st, op, mb) pos[((size_t)(st) * SCHED_NOPS + (size_t)(op)) * (size_t)s->M + (size_t)(mb)]
 
-/* 1. Stage s runs on rank s % P only (with V = 1: rank r runs stage r only); then the
- * position table, which catches duplicates. */
+/* 1. Stage s runs on its rank only (s % P in the loop placement; with V = 1: rank r runs
+ * stage r only); then the position table, which catches duplicates. */
 static int validate_positions(const sched *s, int *pos, char *err, size_t errlen) {
     char b1[64];
     int V = nchunks(s);
     for (int r = 0; r < s->P; r++)
         for (int i = 0; i < s->n[r]; i++) {
-            int st = s->acts[r][i].stage;
-            if (st % s->P == r) continue;
+            int st = s->acts[r][i].stage, home = sched_stage_rank(s, st);
+            if (home == r) continue;
             if (V == 1)
                 set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, rank %d runs only stage %d",
                         r, i, act_str(&s->acts[r][i], b1, sizeof(b1)), r, r);
-            else
+            else if (s->place == SCHED_PLACE_LOOP)
                 set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, stage %d runs on rank %d (stage s "
                         "on rank s mod %d: rank %d runs stages %d, %d, ..., %d)", r, i,
-                        act_str(&s->acts[r][i], b1, sizeof(b1)), st, st % s->P, s->P, r, r, r + s->P,
+                        act_str(&s->acts[r][i], b1, sizeof(b1)), st, home, s->P, r, r, r + s->P,
                         r + (V - 1) * s->P);
+            else
+                set_err(err, errlen, "rank %d, action #%d (%s): wrong stage, stage %d runs on rank %d (V-shaped "
+                        "placement: rank %d runs stages %d and %d)", r, i, act_str(&s->acts[r][i], b1, sizeof(b1)),
+                        st, home, r, sched_place_stage(s->place, s->P, r, 0), sched_place_stage(s->place, s->P, r, 1));
             return PL_EINVAL;
         }
     for (int r = 0; r < s->P; r++)
@@ -852,23 +1071,57 @@ static int validate_pairs(const sched *s, const int *pos, char *err, size_t errl
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action *a = &s->acts[r][i];
             if (is_compute(a->op)) continue;
+            int lo = peer_stage(a) < a->stage ? peer_stage(a) : a->stage;
+            if (local_edge(s, lo)) {
+                set_err(err, errlen, "rank %d, action #%d (%s): stages %d and %d both run on rank %d, which hands "
+                        "the %s over in memory: no SEND or RECV between them", r, i, act_str(a, b1, sizeof(b1)), lo,
+                        lo + 1, r, a->op == SCHED_SEND_F || a->op == SCHED_RECV_F ? "activations" : "gradients");
+                return PL_EINVAL;
+            }
             sched_action want = { partner_op(a->op), peer_stage(a), a->mb };
             if (POS(want.stage, want.op, want.mb) < 0) {
                 int is_send = a->op == SCHED_SEND_F || a->op == SCHED_SEND_B;
                 set_err(err, errlen, "rank %d, action #%d (%s): no matching %s on the peer (%s is missing from rank %d)",
                         r, i, act_str(a, b1, sizeof(b1)), is_send ? "RECV" : "SEND",
-                        act_str(&want, b2, sizeof(b2)), want.stage % s->P);
+                        act_str(&want, b2, sizeof(b2)), sched_stage_rank(s, want.stage));
                 return PL_EINVAL;
             }
         }
     return PL_OK;
 }
 
-/* 3. On global stage st (rank st % P), micro-batch mb: one F and one B (or I and W), F before
+/* 3b. A local edge (stages st and st + 1 on one rank) has no messages: the rank's list must
+ * run stage st's forward of mb before stage st + 1's, and st + 1's input-side backward (B or
+ * I) before st's, since each hands its result straight to the other. */
+static int validate_local(const sched *s, const int *pos, int st, int mb, char *err, size_t errlen) {
+    char b1[64], b2[64];
+    if (!local_edge(s, st)) return PL_OK;
+    int r = sched_stage_rank(s, st), pf0 = POS(st, SCHED_F, mb), pf1 = POS(st + 1, SCHED_F, mb);
+    sched_action f0 = { SCHED_F, st, mb }, f1 = { SCHED_F, st + 1, mb };
+    if (pf1 >= 0 && pf1 < pf0) {
+        set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); stage %d's forward input is "
+                "stage %d's output on the same rank", r, pf1, act_str(&f1, b1, sizeof(b1)), act_str(&f0, b2, sizeof(b2)),
+                pf0, st + 1, st);
+        return PL_EINVAL;
+    }
+    int pb1 = POS(st + 1, SCHED_B, mb) >= 0 ? POS(st + 1, SCHED_B, mb) : POS(st + 1, SCHED_I, mb);
+    int pb0 = POS(st, SCHED_B, mb) >= 0 ? POS(st, SCHED_B, mb) : POS(st, SCHED_I, mb);
+    sched_action b0 = { POS(st, SCHED_B, mb) >= 0 ? SCHED_B : SCHED_I, st, mb };
+    sched_action b1a = { POS(st + 1, SCHED_B, mb) >= 0 ? SCHED_B : SCHED_I, st + 1, mb };
+    if (pb0 >= 0 && pb1 >= 0 && pb0 < pb1) {
+        set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); stage %d's output gradient is "
+                "stage %d's input gradient on the same rank", r, pb0, act_str(&b0, b1, sizeof(b1)),
+                act_str(&b1a, b2, sizeof(b2)), pb1, st, st + 1);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+/* 3. On global stage st (its rank), micro-batch mb: one F and one B (or I and W), F before
  * B, the messages around them (the engine's storage contract, sched.h: every value lives in
  * its micro-batch's own buffer of that stage from its producer to its last reader). */
 static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err, size_t errlen) {
-    int S = sched_nstages(s), r = st % s->P;
+    int S = sched_nstages(s), r = sched_stage_rank(s, st);
     char b1[64], b2[64];
     sched_action f = { SCHED_F, st, mb }, bw = { SCHED_B, st, mb }, in = { SCHED_I, st, mb }, wt = { SCHED_W, st, mb };
     int pf = POS(st, SCHED_F, mb), pb = POS(st, SCHED_B, mb), pi = POS(st, SCHED_I, mb), pw = POS(st, SCHED_W, mb);
@@ -902,13 +1155,14 @@ static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err
         return PL_EINVAL;
     }
     /* required comm actions and the compute they must precede/follow */
+    int up = st > 0 && !local_edge(s, st - 1), down = st < S - 1 && !local_edge(s, st);
     struct { int need; sched_op op; int before; const sched_action *c; const char *what; } req[5] = {
-        { st > 0,     SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
-        { st < S - 1, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
-        { st < S - 1, SCHED_SEND_F, 1, bin, "the forward output lives in the micro-batch's activation slot, "
-                                            "which its backward frees: send it before the backward" },
-        { st < S - 1, SCHED_RECV_B, 1, bin, "the output gradient must be received before the backward" },
-        { st > 0,     SCHED_SEND_B, 0, bin, "the input gradient must be sent to the previous stage after the backward" },
+        { up,   SCHED_RECV_F, 1, &f,  "the forward input must be received before the forward" },
+        { down, SCHED_SEND_F, 0, &f,  "the forward output must be sent to the next stage after the forward" },
+        { down, SCHED_SEND_F, 1, bin, "the forward output lives in the micro-batch's activation slot, "
+                                      "which its backward frees: send it before the backward" },
+        { down, SCHED_RECV_B, 1, bin, "the output gradient must be received before the backward" },
+        { up,   SCHED_SEND_B, 0, bin, "the input gradient must be sent to the previous stage after the backward" },
     };
     for (int q = 0; q < 5; q++) {
         if (!req[q].need) continue;
@@ -926,7 +1180,7 @@ static int validate_mb(const sched *s, const int *pos, int st, int mb, char *err
             return PL_EINVAL;
         }
     }
-    return PL_OK;
+    return validate_local(s, pos, st, mb, err, errlen);
 }
 
 /* 4. The gradient accumulators: each stage's weight gradients are sums over micro-batches,
@@ -947,7 +1201,7 @@ static int validate_accum_order(const sched *s, const int *pos, char *err, size_
                 sched_action a = { op, st, mb }, prev = { pop, st, mb - 1 };
                 set_err(err, errlen, "rank %d, action #%d (%s): comes before %s (action #%d); %s add to the "
                         "gradients in ascending micro-batch order%s, so that every schedule sums them as one "
-                        "process does (bit-identical results)", st % s->P, POS(st, op, mb),
+                        "process does (bit-identical results)", sched_stage_rank(s, st), POS(st, op, mb),
                         act_str(&a, b1, sizeof(b1)), act_str(&prev, b2, sizeof(b2)), POS(st, pop, mb - 1),
                         k == 0 ? "backwards (B or W)" : "the last stage's forwards (they run the LM head's backward)",
                         nchunks(s) > 1 ? " on each stage" : "");
@@ -1018,7 +1272,7 @@ int sched_max_inflight(const sched *s, int stage) {
 int sched_max_inflight_stage(const sched *s, int stage) {
     if (s == NULL || s->n == NULL || s->acts == NULL || s->P < 1 || stage < 0 || stage >= sched_nstages(s))
         return -1;
-    int r = stage % s->P, cur = 0, best = 0;
+    int r = sched_stage_rank(s, stage), cur = 0, best = 0;
     for (int i = 0; i < s->n[r]; i++) {
         const sched_action *a = &s->acts[r][i];
         if (a->stage != stage) continue;
@@ -1034,7 +1288,7 @@ int sched_max_inflight_stage(const sched *s, int stage) {
 int sched_defers_weights_stage(const sched *s, int stage) {
     if (s == NULL || s->n == NULL || s->acts == NULL || s->P < 1 || stage < 0 || stage >= sched_nstages(s))
         return 0;
-    int r = stage % s->P, pending = 0;
+    int r = sched_stage_rank(s, stage), pending = 0;
     for (int i = 0; i < s->n[r]; i++) {
         if (s->acts[r][i].stage != stage) continue;
         sched_op op = s->acts[r][i].op;
@@ -1060,7 +1314,7 @@ int sched_defers_weights(const sched *s, int stage) {
         return 0;
     }
     for (int c = 0; c < nchunks(s); c++)
-        if (sched_defers_weights_stage(s, c * s->P + stage)) return 1;
+        if (sched_defers_weights_stage(s, sched_place_stage(s->place, s->P, stage, c))) return 1;
     return 0;
 }
 
@@ -1079,8 +1333,10 @@ static void print_chunk_summary(const sched *s, const sched_sim *sim, FILE *out)
         long busy = 0;
         for (int i = 0; i < s->n[r]; i++) busy += sim->end[sim->off[r] + i] - sim->start[sim->off[r] + i];
         fprintf(out, "rank %*d: peak in-flight %d (stages", rw, r, sched_max_inflight(s, r));
-        for (int c = 0; c < V; c++)
-            fprintf(out, " %d:%d", c * s->P + r, sched_max_inflight_stage(s, c * s->P + r));
+        for (int c = 0; c < V; c++) {
+            int st = sched_place_stage(s->place, s->P, r, c);
+            fprintf(out, " %d:%d", st, sched_max_inflight_stage(s, st));
+        }
         fprintf(out, "), bubble %.2f%%\n", sim->makespan > 0 ? 100.0 * (1.0 - (double)busy / sim->makespan) : 0.0);
     }
     double vm = (double)V * s->M;
@@ -1138,9 +1394,14 @@ void sched_print_grid(const sched *s, FILE *out) {
         for (int r = 0; r < s->P; r++) fprintf(out, " %d", sched_max_inflight(s, r));
         fputc('\n', out);
     } else {
-        fprintf(out, "schedule %s: P=%d ranks x V=%d chunks = %d stages (stage s on rank s mod %d), M=%d "
-                "micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d per stage, comm=0)\n", s->name, s->P, V,
-                S, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
+        if (s->place == SCHED_PLACE_V)
+            fprintf(out, "schedule %s: P=%d ranks x V=%d chunks = %d stages (V-shaped: stages r and %d-r on rank r), "
+                    "M=%d micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d per stage, comm=0)\n", s->name, s->P,
+                    V, S, 2 * s->P - 1, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
+        else
+            fprintf(out, "schedule %s: P=%d ranks x V=%d chunks = %d stages (stage s on rank s mod %d), M=%d "
+                    "micro-batches, makespan %d units (F=%d, B=%d, I=%d, W=%d per stage, comm=0)\n", s->name, s->P,
+                    V, S, s->P, s->M, T, SCHED_COST_F, SCHED_COST_B, SCHED_COST_I, SCHED_COST_W);
         fprintf(out, "bubble: %.2f%% (GPipe formula over the ranks (P-1)/(M+P-1) = %.2f%%)\n",
                 100.0 * sim.bubble, 100.0 * (double)(s->P - 1) / (double)(s->M + s->P - 1));
         print_chunk_summary(s, &sim, out);

@@ -200,7 +200,7 @@ static void predict_opt_and_memory(const sched *s, const sched_costs *c, int S, 
     double opt = 0;
     for (int r = 0; r < P; r++) {
         double o = 0;
-        for (int st = r; st < S; st += P) o += stage_cost(c, S, st, 4);
+        for (int ch = 0; ch < S / P; ch++) o += stage_cost(c, S, sched_place_stage(s->place, P, r, ch), 4);
         opt = o > opt ? o : opt;
     }
     out->step_s = out->makespan_s + opt;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/common.h"
+#include "pipelm/sched.h"
 #include "pipelm/split.h"
 
 /* Embedding lookup: a gather and an add per channel, counted as 2C "flops" of work. */
@@ -263,30 +264,33 @@ static void water_fill(int *n, const double *extra, int count, int left, double 
  * minimise the busiest rank (the steady state of an interleaved schedule runs at the pace of
  * the busiest rank, not of the busiest stage), then each rank's total is spread over its
  * chunks to even out its stages (the warm-up and cool-down). A middle stage holds >= 1 block. */
-static int split_auto_chunks(split *sp, const model_config *cfg, int P, int V, int T) {
-    int S = P * V, L = cfg->L, rc = PL_OK;
+static int split_auto_chunks(split *sp, const model_config *cfg, int P, int V, int place, int T) {
+    int S = P * V, L = cfg->L, rc = PL_OK, hr = sched_place_rank(place, P, S - 1);
     int *nr = calloc((size_t)P, sizeof(int)), *nc = calloc((size_t)V, sizeof(int));
     double *er = calloc((size_t)P, sizeof(double)), *ec = calloc((size_t)V, sizeof(double));
     if (!nr || !nc || !er || !ec) rc = PL_ENOMEM;
     double blk = model_block_flops(cfg, T), E = embed_flops(cfg), H = model_head_flops(cfg);
     int used = 0;
     for (int r = 0; rc == PL_OK && r < P; r++) {
-        for (int c = 0; c < V; c++) nr[r] += (c * P + r > 0 && c * P + r < S - 1); /* the middle stages' one */
+        for (int c = 0; c < V; c++) { /* the middle stages' one */
+            int st = sched_place_stage(place, P, r, c);
+            nr[r] += st > 0 && st < S - 1;
+        }
         used += nr[r];
-        er[r] = (r == 0 ? E : 0.0) + (r == P - 1 ? H : 0.0);
+        er[r] = (r == 0 ? E : 0.0) + (r == hr ? H : 0.0);
     }
     if (rc == PL_OK && used > L) rc = PL_EINVAL;
     if (rc == PL_OK) water_fill(nr, er, P, L - used, blk);
     for (int r = 0; rc == PL_OK && r < P; r++) {
         int base = 0;
         for (int c = 0; c < V; c++) {
-            int st = c * P + r;
+            int st = sched_place_stage(place, P, r, c);
             nc[c] = st > 0 && st < S - 1;
             base += nc[c];
             ec[c] = (st == 0 ? E : 0.0) + (st == S - 1 ? H : 0.0);
         }
         water_fill(nc, ec, V, nr[r] - base, blk);
-        for (int c = 0; c < V; c++) sp->blocks[c * P + r] = nc[c];
+        for (int c = 0; c < V; c++) sp->blocks[sched_place_stage(place, P, r, c)] = nc[c];
     }
     free(nr);
     free(nc);
@@ -297,9 +301,15 @@ static int split_auto_chunks(split *sp, const model_config *cfg, int P, int V, i
 
 int split_make_chunks(split *sp, const char *spec, const model_config *cfg, int P, int V, int M, int Bm, int T,
                       char *err, size_t errlen) {
+    return split_make_placed(sp, spec, cfg, P, V, SCHED_PLACE_LOOP, M, Bm, T, err, errlen);
+}
+
+/* The split over P ranks x V chunks placed by `place` (split.h). */
+int split_make_placed(split *sp, const char *spec, const model_config *cfg, int P, int V, int place, int M, int Bm,
+                      int T, char *err, size_t errlen) {
     if (V <= 1 || strcmp(spec, "auto") != 0) return split_make(sp, spec, cfg, P * (V > 1 ? V : 1), M, Bm, T, err, errlen);
     PL_TRY(split_make(sp, "auto", cfg, P * V, M, Bm, T, err, errlen)); /* the checks, and the buffers */
-    int rc = split_auto_chunks(sp, cfg, P, V, T);
+    int rc = split_auto_chunks(sp, cfg, P, V, place, T);
     if (rc != PL_OK) {
         snprintf(err, errlen, "--split auto: %s for n-layer=%d over %d ranks x %d chunks",
                  rc == PL_ENOMEM ? "out of memory" : "no feasible split", cfg->L, P, V);

@@ -655,13 +655,19 @@ int stage_backward(stage *st, int slot, const float *dout) {
     return release(st, s);
 }
 
-/* A tied head's gradient share into its embedding's: added on a stage that holds both ends,
- * copied on a last stage only (the two ranks then sum). An untied head: nothing to fold. */
+/* A tied head's gradient share into its embedding's: added on a stage that holds both ends
+ * (and copied to the head chunk's own copy on a holder of two chunks), copied on a last stage
+ * only (the two ranks then sum). An untied head: nothing to fold. */
 int stage_tied_grads_local(stage *st) {
     if (!st->has_head || !st->dwte_head) return PL_OK;
     const model_arch *A = st->arch;
     size_t n = arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0);
     float *to = st->hg.t[A->head_matrix];
-    if (st->has_embed) return st->be->add_inplace(to, st->dwte_head, n);
-    return st->be->copy(to, st->dwte_head, n * sizeof(float));
+    if (!st->has_embed) return st->be->copy(to, st->dwte_head, n * sizeof(float));
+    PL_TRY(st->be->add_inplace(to, st->dwte_head, n));
+    /* both ends as two chunks of one holder (the V placement's rank 0): the head chunk's own
+       copy of the embedding takes the same gradient, so the two copies stay identical */
+    for (int i = 0; i < st->ntensors; i++)
+        if (st->tensors[i].tied_copy) PL_TRY(st->be->copy(st->grads + st->tensors[i].offset, to, n * sizeof(float)));
+    return PL_OK;
 }

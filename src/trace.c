@@ -64,6 +64,14 @@ void trace_event_stage(trace *t, const char *name, const char *cat, int mb, int 
     e->t1 = t1 - t->origin;
 }
 
+/* A counter sample: stored as an event with mb = -2 and the value in t1 (trace_write writes
+ * it as a "C" event with args {name: value}). */
+void trace_counter(trace *t, const char *name, double value, double at) {
+    if (!t) return;
+    trace_event_stage(t, name, "counter", -2, -1, at, at);
+    t->ev[t->n - 1].t1 = value; /* the value, not a time: no origin taken off */
+}
+
 int trace_write(trace *t, const char *path) {
     if (!t) return PL_OK;
     int rc = PL_OK;
@@ -105,7 +113,10 @@ int trace_write(trace *t, const char *path) {
                 int ne = counts[r] / (int)sizeof(trace_ev);
                 for (int i = 0; i < ne; i++) {
                     double us0 = ev[i].t0 * 1e6, dur = (ev[i].t1 - ev[i].t0) * 1e6;
-                    if (ev[i].mb >= 0 && ev[i].stage >= 0)
+                    if (ev[i].mb == -2 && !strcmp(ev[i].cat, "counter"))
+                        fprintf(f, ",\n{\"name\":\"%s\",\"ph\":\"C\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"args\":{\"%s\":%.6g}}",
+                                ev[i].name, r, us0, ev[i].name, ev[i].t1);
+                    else if (ev[i].mb >= 0 && ev[i].stage >= 0)
                         fprintf(f, ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
                                 "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"mb\":%d,\"stage\":%d}}",
                                 ev[i].name, strlen(ev[i].name) > 1 ? " " : "", ev[i].mb, ev[i].cat, r, us0, dur, ev[i].mb,

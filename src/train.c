@@ -32,6 +32,7 @@
 #include "pipelm/trace.h"
 #include "pipelm/run.h"
 #include "pipelm/train.h"
+#include "pipelm/tune.h"
 
 /* The learning rate of a step: the optimizer's schedule over the run's hyper-parameters. */
 double train_lr(const pl_options *o, int step) { return optim_lr(&o->hp, step); }
@@ -164,6 +165,11 @@ static int setup_backend(run *R, char *err, size_t errlen) {
     return be->set_threads(R->lay.threads);
 }
 
+/* The pipeline rank of the last stage (the loss): P - 1, or 0 when a V places it there. */
+static int last_rank(const run *R) {
+    return sched_place_rank(R->sc.place, R->P, R->S > 0 ? R->S - 1 : R->P - 1);
+}
+
 /* --recompute for every stage (R->rc_modes): one mode for all, or one per stage. */
 static int recompute_modes(run *R, char *err, size_t errlen) {
     char list[256];
@@ -194,10 +200,47 @@ static int recompute_modes(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* --schedule auto: the tuner's first pick for --costs-in (measured with this M) on P ranks and
+ * this replica's batch under the node's memory per rank; sets R->M, *name (into buf) and *V. */
+static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (!o->costs_in[0]) {
+        snprintf(err, errlen, "--schedule auto needs --costs-in FILE (pipelm bench --costs-out, measured with "
+                 "--microbatches %d)", R->M);
+        return PL_EINVAL;
+    }
+    sched_costs c;
+    FILE *f = NULL;
+    PL_TRY(pl_open_input(o->costs_in, "costs file", 1 << 24, &f, err, errlen));
+    int rc = sched_costs_read(f, &c, err, errlen);
+    fclose(f);
+    PL_TRY(rc);
+    long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
+    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0};
+    tune_cand *t = NULL;
+    int n = 0, tried = 0;
+    rc = tune_search(&q, &c, &t, &n, &tried, err, errlen);
+    sched_costs_free(&c);
+    if (rc == PL_OK) {
+        snprintf(buf, len, "%s", t[0].schedule);
+        *V = t[0].V;
+        R->M = t[0].M;
+        if (R->wrank == 0)
+            pl_info("--schedule auto: %s, %d micro-batches, %d chunk(s) per rank (predicted %.2f ms per step, bubble "
+                    "%.1f%%: the best of %d layouts for %s)\n", buf, R->M, *V, 1e3 * t[0].step_s, 100 * t[0].bubble,
+                    tried, o->costs_in);
+    }
+    free(t);
+    return rc;
+}
+
 /* The schedule: --schedule-csv's file or --schedule built for P ranks x V chunks; sets R->V, R->S. */
 static int choose_schedule(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    int V = o->chunks > 0 ? o->chunks : 1;
+    int V = o->chunks > 0 ? o->chunks : sched_default_chunks(o->schedule);
+    char name[32];
+    snprintf(name, sizeof name, "%s", o->schedule);
+    if (!o->schedule_csv[0] && strcmp(o->schedule, "auto") == 0) PL_TRY(auto_schedule(R, name, sizeof name, &V, err, errlen));
     if (o->schedule_csv[0]) {
         FILE *f = NULL;
         PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
@@ -221,7 +264,7 @@ static int choose_schedule(run *R, char *err, size_t errlen) {
         }
         V = R->sc.V > 1 ? R->sc.V : 1;
     } else {
-        PL_TRY(sched_build_chunks(o->schedule, R->P, V, R->M, &R->sc, err, errlen));
+        PL_TRY(sched_build_chunks(name, R->P, V, R->M, &R->sc, err, errlen));
     }
     PL_TRY(sched_validate(&R->sc, err, errlen));
     if (V > 1 && R->P < 2) {
@@ -243,7 +286,7 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     if (!R->rc_modes || !R->stv) return PL_ENOMEM;
     PL_TRY(recompute_modes(R, err, errlen));
     for (int c = 0; c < V; c++) {
-        int s = c * P + R->rank, nslots = sched_max_inflight_stage(&R->sc, s);
+        int s = sched_place_stage(R->sc.place, P, R->rank, c), nslots = sched_max_inflight_stage(&R->sc, s);
         stage *st = &R->stv[c];
         PL_TRY(stage_init(st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0, s == S - 1,
                           R->B / R->M, R->T, nslots > 0 ? nslots : 1, R->be, err, errlen));
@@ -296,7 +339,8 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(resolve_config(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
-    PL_TRY(split_make_chunks(&R->sp, o->split, &R->cfg, R->P, R->V, R->M, R->B / R->M, R->T, err, errlen));
+    PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
+                             errlen));
     PL_TRY(setup_stages(R, err, errlen));
     if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
@@ -309,8 +353,9 @@ static int setup(run *R, char *err, size_t errlen) {
     /* --fail-rank names a world rank */
     engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
                       strcmp(o->fail_at, "during") == 0);
-    /* data: the first stage (rank 0) needs inputs, the last (rank P - 1) the targets */
-    if (R->rank == 0 || R->rank == R->P - 1) {
+    if (o->slow_rank == R->rank) engine_set_slow(&R->eng, o->slow_ms); /* test-only: a straggler */
+    /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets */
+    if (R->rank == 0 || R->rank == last_rank(R)) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
                          err, errlen));
         R->have_train = 1;
@@ -423,7 +468,8 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     stage *st = &R->st;
     const pl_options *o = R->o;
     /* dwte = embedding share + head share: added locally on one rank, summed across two */
-    PL_TRY(optim_tied_grads(&R->opt, R->tied, R->P));
+    /* a V places both ends on rank 0: its tied sum is local (the communicator goes unused) */
+    PL_TRY(optim_tied_grads(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
     /* the replicas' sum: the blocks' buckets started during the backward, the tied wte now */
     if (R->have_dp) PL_TRY(dp_finish(&R->dp, step == 1 && o->dump_grads[0]));
     int bad;
@@ -521,7 +567,7 @@ static int before_loop(run *R, int *first_step) {
     /* rank 0 must know the entropy floor, which only data ranks compute */
     if (R->P > 1) {
         double ent = R->have_train ? R->train.entropy : NAN;
-        PL_TRY(comm_bcast(&ent, 1, MPI_DOUBLE, R->P - 1, R->comm, "the broadcast of the entropy floor"));
+        PL_TRY(comm_bcast(&ent, 1, MPI_DOUBLE, last_rank(R), R->comm, "the broadcast of the entropy floor"));
         if (R->rank == 0) R->train.entropy = ent;
     }
     report_stage_table(R);

@@ -12,7 +12,9 @@
  * RECV is placed only after its SEND was issued, which is exactly the set of schedules the
  * dry run accepts. On P = 2 and 3 ranks every other one has two chunks per rank (2P stages,
  * stage s on rank s mod P, activations wrapping from the last rank to rank 0), drawn the same
- * way over the 2P stages. Each one, with a random split of the blocks, trains the tiny model for
+ * way over the 2P stages, and every other one of those is V-shaped (stage s on rank s for s < P,
+ * on rank 2P-1-s after; rank P-1's two stages exchange no messages, its list carries the
+ * hand-over). Each one, with a random split of the blocks, trains the tiny model for
  * 2 steps through pipelm_main; losses and final weights must be bit-identical to the
  * one-process run (--reference writes those). It also draws schedules without the
  * gradient-order rule and requires the validator to refuse every one that breaks it.
@@ -20,7 +22,7 @@
  * --chunks-only (no training, no MPI ranks needed: --ranks P sets P) checks the validator
  * alone on schedules with V = 1, 2, 3 chunks per rank (S = P*V stages, stage s on rank
  * s % P, so activations wrap from the last rank to rank 0), with about half the backwards
- * split into I and W: (a) a global interleaving that obeys every rule must be accepted;
+ * split into I and W, every other two-chunk draw V-shaped: (a) a global interleaving that obeys every rule must be accepted;
  * (b) one without the gradient-order rule must be refused, by name, exactly when some
  * stage adds its weight gradients out of micro-batch order; (c) one drawn per rank without
  * looking at the peers (each RECV may come before its SEND was issued, with a random
@@ -45,6 +47,7 @@
 
 typedef struct {
     int S, M;               /* global stages (P * V), micro-batches */
+    int P, place;           /* ranks, the placement (sched.h) */
     int *done;              /* done[stage][op][mb] */
     unsigned char *split;   /* split[stage][mb]: this backward is an I and a W */
 } gen;
@@ -56,23 +59,34 @@ typedef struct {
 
 /* Is action (op, mb) on global stage r ready: its local producers placed, a RECV's SEND
  * issued (unless peers = 0: a draw that looks at its own rank only)? */
+/* Stages a and a + 1 on one rank of a V placement: no messages, the list order carries the data. */
+static int local(const gen *g, int a) {
+    return g->place == SCHED_PLACE_V && a >= 0 && a + 1 < g->S &&
+           sched_place_rank(g->place, g->P, a) == sched_place_rank(g->place, g->P, a + 1);
+}
+
+/* The input side of stage r's backward of mb has run (its B or its I). */
+static int bdone(const gen *g, int r, int mb) { return DONE(g, r, SCHED_B, mb) || DONE(g, r, SCHED_I, mb); }
+
 static int ready(const gen *g, int r, sched_op op, int mb, int ordered, int peers) {
     int last = r == g->S - 1;
     if (DONE(g, r, op, mb)) return 0;
     switch (op) {
-    case SCHED_RECV_F: return r > 0 && (!peers || DONE(g, r - 1, SCHED_SEND_F, mb));
-    case SCHED_RECV_B: return !last && (!peers || DONE(g, r + 1, SCHED_SEND_B, mb));
+    case SCHED_RECV_F: return r > 0 && !local(g, r - 1) && (!peers || DONE(g, r - 1, SCHED_SEND_F, mb));
+    case SCHED_RECV_B: return !last && !local(g, r) && (!peers || DONE(g, r + 1, SCHED_SEND_B, mb));
     case SCHED_F:
-        return (r == 0 || DONE(g, r, SCHED_RECV_F, mb)) && (!ordered || !last || mb == 0 || DONE(g, r, SCHED_F, mb - 1));
-    case SCHED_SEND_F: return !last && DONE(g, r, SCHED_F, mb);
+        return (r == 0 || (local(g, r - 1) ? DONE(g, r - 1, SCHED_F, mb) : DONE(g, r, SCHED_RECV_F, mb))) &&
+               (!ordered || !last || mb == 0 || DONE(g, r, SCHED_F, mb - 1));
+    case SCHED_SEND_F: return !last && !local(g, r) && DONE(g, r, SCHED_F, mb);
     case SCHED_B:
     case SCHED_I:
         if ((op == SCHED_I) != SPLIT(g, r, mb)) return 0;
-        return DONE(g, r, SCHED_F, mb) && (last || (DONE(g, r, SCHED_RECV_B, mb) && DONE(g, r, SCHED_SEND_F, mb))) &&
+        return DONE(g, r, SCHED_F, mb) &&
+               (last || (local(g, r) ? bdone(g, r + 1, mb) : DONE(g, r, SCHED_RECV_B, mb) && DONE(g, r, SCHED_SEND_F, mb))) &&
                (op == SCHED_I || !ordered || mb == 0 || WDONE(g, r, mb - 1));
     case SCHED_W:
         return SPLIT(g, r, mb) && DONE(g, r, SCHED_I, mb) && (!ordered || mb == 0 || WDONE(g, r, mb - 1));
-    case SCHED_SEND_B: return r > 0 && (DONE(g, r, SCHED_B, mb) || DONE(g, r, SCHED_I, mb));
+    case SCHED_SEND_B: return r > 0 && !local(g, r - 1) && bdone(g, r, mb);
     }
     return 0;
 }
@@ -82,15 +96,16 @@ static int ready(const gen *g, int r, sched_op op, int mb, int ordered, int peer
  * ordered: obey the gradient order. early: the chance (in 1/1000) that a RECV whose SEND
  * has not been issued is a candidate anyway (0: never, so the draw cannot deadlock). With
  * V = 1 and early = 0 this is the draw the training part has always used. */
-static void draw_chunks(rng_state *rng, int P, int V, int M, int ordered, int early, sched *s) {
+static void draw_placed(rng_state *rng, int P, int V, int place, int M, int ordered, int early, sched *s) {
     int S = P * V;
-    gen g = {S, M, calloc((size_t)S * SCHED_NOPS * M, sizeof(int)), calloc((size_t)S * M, 1)};
+    gen g = {S, M, P, place, calloc((size_t)S * SCHED_NOPS * M, sizeof(int)), calloc((size_t)S * M, 1)};
     for (int k = 0; k < S * M; k++) g.split[k] = rng_u64(rng) & 1;
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "random");
     s->P = P;
     s->V = V;
     s->M = M;
+    s->place = place;
     s->n = calloc(P, sizeof(int));
     s->acts = calloc(P, sizeof *s->acts);
     for (int r = 0; r < P; r++) s->acts[r] = calloc((size_t)SCHED_NOPS * M * V, sizeof(sched_action));
@@ -105,13 +120,18 @@ static void draw_chunks(rng_state *rng, int P, int V, int M, int ordered, int ea
                         cand[nc++] = (sched_action){(sched_op)op, r, mb};
         if (nc == 0) break;
         sched_action a = cand[rng_u64(rng) % (uint64_t)nc];
-        int rk = a.stage % P;
+        int rk = sched_place_rank(place, P, a.stage);
         s->acts[rk][s->n[rk]++] = a;
         DONE(&g, a.stage, a.op, a.mb) = 1;
     }
     free(cand);
     free(g.done);
     free(g.split);
+}
+
+/* The same in the loop placement (stage st on rank st % P). */
+static void draw_chunks(rng_state *rng, int P, int V, int M, int ordered, int early, sched *s) {
+    draw_placed(rng, P, V, SCHED_PLACE_LOOP, M, ordered, early, s);
 }
 
 /* Draw one schedule into s (P ranks, M micro-batches); ordered: obey the gradient order. */
@@ -188,7 +208,9 @@ static int chunk_property(int P, int count, unsigned long long seed) {
             int M = 1 + k % MAXM;
             sched s;
             for (int kind = 0; kind < 3; kind++) {
-                draw_chunks(&rng, P, V, M, kind != 1, kind == 2 ? early[k % 4] : 0, &s);
+                /* every other draw with two chunks is V-shaped (stage s on rank s, then 2P-1-s) */
+                int place = V == 2 && k % 2 ? SCHED_PLACE_V : SCHED_PLACE_LOOP;
+                draw_placed(&rng, P, V, place, M, kind != 1, kind == 2 ? early[k % 4] : 0, &s);
                 draws++;
                 int rc = sched_validate(&s, err, sizeof err), completes = acyclic(&s);
                 sched_sim sim;
@@ -230,7 +252,8 @@ static int chunk_property(int P, int count, unsigned long long seed) {
                     fprintf(stderr, "P=%d V=%d M=%d: the CSV does not read back: %s\n", P, V, M, err);
                     fails++;
                 } else {
-                    if (t.P != P || t.V != V || t.M != M) {
+                    /* a V draw may read back as loop only where the two coincide (P = 1) */
+                    if (t.P != P || t.V != V || t.M != M || (P > 1 && t.place != place)) {
                         fprintf(stderr, "P=%d V=%d M=%d: the CSV reads back as P=%d V=%d M=%d\n", P, V, M, t.P, t.V,
                                 t.M);
                         fails++;
@@ -378,7 +401,8 @@ int main(int argc, char **argv) {
         /* 2. an ordered draw: accepted, and trained bit-identically; every other one with two
          * chunks per rank where the 4 blocks fill the P V stages' middle (P = 2, 3) */
         int V = (P == 2 || P == 3) && k % 2 == 1 ? 2 : 1;
-        draw_chunks(&rng, P, V, M, 1, 0, &s);
+        /* and every other chunked one V-shaped */
+        draw_placed(&rng, P, V, V == 2 && k % 4 == 3 ? SCHED_PLACE_V : SCHED_PLACE_LOOP, M, 1, 0, &s);
         draw_split(&rng, P * V, split, sizeof split);
         if (sched_validate(&s, err, sizeof err) != 0) {
             if (rank == 0) fprintf(stderr, "validator refused a schedule that obeys every rule: %s\n", err);

@@ -162,7 +162,7 @@ refuse() { # NAME PATTERN NP ARGS...
 }
 refuse "chunks on one rank" "need at least 2 pipeline ranks" 1 --schedule interleaved-1f1b --chunks-per-rank 2
 refuse "gpipe with chunks" "interleaved-1f1b\|chunk" 2 --schedule gpipe --chunks-per-rank 2
-refuse "zb-v" "V-shaped layout" 2 --schedule zb-v --chunks-per-rank 2
+refuse "zb-v with 3 chunks" "zb-v runs exactly 2 chunks per rank" 2 --schedule zb-v --chunks-per-rank 3
 refuse "more stages than blocks + 2" "stages" 4 --schedule looped-bfs --chunks-per-rank 3
 refuse "--recompute with the wrong count" "one per stage (4 here)" 2 --schedule interleaved-1f1b --chunks-per-rank 2 --recompute none,full
 

@@ -10,6 +10,7 @@
 
 #include "pipelm/sched.h"
 #include "pipelm/sched_cost.h"
+#include "pipelm/waitsplit.h"
 
 // ----------------------------------------------------------------------------
 // helpers
@@ -860,8 +861,8 @@ START_TEST(test_chunks_v1_unchanged) {
 }
 END_TEST
 
-/* refusals: the one-chunk schedules with V > 1 (naming those that take chunks), zb-v (its
-   layout is not s mod P), V < 1 */
+/* refusals: the one-chunk schedules with V > 1 (naming those that take chunks), zb-v and
+   dualpipev with V != 2, V < 1 */
 START_TEST(test_chunks_build_errors) {
     sched s;
     char err[512];
@@ -871,8 +872,10 @@ START_TEST(test_chunks_build_errors) {
     ck_assert_ptr_null(s.n);
     ck_assert_int_ne(sched_build_chunks("zb-h1", 2, 3, 8, &s, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "zb-h1 runs one chunk per rank"), "%s", err);
-    ck_assert_int_ne(sched_build_chunks("zb-v", 4, 2, 8, &s, err, sizeof err), 0);
-    ck_assert_msg(strstr(err, "zb-v") && strstr(err, "s mod P"), "%s", err);
+    ck_assert_int_ne(sched_build_chunks("zb-v", 4, 3, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "zb-v runs exactly 2 chunks per rank"), "%s", err);
+    ck_assert_int_ne(sched_build_chunks("dualpipev", 4, 1, 8, &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "dualpipev runs exactly 2 chunks per rank"), "%s", err);
     ck_assert_int_ne(sched_build_chunks("interleaved-1f1b", 4, 0, 8, &s, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "V=0"), "%s", err);
     ck_assert_int_ne(sched_build_chunks("looped-bfs", 1 << 12, 1 << 5, 8, &s, err, sizeof err), 0);
@@ -985,6 +988,151 @@ START_TEST(test_chunks_invalid_csv) {
     ck_assert_int_ne(sched_read_csv(f, "x", &s, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "stages 0..4 (5) on 2 rows") && strstr(err, "multiple of the row count"), "%s", err);
     fclose(f);
+}
+END_TEST
+
+/* zb-v and dualpipev for P = 1..4, M = 1..2P+2: valid, placed V (stage s on rank s, then
+   2P-1-s), no messages between rank P-1's two stages, zb-v within 1f1b's memory (2P chunk
+   slots) and with a unit-cost bubble no larger than zb-h1's once M >= P */
+START_TEST(test_vshape_builders) {
+    char err[512];
+    const char *names[2] = {"zb-v", "dualpipev"};
+    for (int k = 0; k < 2; k++)
+        for (int P = 1; P <= 4; P++)
+            for (int M = 1; M <= 2 * P + 2; M++) {
+                sched s;
+                build_chunks(names[k], P, 2, M, &s);
+                ck_assert_int_eq(s.place, SCHED_PLACE_V);
+                ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s P=%d M=%d: %s", names[k], P, M, err);
+                for (int r = 0; r < P; r++) {
+                    for (int i = 0; i < s.n[r]; i++) {
+                        const sched_action *a = &s.acts[r][i];
+                        ck_assert_int_eq(a->stage < P ? a->stage : 2 * P - 1 - a->stage, r);
+                        int comm = a->op != SCHED_F && a->op != SCHED_B && a->op != SCHED_I && a->op != SCHED_W;
+                        ck_assert(!(comm && r == P - 1 && (a->stage == P - 1 || a->stage == P) &&
+                                    (a->op == SCHED_SEND_F ? a->stage == P - 1 : a->op == SCHED_RECV_F ? a->stage == P
+                                     : a->op == SCHED_SEND_B ? a->stage == P : a->stage == P - 1)));
+                    }
+                    if (k == 0) ck_assert_int_le(sched_max_inflight(&s, r), 2 * P);
+                }
+                if (k == 0 && P > 1 && M >= P) {
+                    sched h;
+                    sched_sim a, b;
+                    build_chunks("zb-h1", P, 1, M, &h);
+                    ck_assert_int_eq(sched_simulate(&s, &a, err, sizeof err), 0);
+                    ck_assert_int_eq(sched_simulate(&h, &b, err, sizeof err), 0);
+                    ck_assert_msg(a.bubble <= b.bubble, "P=%d M=%d: zb-v %.3f zb-h1 %.3f", P, M, a.bubble, b.bubble);
+                    sched_sim_free(&a); sched_sim_free(&b); sched_free(&h);
+                }
+                sched_free(&s);
+            }
+}
+END_TEST
+
+/* the placement map: the V shape and the loop, both ways round */
+START_TEST(test_place_map) {
+    for (int P = 1; P <= 5; P++)
+        for (int place = SCHED_PLACE_LOOP; place <= SCHED_PLACE_V; place++)
+            for (int r = 0; r < P; r++)
+                for (int c = 0; c < 3; c++) {
+                    int st = sched_place_stage(place, P, r, c);
+                    ck_assert_int_eq(sched_place_rank(place, P, st), r);
+                    ck_assert_int_eq(sched_place_chunk(place, P, st), c);
+                    if (place == SCHED_PLACE_LOOP) ck_assert_int_eq(st, c * P + r);
+                    if (place == SCHED_PLACE_V && c < 2) ck_assert_int_eq(st, c ? 2 * P - 1 - r : r);
+                }
+    ck_assert_str_eq(sched_place_name(SCHED_PLACE_V), "v");
+    ck_assert_int_eq(sched_default_chunks("zb-v"), 2);
+    ck_assert_int_eq(sched_default_chunks("1f1b"), 1);
+    ck_assert_int_eq(sched_name_place("dualpipev"), SCHED_PLACE_V);
+}
+END_TEST
+
+/* V-shaped CSVs: a generated one reads back placed V with the same actions; torch's
+   overlapped cell reads as its two actions; a rank's two stages out of order are refused */
+START_TEST(test_vshape_csv) {
+    char err[512];
+    for (int P = 2; P <= 4; P++) {
+        sched a, b;
+        build_chunks("dualpipev", P, 2, 2 * P + 1, &a);
+        char *t = csv_text(&a);
+        from_text(t, &b);
+        ck_assert(b.P == P && b.V == 2 && b.place == SCHED_PLACE_V);
+        for (int r = 0; r < P; r++) {
+            ck_assert_int_eq(b.n[r], a.n[r]);
+            ck_assert(memcmp(b.acts[r], a.acts[r], sizeof(sched_action) * (size_t)a.n[r]) == 0);
+        }
+        ck_assert_msg(sched_validate(&b, err, sizeof err) == 0, "%s", err);
+        free(t);
+        sched_free(&a); sched_free(&b);
+    }
+    const char *row1 = "1RECV_F0,1F0,2F0,2SEND_F0,1RECV_F1,1F1,2F1,2SEND_F1,2RECV_B0,2B0,1B0,1SEND_B0,2RECV_B1,2B1,1B1,"
+                       "1SEND_B1\n";
+    char text[1024], flat[1024];
+    snprintf(text, sizeof text, "0F0,0SEND_F0,0F1,0SEND_F1,3RECV_F0,3F0,3B0,3SEND_B0,3RECV_F1,0RECV_B0, "
+             "(3F1;0B0)OVERLAP_F_B ,3B1,3SEND_B1,0RECV_B1,0B1\n%s", row1);
+    snprintf(flat, sizeof flat, "0F0,0SEND_F0,0F1,0SEND_F1,3RECV_F0,3F0,3B0,3SEND_B0,3RECV_F1,0RECV_B0,3F1,0B0,3B1,"
+             "3SEND_B1,0RECV_B1,0B1\n%s", row1);
+    sched s;
+    from_text(text, &s);
+    ck_assert_int_eq(s.place, SCHED_PLACE_V);
+    ck_assert_msg(sched_validate(&s, err, sizeof err) == 0, "%s", err);
+    char *u = csv_text(&s);
+    ck_assert_str_eq(u, flat);
+    free(u);
+    sched_free(&s);
+    snprintf(text, sizeof text, "0F0,0SEND_F0,0F1,0SEND_F1,3RECV_F0,3F0,3B0,3SEND_B0,3RECV_F1,0RECV_B0,3F1,0B0,3B1,"
+             "3SEND_B1,0RECV_B1,0B1\n1RECV_F0,2F0,1F0,2SEND_F0,1RECV_F1,1F1,2F1,2SEND_F1,2RECV_B0,2B0,1B0,1SEND_B0,"
+             "2RECV_B1,2B1,1B1,1SEND_B1\n");
+    expect_invalid(text, err, sizeof err);
+    ck_assert_msg(strstr(err, "rank 1, action #1 (2F0): comes before 1F0") && strstr(err, "same rank"), "%s", err);
+    snprintf(text, sizeof text, "(3F1;0B0)OVERLAP\n");
+    FILE *f = tmpfile();
+    fputs(text, f);
+    rewind(f);
+    ck_assert_int_ne(sched_read_csv(f, "x", &s, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "cannot parse action '(3F1;0B0)OVERLAP'"), "%s", err);
+    fclose(f);
+}
+END_TEST
+
+/* the wait split: a stage measured 2x its baseline is named, the parts add up to the wait */
+START_TEST(test_wait_split) {
+    sched s;
+    build_chunks("1f1b", 3, 1, 6, &s);
+    sched_costs base, meas;
+    ck_assert_int_eq(sched_costs_alloc(&base, 3), 0);
+    ck_assert_int_eq(sched_costs_alloc(&meas, 3), 0);
+    for (int st = 0; st < 3; st++) {
+        base.f[st] = 0.01, base.b[st] = 0.02;
+        meas.f[st] = st == 1 ? 0.02 : 0.01, meas.b[st] = st == 1 ? 0.04 : 0.02;
+    }
+    double measured[3] = {0.20, 0.05, 0.15}, flops[3] = {1, 1, 1};
+    wait_split w;
+    char err[512];
+    ck_assert_msg(wait_split_compute(&s, &meas, &base, NULL, 0.001, measured, &w, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(w.worst, 1);
+    ck_assert(fabs(w.over[1] - 1.0) < 1e-9 && fabs(w.over[0]) < 1e-9);
+    ck_assert_msg(strstr(w.why, "stage 1 on rank 1: F and B 100% over cost; ranks 0,2 wait"), "%s", w.why);
+    for (int r = 0; r < 3; r++) {
+        ck_assert(fabs(w.sched_s[r] + w.straggler_s[r] + w.transfer_s[r] + w.other_s[r] - measured[r]) < 1e-12);
+        ck_assert(w.transfer_s[r] >= 0 && w.straggler_s[r] >= 0 && w.sched_s[r] >= 0);
+    }
+    ck_assert(w.straggler_s[0] > 0 && w.straggler_s[2] > 0 && w.straggler_s[1] == 0);
+    wait_split_free(&w);
+    /* no baseline file: the median cost per FLOP; equal FLOPs, so the same stage stands out */
+    ck_assert_int_eq(wait_split_compute(&s, &meas, NULL, flops, 0.0, measured, &w, err, sizeof err), 0);
+    ck_assert_int_eq(w.worst, 1);
+    ck_assert(w.transfer_s[0] == 0 && w.transfer_s[1] == 0);
+    wait_split_free(&w);
+    /* nothing over cost: no straggler */
+    ck_assert_int_eq(wait_split_compute(&s, &base, &base, NULL, 0.0, measured, &w, err, sizeof err), 0);
+    ck_assert_int_eq(w.worst, -1);
+    ck_assert_str_eq(w.why, "");
+    wait_split_free(&w);
+    sched_costs_free(&base);
+    sched_costs_free(&meas);
+    sched_free(&s);
 }
 END_TEST
 
@@ -1108,6 +1256,10 @@ static Suite *sched_suite(void) {
     tcase_add_test(tc, test_chunks_invalid_csv);
     tcase_add_test(tc, test_chunks_print_grid);
     tcase_add_test(tc, test_chunks_costs);
+    tcase_add_test(tc, test_vshape_builders);
+    tcase_add_test(tc, test_place_map);
+    tcase_add_test(tc, test_vshape_csv);
+    tcase_add_test(tc, test_wait_split);
     suite_add_tcase(su, tc);
     return su;
 }

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The schedule property test: random deadlock-free schedules that respect only the true data
 # dependencies train the tiny model bit-identically to one process, for P = 1..4 and
-# M = 1..8, half of them with two chunks per rank on P = 2 and 3 (see tests/sched_random.c).
+# M = 1..8, half of them with two chunks per rank on P = 2 and 3, half of those V-shaped (see
+# tests/sched_random.c).
 # COUNT schedules per P (520 in all in the full tier, COUNT 130; 160 in the plain tier, COUNT
 # 40: every M still drawn 5 times per P, the same properties on a smaller sample, a third of
 # the time). Then the validator on random schedules with chunks (--chunks-only), P = 1..6,

@@ -31,6 +31,7 @@ typedef struct {
     double bubble_theoretical;  /* from the schedule's unit-cost simulation */
     const double *stage_stats;  /* BENCH_NSTAT per stage (replica 0's ranks) */
     const char *peak_what;      /* what the peak column measured ("sgemm", "onednn bf16 matmul"); NULL: sgemm */
+    const char *extra_json;     /* more "key":value members for --json (the wait split), or NULL */
 } bench_result;
 
 /* Print the table, and write JSON / CSV when the paths are non-empty. */

@@ -1,8 +1,10 @@
 /*
  * engine.h — runs one rank's schedule for one step with non-blocking MPI.
  *
- * A rank runs V >= 1 chunks (stages): chunk c is global stage s = c P + rank, so with V > 1
- * activations wrap from the last rank back to rank 0 (sched.h's loop layout). At the start
+ * A rank runs V >= 1 chunks (stages): chunk c is the global stage the schedule's placement
+ * gives it (sched.h): c P + rank in the loop layout, so with V > 1 activations wrap from the
+ * last rank back to rank 0; in the V layout stages rank and 2P - 1 - rank, and the two stages
+ * of rank P - 1 hand over by a copy. At the start
  * of a step every receive the rank's action list names is posted (one buffer per chunk,
  * micro-batch and direction), so a rank blocks only in MPI_Wait when the data it needs next
  * has not arrived; sends are MPI_Isend and complete in the background (their buffers stay
@@ -23,7 +25,7 @@ typedef struct trace trace;
 typedef struct {
     MPI_Comm comm;
     int rank, P, M, V, S;                  /* S = P V global stages */
-    stage *st;                             /* V chunks: st[c] runs global stage c P + rank */
+    stage *st;                             /* V chunks: st[c] runs sched_place_stage(place, P, rank, c) */
     const sched *sc;
     float **recv_f, **recv_b, **send_b;    /* per chunk: M slices of N*C each (backend), or NULL */
     void **hv;                             /* 4 V M host views of message buffers (engine.c) */
@@ -41,6 +43,7 @@ typedef struct {
     double act_bytes, act_bytes_peak;      /* their activations (stage_act_bytes_per_slot), now and at most */
     int fail_rank, fail_step, fail_during; /* test-only fault injection */
     trace *tr;                             /* optional timeline */
+    double slow_s;                         /* test-only: seconds added to each F, B, I, W (0: none) */
 } engine;
 
 /* st: the V chunks of this rank (sc->V of them, V = 1: one stage). */
@@ -51,6 +54,8 @@ void engine_reset_costs(engine *e);
 /* Test-only fault injection: pipeline rank fail_rank (-1: none) fails at fail_step, during
  * the step's pipeline (during != 0) or before it. */
 void engine_set_faults(engine *e, int fail_rank, int fail_step, int during);
+/* Test-only: every F, B, I and W of this rank runs ms milliseconds longer (a slow rank). */
+void engine_set_slow(engine *e, double ms);
 /* Before a step: zero the F/B/wait timers and forget the last non-finite forward. */
 void engine_begin_step(engine *e);
 /* Record a timeline into tr (NULL: none); engine_take_trace hands it back and stops. */

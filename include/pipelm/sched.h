@@ -7,7 +7,9 @@
  * Virtual stages: a rank may own V >= 1 model chunks. The model is then split
  * into S = P * V stages and global stage s runs on rank s % P as that rank's
  * chunk s / P (torch's and Megatron's loop layout), so activations wrap from
- * the last rank back to rank 0. With V = 1 stage s is simply rank s.
+ * the last rank back to rank 0; or, in the V layout (zb-v, dualpipev), on rank
+ * s for s < P and 2P-1-s after (the placement map below). With V = 1 stage s
+ * is simply rank s.
  * Every action names its GLOBAL stage.
  *
  * Actions are written the way PyTorch's torch.distributed.pipelining writes
@@ -16,7 +18,8 @@
  * be saved and loaded as the same CSV torch's _dump_csv/_load_csv use: one row
  * per rank, comma-separated action strings, no header. The module builds
  * "gpipe", "1f1b", "zb-h1" (one chunk per rank) and "interleaved-1f1b",
- * "looped-bfs", "interleaved-zb" (V chunks per rank), validates any schedule
+ * "looped-bfs", "interleaved-zb" (V chunks per rank), "zb-v" and "dualpipev"
+ * (two chunks per rank in a V), validates any schedule
  * (ownership, ordering, send/recv pairing, storage lifetimes, deadlock freedom
  * under blocking receives and non-blocking sends), simulates it with unit
  * costs (F=1, B=2, I=W=1, comm=0) to get the makespan and bubble fraction, and
@@ -57,7 +60,33 @@ typedef struct {
     int V;                 /* chunks per rank: S = P * V global stages, stage s on rank s % P
                               (chunk s / P). 0 is read as 1, so a struct zeroed by hand and
                               filled with P, M, n, acts is a one-chunk schedule. */
+    int place;             /* SCHED_PLACE_LOOP (0, the default of a zeroed struct) or
+                              SCHED_PLACE_V: where each global stage runs (see below) */
 } sched;
+
+/* Stage placements: the map global stage -> (rank, chunk).
+     SCHED_PLACE_LOOP  stage s on rank s % P as chunk s / P (torch's and Megatron's loop).
+     SCHED_PLACE_V     the V shape (zigzag for V > 2): chunk c of rank r is stage c P + r for
+                       even c and c P + P - 1 - r for odd c; with V = 2 stage s is on rank s
+                       for s < P and on rank 2P - 1 - s after, so the first and the last stage
+                       are both on rank 0 (torch's style="v", ZB-V's and DualPipeV's layout).
+   Two neighbouring stages on one rank (stages P-1 and P under V) hand their activations and
+   gradients over in memory: a schedule has no SEND/RECV between them (as torch writes it). */
+#define SCHED_PLACE_LOOP 0
+#define SCHED_PLACE_V 1
+/* The rank of global stage s, its chunk on that rank, and the stage of chunk c on rank r. */
+int sched_place_rank(int place, int P, int s);
+int sched_place_chunk(int place, int P, int s);
+int sched_place_stage(int place, int P, int r, int c);
+/* "loop" or "v" (NULL for an unknown placement). */
+const char *sched_place_name(int place);
+/* The rank of global stage st of schedule s (its placement). */
+int sched_stage_rank(const sched *s, int st);
+/* The chunks per rank a named schedule runs when none is asked for: 2 for the V-shaped ones
+   (zb-v, dualpipev), else 1. */
+int sched_default_chunks(const char *name);
+/* The placement a named schedule is built with (SCHED_PLACE_V for zb-v and dualpipev). */
+int sched_name_place(const char *name);
 
 /* The number of global stages, P * V (V < 1 read as 1); 0 for NULL. */
 int sched_nstages(const sched *s);
@@ -88,8 +117,19 @@ int sched_build(const char *name, int P, int M, sched *s, char *err, size_t errl
        backward split into I and W, the W's filling the time a rank would wait, with no
        more micro-batches held than interleaved-1f1b. Any M, as interleaved-1f1b.
    With V = 1, interleaved-1f1b, looped-bfs and interleaved-zb are accepted and build
-   exactly 1f1b, gpipe and zb-h1 (under their own name). zb-v is refused: its V-shaped
-   layout (stage 2P-1-r on rank r) is not the loop layout s % P of this module.
+   exactly 1f1b, gpipe and zb-h1 (under their own name).
+   The V-shaped ones take V = 2 only and are built with SCHED_PLACE_V (stage r and 2P-1-r on
+   rank r):
+     zb-v                 Qi et al.'s ZB-V: every backward split into I and W, warm-up
+       forwards of chunk 0, then chunk 1's F I W, the steady F I W of both chunks, and the
+       cool-down I's with the W's filling the tail; zero unit-cost bubble once M >= 2P-1 at
+       1F1B's activation memory. Any M (an M below 2P-1 is built as 2P-1 with the extra
+       micro-batches left out, as torch does).
+     dualpipev            DeepSeek's DualPipe folded onto P ranks (torch's ScheduleDualPipeV):
+       the steady state pairs a forward of one chunk with a full backward of the other (torch
+       overlaps them; here they run one after the other), the warm-up's and the tail's
+       backwards split into I and W. Any M (torch: M >= 2P; a smaller M is built as 2P with
+       the extra micro-batches left out).
    Returns PL_OK; on error PL_EINVAL (a bad name or size; PL_ENOMEM out of memory), err filled
    and *s left empty. */
 int sched_build_chunks(const char *name, int P, int V, int M, sched *s, char *err, size_t errlen);
@@ -131,6 +171,9 @@ int sched_write_csv(const sched *s, FILE *f);
    cells and empty cells are tolerated). P = number of rows, M = max mb + 1.
    Stages beyond the rows are chunks: when max stage >= P, S = max stage + 1
    must be a multiple of P (refused otherwise) and V = S / P; else V = 1.
+   The placement is the loop one when every action's stage fits it, else the V shape when
+   every one fits that (torch's ZB-V and DualPipeV files). torch's overlapped cells
+   "(0F3;1B0)OVERLAP_F_B" are read as their sub-actions in order.
    The result is not validated (a stage on the wrong row is sched_validate's
    to refuse); call sched_validate. PL_OK, or PL_EINVAL with err (PL_ENOMEM out of memory,
    PL_EIO a read error). */
@@ -138,9 +181,11 @@ int sched_read_csv(FILE *f, const char *name, sched *s, char *err, size_t errlen
 
 /* Check that the schedule is complete, well ordered, has matched send/recv
    pairs and cannot deadlock when receives block and sends do not. Every rule
-   holds per (global stage, micro-batch): stage s only on rank s % P; SEND_F of
-   stage s pairs with RECV_F of stage s+1 (on rank (s+1) % P), SEND_B of stage s
-   with RECV_B of stage s-1, same micro-batch.
+   holds per (global stage, micro-batch): stage s only on its rank (s % P in the loop
+   placement); SEND_F of stage s pairs with RECV_F of stage s+1 (on its rank), SEND_B of
+   stage s with RECV_B of stage s-1, same micro-batch. Two neighbouring stages on one rank
+   exchange nothing (a SEND or RECV between them is refused): the forward of stage s must
+   come before that of s+1 on the rank's list, the input side of s+1's backward before s's.
    PL_OK = valid; otherwise PL_EINVAL and err names the rank, the action (with its stage)
    and the reason (PL_ENOMEM: out of memory).
 

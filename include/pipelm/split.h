@@ -32,6 +32,11 @@ int split_make(split *sp, const char *spec, const model_config *cfg, int P, int 
  * then each rank's stages; V = 1 is split_make. */
 int split_make_chunks(split *sp, const char *spec, const model_config *cfg, int P, int V, int M, int Bm, int T,
                       char *err, size_t errlen);
+/* The same with the stages placed by `place` (sched.h's SCHED_PLACE_*: a rank's load is the
+ * sum of the stages the placement gives it; the V shape puts the embedding and the head both
+ * on rank 0); split_make_chunks is place = SCHED_PLACE_LOOP. */
+int split_make_placed(split *sp, const char *spec, const model_config *cfg, int P, int V, int place, int M, int Bm,
+                      int T, char *err, size_t errlen);
 void split_free(split *sp);
 /* Estimated forward FLOPs per token of stage s. */
 double split_stage_flops(const split *sp, const model_config *cfg, int s, int T);

@@ -20,6 +20,9 @@ void trace_event(trace *t, const char *name, const char *cat, int mb, double t0,
 /* The same for an event of one global stage (>= 0; written as args.stage): with virtual
  * stages a rank computes several. */
 void trace_event_stage(trace *t, const char *name, const char *cat, int mb, int stage, double t0, double t1);
+/* Record a counter sample (a Chrome "C" event: name, value) at time `at` (MPI_Wtime seconds);
+ * the benchmark's wait split puts each rank's parts on its track this way. */
+void trace_counter(trace *t, const char *name, double value, double at);
 /* Collective: gather and write the file on rank 0; frees the trace. */
 int trace_write(trace *t, const char *path);
 /* Local: free the trace without writing it (the error path, where peers may be gone). */

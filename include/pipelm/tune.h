@@ -1,0 +1,49 @@
+/*
+ * tune.h — the layout tuner: which schedule, micro-batch count M and chunks per rank V run a
+ * step fastest on P ranks within a per-rank memory cap, predicted from measured costs.
+ *
+ * Every candidate (each schedule pipelm builds, each M dividing the batch, V = 1 for the
+ * one-chunk schedules, 2 and 4 for the interleaved ones, 2 for the V-shaped ones) is built and
+ * played with sched_predict (sched_cost.h): the step time is its makespan plus the slowest
+ * rank's optimizer step, the memory the largest activation bytes a rank holds (the costs'
+ * A bytes per micro-batch walked over its list). A costs file measured with M0 micro-batches
+ * holds the seconds and bytes of batch / M0 sequences: for M they are scaled by M0 / M
+ * (linear in the sequences, so small micro-batches are predicted a little optimistically). Candidates over the cap are
+ * left out; the rest are ranked by predicted step (then bubble, then memory). Pure
+ * bookkeeping, no MPI: `pipelm tune` prints, writes JSON and verifies (pipelm.c).
+ */
+#ifndef PIPELM_TUNE_H
+#define PIPELM_TUNE_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "pipelm/sched_cost.h"
+
+typedef struct {
+    char schedule[32];
+    int M, V;
+    double step_s, bubble, peak_mem_mb;
+} tune_cand;
+
+typedef struct {
+    int P, batch;                /* pipeline ranks, sequences per step */
+    int costs_M;                 /* the M the costs were measured with (0: no scaling) */
+    double mem_cap_mb;           /* per rank; <= 0: no cap */
+    int max_M;                   /* largest M tried (0: the batch) */
+} tune_query;
+
+/* Search every candidate for q with costs c; *out (malloc'd, best first) and *n (all that fit
+ * under the cap), *tried (how many were played). PL_OK, or PL_EINVAL / PL_ENOMEM with err. */
+int tune_search(const tune_query *q, const sched_costs *c, tune_cand **out, int *n, int *tried, char *err,
+                size_t errlen);
+/* The `pipelm train` arguments of a candidate ("--schedule zb-v --microbatches 8 --chunks-per-rank 2"). */
+void tune_command(const tune_cand *t, char *buf, size_t len);
+/* The candidates as JSON (best first): command, predicted_ms, bubble, peak_mem_mb, schedule,
+ * microbatches, chunks_per_rank; extra: the train arguments added to every command. */
+void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, const char *extra);
+
+/* `pipelm tune` (tune_cli.c): parse, search, print, --json, --verify; the exit status. */
+int tune_main(int argc, char **argv, int first, MPI_Comm comm);
+
+#endif

@@ -1,0 +1,190 @@
+/*
+ * tune_cli.c — `pipelm tune`: the tuner's command line, its table, its JSON, and --verify
+ * (the top K benchmarked in this job, measured beside predicted). See include/pipelm/tune.h.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "pipelm/common.h"
+#include "pipelm/config.h"
+#include "pipelm/files.h"
+#include "pipelm/train.h"
+#include "pipelm/tune.h"
+
+typedef struct {
+    const char *costs, *json;
+    int top, verify;
+    tune_query q;
+    char extra[2048];          /* the train options after --, for every command */
+} tune_args;
+
+/* `pipelm tune --help`. */
+static void tune_usage(void) {
+    printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
+           "       [--max-microbatches M] [--costs-microbatches M0] [--top N] [--json FILE] [--verify K]\n"
+           "       [-- TRAIN OPTIONS]\n"
+           "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
+           "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
+           "activations fit --mem-cap-gb per rank (default: this node's memory / P), with the predicted\n"
+           "step, bubble, peak activation memory and the pipelm train command of each. --costs-microbatches\n"
+           "M0 (required): the M the costs were measured with at batch B (each action is scaled by M0 / M).\n"
+           "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
+           "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
+           "after --, and prints measured beside predicted. Not searched yet: --split, --recompute, --dp.\n");
+}
+
+/* An int option value >= lo, else -1. */
+static int int_arg(const char *v, int lo) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end || x < lo || x > (1 << 24) ? -1 : (int)x;
+}
+
+/* Parse the command line; 0 to go on, else the exit status (+1: --help). */
+static int tune_parse(int argc, char **argv, int first, int world, tune_args *a) {
+    memset(a, 0, sizeof *a);
+    a->top = 5, a->q.P = world > 1 ? world : 0, a->q.batch = 16, a->q.mem_cap_mb = -1;
+    double gb = -1;
+    for (int i = first; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help")) { if (pl_rank == 0) tune_usage(); return 1; }
+        if (!strcmp(o, "--")) {
+            for (int j = i + 1, off = 0; j < argc && off < (int)sizeof a->extra - 2; j++)
+                off += snprintf(a->extra + off, sizeof a->extra - off, "%s%s", off ? " " : "", argv[j]);
+            break;
+        }
+        if (i + 1 >= argc) { pl_error("tune: option %s needs a value", o); return 3; }
+        const char *v = argv[++i];
+        int bad = 0;
+        if (!strcmp(o, "--costs")) a->costs = v;
+        else if (!strcmp(o, "--json")) a->json = v;
+        else if (!strcmp(o, "--stages")) bad = (a->q.P = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--top")) bad = (a->top = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
+        else if (!strcmp(o, "--max-microbatches")) bad = (a->q.max_M = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--costs-microbatches")) bad = (a->q.costs_M = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--mem-cap-gb")) bad = !((gb = strtod(v, NULL)) > 0);
+        else { pl_error("tune: unknown option '%s' (see pipelm tune --help; train options go after --)", o); return 3; }
+        if (bad) { pl_error("tune: %s %s: not a valid value", o, v); return 3; }
+    }
+    if (!a->costs) { pl_error("tune: --costs FILE is required (pipelm bench --costs-out writes one)"); return 3; }
+    if (a->q.costs_M < 1) {
+        pl_error("tune: --costs-microbatches M0 is required: the micro-batch count the costs were measured with "
+                 "(with --batch, it sizes every action for the other M)");
+        return 3;
+    }
+    if (a->q.P < 1) { pl_error("tune: --stages P is required outside mpiexec -n P"); return 3; }
+    if (a->verify && a->q.P != world) {
+        pl_error("tune: --verify runs the candidates here: start it with mpiexec -n %d (this job has %d)", a->q.P, world);
+        return 3;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
+    a->q.mem_cap_mb = gb > 0 ? gb * 1024.0 : pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / a->q.P : -1;
+    return 0;
+}
+
+/* Read the costs file; PL_OK or the failure, reported. */
+static int read_costs(const char *path, sched_costs *c) {
+    char err[1024];
+    FILE *f = NULL;
+    if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
+        pl_error("tune: %s", err);
+        return PL_EIO;
+    }
+    int rc = sched_costs_read(f, c, err, sizeof err);
+    fclose(f);
+    if (rc != PL_OK) pl_error("tune: %s: %s", path, err);
+    return rc;
+}
+
+/* The table of the best n. */
+static void print_best(const tune_args *a, const tune_cand *t, int n, int tried, double secs) {
+    pl_info("tune: %d layouts tried for P=%d, batch %d in %.2f s; %d fit %.0f MB of activations per rank; the best %d:\n",
+            tried, a->q.P, a->q.batch, secs, n, a->q.mem_cap_mb, n < a->top ? n : a->top);
+    pl_info("  %4s  %12s  %7s  %12s  %s\n", "#", "predicted ms", "bubble", "peak act MB", "command");
+    for (int i = 0; i < n && i < a->top; i++) {
+        char cmd[256];
+        tune_command(&t[i], cmd, sizeof cmd);
+        pl_info("  %4d  %12.3f  %6.1f%%  %12.2f  mpiexec -n %d pipelm train %s%s%s\n", i + 1, 1e3 * t[i].step_s,
+                100 * t[i].bubble, t[i].peak_mem_mb, a->q.P, cmd, a->extra[0] ? " " : "", a->extra);
+    }
+}
+
+/* Benchmark candidate t here (every rank: the same arguments); *ms the median step, or -1. */
+static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, double *ms) {
+    char cmd[2600], js[64] = "";
+    tune_command(t, cmd, sizeof cmd);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --batch %d --steps 3 --warmup 1 %s", a->q.batch, a->extra);
+    long id = (long)getpid();
+    MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
+    snprintf(js, sizeof js, "/tmp/pipelm-tune-%ld.json", id);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --json %s", js);
+    char *argv[128], *save = NULL;
+    int argc = 0;
+    argv[argc++] = "pipelm", argv[argc++] = "bench";
+    for (char *w = strtok_r(cmd, " ", &save); w && argc < 127; w = strtok_r(NULL, " ", &save)) argv[argc++] = w;
+    pl_options o;
+    config_defaults(&o);
+    o.hp.total_steps = 3, o.warmup = 1, o.log_every = 1000000, o.progress = 0;
+    char err[1024];
+    *ms = -1;
+    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || config_validate(&o, err, sizeof err) != PL_OK) {
+        if (pl_rank == 0) pl_error("tune --verify: %s", err);
+        return PL_EINVAL;
+    }
+    o.bench = 1;
+    int agreed = 1, rc = train_run(&o, comm, &agreed);
+    if (rc == PL_OK && pl_rank == 0) {
+        FILE *f = fopen(js, "r");
+        char buf[4096] = "";
+        size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[got] = 0;
+        if (f) fclose(f);
+        const char *p = strstr(buf, "\"median\":");
+        if (p) *ms = strtod(p + 9, NULL);
+        unlink(js);
+    }
+    return rc;
+}
+
+/* `pipelm tune` (tune.h). */
+int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
+    int world;
+    MPI_Comm_size(comm, &world);
+    tune_args a;
+    int x = tune_parse(argc, argv, first, world, &a);
+    if (x) return x == 1 ? 0 : 2;
+    sched_costs c;
+    if (read_costs(a.costs, &c) != PL_OK) return 2;
+    tune_cand *t = NULL;
+    int n = 0, tried = 0;
+    char err[1024];
+    double t0 = pl_now();
+    int rc = tune_search(&a.q, &c, &t, &n, &tried, err, sizeof err);
+    sched_costs_free(&c);
+    if (rc != PL_OK) { if (pl_rank == 0) pl_error("%s", err); free(t); return rc == PL_EINVAL ? 2 : 1; }
+    if (pl_rank == 0) print_best(&a, t, n, tried, pl_now() - t0);
+    if (a.json && pl_rank == 0) {
+        FILE *f = NULL;
+        if (pl_open_output(a.json, "--json", &f, err, sizeof err) != PL_OK) { pl_error("tune: %s", err); rc = PL_EIO; }
+        else {
+            tune_write_json(f, &a.q, t, n, a.extra);
+            if (pl_close_output(f, a.json, "--json", err, sizeof err) != PL_OK) { pl_error("tune: %s", err); rc = PL_EIO; }
+        }
+    }
+    for (int i = 0; rc == PL_OK && i < a.verify && i < n; i++) {
+        double ms;
+        rc = verify_one(&a, &t[i], comm, &ms);
+        char cmd[256];
+        tune_command(&t[i], cmd, sizeof cmd);
+        if (rc == PL_OK && pl_rank == 0)
+            pl_info("verify %d: %s: measured %.3f ms per step, predicted %.3f ms (%+.1f%%)\n", i + 1, cmd, ms,
+                    1e3 * t[i].step_s, ms > 0 ? 100.0 * (ms / (1e3 * t[i].step_s) - 1.0) : 0.0);
+    }
+    free(t);
+    return rc == PL_OK ? 0 : 1;
+}

@@ -1,0 +1,101 @@
+#!/bin/bash
+# test_tune.sh — pipelm tune finds a planted answer: a costs file for 4 ranks whose stage 2
+# runs 2x slower, and a per-rank memory cap under which GPipe (it holds the whole batch) and
+# the small M cannot run. Every layout the tuner searches is also predicted one by one with
+# `pipelm schedule --costs` (costs scaled to each M's micro-batch size here, independently):
+# the tuner's first pick must be the fastest of those that fit, no candidate may exceed the
+# cap, and without the cap GPipe is a candidate again. --json has the keys the issue names;
+# --verify runs the top candidate (on 2 ranks) and prints measured beside predicted; the
+# search at P = 64, batch 256 (M up to 256) finishes in under 60 s.
+. "$(dirname "$0")/lib.sh"
+cd "$WORK"
+python3 - <<'PY'
+def write(path, k):
+    with open(path, "w") as f:
+        f.write("stages 4\nmsg_bytes %g\nlatency_s 2e-5\nbytes_per_s 1e9\n" % (65536 * k))
+        for s in range(4):
+            slow = 2.0 if s == 2 else 1.0
+            f.write("stage %d F %g B %g I %g W %g O 0.002 A %g\n" % (s, 0.004 * slow * k, 0.008 * slow * k,
+                    0.004 * slow * k, 0.004 * slow * k, 1048576 * k))
+write("c.txt", 1.0)
+for M in (1, 2, 4, 8):
+    write("c%d.txt" % M, 8.0 / M)
+PY
+CAP=0.005859375 # 6 MB: gpipe holds 8 MB at every M
+if "$PIPELM" tune --costs c.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb $CAP --json t.json > t.out 2>&1; then
+    ok "tune ran: $(head -n 1 t.out)"
+else bad "tune" "exit $? $(cat t.out)"; fi
+"$PIPELM" tune --costs c.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json nocap.json > nocap.out 2>&1 \
+    || bad "tune without a cap" "exit $?"
+# the brute force: every layout predicted on its own
+: > brute.txt
+for M in 1 2 4 8; do
+    for SV in gpipe:1 1f1b:1 zb-h1:1 interleaved-1f1b:2 interleaved-1f1b:4 interleaved-zb:2 interleaved-zb:4 looped-bfs:2 \
+              zb-v:2 dualpipev:2; do
+        S=${SV%:*} V=${SV#*:}
+        "$PIPELM" schedule --stages 4 --microbatches $M --schedule $S --chunks-per-rank $V --grid no --costs c$M.txt \
+            > one.out 2>&1 || continue
+        step=$(sed -n 's/^predicted from .*: step \([0-9.]*\) ms.*/\1/p' one.out)
+        peak=$(sed -n 's/.*activations \([0-9.]*\) MB$/\1/p' one.out | sort -g | tail -n 1)
+        echo "$S $M $V $step $peak" >> brute.txt
+    done
+done
+if python3 - t.json nocap.json brute.txt $CAP <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["candidates"]
+nocap = json.load(open(sys.argv[2]))["candidates"]
+cap_mb = float(sys.argv[4]) * 1024
+rows = [l.split() for l in open(sys.argv[3]) if l.strip()]
+fit = [(float(r[3]), r) for r in rows if float(r[4]) <= cap_mb + 0.05]
+best = min(fit)[0]
+for c in t:
+    assert set(["command", "predicted_ms", "bubble", "peak_mem_mb"]) <= set(c), c
+    assert c["peak_mem_mb"] <= cap_mb + 1e-9, c
+    assert c["schedule"] != "gpipe", c
+    assert c["command"].startswith("pipelm train --schedule "), c
+assert abs(t[0]["predicted_ms"] - best) < 0.006, (t[0], best, sorted(fit)[:3])
+assert all(t[i]["predicted_ms"] <= t[i + 1]["predicted_ms"] for i in range(len(t) - 1))
+assert any(c["schedule"] == "gpipe" for c in nocap)
+# the planted slow stage bounds every one-chunk layout: the batch's 2x F + B on one rank (with
+# chunks its layers are spread over two stages on two ranks)
+for c in t:
+    if c["chunks_per_rank"] == 1:
+        assert c["predicted_ms"] >= 8 * (0.008 + 0.016) * 1e3 - 1e-6, c
+print("first pick %s (%.3f ms), the fastest of the %d layouts that fit %.1f MB by brute force; gpipe only without the cap"
+      % (t[0]["command"], t[0]["predicted_ms"], len(fit), cap_mb))
+PY
+then ok "planted answer found"; else bad "planted answer" "$(head -n 8 t.out)"; fi
+grep -q "mpiexec -n 4 pipelm train --schedule" t.out && [ "$(grep -c '^ *[1-5]  ' t.out)" = 5 ] && ok "the five best printed with their commands" \
+    || bad "the table" "$(cat t.out)"
+"$PIPELM" tune --costs c.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0001 > none.out 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "no layout of the .* tried fits" none.out && ok "a cap nothing fits is refused (exit 2)" || bad "cap refusal" "rc=$rc $(cat none.out)"
+# --verify: measured beside predicted, on a costs file this machine measured
+if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
+        --costs-out m.txt > m.out 2>&1 &&
+        mpirun_t 180 2 tune --costs m.txt --batch 4 --costs-microbatches 2 --top 3 --verify 1 -- --preset tiny --n-layer 2 \
+        --seq-len 16 > v.out 2>&1 && grep -q "^verify 1: --schedule .*: measured [0-9.]* ms per step, predicted" v.out; then
+    ok "--verify: $(grep '^verify 1' v.out)"
+else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
+# train --schedule auto takes the tuner's first pick for the same costs
+first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
+if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \
+        --schedule auto --costs-in m.txt > auto.out 2>&1; then
+    S=$(echo "$first" | sed 's/--schedule \([^ ]*\).*/\1/') M=$(echo "$first" | sed 's/.*--microbatches \([0-9]*\).*/\1/')
+    grep -q "^--schedule auto: $S, $M micro-batches" auto.out && ok "train --schedule auto: $(grep -m1 'schedule auto' auto.out | cut -c1-120)" \
+        || bad "--schedule auto" "tune's pick '$first', train: $(grep -m1 'auto' auto.out)"
+else bad "--schedule auto" "exit $? $(grep -m1 error auto.out)"; fi
+mpirun_t 60 1 train --preset tiny --n-layer 2 --steps 1 --schedule auto > auto2.out 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "schedule auto needs --costs-in" auto2.out && ok "--schedule auto without costs refused" || bad "auto refusal" "rc=$rc"
+# the search at P = 64, batch 256 (M up to 256)
+python3 - <<'PY'
+with open("c64.txt", "w") as f:
+    f.write("stages 64\nmsg_bytes 32768\nlatency_s 1e-5\nbytes_per_s 1e10\n")
+    for s in range(64): f.write("stage %d F 0.01 B 0.02 I 0.01 W 0.01 O 0.005 A 1000000\n" % s)
+PY
+start=$(date +%s)
+"$PIPELM" tune --costs c64.txt --stages 64 --batch 256 --costs-microbatches 256 > t64.out 2>&1
+rc=$? secs=$(($(date +%s) - start))
+[ $rc = 0 ] && [ $secs -lt 60 ] && ok "P=64, batch 256: $(head -n 1 t64.out) (${secs} s wall)" || bad "P=64 search" "rc=$rc ${secs} s"
+finish
