@@ -35,22 +35,37 @@ enum { LD_FCPROJ, LD_UP, LD_GATE, LD_MLPNORM, LD_ATTPROJ, LD_QKV, LD_ATTNORM }; 
 enum { LHA_NORM, LHA_RSTD, LHA_DNORM };                                      /* the head's activations */
 enum { LX_COS, LX_SIN, LX_SCRATCH, LX_ZERO_POS, LX_DZERO_POS };              /* stage scratch */
 
-/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied */
+/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied. The file
+ * indices are llm.c's train_llama3.py write_tensors slots: GPT-2's 16, lm_head in wpe's, up
+ * and gate packed per layer in fcw's, the bias slots zeros (llama_llmc_zeros). */
 static const arch_param llama_embed[] = {
     {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, NULL, -1}, /* a lookup: not in the MFU */
 };
 static const arch_param llama_block[] = {
-    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 1, AD_C, 1, NULL, -1},
-    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 2, AD_QKV, 1, NULL, -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 3, AD_C, 1, NULL, -1},
-    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 4, AD_C, 1, NULL, -1},
-    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 5, AD_H, 1, NULL, -1},        /* up */
-    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 6, AD_H, 1, NULL, -1},      /* gate */
-    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 7, AD_C, 1, NULL, -1},
+    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, NULL, -1},
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, NULL, -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, NULL, -1},
+    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},        /* up: fcw's first half */
+    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},      /* gate: its second half */
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, NULL, -1},
 };
 static const arch_param llama_head[] = {
-    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
-    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 9, AD_V, 1, NULL, -1},
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, NULL, -1},
+    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 1, AD_V, 1, NULL, -1}, /* in GPT-2's wpe slot */
+};
+/* the zero bias slots of llm.c's Llama 3 file (llm.c's names), per block and of the head */
+static const arch_param llama_zero_block[] = {
+    {"ln1b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 0, NULL, -1},
+    {"qkvb", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 0, NULL, -1},
+    {"attprojb", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 0, NULL, -1},
+    {"ln2b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 0, NULL, -1},
+    {"fcb", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 0, NULL, -1},  /* (2H): c_fc's half */
+    {"fcb", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 0, NULL, -1},  /* c_fc2's half */
+    {"fcprojb", P_FCPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 13, AD_C, 0, NULL, -1},
+};
+static const arch_param llama_zero_head[] = {
+    {"lnfb", P_LNFB, AD_C, AD_NONE, 0, INIT_ZERO, 15, AD_C, 0, NULL, -1},
 };
 #define K_NS (KEEP_NONE | KEEP_SELECTIVE)
 /* name, floats per token, modes that keep it per slot */
@@ -453,4 +468,5 @@ const model_arch arch_llama = {
     .llmc_header_write = llama_header_write, .llmc_header_read = llama_header_read,
     .attr_int = llama_attr_int, .nattr_int = 6, .attr_f64 = llama_attr_f64, .nattr_f64 = 3,
     .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
+    .llmc_zeros = {{NULL, 0}, ARCH_ROWS(llama_zero_block), ARCH_ROWS(llama_zero_head)},
 };

@@ -77,13 +77,25 @@ def to_bf16_bits(a):
     return u.astype("<u2")
 
 
+def llmc_blocks(cfg, params):
+    """The tensors of an llm.c Llama 3 file in the order train_llama3.py's write_tensors
+    writes them: GPT-2's 16 slots, lm_head in wpe's, zeros in the bias slots, c_fc (up) and
+    c_fc2 (gate) packed per layer into fcw (L, 2H, C)."""
+    wte, an, qkv, ap, mn, fc, fc2, fp, nf, lm = params
+    L = cfg.L
+    z = lambda *s: np.zeros(s)
+    return [wte, lm, an, z(L, cfg.C), qkv, z(L, cfg.QKV), ap, z(L, cfg.C), mn, z(L, cfg.C),
+            np.concatenate([fc, fc2], axis=1), z(L, 2 * cfg.H), fp, z(L, cfg.C), nf, z(cfg.C)]
+
+
 def write_model(path, cfg, params, version=3):
     hi, hf = cfg.header(version)
+    for shape, p in zip(cfg.shapes(), params):
+        assert p.shape == tuple(shape)
     with open(path, "wb") as f:
         hi.tofile(f)
         hf.tofile(f)
-        for shape, p in zip(cfg.shapes(), params):
-            assert p.shape == tuple(shape)
+        for p in llmc_blocks(cfg, params):
             if version == 3:
                 np.ascontiguousarray(p, dtype="<f4").tofile(f)
             else:
@@ -99,15 +111,20 @@ def read_model(path, cfg):
     if not np.array_equal(np.frombuffer(raw[1024:2048], dtype="<f4"), want_f):
         raise ValueError("%s: float header differs" % path)
     flat = np.frombuffer(raw[2048:], dtype="<f4").astype(np.float64)
-    n = sum(int(np.prod(s)) for s in cfg.shapes())
+    shapes = [b.shape for b in llmc_blocks(cfg, [np.zeros(s) for s in cfg.shapes()])]
+    n = sum(int(np.prod(s)) for s in shapes)
     if flat.size != n:
         raise ValueError("%s: %d floats after the header, expected %d" % (path, flat.size, n))
-    out, off = [], 0
-    for s in cfg.shapes():
+    got, off = [], 0
+    for s in shapes:
         k = int(np.prod(s))
-        out.append(flat[off:off + k].reshape(s))
+        got.append(flat[off:off + k].reshape(s))
         off += k
-    return out
+    for i in (3, 5, 7, 9, 11, 13, 15):
+        if np.any(got[i] != 0):
+            raise ValueError("%s: bias slot %d is not zero" % (path, i))
+    H = cfg.H
+    return [got[0], got[2], got[4], got[6], got[8], got[10][:, :H], got[10][:, H:], got[12], got[14], got[1]]
 
 
 def write_tokens(path, tokens):

@@ -156,6 +156,12 @@ typedef struct model_arch {
      * n_embd) and the architecture's attributes, all range-checked first; PL_EIO and a message */
     int (*config_of_attrs)(const long long *common, const long long *ints, const double *f64, model_config *cfg,
                            char *err, size_t errlen);
+    /* slots an llm.c file holds as zeros for a tensor the model lacks (Llama 3's bias slots,
+     * llm.c's write_tensors), by part (embeddings, one block, the head): rows of the same
+     * form with file_index and file_rows, kind P_* of the GPT-2 slot; written as zeros and
+     * refused on read when not zero. Rows sharing a file_index are packed in table order
+     * within each layer (Llama's fcw slot: fc_w then fc2_w). */
+    arch_params llmc_zeros[3];
 } model_arch;
 
 /* The architectures, in id order; the count. */
