@@ -297,6 +297,22 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
     return rc;
 }
 
+/* An embedding tensor a tied head row reads (a tied Llama's wte) written again into that
+ * head row's own slot, when the file has one (llm.c's lm_head slot: llm.c has no tie).
+ * Returns the bytes of one copy written (numel * 4) or -1. */
+static ssize_t write_tied_slots(int fd, const model_config *c, const param_tensor *t, const void *host,
+                                size_t numel) {
+    const model_arch *A = arch_of(c);
+    for (int i = 0; t->part == PART_EMBED && i < A->head.n; i++) {
+        const arch_param *r = &A->head.rows[i];
+        if (model_head_row_tied(c, i) != t->row || r->file_index < 0) continue;
+        size_t n2, off = row_offset(c, r, -1, &n2);
+        if (n2 != numel || pwrite(fd, host, numel * 4, (off_t)(llmc_header_bytes(c) + off * 4)) != (ssize_t)(numel * 4))
+            return -1;
+    }
+    return (ssize_t)(numel * 4);
+}
+
 /* Write every tensor this stage is responsible for into an open file, each from a host view
  * of the backend buffer (map for reading). The last stage skips wte unless it is also the
  * first (the first stage's copy is the one written). */
@@ -316,6 +332,7 @@ static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
             return PL_EBACKEND;
         }
         ssize_t put = pwrite(fd, host, numel * 4, (off_t)(llmc_header_bytes(c) + off * 4));
+        if (put == (ssize_t)(numel * 4)) put = write_tied_slots(fd, c, t, host, numel);
         int perr = errno;
         int urc = be->unmap(host, p, numel * sizeof(float), PL_MAP_READ);
         if (put != (ssize_t)(numel * 4)) {

@@ -176,14 +176,34 @@ int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV
     cfg->llama.ffn_mult = ffn_mult; /* 0..64, 0 = none (config_check_llama) */
     cfg->llama.norm_eps = norm_eps;
     cfg->llama.rope_theta = rope_theta;
+    cfg->llama.rope_factor = 8.0f; /* Llama 3.1's rope_scaling; llama_set_rope_scaling changes it */
+    cfg->llama.rope_low_freq = 1.0f;
+    cfg->llama.rope_high_freq = 4.0f;
+    cfg->llama.rope_orig_ctx = 8192;
     return PL_OK;
 }
 
-/* Llama 3.1's rescaling of one rotary frequency (scale 8, low/high frequency factors 1 and 4,
- * original context 8192): long wavelengths slow down 8x, short ones stay, a smooth blend
- * between. */
-static double scaled_freq(double f) {
-    const double scale = 8.0, low = 1.0, high = 4.0, old_ctx = 8192.0;
+int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
+                           size_t errlen) {
+    if (!(factor >= 1 && factor <= 1e6) || !(low > 0 && low <= 1e6) || !(high > low && high <= 1e6) ||
+        orig < 1 || orig > (1 << 30)) {
+        snprintf(err, errlen, "rope scaling factor %g, low_freq_factor %g, high_freq_factor %g, "
+                 "original_max_position_embeddings %lld: out of range (factor 1..1e6, 0 < low < high <= 1e6, "
+                 "original 1..2^30)", factor, low, high, orig);
+        return PL_EINVAL;
+    }
+    cfg->llama.rope_factor = (float)factor;
+    cfg->llama.rope_low_freq = (float)low;
+    cfg->llama.rope_high_freq = (float)high;
+    cfg->llama.rope_orig_ctx = (int)orig;
+    return PL_OK;
+}
+
+/* Llama 3.1's rescaling of one rotary frequency (the config's factor, low/high frequency
+ * factors and original context; Llama 3.1: 8, 1, 4, 8192): long wavelengths slow down by the
+ * factor, short ones stay, a smooth blend between. */
+static double scaled_freq(const llama_config *q, double f) {
+    const double scale = q->rope_factor, low = q->rope_low_freq, high = q->rope_high_freq, old_ctx = q->rope_orig_ctx;
     double wavelen = 2.0 * M_PI / f;
     if (wavelen < old_ctx / high) return f;
     if (wavelen > old_ctx / low) return f / scale;
@@ -196,7 +216,7 @@ void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     int HS = c->C / c->NH, half = HS / 2;
     for (int i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->llama.rope_theta, (double)(2 * i) / HS);
-        if (c->llama.use_scaled_rope) f = scaled_freq(f);
+        if (c->llama.use_scaled_rope) f = scaled_freq(&c->llama, f);
         for (int t = 0; t < T; t++) {
             double a = (double)t * f;
             fcos[(size_t)t * half + i] = (float)cos(a);
@@ -205,15 +225,33 @@ void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     }
 }
 
+/* --tie-embeddings (0 or 1) and the rope_scaling options into a made config. */
+static int llama_extras_from_options(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
+    if (o->tie_embeddings != 0 && o->tie_embeddings != 1) {
+        snprintf(err, errlen, "--tie-embeddings %d is out of range (0 or 1)", o->tie_embeddings);
+        return PL_EINVAL;
+    }
+    cfg->tie_embed = o->tie_embeddings;
+    char e2[400];
+    if (llama_set_rope_scaling(cfg, o->rope_factor, o->rope_low_freq, o->rope_high_freq, o->rope_orig_ctx, e2,
+                               sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--rope-scaling-factor / --rope-low-freq-factor / --rope-high-freq-factor / "
+                 "--rope-original-max-pos: %s", e2);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* The options' Llama: wide first, so a value the float would turn into inf or 0 is named as
  * it was given. */
 static int llama_from_options(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
     cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
                    o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
     if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
-    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
+    PL_TRY(llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
                              o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
-                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen));
+    return llama_extras_from_options(o, cfg, err, errlen);
 }
 
 /* A built model's Llama settings through the one validation (config_check_llama). */
@@ -248,6 +286,25 @@ static int llama_conflicts(const pl_options *o, const model_config *c, char *err
     return PL_OK;
 }
 
+/* The tie and the rope_scaling of a file against the run's. */
+static int llama_same_extras(const model_config *f, const model_config *r, int attr, char *err, size_t errlen) {
+    const llama_config *a = &f->llama, *b = &r->llama;
+    if (f->tie_embed != r->tie_embed) {
+        snprintf(err, errlen, "%s is %d in the file but %d in this run", attr ? "tie_embeddings" : "tie-embeddings",
+                 f->tie_embed, r->tie_embed);
+        return PL_EINVAL;
+    }
+    if (a->rope_factor != b->rope_factor || a->rope_low_freq != b->rope_low_freq ||
+        a->rope_high_freq != b->rope_high_freq || a->rope_orig_ctx != b->rope_orig_ctx) {
+        snprintf(err, errlen, "rope scaling (factor, low, high, original) is (%g, %g, %g, %d) in the file but "
+                 "(%g, %g, %g, %d) in this run", (double)a->rope_factor, (double)a->rope_low_freq,
+                 (double)a->rope_high_freq, a->rope_orig_ctx, (double)b->rope_factor, (double)b->rope_low_freq,
+                 (double)b->rope_high_freq, b->rope_orig_ctx);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* A file's settings beyond the dimensions against the run's: use-scaled-rope, norm-eps,
  * rope-theta (named as attributes or as llm.c header fields). */
 static int llama_same(const model_config *f, const model_config *r, cfg_naming naming, char *err, size_t errlen) {
@@ -265,14 +322,18 @@ static int llama_same(const model_config *f, const model_config *r, cfg_naming n
                  (double)(eps ? a->norm_eps : a->rope_theta), (double)(eps ? b->norm_eps : b->rope_theta));
         return PL_EINVAL;
     }
-    return PL_OK;
+    /* an llm.c header holds neither the tie nor the rope_scaling factors (llmc_options) */
+    return naming == CFG_NAME_HEADER ? PL_OK : llama_same_extras(f, r, attr, err, errlen);
 }
 
 /* The banner's model line. */
 static void llama_describe(const model_config *c, char *buf, size_t len) {
-    snprintf(buf, len, "llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g", c->V,
-             c->Vp, c->C, c->L, c->NH, c->NKV, c->H, c->maxT, (double)c->llama.rope_theta,
-             c->llama.use_scaled_rope ? " (scaled)" : "", (double)c->llama.norm_eps);
+    char sc[96] = "";
+    if (c->llama.use_scaled_rope)
+        snprintf(sc, sizeof sc, " (scaled x%g)", (double)c->llama.rope_factor);
+    snprintf(buf, len, "llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g%s", c->V,
+             c->Vp, c->C, c->L, c->NH, c->NKV, c->H, c->maxT, (double)c->llama.rope_theta, sc,
+             (double)c->llama.norm_eps, c->tie_embed ? " tied" : "");
 }
 
 /* x = x + attproj(attn(rope(qkv(rms1(x)))));  x = x + fcproj(fc(h) * silu(fc2(h))), h = rms2(x).
@@ -412,13 +473,16 @@ static int llama_header_read(const char *path, const void *hdr, size_t got, mode
 
 /* The Llama attributes of /config (docs/formats.md), in the order of attrs_of. */
 static const char *const llama_attr_int[] = {"n_kv_head", "ffn_hidden", "multiple_of", "use_scaled_rope",
-                                             "llama_version_major", "llama_version_minor"};
-static const char *const llama_attr_f64[] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
+                                             "llama_version_major", "llama_version_minor", "tie_embeddings",
+                                             "rope_original_max_pos"};
+static const char *const llama_attr_f64[] = {"ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_scaling_factor",
+                                             "rope_low_freq_factor", "rope_high_freq_factor"};
 
 static void llama_attrs_of(const model_config *c, long long *ints, double *f64) {
     const llama_config *q = &c->llama;
-    long long li[6] = {c->NKV, c->H, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor};
-    double lf[3] = {q->ffn_mult, q->norm_eps, q->rope_theta};
+    long long li[8] = {c->NKV, c->H, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor, c->tie_embed,
+                       q->rope_orig_ctx};
+    double lf[6] = {q->ffn_mult, q->norm_eps, q->rope_theta, q->rope_factor, q->rope_low_freq, q->rope_high_freq};
     memcpy(ints, li, sizeof li);
     memcpy(f64, lf, sizeof lf);
 }
@@ -447,6 +511,15 @@ static int llama_of_attrs(const long long *k, const long long *li, const double 
     }
     cfg->llama.ver_major = (int)li[4];
     cfg->llama.ver_minor = (int)li[5];
+    if (li[6] != 0 && li[6] != 1) {
+        snprintf(err, errlen, "attribute /config/tie_embeddings = %lld is out of range (0 or 1)", li[6]);
+        return PL_EIO;
+    }
+    cfg->tie_embed = (int)li[6];
+    if (llama_set_rope_scaling(cfg, lf[3], lf[4], lf[5], li[7], e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "attributes /config/rope_*: %s", e2);
+        return PL_EIO;
+    }
     return PL_OK;
 }
 
@@ -466,7 +539,8 @@ const model_arch arch_llama = {
     .head_norm_backward_weight = llama_head_norm_backward_weight, .scratch_fill = llama_scratch_fill,
     .magic = LLMC_LLAMA_MAGIC, .header_bytes = 2048, .file_desc = "an llm.c Llama 3 one",
     .llmc_header_write = llama_header_write, .llmc_header_read = llama_header_read,
-    .attr_int = llama_attr_int, .nattr_int = 6, .attr_f64 = llama_attr_f64, .nattr_f64 = 3,
+    .attr_int = llama_attr_int, .nattr_int = 8, .attr_f64 = llama_attr_f64, .nattr_f64 = 6,
     .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
     .llmc_zeros = {{NULL, 0}, ARCH_ROWS(llama_zero_block), ARCH_ROWS(llama_zero_head)},
+    .llmc_options = llama_extras_from_options,
 };

@@ -78,6 +78,7 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
+        if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
     } else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);

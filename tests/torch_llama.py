@@ -42,10 +42,12 @@ DECAY = {"wte", "qkv", "attproj", "fc", "fc2", "fcproj", "lm_head"}   # the matr
 
 
 class Config:
-    def __init__(self, V, C, L, NH, NKV, maxT, multiple_of, ffn_mult, eps, theta, scaled):
+    def __init__(self, V, C, L, NH, NKV, maxT, multiple_of, ffn_mult, eps, theta, scaled, tied=False,
+                 rope=(8.0, 1.0, 4.0, 8192)):
         assert C % NH == 0 and NH % NKV == 0 and (C // NH) % 2 == 0
         self.V, self.C, self.L, self.NH, self.NKV, self.maxT = V, C, L, NH, NKV, maxT
         self.multiple_of, self.ffn_mult, self.scaled = multiple_of, ffn_mult, scaled
+        self.tied, self.rope = tied, rope   # lm_head is wte (Llama 3.2); rope_scaling (factor, low, high, orig)
         # the header holds float32: use exactly those values
         self.eps = float(np.float32(eps))
         self.theta = float(np.float32(theta))
@@ -157,16 +159,17 @@ def rope_freqs(cfg, T):
     hs = cfg.HS
     f = [1.0 / cfg.theta ** (2.0 * j / hs) for j in range(hs // 2)]
     if cfg.scaled:
+        fac, lo, hi, orig = [float(np.float32(r)) for r in cfg.rope]
         g = []
         for x in f:
             wl = 2 * math.pi / x
-            if wl < 8192 / 4:
+            if wl < orig / hi:
                 g.append(x)
-            elif wl > 8192 / 1:
-                g.append(x / 8)
+            elif wl > orig / lo:
+                g.append(x / fac)
             else:
-                s = (8192 / wl - 1) / (4 - 1)
-                g.append((1 - s) * x / 8 + s * x)
+                s = (orig / wl - lo) / (hi - lo)
+                g.append((1 - s) * x / fac + s * x)
         f = g
     ang = torch.outer(torch.arange(T, dtype=torch.float64), torch.tensor(f, dtype=torch.float64))
     return torch.polar(torch.ones_like(ang), ang)
@@ -184,6 +187,8 @@ def rotate(x, fc):
 
 def forward_loss(cfg, P, inp, tgt):
     wte, an, qkvw, apw, mn, fcw, fc2w, fpw, nf, head = P
+    if cfg.tied:
+        head = wte   # Llama 3.2's tie_word_embeddings: the head reads the embedding
     B, T = inp.shape
     NH, NKV, hs, C = cfg.NH, cfg.NKV, cfg.HS, cfg.C
     fc = rope_freqs(cfg, T)
@@ -215,7 +220,10 @@ def loss_and_grads(cfg, params, inp, tgt):
     P = [torch.tensor(p, requires_grad=True) for p in params]
     loss = forward_loss(cfg, P, torch.as_tensor(inp), torch.as_tensor(tgt))
     loss.backward()
-    return float(loss), [p.grad.numpy().copy() for p in P]
+    g = [p.grad.numpy().copy() if p.grad is not None else None for p in P]
+    if cfg.tied:
+        g[9] = g[0].copy()   # lm_head's slot holds wte (its gradient, the sum of both uses)
+    return float(loss), g
 
 
 def reference_train(cfg, params, tokens, B, T, steps, hp):
@@ -246,6 +254,8 @@ def finite_difference_check(cfg, params, inp, tgt, grads, rng):
     h = 1e-6
     ti, tt = torch.as_tensor(inp), torch.as_tensor(tgt)
     for i, g in enumerate(grads):
+        if cfg.tied and i == 9:
+            continue   # lm_head's slot is wte: checked through i = 0
         scale = max(float(np.max(np.abs(g))), 1e-30)
         for fi in list(rng.choice(g.size, size=3, replace=False)) + [int(np.argmax(np.abs(g)))]:
             idx = np.unravel_index(fi, g.shape)
@@ -275,10 +285,18 @@ def long_config():
                   theta=500000.0, scaled=True)
 
 
+def tied_config():
+    # Llama 3.2's conventions: a tied head and rope_scaling factor 32 (low 1, high 4, original
+    # 512 here, so T = 40 positions reach every band with theta 10000 and HS 8)
+    return Config(V=53, C=24, L=2, NH=3, NKV=1, maxT=64, multiple_of=8, ffn_mult=0, eps=1e-5,
+                  theta=10000.0, scaled=True, tied=True, rope=(32.0, 1.0, 4.0, 512))
+
+
 def run(args):
     rc = run_case(args, "odd shapes", default_config(), 3, 7, 5, True)
     rc2 = run_case(args, "long context", long_config(), 1, 2048, 2, args.self_check == "all")
-    return rc or rc2
+    rc3 = run_case(args, "tied head, rope factor 32", tied_config(), 2, 40, 5, True)
+    return rc or rc2 or rc3
 
 
 def run_case(args, label, cfg, B, T, S, self_check):
@@ -288,6 +306,8 @@ def run_case(args, label, cfg, B, T, S, self_check):
     os.makedirs(work, exist_ok=True)
     try:
         params = random_model(cfg, 4321)
+        if cfg.tied:
+            params[9] = params[0].copy()   # the file's lm_head slot holds wte
         rng = np.random.RandomState(99)
         tokens = rng.randint(0, cfg.V, size=S * B * T + 1 + 50).astype(np.int64)
         model, data = os.path.join(work, "model.bin"), os.path.join(work, "tokens.bin")
@@ -312,6 +332,10 @@ def run_case(args, label, cfg, B, T, S, self_check):
             "--warmup-steps", "0", "--weight-decay", repr(hp["wd"]), "--grad-clip", "0", "--beta1", "0.9",
             "--beta2", "0.95", "--eps", "1e-8", "--eval-every", "0", "--progress", "0",
             "--metrics", metrics, "--dump-grads", gpath] + args.extra
+        if cfg.tied:   # settings an llm.c header does not hold
+            cmd += ["--tie-embeddings", "1", "--rope-scaling-factor", repr(cfg.rope[0]), "--rope-low-freq-factor",
+                    repr(cfg.rope[1]), "--rope-high-freq-factor", repr(cfg.rope[2]), "--rope-original-max-pos",
+                    str(cfg.rope[3])]
         print("running: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         r = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         out = r.stdout.decode("utf-8", "replace")

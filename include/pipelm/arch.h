@@ -162,6 +162,9 @@ typedef struct model_arch {
      * refused on read when not zero. Rows sharing a file_index are packed in table order
      * within each layer (Llama's fcw slot: fc_w then fc2_w). */
     arch_params llmc_zeros[3];
+    /* --init from an llm.c file: the settings its header cannot hold (Llama's tie and
+     * rope_scaling factors), taken from the options; NULL: none */
+    int (*llmc_options)(const pl_options *o, model_config *c, char *err, size_t errlen);
 } model_arch;
 
 /* The architectures, in id order; the count. */
