@@ -23,6 +23,7 @@
 #include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/hf.h"
 #include "pipelm/llmc.h"
 
 /* Llama's tables, each indexed by its own enum. */
@@ -39,20 +40,27 @@ enum { LX_COS, LX_SIN, LX_SCRATCH, LX_ZERO_POS, LX_DZERO_POS };              /* 
  * indices are llm.c's train_llama3.py write_tensors slots: GPT-2's 16, lm_head in wpe's, up
  * and gate packed per layer in fcw's, the bias slots zeros (llama_llmc_zeros). */
 static const arch_param llama_embed[] = {
-    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, NULL, -1}, /* a lookup: not in the MFU */
+    /* a lookup: not in the MFU */
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, "model.embed_tokens.weight", -1},
 };
 static const arch_param llama_block[] = {
-    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, NULL, -1},
-    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, NULL, -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, NULL, -1},
-    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
-    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},        /* up: fcw's first half */
-    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},      /* gate: its second half */
-    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, NULL, -1},
+    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, "model.layers.%d.input_layernorm.weight",
+     -1},
+    /* q and k stored permuted for rotate-half RoPE ('^'), stacked with v */
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1,
+     "^model.layers.%d.self_attn.q_proj.weight|^model.layers.%d.self_attn.k_proj.weight|"
+     "model.layers.%d.self_attn.v_proj.weight", -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, "model.layers.%d.self_attn.o_proj.weight", -1},
+    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1,
+     "model.layers.%d.post_attention_layernorm.weight", -1},
+    /* up: fcw's first half; gate: its second half */
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, "model.layers.%d.mlp.up_proj.weight", -1},
+    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, "model.layers.%d.mlp.gate_proj.weight", -1},
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, "model.layers.%d.mlp.down_proj.weight", -1},
 };
 static const arch_param llama_head[] = {
-    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, NULL, -1},
-    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 1, AD_V, 1, NULL, -1}, /* in GPT-2's wpe slot */
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, "model.norm.weight", -1},
+    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 1, AD_V, 1, "lm_head.weight", -1}, /* in GPT-2's wpe slot */
 };
 /* the zero bias slots of llm.c's Llama 3 file (llm.c's names), per block and of the head */
 static const arch_param llama_zero_block[] = {
@@ -523,6 +531,77 @@ static int llama_of_attrs(const long long *k, const long long *li, const double 
     return PL_OK;
 }
 
+/* Names a Hugging Face Llama file may hold that the model does not read (old rotary buffers). */
+static const char *const llama_hf_ignore[] = {"model.layers.%d.self_attn.rotary_emb.inv_freq", NULL};
+
+/* rope_scaling of config.json: null (none), or rope_type "llama3" with its four numbers. */
+static int llama_hf_rope(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    int rc;
+    const void *rs = hf_json_obj(j, path, "rope_scaling", &rc, err, errlen);
+    if (rc != PL_OK || !rs) return rc;
+    const char *ty = hf_json_str(rs, "rope_type") ? hf_json_str(rs, "rope_type") : hf_json_str(rs, "type");
+    if (!ty || strcmp(ty, "llama3") != 0) {
+        snprintf(err, errlen, "%s: rope_scaling type %.32s is not supported (llama3 or null)", path, ty ? ty : "(none)");
+        return PL_EIO;
+    }
+    double f = 0, lo = 0, hi = 0;
+    long long orig = 0;
+    PL_TRY(hf_json_num(rs, path, "factor", 1, 1, 1e6, &f, err, errlen));
+    PL_TRY(hf_json_num(rs, path, "low_freq_factor", 1, 1e-6, 1e6, &lo, err, errlen));
+    PL_TRY(hf_json_num(rs, path, "high_freq_factor", 1, 1e-6, 1e6, &hi, err, errlen));
+    PL_TRY(hf_json_int(rs, path, "original_max_position_embeddings", 1, 1, 1 << 30, &orig, err, errlen));
+    char e2[400];
+    if (llama_set_rope_scaling(cfg, f, lo, hi, orig, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->llama.use_scaled_rope = 1;
+    return PL_OK;
+}
+
+/* LlamaForCausalLM's config.json: the dimensions, intermediate_size (as multiple_of with no
+ * ffn multiplier when it is at least int(8C/3), which every Llama 3 is), rms_norm_eps,
+ * rope_theta, tie_word_embeddings, rope_scaling; what pipelm's Llama is not refused by key. */
+static int llama_hf_config(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    long long V = 0, T = 0, L = 0, NH = 0, NKV = -1, C = 0, I = 0, hd = -1;
+    double eps = 1e-6, theta = 10000.0;
+    int tie = 0, ab = 0, mb = 0;
+    PL_TRY(hf_json_int(j, path, "vocab_size", 1, 1, LLAMA_MAX_VOCAB, &V, err, errlen));
+    PL_TRY(hf_json_int(j, path, "max_position_embeddings", 1, 1, LLAMA_MAX_SEQ, &T, err, errlen));
+    PL_TRY(hf_json_int(j, path, "hidden_size", 1, 1, LLAMA_MAX_EMBD, &C, err, errlen));
+    PL_TRY(hf_json_int(j, path, "intermediate_size", 1, 1, 1 << 20, &I, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_hidden_layers", 1, 1, LLAMA_MAX_LAYER, &L, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_attention_heads", 1, 1, LLAMA_MAX_EMBD, &NH, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_key_value_heads", 0, 1, LLAMA_MAX_EMBD, &NKV, err, errlen));
+    PL_TRY(hf_json_int(j, path, "head_dim", 0, 1, LLAMA_MAX_EMBD, &hd, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rms_norm_eps", 0, 1e-30, 1, &eps, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rope_theta", 0, 1, 1e30, &theta, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "tie_word_embeddings", &tie, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "attention_bias", &ab, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "mlp_bias", &mb, err, errlen));
+    const char *act = hf_json_str(j, "hidden_act");
+    if (ab || mb || (act && strcmp(act, "silu") != 0) || (hd != -1 && hd * NH != C)) {
+        snprintf(err, errlen, "%s: %s is not what pipelm's Llama is (no biases, silu, head_dim = hidden_size / "
+                 "num_attention_heads)", path, ab ? "attention_bias" : mb ? "mlp_bias" : hd != -1 && hd * NH != C ?
+                 "head_dim" : "hidden_act");
+        return PL_EIO;
+    }
+    if (NKV < 0) NKV = NH;
+    if (I < llama_hidden_size((int)C, 0, 1)) {
+        snprintf(err, errlen, "%s: intermediate_size %lld is below int(8 hidden_size / 3) = %d, which pipelm's "
+                 "Llama cannot express", path, I, llama_hidden_size((int)C, 0, 1));
+        return PL_EIO;
+    }
+    char e2[400];
+    if (llama_config_make(cfg, (int)V, (int)T, (int)L, (int)NH, (int)NKV, (int)C, (int)I, 0.0f, (float)eps,
+                          (float)theta, 0, CFG_NAME_HEADER, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->tie_embed = tie;
+    return llama_hf_rope(j, path, cfg, err, errlen);
+}
+
 const model_arch arch_llama = {
     .name = "llama", .id = MODEL_LLAMA,
     .embed = ARCH_ROWS(llama_embed), .block = ARCH_ROWS(llama_block), .head = ARCH_ROWS(llama_head),
@@ -543,4 +622,5 @@ const model_arch arch_llama = {
     .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
     .llmc_zeros = {{NULL, 0}, ARCH_ROWS(llama_zero_block), ARCH_ROWS(llama_zero_head)},
     .llmc_options = llama_extras_from_options,
+    .hf_model_type = "llama", .hf_ignore = llama_hf_ignore, .hf_config_read = llama_hf_config,
 };

@@ -21,6 +21,7 @@
 #include "pipelm/data.h"
 #include "pipelm/engine.h"
 #include "pipelm/files.h"
+#include "pipelm/hf.h"
 #include "pipelm/layout.h"
 #include "pipelm/llmc.h"
 #include "pipelm/metrics.h"
@@ -74,7 +75,10 @@ static int init_conflicts(const pl_options *o, const model_config *c, char *err,
  * the checkpoint loader uses too. */
 static int resolve_config(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    if (o->init[0]) {
+    if (o->init[0] && hf_is_model(o->init)) { /* a Hugging Face model: config.json holds every setting */
+        PL_TRY(hf_read_config(o->init, &R->cfg, err, errlen));
+        PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
+    } else if (o->init[0]) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
@@ -297,7 +301,8 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(split_count(R, err, errlen));
     PL_TRY(split_make_chunks(&R->sp, o->split, &R->cfg, R->P, R->V, R->M, R->B / R->M, R->T, err, errlen));
     PL_TRY(setup_stages(R, err, errlen));
-    if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
+    if (o->init[0] && hf_is_model(o->init)) PL_TRY(hf_load_stage(o->init, &R->st, err, errlen));
+    else if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;

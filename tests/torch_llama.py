@@ -35,6 +35,9 @@ import tempfile
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_write  # noqa: E402  (the independent safetensors writer)
+
 MODEL_MAGIC = 20240803
 TOKEN_MAGIC = 20240801
 NAMES = ["wte", "attn_norm", "qkv", "attproj", "mlp_norm", "fc", "fc2", "fcproj", "norm_f", "lm_head"]
@@ -104,13 +107,16 @@ def write_model(path, cfg, params, version=3):
                 to_bf16_bits(p).tofile(f)
 
 
-def read_model(path, cfg):
+def read_model(path, cfg, hf=False):
     raw = open(path, "rb").read()
-    hi = np.frombuffer(raw[:1024], dtype="<i4")
+    hi = np.frombuffer(raw[:1024], dtype="<i4").copy()
+    hf_ = np.frombuffer(raw[1024:2048], dtype="<f4").copy()
     want_i, want_f = cfg.header(3)
+    if hf:   # from config.json's intermediate_size: multiple_of = H, no ffn multiplier
+        want_i[8], want_f[0] = cfg.H, 0
     if not np.array_equal(hi, want_i):
         raise ValueError("%s: int header differs at %s" % (path, np.nonzero(hi != want_i)[0][:8]))
-    if not np.array_equal(np.frombuffer(raw[1024:2048], dtype="<f4"), want_f):
+    if not np.array_equal(hf_, want_f):
         raise ValueError("%s: float header differs" % path)
     flat = np.frombuffer(raw[2048:], dtype="<f4").astype(np.float64)
     shapes = [b.shape for b in llmc_blocks(cfg, [np.zeros(s) for s in cfg.shapes()])]
@@ -216,6 +222,74 @@ def forward_loss(cfg, P, inp, tgt):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.V), tgt.reshape(-1))
 
 
+# ---- the same model as Hugging Face writes and runs it ----------------------------------
+
+def hf_tensors(cfg, params):
+    """LlamaForCausalLM's tensors: q_proj and k_proj permuted for rotate-half RoPE (as
+    convert_llama_weights_to_hf.py does), no lm_head when tied."""
+    wte, an, qkv, ap, mn, fc, fc2, fp, nf, lm = params
+    Q, K = cfg.NH * cfg.HS, cfg.NKV * cfg.HS
+    t = [("model.embed_tokens.weight", wte)]
+    for l in range(cfg.L):
+        p = "model.layers.%d." % l
+        t += [(p + "input_layernorm.weight", an[l]),
+              (p + "self_attn.q_proj.weight", st_write.permute_rotate_half(qkv[l][:Q], cfg.NH)),
+              (p + "self_attn.k_proj.weight", st_write.permute_rotate_half(qkv[l][Q:Q + K], cfg.NKV)),
+              (p + "self_attn.v_proj.weight", qkv[l][Q + K:]),
+              (p + "self_attn.o_proj.weight", ap[l]),
+              (p + "post_attention_layernorm.weight", mn[l]),
+              (p + "mlp.gate_proj.weight", fc2[l]), (p + "mlp.up_proj.weight", fc[l]),
+              (p + "mlp.down_proj.weight", fp[l])]
+    t.append(("model.norm.weight", nf))
+    if not cfg.tied:
+        t.append(("lm_head.weight", lm))
+    return t
+
+
+def hf_config(cfg):
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.V,
+         "hidden_size": cfg.C, "intermediate_size": cfg.H, "num_hidden_layers": cfg.L,
+         "num_attention_heads": cfg.NH, "num_key_value_heads": cfg.NKV, "head_dim": cfg.HS,
+         "max_position_embeddings": cfg.maxT, "rms_norm_eps": cfg.eps, "rope_theta": cfg.theta,
+         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+         "tie_word_embeddings": bool(cfg.tied), "torch_dtype": "float32", "rope_scaling": None}
+    if cfg.scaled:
+        c["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope[0], "low_freq_factor": cfg.rope[1],
+                             "high_freq_factor": cfg.rope[2], "original_max_position_embeddings": cfg.rope[3]}
+    return c
+
+
+def forward_loss_hf(cfg, W, inp, tgt):
+    """Hugging Face's LlamaForCausalLM forward on its own tensors (rotate-half RoPE)."""
+    B, T = inp.shape
+    NH, NKV, hs, C = cfg.NH, cfg.NKV, cfg.HS, cfg.C
+    fc = rope_freqs(cfg, T)
+    ang = torch.cat([torch.angle(fc), torch.angle(fc)], dim=-1)   # (T, hs): freqs repeated, as HF does
+    cos, sin = torch.cos(ang)[None, None], torch.sin(ang)[None, None]
+
+    def rot_half(x):
+        return torch.cat([-x[..., hs // 2:], x[..., :hs // 2]], dim=-1)
+
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    x = W["model.embed_tokens.weight"][inp]
+    for l in range(cfg.L):
+        g = lambda n: W["model.layers.%d.%s" % (l, n)]
+        h = rmsnorm(x, g("input_layernorm.weight"), cfg.eps)
+        q = (h @ g("self_attn.q_proj.weight").t()).reshape(B, T, NH, hs).transpose(1, 2)
+        k = (h @ g("self_attn.k_proj.weight").t()).reshape(B, T, NKV, hs).transpose(1, 2)
+        v = (h @ g("self_attn.v_proj.weight").t()).reshape(B, T, NKV, hs).transpose(1, 2)
+        q, k = q * cos + rot_half(q) * sin, k * cos + rot_half(k) * sin
+        k, v = k.repeat_interleave(NH // NKV, dim=1), v.repeat_interleave(NH // NKV, dim=1)
+        a = torch.softmax(((q @ k.transpose(-1, -2)) / math.sqrt(hs)).masked_fill(~mask, float("-inf")), dim=-1)
+        x = x + (a @ v).transpose(1, 2).reshape(B, T, C) @ g("self_attn.o_proj.weight").t()
+        h = rmsnorm(x, g("post_attention_layernorm.weight"), cfg.eps)
+        x = x + (torch.nn.functional.silu(h @ g("mlp.gate_proj.weight").t()) * (h @ g("mlp.up_proj.weight").t())) \
+            @ g("mlp.down_proj.weight").t()
+    head = W["model.embed_tokens.weight"] if cfg.tied else W["lm_head.weight"]
+    logits = rmsnorm(x, W["model.norm.weight"], cfg.eps) @ head.t()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.V), tgt.reshape(-1))
+
+
 def loss_and_grads(cfg, params, inp, tgt):
     P = [torch.tensor(p, requires_grad=True) for p in params]
     loss = forward_loss(cfg, P, torch.as_tensor(inp), torch.as_tensor(tgt))
@@ -296,10 +370,15 @@ def run(args):
     rc = run_case(args, "odd shapes", default_config(), 3, 7, 5, True)
     rc2 = run_case(args, "long context", long_config(), 1, 2048, 2, args.self_check == "all")
     rc3 = run_case(args, "tied head, rope factor 32", tied_config(), 2, 40, 5, True)
-    return rc or rc2 or rc3
+    rc4 = rc5 = 0
+    if args.hf:
+        rc4 = run_case(args, "odd shapes, Hugging Face F32, sharded", default_config(), 3, 7, 5, False,
+                       {"dtype": "F32", "shard": 40000})
+        rc5 = run_case(args, "tied head, Hugging Face BF16", tied_config(), 2, 40, 5, False, {"dtype": "BF16"})
+    return rc or rc2 or rc3 or rc4 or rc5
 
 
-def run_case(args, label, cfg, B, T, S, self_check):
+def run_case(args, label, cfg, B, T, S, self_check, hf=None):
     print("\n=== %s ===" % label)
     hp = dict(lr=1e-3, b1=0.9, b2=0.95, eps=1e-8, wd=0.1)
     work = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="torch_llama.")
@@ -312,11 +391,26 @@ def run_case(args, label, cfg, B, T, S, self_check):
         tokens = rng.randint(0, cfg.V, size=S * B * T + 1 + 50).astype(np.int64)
         model, data = os.path.join(work, "model.bin"), os.path.join(work, "tokens.bin")
         metrics, gpath = os.path.join(work, "m.jsonl"), os.path.join(work, "grads.bin")
-        write_model(model, cfg, params)
+        fails = []
+        if hf:   # the same model as a Hugging Face directory, its values as the dtype holds them
+            params = [st_write.round_to(p, hf["dtype"]) for p in params]
+            model = os.path.join(work, "hf")
+            st_write.write_model_dir(model, hf_config(cfg), hf_tensors(cfg, params), hf["dtype"], hf.get("shard", 0))
+            i0, t0 = batch(tokens, 0, B, T)
+            W = {n: torch.tensor(a) for n, a in hf_tensors(cfg, params)}
+            with torch.no_grad():
+                lh = float(forward_loss_hf(cfg, W, torch.as_tensor(i0), torch.as_tensor(t0)))
+                li = float(forward_loss(cfg, [torch.tensor(p) for p in params], torch.as_tensor(i0),
+                                        torch.as_tensor(t0)))
+            print("Hugging Face files (%s%s); its rotate-half forward on them: loss %.12f, the interleaved "
+                  "reference %.12f" % (hf["dtype"], ", sharded" if hf.get("shard") else "", lh, li))
+            if abs(lh - li) > 1e-10 * abs(li):
+                fails.append("the rotate-half forward on the permuted tensors differs from the interleaved one")
+        else:
+            write_model(model, cfg, params)
         write_tokens(data, tokens)
         print("model: V=%d C=%d L=%d NH=%d NKV=%d HS=%d H=%d theta=%g scaled=%d; B=%d T=%d steps=%d"
               % (cfg.V, cfg.C, cfg.L, cfg.NH, cfg.NKV, cfg.HS, cfg.H, cfg.theta, cfg.scaled, B, T, S))
-        fails = []
         inp, tgt = batch(tokens, 0, B, T)
         if self_check:
             _, g0 = loss_and_grads(cfg, params, inp, tgt)
@@ -332,7 +426,7 @@ def run_case(args, label, cfg, B, T, S, self_check):
             "--warmup-steps", "0", "--weight-decay", repr(hp["wd"]), "--grad-clip", "0", "--beta1", "0.9",
             "--beta2", "0.95", "--eps", "1e-8", "--eval-every", "0", "--progress", "0",
             "--metrics", metrics, "--dump-grads", gpath] + args.extra
-        if cfg.tied:   # settings an llm.c header does not hold
+        if cfg.tied and not hf:   # settings an llm.c header does not hold
             cmd += ["--tie-embeddings", "1", "--rope-scaling-factor", repr(cfg.rope[0]), "--rope-low-freq-factor",
                     repr(cfg.rope[1]), "--rope-high-freq-factor", repr(cfg.rope[2]), "--rope-original-max-pos",
                     str(cfg.rope[3])]
@@ -362,7 +456,7 @@ def run_case(args, label, cfg, B, T, S, self_check):
                 fails.append("step %d loss rel.err %.2e" % (s, e))
         print("\nstep-1 gradients (max|a-b| / max|b| <= %g)" % args.grad_tol)
         try:
-            pg = read_model(gpath, cfg)
+            pg = read_model(gpath, cfg, hf is not None)
         except ValueError as e:
             fails.append("gradient file: %s" % e)
             pg = []
@@ -404,12 +498,22 @@ def main():
                     help="check the reference's gradients against finite differences on every case (all), or "
                     "on the odd-shapes case only (first): the long-context case runs the same code at T = 2048, "
                     "where the check is nine tenths of the script's time")
+    ap.add_argument("--hf", action="store_true", help="also run two cases from Hugging Face files (F32 sharded, "
+                    "a tied head in BF16)")
+    ap.add_argument("--write-hf", metavar="DIR", help="write the test model as a Hugging Face directory and exit")
+    ap.add_argument("--hf-dtype", choices=st_write.DTYPES, default="F32")
+    ap.add_argument("--tied", action="store_true", help="with --write-hf: the tied-head test model")
     ap.add_argument("extra", nargs="*", help="more pipelm train options (after --)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.write_model:
         cfg = default_config()
         write_model(args.write_model, cfg, random_model(cfg, 4321), args.version)
+        return 0
+    if args.write_hf:
+        cfg = tied_config() if args.tied else default_config()
+        params = [st_write.round_to(p, args.hf_dtype) for p in random_model(cfg, 4321)]
+        st_write.write_model_dir(args.write_hf, hf_config(cfg), hf_tensors(cfg, params), args.hf_dtype)
         return 0
     if args.check_bf16:
         cfg = default_config()

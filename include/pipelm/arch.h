@@ -50,7 +50,8 @@ typedef struct {
     int file_index;       /* its place in the llm.c file (kinds in this order, each all layers); -1: not there */
     arch_dim file_rows;   /* rows the llm.c file holds (AD_V: V of the Vp) */
     int mfu;              /* counted by model_train_flops_per_token (6 FLOPs per weight) */
-    const char *hf_name;  /* Hugging Face name ("model.layers.%d...."); NULL until that issue fills it */
+    const char *hf_name;  /* Hugging Face name ("model.layers.%d...."; hf.h: '|' parts stacked by rows,
+                           * '~' stored transposed, '^' permuted for rotate-half); NULL: none */
     int tied;             /* >= 0: holds the values of that embedding row (GPT-2's head reads wte); -1 */
 } arch_param;
 
@@ -165,6 +166,12 @@ typedef struct model_arch {
     /* --init from an llm.c file: the settings its header cannot hold (Llama's tie and
      * rope_scaling factors), taken from the options; NULL: none */
     int (*llmc_options)(const pl_options *o, model_config *c, char *err, size_t errlen);
+    /* Hugging Face models (hf.c): config.json's model_type; names a file may hold that the
+     * model does not read ("%d" a layer; NULL-terminated); config.json (a json_t object) into
+     * a config, through hf.h's getters, messages naming path and key */
+    const char *hf_model_type;
+    const char *const *hf_ignore;
+    int (*hf_config_read)(const void *json, const char *path, model_config *c, char *err, size_t errlen);
 } model_arch;
 
 /* The architectures, in id order; the count. */
