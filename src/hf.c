@@ -415,8 +415,8 @@ static int load_tensor(const hf_files *h, const stage *st, const param_tensor *t
     memset(dst, 0, t->numel * sizeof(float));
     for (int k = 0; k < n; k++) PL_TRY(read_part(h, &hp[k], t, c->C / c->NH, &r0, dst, err, errlen));
     if (r0 != want) {
-        snprintf(err, errlen, "%s: tensor %s%s holds %zu rows, but the config gives %s %zu", h->f[0].path, h->prefix,
-                 hp[0].name, r0, t->name, want);
+        snprintf(err, errlen, "%s: tensor %s%s holds %zu rows, which disagrees with the config (%s: %zu rows)",
+                 h->f[0].path, h->prefix, hp[0].name, r0, t->name, want);
         return PL_EIO;
     }
     return PL_OK;

@@ -81,5 +81,87 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "tie_embeddings is 1 in the file but 0 in this run" mis.out \
     && ok "refused: a tied checkpoint resumed untied" || bad "tied vs untied resume" "rc=$rc $(tail -n 2 mis.out)"
 
+# 3. Hugging Face models in: losses and gradients against the torch references (Llama with
+# q/k permuted for rotate-half, sharded F32 and tied BF16; GPT-2 with Conv1D transposed, the
+# transformer. prefix, attn.bias masks and lm_head ignored, F16), 5 AdamW steps within 1e-4
+if [ $TORCH = 1 ]; then
+    if timeout -k 5 300 "$PY" "$SRC/tests/torch_llama.py" --pipelm "$PIPELM" --only-hf > tl.out 2>&1; then
+        ok "Hugging Face Llama (sharded F32; tied BF16) matches the torch reference: $(grep -c PASS tl.out) cases"
+    else bad "Hugging Face Llama vs torch" "$(grep -A6 '^FAIL' tl.out | tr '\n' ' ' | cut -c1-500)"; fi
+    if timeout -k 5 300 "$PY" "$SRC/tests/torch_ref.py" --pipelm "$PIPELM" --hf-dtype F16 --hf-prefix > tg.out 2>&1; then
+        ok "Hugging Face GPT-2 (F16, transformer. prefix, masks) matches the torch reference"
+    else bad "Hugging Face GPT-2 vs torch" "$(grep -A6 '^FAIL' tg.out | tr '\n' ' ' | cut -c1-500)"; fi
+    # the same bits on 1, 2 and 3 ranks from a Hugging Face directory
+    "$PY" "$SRC/tests/torch_llama.py" --write-hf hfl --hf-dtype BF16 --tied
+    "$PY" -c "
+import numpy as np
+h = np.zeros(256, dtype='<i4'); h[:3] = [20240801, 7, 3000]
+with open('t53.bin', 'wb') as f: h.tofile(f); (np.arange(3000) * 7 % 53).astype('<u4').tofile(f)"
+    for P in 1 2 3; do
+        mpirun_t 120 $P train --init hfl --data t53.bin $COMMON --save-final h$P.bin --metrics h$P.jsonl \
+            > h$P.out 2>&1 || bad "--init hfl on $P ranks" "$(tail -n 2 h$P.out | tr '\n' ' ')"
+    done
+    if cmp -s h1.bin h2.bin && cmp -s h1.bin h3.bin && [ "$(losses h1.jsonl)" = "$(losses h3.jsonl)" ] \
+            && [ -n "$(losses h1.jsonl)" ] && grep -q "(scaled x32).* tied" h1.out; then
+        ok "a tied Llama from Hugging Face BF16 files trains the same bits on 1, 2 and 3 ranks"
+    else bad "Hugging Face init across ranks" "files or losses differ"; fi
+    mpirun_t 60 1 train --init hfl/model.safetensors --data t53.bin $COMMON --save-final hfile.bin > hfile.out 2>&1 \
+        && cmp -s h1.bin hfile.bin && ok "--init FILE.safetensors (config.json beside it) is the same model" \
+        || bad "--init FILE.safetensors" "$(tail -n 2 hfile.out | tr '\n' ' ')"
+
+    # refusals, each named: a malformed copy of hfl per case
+    mutate() { # mutate CASE: hfl -> bad/ with one thing wrong
+        rm -rf bad && cp -r hfl bad && "$PY" - "$1" <<'PYEOF'
+import json, sys
+import numpy as np
+case, path = sys.argv[1], "bad/model.safetensors"
+raw = bytearray(open(path, "rb").read())
+n = int.from_bytes(raw[:8], "little")
+h = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+def put(h, data):
+    j = json.dumps(h).encode(); j += b" " * (-len(j) % 8)
+    open(path, "wb").write(len(j).to_bytes(8, "little") + j + bytes(data))
+q = "model.layers.1.self_attn.q_proj.weight"; k = "model.layers.1.self_attn.k_proj.weight"
+if case == "hdrlen":
+    raw[:8] = (len(raw) + 100).to_bytes(8, "little"); open(path, "wb").write(raw)
+elif case == "overlap":
+    h[k]["data_offsets"] = [h[q]["data_offsets"][0] + 2, h[q]["data_offsets"][0] + 2 + (h[k]["data_offsets"][1] - h[k]["data_offsets"][0])]; put(h, data)
+elif case == "oob":
+    e = h[q]["data_offsets"]; h[q]["data_offsets"] = [len(data) - 2, len(data) - 2 + e[1] - e[0]]; put(h, data)
+elif case == "dtype":
+    h[q]["dtype"] = "F64"; put(h, data)
+elif case == "missing":
+    del h[k]; put(h, data)
+elif case == "unexpected":
+    h["model.layers.0.self_attn.q_norm.weight"] = {"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}; put(h, data)
+elif case == "nan":
+    b = h["model.norm.weight"]["data_offsets"][0] + 6; data[b:b + 2] = b"\xc0\x7f"; put(h, data)
+elif case == "shape":
+    c = json.load(open("bad/config.json")); c["intermediate_size"] += 8; json.dump(c, open("bad/config.json", "w"))
+elif case == "json":
+    raw[8:12] = b"[1, "; open(path, "wb").write(raw)
+elif case == "layer":
+    h["model.layers.7.mlp.up_proj.weight"] = h.pop("model.layers.1.mlp.up_proj.weight"); put(h, data)
+PYEOF
+    }
+    hf_refused() { # hf_refused CASE PATTERN
+        mutate "$1"
+        mpirun_t 60 1 train --init bad --data t53.bin $COMMON > bad.out 2>&1
+        local rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$2" bad.out; then ok "refused ($1): $(grep -o "$2.*" bad.out | head -n 1 | cut -c1-110)"
+        else bad "refused: $1" "rc=$rc $(grep -m1 error bad.out)"; fi
+    }
+    hf_refused hdrlen "runs past the end of the file"
+    hf_refused overlap "overlap"
+    hf_refused oob "out of bounds"
+    hf_refused dtype "dtype F64 is not supported"
+    hf_refused missing "missing tensor model.layers.1.self_attn.k_proj.weight"
+    hf_refused unexpected "unexpected tensor model.layers.0.self_attn.q_norm.weight"
+    hf_refused nan "tensor model.norm.weight holds a non-finite value"
+    hf_refused shape "disagrees with the config"
+    hf_refused json "the header is not a JSON object"
+    hf_refused layer "unexpected tensor model.layers.7.mlp.up_proj.weight"
+fi
+
 # (the llama-1b preset against Llama 3.2 1B: test_model, test_llama_1b_preset)
 finish

@@ -16,7 +16,9 @@ SwiGLU with c_fc2 as the gate through silu, an untied lm_head. Before comparing,
 reference's own gradients are checked against central finite differences.
 
     torch_llama.py --pipelm PATH [--keep DIR] [--timeout SEC] [--self-check all|first]
+    torch_llama.py --pipelm PATH --hf | --only-hf   (also / only: the model as Hugging Face files)
     torch_llama.py --write-model OUT [--version 3|5]   (a model file for other tests)
+    torch_llama.py --write-hf DIR [--hf-dtype F32|BF16|F16] [--tied]   (a Hugging Face directory)
     torch_llama.py --check-bf16 FILE   (FILE, fp32, holds the test model rounded to bf16)
 
 Exit status: 0 PASS, 1 FAIL, 2 usage / setup error.
@@ -367,9 +369,13 @@ def tied_config():
 
 
 def run(args):
-    rc = run_case(args, "odd shapes", default_config(), 3, 7, 5, True)
-    rc2 = run_case(args, "long context", long_config(), 1, 2048, 2, args.self_check == "all")
-    rc3 = run_case(args, "tied head, rope factor 32", tied_config(), 2, 40, 5, True)
+    if args.only_hf:
+        args.hf = True
+        rc = rc2 = rc3 = 0
+    else:
+        rc = run_case(args, "odd shapes", default_config(), 3, 7, 5, True)
+        rc2 = run_case(args, "long context", long_config(), 1, 2048, 2, args.self_check == "all")
+        rc3 = run_case(args, "tied head, rope factor 32", tied_config(), 2, 40, 5, True)
     rc4 = rc5 = 0
     if args.hf:
         rc4 = run_case(args, "odd shapes, Hugging Face F32, sharded", default_config(), 3, 7, 5, False,
@@ -500,6 +506,7 @@ def main():
                     "where the check is nine tenths of the script's time")
     ap.add_argument("--hf", action="store_true", help="also run two cases from Hugging Face files (F32 sharded, "
                     "a tied head in BF16)")
+    ap.add_argument("--only-hf", action="store_true", help="run the two Hugging Face cases only")
     ap.add_argument("--write-hf", metavar="DIR", help="write the test model as a Hugging Face directory and exit")
     ap.add_argument("--hf-dtype", choices=st_write.DTYPES, default="F32")
     ap.add_argument("--tied", action="store_true", help="with --write-hf: the tied-head test model")
