@@ -102,7 +102,9 @@ static const opt_desc options[] = {
     O_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
     O_INT("val-batches", val_batches, "batches per validation"),
     O_STR("init", init, "start from an llm.c model file, GPT-2 or Llama 3 (fp32 version 3 or bf16 version 5)"),
-    O_STR("save-final", save_final, "write the final weights as an llm.c model file"),
+    O_STR("save-final", save_final, "write the final weights as an llm.c model file (a name ending in "
+          ".safetensors: a Hugging Face safetensors file)"),
+    O_CHOICE("save-dtype", save_dtype, "f32|bf16", "dtype of a --save-final FILE.safetensors (default f32)"),
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
     O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
@@ -222,6 +224,7 @@ void config_defaults(pl_options *o) {
     o->multiple_of = 256;
     o->norm_eps = 1e-5;
     o->rope_theta = 500000.0;
+    strcpy(o->save_dtype, "f32");
     o->rope_factor = 8.0; /* Llama 3.1's rope_scaling */
     o->rope_low_freq = 1.0;
     o->rope_high_freq = 4.0;

@@ -16,11 +16,11 @@
 #include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/hf.h"
+#include "pipelm/hf_internal.h"
 #include "pipelm/safetensors.h"
 
 #define HF_PATH 4200
 #define HF_MAX_SHARDS 4096
-#define HF_MAX_PARTS 4
 
 /* The opened files of one model: its shards and the prefix before every name. */
 typedef struct {
@@ -95,6 +95,24 @@ int hf_json_bool(const void *json, const char *path, const char *key, int *out, 
 
 const char *hf_json_str(const void *json, const char *key) {
     return json_string_value(json_object_get((const json_t *)json, key));
+}
+
+void hf_json_set_int(void *json, const char *key, long long v) { json_object_set_new(json, key, json_integer(v)); }
+void hf_json_set_num(void *json, const char *key, double v) { json_object_set_new(json, key, json_real(v)); }
+void hf_json_set_str(void *json, const char *key, const char *v) { json_object_set_new(json, key, json_string(v)); }
+void hf_json_set_float(void *json, const char *key, float v) {
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) { /* the shortest decimal that reads back as v */
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
+    }
+    json_object_set_new(json, key, json_real(strtod(buf, NULL)));
+}
+void hf_json_set_bool(void *json, const char *key, int v) { json_object_set_new(json, key, json_boolean(v)); }
+void *hf_json_set_obj(void *json, const char *key) {
+    json_t *o = json_object();
+    json_object_set_new(json, key, o);
+    return o;
 }
 
 const void *hf_json_obj(const void *json, const char *path, const char *key, int *rc, char *err, size_t errlen) {
@@ -244,14 +262,9 @@ static void full_name(const hf_files *h, const char *name, char *out, size_t len
     if (snprintf(out, len, "%s%s", h->prefix, name) >= (int)len) out[len - 1] = 0;
 }
 
-/* Split a row's hf_name into its parts (each with its '~' / '^' flags and the layer put in). */
-typedef struct {
-    char name[ST_MAX_NAME];
-    int transposed, permuted;
-} hf_part;
-
-/* layer INT_MIN: the names keep their "%d" (patterns for name_matches). */
-static int split_parts(const char *spec, int layer, hf_part *p) {
+/* Split a row's hf_name into its parts (each with its '~' / '^' flags and the layer put in;
+ * layer INT_MIN: the names keep their "%d", patterns for name_matches). */
+int hf_split_parts(const char *spec, int layer, hf_part *p) {
     int n = 0;
     for (const char *s = spec; *s && n < HF_MAX_PARTS; n++) {
         const char *bar = strchr(s, '|');
@@ -276,6 +289,22 @@ static int split_parts(const char *spec, int layer, hf_part *p) {
     return n;
 }
 
+size_t hf_part_rows(const model_config *c, const param_tensor *t, int k, int n) {
+    const model_arch *A = arch_of(c);
+    const arch_params *p = t->part == PART_EMBED ? &A->embed : t->part == PART_BLOCK ? &A->block : &A->head;
+    arch_dim d = p->rows[t->row].rows;
+    size_t all = arch_dim_value(c, 0, d == AD_VP ? AD_V : d), C = (size_t)c->C;
+    if (n <= 1) return all;
+    return k == 0 ? C : (all - C) / (size_t)(n - 1);
+}
+
+size_t hf_file_row(const hf_part *p, size_t r, int hs) {
+    if (!p->permuted) return r;
+    /* ours: head h, pair i, half c at h hs + 2i + c; theirs (rotate-half) at h hs + c hs/2 + i */
+    size_t hh = r / (size_t)hs, w = r % (size_t)hs;
+    return hh * (size_t)hs + (w % 2) * (size_t)(hs / 2) + w / 2;
+}
+
 /* Does name match pattern, "%d" matching a decimal number (into *num; -1 without one)? */
 static int name_matches(const char *pat, const char *name, long *num) {
     *num = -1;
@@ -288,6 +317,14 @@ static int name_matches(const char *pat, const char *name, long *num) {
         } else if (*pat++ != *name++) return 0;
     }
     return *name == 0;
+}
+
+const char *hf_tensor_spec(const model_config *c, const param_tensor *t) {
+    const model_arch *A = arch_of(c);
+    if (t->tied_copy) return A->embed.rows[model_head_row_tied(c, t->row)].hf_name;
+    const arch_params *p = t->part == PART_EMBED ? &A->embed : t->part == PART_BLOCK ? &A->block : &A->head;
+    if (t->part == PART_HEAD && model_head_row_tied(c, t->row) >= 0) return NULL;
+    return p->rows[t->row].hf_name;
 }
 
 /* The hf_name of a head row in this config: a tied row reads its embedding's. */
@@ -316,7 +353,7 @@ static int name_known(const model_config *c, const char *name) {
         for (int i = 0; i < parts[p]->n; i++) {
             const char *spec = row_spec(c, p, i);
             hf_part hp[HF_MAX_PARTS];
-            int n = spec ? split_parts(spec, INT_MIN, hp) : 0;
+            int n = spec ? hf_split_parts(spec, INT_MIN, hp) : 0;
             for (int k = 0; k < n; k++)
                 if (name_matches(hp[k].name, name, &l)) return p != PART_BLOCK || (l >= 0 && l < c->L);
         }
@@ -342,7 +379,7 @@ static int check_names(const model_config *c, const hf_files *h, char *err, size
             for (int l = p == PART_BLOCK ? 0 : -1; l < (p == PART_BLOCK ? c->L : 0); l++) {
                 const char *spec = row_spec(c, p, i);
                 hf_part hp[HF_MAX_PARTS];
-                int n = spec ? split_parts(spec, l, hp) : 0;
+                int n = spec ? hf_split_parts(spec, l, hp) : 0;
                 for (int k = 0; k < n; k++) {
                     char full[ST_MAX_NAME + 64];
                     const st_file *in;
@@ -359,8 +396,8 @@ static int check_names(const model_config *c, const hf_files *h, char *err, size
 /* One part (rows [r0, r0 + rows) of a (R, cols) tensor) into dst, from the file's tensor of
  * shape (rows, cols), or (cols, rows) when transposed, or (rows) for a 1-D row;
  * un-permuted per head of hs rows when permuted. */
-static int read_part(const hf_files *h, const hf_part *p, const param_tensor *t, int hs, size_t *r0, float *dst,
-                     char *err, size_t errlen) {
+static int read_part(const hf_files *h, const hf_part *p, const param_tensor *t, int hs, size_t want, size_t *r0,
+                     float *dst, char *err, size_t errlen) {
     char full[ST_MAX_NAME + 64];
     const st_file *in = NULL;
     full_name(h, p->name, full, sizeof full);
@@ -372,13 +409,12 @@ static int read_part(const hf_files *h, const hf_part *p, const param_tensor *t,
     size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
     long long rows = f->ndim >= 1 ? f->shape[p->transposed ? 1 : 0] : 0;
     long long fc = f->ndim == 2 ? f->shape[p->transposed ? 0 : 1] : 1;
-    if (f->ndim != t->ndim || fc != (long long)cols || rows < 1 || *r0 + (size_t)rows > (size_t)t->shape[0] ||
-        (p->permuted && rows % hs != 0)) {
+    if (f->ndim != t->ndim || fc != (long long)cols || rows != (long long)want || (p->permuted && rows % hs != 0)) {
         char shp[64] = "";
         for (int d = 0, o = 0; d < f->ndim && o < 60; d++)
             o += snprintf(shp + o, sizeof shp - (size_t)o, "%s%lld", d ? ", " : "", f->shape[d]);
-        snprintf(err, errlen, "%s: tensor %s has shape (%s), which disagrees with the config (%s: %d x %zu%s)",
-                 in->path, full, shp, t->name, t->shape[0], cols, p->transposed ? ", stored transposed" : "");
+        snprintf(err, errlen, "%s: tensor %s has shape (%s), which disagrees with the config (%s: %zu x %zu%s)",
+                 in->path, full, shp, t->name, want, cols, p->transposed ? ", stored transposed" : "");
         return PL_EIO;
     }
     size_t n = (size_t)rows * cols;
@@ -387,11 +423,7 @@ static int read_part(const hf_files *h, const hf_part *p, const param_tensor *t,
     int rc = st_read(in, f, 0, n, tmp, err, errlen);
     float *out = dst + *r0 * cols;
     for (size_t r = 0; rc == PL_OK && r < (size_t)rows; r++) {
-        size_t src = r; /* the file's row of our row r */
-        if (p->permuted) { /* ours: head h, pair i, half c at h hs + 2i + c; theirs at h hs + c hs/2 + i */
-            size_t hh = r / (size_t)hs, w = r % (size_t)hs;
-            src = hh * (size_t)hs + (w % 2) * (size_t)(hs / 2) + w / 2;
-        }
+        size_t src = hf_file_row(p, r, hs); /* the file's row of our row r */
         for (size_t k = 0; k < cols; k++)
             out[r * cols + k] = p->transposed ? tmp[k * (size_t)rows + src] : tmp[src * cols + k];
     }
@@ -405,20 +437,13 @@ static int read_part(const hf_files *h, const hf_part *p, const param_tensor *t,
 static int load_tensor(const hf_files *h, const stage *st, const param_tensor *t, float *dst, char *err,
                        size_t errlen) {
     const model_config *c = &st->cfg;
-    const model_arch *A = arch_of(c);
-    const char *spec = t->tied_copy ? A->embed.rows[model_head_row_tied(c, t->row)].hf_name
-                                    : row_spec(c, t->part, t->row);
-    const arch_params *p = t->part == PART_EMBED ? &A->embed : t->part == PART_BLOCK ? &A->block : &A->head;
-    size_t want = arch_dim_value(c, 0, p->rows[t->row].rows == AD_VP ? AD_V : p->rows[t->row].rows), r0 = 0;
+    const char *spec = hf_tensor_spec(c, t);
+    size_t r0 = 0;
     hf_part hp[HF_MAX_PARTS];
-    int n = split_parts(spec, t->layer, hp);
+    int n = spec ? hf_split_parts(spec, t->layer, hp) : 0;
     memset(dst, 0, t->numel * sizeof(float));
-    for (int k = 0; k < n; k++) PL_TRY(read_part(h, &hp[k], t, c->C / c->NH, &r0, dst, err, errlen));
-    if (r0 != want) {
-        snprintf(err, errlen, "%s: tensor %s%s holds %zu rows, which disagrees with the config (%s: %zu rows)",
-                 h->f[0].path, h->prefix, hp[0].name, r0, t->name, want);
-        return PL_EIO;
-    }
+    for (int k = 0; k < n; k++)
+        PL_TRY(read_part(h, &hp[k], t, c->C / c->NH, hf_part_rows(c, t, k, n), &r0, dst, err, errlen));
     return PL_OK;
 }
 

@@ -303,6 +303,20 @@ static int gpt2_hf_config(const void *j, const char *path, model_config *cfg, ch
     return PL_OK;
 }
 
+/* config.json of a GPT2LMHeadModel ("architectures" as one string; hf_save makes it a list). */
+static void gpt2_hf_config_write(const model_config *c, void *j) {
+    hf_json_set_str(j, "architectures", "GPT2LMHeadModel");
+    hf_json_set_int(j, "vocab_size", c->V);
+    hf_json_set_int(j, "n_positions", c->maxT);
+    hf_json_set_int(j, "n_ctx", c->maxT);
+    hf_json_set_int(j, "n_embd", c->C);
+    hf_json_set_int(j, "n_layer", c->L);
+    hf_json_set_int(j, "n_head", c->NH);
+    hf_json_set_str(j, "activation_function", "gelu_new");
+    hf_json_set_num(j, "layer_norm_epsilon", 1e-5);
+    hf_json_set_bool(j, "tie_word_embeddings", 1);
+}
+
 const model_arch arch_gpt2 = {
     .name = "gpt2", .id = MODEL_GPT2,
     .embed = ARCH_ROWS(gpt2_embed), .block = ARCH_ROWS(gpt2_block), .head = ARCH_ROWS(gpt2_head),
@@ -322,4 +336,5 @@ const model_arch arch_gpt2 = {
     .attr_int = NULL, .nattr_int = 0, .attr_f64 = NULL, .nattr_f64 = 0,
     .attrs_of = gpt2_attrs_of, .config_of_attrs = gpt2_of_attrs,
     .hf_model_type = "gpt2", .hf_ignore = gpt2_hf_ignore, .hf_config_read = gpt2_hf_config,
+    .hf_config_write = gpt2_hf_config_write,
 };

@@ -602,6 +602,34 @@ static int llama_hf_config(const void *j, const char *path, model_config *cfg, c
     return llama_hf_rope(j, path, cfg, err, errlen);
 }
 
+/* config.json of a LlamaForCausalLM ("architectures" as one string; hf_save makes it a list). */
+static void llama_hf_config_write(const model_config *c, void *j) {
+    const llama_config *q = &c->llama;
+    hf_json_set_str(j, "architectures", "LlamaForCausalLM");
+    hf_json_set_int(j, "vocab_size", c->V);
+    hf_json_set_int(j, "hidden_size", c->C);
+    hf_json_set_int(j, "intermediate_size", c->H);
+    hf_json_set_int(j, "num_hidden_layers", c->L);
+    hf_json_set_int(j, "num_attention_heads", c->NH);
+    hf_json_set_int(j, "num_key_value_heads", c->NKV);
+    hf_json_set_int(j, "head_dim", c->C / c->NH);
+    hf_json_set_int(j, "max_position_embeddings", c->maxT);
+    hf_json_set_float(j, "rms_norm_eps", q->norm_eps);
+    hf_json_set_float(j, "rope_theta", q->rope_theta);
+    hf_json_set_str(j, "hidden_act", "silu");
+    hf_json_set_bool(j, "attention_bias", 0);
+    hf_json_set_bool(j, "mlp_bias", 0);
+    hf_json_set_bool(j, "tie_word_embeddings", c->tie_embed);
+    if (q->use_scaled_rope) {
+        void *r = hf_json_set_obj(j, "rope_scaling");
+        hf_json_set_str(r, "rope_type", "llama3");
+        hf_json_set_float(r, "factor", q->rope_factor);
+        hf_json_set_float(r, "low_freq_factor", q->rope_low_freq);
+        hf_json_set_float(r, "high_freq_factor", q->rope_high_freq);
+        hf_json_set_int(r, "original_max_position_embeddings", q->rope_orig_ctx);
+    }
+}
+
 const model_arch arch_llama = {
     .name = "llama", .id = MODEL_LLAMA,
     .embed = ARCH_ROWS(llama_embed), .block = ARCH_ROWS(llama_block), .head = ARCH_ROWS(llama_head),
@@ -623,4 +651,5 @@ const model_arch arch_llama = {
     .llmc_zeros = {{NULL, 0}, ARCH_ROWS(llama_zero_block), ARCH_ROWS(llama_zero_head)},
     .llmc_options = llama_extras_from_options,
     .hf_model_type = "llama", .hf_ignore = llama_hf_ignore, .hf_config_read = llama_hf_config,
+    .hf_config_write = llama_hf_config_write,
 };

@@ -31,6 +31,7 @@
 #include "pipelm/split.h"
 #include "pipelm/trace.h"
 #include "pipelm/run.h"
+#include "pipelm/safetensors.h"
 #include "pipelm/train.h"
 
 /* The learning rate of a step: the optimizer's schedule over the run's hyper-parameters. */
@@ -687,7 +688,11 @@ static int end_run(run *R, loop_state *L, int *agreed) {
      * written only warns, so it can never cost the weights */
     int save_rc = PL_OK;
     if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
-        if (R->d == 0) save_rc = llmc_save(o->save_final, &R->st, 0, R->comm);
+        if (R->d == 0)
+            save_rc = hf_is_safetensors_name(o->save_final)
+                          ? hf_save(o->save_final, &R->st, strcmp(o->save_dtype, "bf16") == 0 ? ST_BF16 : ST_F32, 0,
+                                    R->comm)
+                          : llmc_save(o->save_final, &R->st, 0, R->comm);
         if (R->D > 1) save_rc = comm_agree(R->dpc, save_rc, NULL); /* replica 0's outcome, on every replica */
         if (save_rc == PL_OK) pl_info("saved final weights to %s\n", o->save_final);
         else if (R->wrank == 0) pl_error("--save-final %s was not written (message above)", o->save_final);

@@ -51,6 +51,7 @@ typedef struct {
     arch_dim file_rows;   /* rows the llm.c file holds (AD_V: V of the Vp) */
     int mfu;              /* counted by model_train_flops_per_token (6 FLOPs per weight) */
     const char *hf_name;  /* Hugging Face name ("model.layers.%d...."; hf.h: '|' parts stacked by rows,
+                           * the first C rows, the others the rest in equal shares (Llama's q | k | v);
                            * '~' stored transposed, '^' permuted for rotate-half); NULL: none */
     int tied;             /* >= 0: holds the values of that embedding row (GPT-2's head reads wte); -1 */
 } arch_param;
@@ -172,6 +173,7 @@ typedef struct model_arch {
     const char *hf_model_type;
     const char *const *hf_ignore;
     int (*hf_config_read)(const void *json, const char *path, model_config *c, char *err, size_t errlen);
+    void (*hf_config_write)(const model_config *c, void *json); /* the keys transformers loads */
 } model_arch;
 
 /* The architectures, in id order; the count. */

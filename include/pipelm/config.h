@@ -42,6 +42,7 @@ typedef struct {
     int eval_every, val_batches;
     char init[PL_PATH], save_final[PL_PATH], metrics[PL_PATH], config[PL_PATH];
     char dump_grads[PL_PATH];
+    char save_dtype[8];          /* f32 | bf16: the dtype of a --save-final FILE.safetensors */
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
     int chunks;           /* model chunks per pipeline rank (virtual stages) */

@@ -15,6 +15,7 @@
 #define PIPELM_HF_H
 
 #include <stddef.h>
+#include <mpi.h>
 #include "pipelm/stage.h"
 
 /* 1 if path names a Hugging Face model (a directory, or a name ending in ".safetensors"). */
@@ -24,6 +25,18 @@ int hf_read_config(const char *path, model_config *cfg, char *err, size_t errlen
 /* Load this stage's tensors (any of F32, BF16, F16; to fp32) into host views of its
  * parameters, after checking every tensor name of the files against the model. */
 int hf_load_stage(const char *path, stage *st, char *err, size_t errlen);
+
+/* Collective over comm: write the stages' parameters as Hugging Face files, F32 or BF16
+ * (ST_F32, ST_BF16; bf16 rounded to nearest even). path ending in ".safetensors": that one
+ * file; otherwise a directory (made if missing): config.json (the architecture's
+ * hf_config_write, loadable by transformers), model.safetensors, or shards
+ * model-0000i-of-0000n.safetensors of at most shard_bytes each (0: no limit) with
+ * model.safetensors.index.json. Each rank writes its own tensors at their offsets; files
+ * appear under their names only when every rank succeeded. Failures are printed; the agreed
+ * status is returned. */
+int hf_save(const char *path, stage *st, int dtype, size_t shard_bytes, MPI_Comm comm);
+/* 1 if path names a safetensors output (ends in ".safetensors"). */
+int hf_is_safetensors_name(const char *path);
 
 /* config.json getters for the architectures' readers: key of the object json (a json_t *);
  * required 0 leaves *out as it is when the key is absent or null. Out of [lo, hi], of the
@@ -37,5 +50,14 @@ int hf_json_bool(const void *json, const char *path, const char *key, int *out, 
 const char *hf_json_str(const void *json, const char *key);
 /* The object at key (NULL when absent or null), or PL_EIO in *rc when it is another type. */
 const void *hf_json_obj(const void *json, const char *path, const char *key, int *rc, char *err, size_t errlen);
+/* config.json setters for the architectures' writers (json a json_t object); hf_json_set_obj
+ * adds and returns an empty object. */
+void hf_json_set_int(void *json, const char *key, long long v);
+void hf_json_set_num(void *json, const char *key, double v);
+void hf_json_set_str(void *json, const char *key, const char *v);
+void hf_json_set_bool(void *json, const char *key, int v);
+/* A float as the shortest decimal that reads back as it (1e-05, not 9.9999997e-06). */
+void hf_json_set_float(void *json, const char *key, float v);
+void *hf_json_set_obj(void *json, const char *key);
 
 #endif
