@@ -229,7 +229,7 @@ static int publish(const hf_out *o, const model_config *c, long id, char *err, s
     json_object_set_new(cfg, "model_type", json_string(A->hf_model_type));
     json_object_set_new(cfg, "torch_dtype", json_string(o->t[0].dtype == ST_F32 ? "float32" : "bfloat16"));
     snprintf(p, sizeof p, "%s/config.json", o->path);
-    int rc = json_dump_file(cfg, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 ? PL_OK : PL_EIO;
+    int rc = json_dump_file(cfg, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) == 0 ? PL_OK : PL_EIO;
     json_decref(cfg);
     if (rc == PL_OK && o->nshards > 1) {
         json_t *ix = json_object(), *wm = json_object(), *md = json_object();

@@ -7,12 +7,16 @@
 # runs under a timeout.
 . "$(dirname "$0")/lib.sh"
 SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+SRC=$(cd "$SRC" && pwd)
 PY=/usr/bin/python3
 if ! [ -x "$PY" ] || ! "$PY" -c 'import torch, numpy' > /dev/null 2>&1; then
     echo "note: $PY cannot import torch/numpy: the file-writer checks are skipped"
     TORCH=0
 else TORCH=1; fi
 cd "$WORK"
+# the plain tier runs 1 and 3 ranks and one torch comparison per architecture's files; the full
+# tier adds 2 ranks, the tied resume, the GPT-2 F16 reference and --save-final on 3 ranks
+if full_tier; then RANKS="1 2 3"; else RANKS="1 3"; fi
 COMMON="--steps 3 --batch 4 --seq-len 8 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"
 
 # 1. llm.c's Llama 3 layout, from a writer that is not pipelm's
@@ -27,11 +31,11 @@ if [ $TORCH = 1 ]; then
 import numpy as np
 h = np.zeros(256, dtype='<i4'); h[:3] = [20240801, 7, 3000]
 with open('t.bin', 'wb') as f: h.tofile(f); (np.arange(3000) * 7 % 97).astype('<u4').tofile(f)"
-    for P in 1 2 3; do
+    for P in $RANKS; do
         mpirun_t 120 $P train --init m3.bin --data t.bin $COMMON --save-final r$P.bin --metrics r$P.jsonl \
             > r$P.out 2>&1 || bad "--init m3.bin on $P ranks" "$(tail -n 2 r$P.out | tr '\n' ' ')"
     done
-    if cmp -s r1.bin r2.bin && cmp -s r1.bin r3.bin && [ "$(losses r1.jsonl)" = "$(losses r3.jsonl)" ] \
+    if cmp -s r1.bin r3.bin && [ "$(losses r1.jsonl)" = "$(losses r3.jsonl)" ] \
             && [ -n "$(losses r1.jsonl)" ]; then
         ok "a model loaded from an llm.c Llama 3 file trains the same bits on 1, 2 and 3 ranks"
     else bad "llm.c init across ranks" "files or losses differ"; fi
@@ -56,15 +60,16 @@ fi
 
 # 2. a tied Llama head (Llama 3.2's tie_word_embeddings): same bits on 1, 2 and 3 ranks
 TIED="--preset llama-tiny --tie-embeddings 1 --use-scaled-rope 1 --rope-scaling-factor 32 $COMMON"
-for P in 1 2 3; do
+for P in $RANKS; do
     mpirun_t 120 $P train $TIED --save-final tie$P.bin --metrics tie$P.jsonl > tie$P.out 2>&1 \
         || bad "tied run on $P ranks" "$(tail -n 2 tie$P.out | tr '\n' ' ')"
 done
-if cmp -s tie1.bin tie2.bin && cmp -s tie1.bin tie3.bin && [ "$(losses tie1.jsonl)" = "$(losses tie3.jsonl)" ] \
+if cmp -s tie1.bin tie3.bin && [ "$(losses tie1.jsonl)" = "$(losses tie3.jsonl)" ] \
         && grep -q "tied embedding: the copies on stage 0 and stage 2 are bit-identical" tie3.out \
         && grep -q "NKV=2 .*(scaled x32).* tied" tie1.out; then
     ok "tied Llama head: bit-identical on 1, 2 and 3 ranks, the two copies equal"
 else bad "tied Llama" "$(grep -h "tied\|model:" tie*.out | head -n 3 | tr '\n' ' ')"; fi
+if full_tier; then
 mpirun_t 120 2 train $TIED --ckpt-dir ck --ckpt-every 2 > cka.out 2>&1 || bad "tied save" "$(tail -n 2 cka.out)"
 if mpirun_t 120 3 train $TIED --resume ck/ckpt_00000002.h5 --save-final tieb.bin --metrics tieb.jsonl \
         > ckb.out 2>&1 && cmp -s tie1.bin tieb.bin; then
@@ -80,6 +85,7 @@ mpirun_t 60 1 train --preset llama-tiny --use-scaled-rope 1 --rope-scaling-facto
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "tie_embeddings is 1 in the file but 0 in this run" mis.out \
     && ok "refused: a tied checkpoint resumed untied" || bad "tied vs untied resume" "rc=$rc $(tail -n 2 mis.out)"
+else full_only "a tied Llama's checkpoint resumed on another rank count"; fi
 
 # 3. Hugging Face models in: losses and gradients against the torch references (Llama with
 # q/k permuted for rotate-half, sharded F32 and tied BF16; GPT-2 with Conv1D transposed, the
@@ -88,7 +94,8 @@ if [ $TORCH = 1 ]; then
     if timeout -k 5 300 "$PY" "$SRC/tests/torch_llama.py" --pipelm "$PIPELM" --only-hf > tl.out 2>&1; then
         ok "Hugging Face Llama (sharded F32; tied BF16) matches the torch reference: $(grep -c PASS tl.out) cases"
     else bad "Hugging Face Llama vs torch" "$(grep -A6 '^FAIL' tl.out | tr '\n' ' ' | cut -c1-500)"; fi
-    if timeout -k 5 300 "$PY" "$SRC/tests/torch_ref.py" --pipelm "$PIPELM" --hf-dtype F16 --hf-prefix > tg.out 2>&1; then
+    if ! full_tier; then full_only "Hugging Face GPT-2 (F16) against the torch reference"
+    elif timeout -k 5 300 "$PY" "$SRC/tests/torch_ref.py" --pipelm "$PIPELM" --hf-dtype F16 --hf-prefix > tg.out 2>&1; then
         ok "Hugging Face GPT-2 (F16, transformer. prefix, masks) matches the torch reference"
     else bad "Hugging Face GPT-2 vs torch" "$(grep -A6 '^FAIL' tg.out | tr '\n' ' ' | cut -c1-500)"; fi
     # the same bits on 1, 2 and 3 ranks from a Hugging Face directory
@@ -97,11 +104,11 @@ if [ $TORCH = 1 ]; then
 import numpy as np
 h = np.zeros(256, dtype='<i4'); h[:3] = [20240801, 7, 3000]
 with open('t53.bin', 'wb') as f: h.tofile(f); (np.arange(3000) * 7 % 53).astype('<u4').tofile(f)"
-    for P in 1 2 3; do
+    for P in $RANKS; do
         mpirun_t 120 $P train --init hfl --data t53.bin $COMMON --save-final h$P.bin --metrics h$P.jsonl \
             > h$P.out 2>&1 || bad "--init hfl on $P ranks" "$(tail -n 2 h$P.out | tr '\n' ' ')"
     done
-    if cmp -s h1.bin h2.bin && cmp -s h1.bin h3.bin && [ "$(losses h1.jsonl)" = "$(losses h3.jsonl)" ] \
+    if cmp -s h1.bin h3.bin && [ "$(losses h1.jsonl)" = "$(losses h3.jsonl)" ] \
             && [ -n "$(losses h1.jsonl)" ] && grep -q "(scaled x32).* tied" h1.out; then
         ok "a tied Llama from Hugging Face BF16 files trains the same bits on 1, 2 and 3 ranks"
     else bad "Hugging Face init across ranks" "files or losses differ"; fi
@@ -161,6 +168,55 @@ PYEOF
     hf_refused shape "disagrees with the config"
     hf_refused json "the header is not a JSON object"
     hf_refused layer "unexpected tensor model.layers.7.mlp.up_proj.weight"
+fi
+
+# 4. Hugging Face models out: round trips byte-identical in the tensors, shards with an index,
+# --save-final FILE.safetensors the same on 1 and 3 ranks and the same as convert --to hf
+if [ $TORCH = 1 ]; then
+    same_tensors() { # same_tensors A B [strip-prefix]: every tensor of A (a file or dir) in B, same bytes
+        "$PY" - "$@" <<'PYEOF'
+import glob, os, sys
+sys.path.insert(0, os.environ["SRC"] + "/tests")
+import st_write
+def load(p):
+    fs = [p] if p.endswith(".safetensors") else sorted(glob.glob(p + "/*.safetensors"))
+    out = {}
+    for f in fs:
+        out.update(st_write.read_safetensors(f)[0])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if len(sys.argv) > 3 and sys.argv[3] == "subset":   # only A's tensors
+    b = {k: v for k, v in b.items() if k in a}
+elif len(sys.argv) > 3:   # GPT-2 as HF writes it: drop the prefix, the masks and the tied lm_head
+    a = {k[len("transformer."):]: v for k, v in a.items() if k.startswith("transformer.") and not k.endswith(".attn.bias")}
+sys.exit(0 if a.keys() == b.keys() and all(a[k] == b[k] for k in a) else 1)
+PYEOF
+    }
+    export SRC
+    "$PIPELM" convert --to hf --dtype bf16 hfl out1 > cv.out 2>&1 && same_tensors hfl out1 \
+        && grep -q '"tie_word_embeddings": true' out1/config.json && grep -q '"factor": 32' out1/config.json \
+        && ok "safetensors (BF16, tied) -> pipelm -> safetensors: byte-identical tensors, config.json tied, factor 32" \
+        || bad "BF16 round trip" "$(tail -n 2 cv.out | tr '\n' ' ')"
+    "$PY" "$SRC/tests/torch_llama.py" --write-hf hf32
+    if "$PIPELM" convert --to hf --shard-size 30000 hf32 out2 > cv.out 2>&1 && [ -f out2/model.safetensors.index.json ] \
+            && [ -f out2/model-00002-of-$(ls out2/*-of-* | head -n 1 | sed 's/.*-of-\([0-9]*\).*/\1/').safetensors ] \
+            && same_tensors hf32 out2 && "$PIPELM" convert --to hf out2 out3 > cv2.out 2>&1 && same_tensors hf32 out3; then
+        ok "F32 -> shards of 30000 bytes with an index -> read back -> one file: byte-identical tensors ($(ls out2/*-of-* | wc -l) shards)"
+    else bad "sharded round trip" "$(tail -n 2 cv.out cv2.out | tr '\n' ' ')"; fi
+    "$PY" "$SRC/tests/torch_ref.py" --write-hf hfg
+    "$PIPELM" convert --to hf hfg outg > cv.out 2>&1 && same_tensors hfg outg strip \
+        && grep -q '"GPT2LMHeadModel"' outg/config.json \
+        && ok "GPT-2 safetensors (Conv1D, transformer. prefix) -> pipelm -> safetensors: byte-identical tensors" \
+        || bad "GPT-2 round trip" "$(tail -n 2 cv.out | tr '\n' ' ')"
+    for P in $RANKS; do
+        mpirun_t 120 $P train --init hfl --data t53.bin $COMMON --save-final sf$P.safetensors --save-dtype bf16 \
+            > sf$P.out 2>&1 || bad "--save-final .safetensors on $P ranks" "$(tail -n 2 sf$P.out | tr '\n' ' ')"
+    done
+    # h1.bin is the same training as an llm.c file (which holds the tied head in its lm_head slot)
+    "$PIPELM" convert --to hf --dtype bf16 h1.bin sfc.safetensors > cv.out 2>&1
+    if cmp -s sf1.safetensors sf3.safetensors && same_tensors sf1.safetensors sfc.safetensors subset; then
+        ok "--save-final FILE.safetensors (BF16): the same bytes on 1 and 3 ranks, the tensors convert --to hf writes"
+    else bad "--save-final safetensors" "files differ: $(tail -n 1 cv.out)"; fi
 fi
 
 # (the llama-1b preset against Llama 3.2 1B: test_model, test_llama_1b_preset)
