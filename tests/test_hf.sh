@@ -139,6 +139,17 @@ PYEOF
         && grep -q '"GPT2LMHeadModel"' outg/config.json \
         && ok "GPT-2 safetensors (Conv1D, transformer. prefix) -> pipelm -> safetensors: byte-identical tensors" \
         || bad "GPT-2 round trip" "$(tail -n 2 cv.out | tr '\n' ' ')"
+    "$PY" -c "
+import numpy as np
+h = np.zeros(256, dtype='<i4'); h[:3] = [20240520, 1, 3000]
+with open('t97.bin', 'wb') as f: h.tofile(f); (np.arange(3000) * 7 % 97).astype('<u2').tofile(f)"
+    for P in 1 3; do
+        mpirun_t 120 $P train --init hfg --data t97.bin $COMMON --seq-len 8 --save-final g$P.bin --metrics g$P.jsonl \
+            > g$P.out 2>&1 || bad "GPT-2 --init hfg on $P ranks" "$(tail -n 2 g$P.out | tr '\n' ' ')"
+    done
+    cmp -s g1.bin g3.bin && [ -n "$(losses g1.jsonl)" ] && [ "$(losses g1.jsonl)" = "$(losses g3.jsonl)" ] \
+        && ok "a GPT-2 from Hugging Face files trains the same bits on 1 and 3 ranks (the tied wte summed)" \
+        || bad "GPT-2 Hugging Face init across ranks" "files or losses differ"
     for P in $RANKS; do
         mpirun_t 120 $P train --init hfl --data t53.bin $COMMON --save-final sf$P.safetensors --save-dtype bf16 \
             > sf$P.out 2>&1 || bad "--save-final .safetensors on $P ranks" "$(tail -n 2 sf$P.out | tr '\n' ' ')"
