@@ -216,6 +216,41 @@ static const st_tensor *find_tensor(const hf_files *h, const char *name, const s
     return NULL;
 }
 
+/* With an index: every name it maps is in the shard it names, and every tensor of the shards
+ * is mapped (a shard holding a tensor the index puts elsewhere is refused). */
+static int check_index(const char *path, const hf_files *h, char *err, size_t errlen) {
+    char ix[HF_PATH];
+    struct stat sb;
+    snprintf(ix, sizeof ix, "%s/model.safetensors.index.json", path);
+    if (!(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || stat(ix, &sb) != 0) return PL_OK;
+    json_t *root = json_load_file(ix, JSON_REJECT_DUPLICATES, NULL), *wm = json_object_get(root, "weight_map");
+    int rc = PL_OK;
+    size_t mapped = 0, held = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        char full[HF_PATH];
+        snprintf(full, sizeof full, "%s/%s", path, json_string_value(v));
+        const st_file *in = NULL;
+        for (int i = 0; i < h->n && !in; i++)
+            if (strcmp(h->f[i].path, full) == 0) in = &h->f[i];
+        if (!in || !st_find(in, k)) {
+            snprintf(err, errlen, "%s: weight_map puts tensor %.200s in %.200s, which does not hold it", ix, k,
+                     json_string_value(v));
+            rc = PL_EIO;
+            break;
+        }
+        mapped++;
+    }
+    for (int i = 0; i < h->n; i++) held += (size_t)h->f[i].n;
+    if (rc == PL_OK && held != mapped) {
+        snprintf(err, errlen, "%s: the shards hold %zu tensors, but weight_map names %zu", ix, held, mapped);
+        rc = PL_EIO;
+    }
+    json_decref(root);
+    return rc;
+}
+
 /* Open every shard, refuse a name held twice, and find the prefix: what the file puts before
  * the token embedding's name (embedding row 0 of every architecture). */
 static int open_files(const char *path, const model_config *c, hf_files *h, char *err, size_t errlen) {
@@ -240,6 +275,10 @@ static int open_files(const char *path, const model_config *c, hf_files *h, char
                     close_files(h);
                     return PL_EIO;
                 }
+    if (check_index(path, h, err, errlen) != PL_OK) {
+        close_files(h);
+        return PL_EIO;
+    }
     const char *emb = arch_of(c)->embed.rows[0].hf_name;
     size_t el = strlen(emb);
     for (int i = 0; i < h->n; i++)

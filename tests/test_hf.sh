@@ -134,6 +134,14 @@ PYEOF
             && same_tensors hf32 out2 && "$PIPELM" convert --to hf out2 out3 > cv2.out 2>&1 && same_tensors hf32 out3; then
         ok "F32 -> shards of 30000 bytes with an index -> read back -> one file: byte-identical tensors ($(ls out2/*-of-* | wc -l) shards)"
     else bad "sharded round trip" "$(tail -n 2 cv.out cv2.out | tr '\n' ' ')"; fi
+    "$PY" -c "
+import json; p = 'out2/model.safetensors.index.json'; j = json.load(open(p))
+j['weight_map']['model.norm.weight'] = 'model-00001-of-' + sorted(set(j['weight_map'].values()))[0][-17:]
+json.dump(j, open(p, 'w'))"
+    "$PIPELM" convert --to hf out2 out4 > ix.out 2>&1
+    [ $? -ne 0 ] && grep -q "weight_map puts tensor model.norm.weight in model-00001-of" ix.out \
+        && ok "refused: an index naming the wrong shard ($(grep -o 'weight_map puts.*' ix.out | cut -c1-90))" \
+        || bad "index naming the wrong shard" "$(tail -n 1 ix.out)"
     "$PY" "$SRC/tests/torch_ref.py" --write-hf hfg
     "$PIPELM" convert --to hf hfg outg > cv.out 2>&1 && same_tensors hfg outg strip \
         && grep -q '"GPT2LMHeadModel"' outg/config.json \
