@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 PKGS="build-essential autoconf automake libtool autoconf-archive pkg-config mpich libmpich-dev
       libopenblas-dev libopenblas-openmp-dev libhdf5-mpich-dev hdf5-tools libinih-dev check gnuplot-nox
-      libdnnl-dev libisal-dev"
+      libdnnl-dev libisal-dev libjansson-dev"
 # tests only: the independent PyTorch reference, h5py to read checkpoints, a local Slurm cluster,
 # clang's libFuzzer (with its OpenMP runtime) for the fuzz stage
 TEST_PKGS="python3-torch python3-numpy python3-h5py slurm-wlm slurmctld slurmd slurm-client munge

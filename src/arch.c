@@ -85,11 +85,26 @@ void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int laye
     *off += (t->numel + 15) / 16 * 16;
 }
 
-/* Append the tensor of one row (part, index) to a table. */
+int model_head_row_tied(const model_config *c, int row) {
+    const model_arch *A = arch_of(c);
+    if (row < 0 || row >= A->head.n) return -1;
+    if (A->head.rows[row].tied >= 0) return A->head.rows[row].tied;
+    return c->tie_embed && row == A->head_matrix ? 0 : -1;
+}
+
+int model_is_tied(const model_config *c) {
+    for (int i = 0; i < arch_of(c)->head.n; i++)
+        if (model_head_row_tied(c, i) >= 0) return 1;
+    return 0;
+}
+
+/* Append the tensor of one row (part, index) to a table; a tied copy takes its embedding's
+ * kind (and so its name: the checkpoint holds it once, as the embedding). */
 static void add_row(const model_config *c, param_tensor *out, int *n, size_t *off, const arch_param *r, int part,
                     int row, int layer, int tied_copy) {
     int d0 = (int)arch_dim_value(c, 0, r->rows), d1 = (int)arch_dim_value(c, 0, r->cols);
-    model_add_tensor(out, n, off, r->kind, layer, r->cols == AD_NONE ? 1 : 2, d0, d1);
+    int kind = tied_copy ? arch_of(c)->embed.rows[model_head_row_tied(c, row)].kind : r->kind;
+    model_add_tensor(out, n, off, kind, layer, r->cols == AD_NONE ? 1 : 2, d0, d1);
     param_tensor *t = &out[*n - 1];
     t->decay = r->decay;
     t->part = part;
@@ -101,7 +116,7 @@ int model_tensor_is_tied(const model_config *c, const param_tensor *t) {
     const model_arch *A = arch_of(c);
     if (t->tied_copy) return 1;
     for (int i = 0; t->part == PART_EMBED && i < A->head.n; i++)
-        if (A->head.rows[i].tied == t->row) return 1;
+        if (model_head_row_tied(c, i) == t->row) return 1;
     return 0;
 }
 
@@ -117,8 +132,9 @@ int model_layout(const model_config *c, int l0, int l1, int has_embed, int has_h
         for (int i = 0; i < A->block.n; i++) add_row(c, out, &n, &off, &A->block.rows[i], PART_BLOCK, i, l, 0);
     for (int i = 0; has_head && i < A->head.n; i++) {
         const arch_param *r = &A->head.rows[i];
-        if (r->tied >= 0 && has_embed) continue; /* the embedding's tensor itself serves */
-        add_row(c, out, &n, &off, r, PART_HEAD, i, -1, r->tied >= 0);
+        int tied = model_head_row_tied(c, i) >= 0;
+        if (tied && has_embed) continue; /* the embedding's tensor itself serves */
+        add_row(c, out, &n, &off, r, PART_HEAD, i, -1, tied);
     }
     *total = off;
     return n;
@@ -132,7 +148,7 @@ int model_max_tensors(const model_config *c, int nb) {
 int model_num_tensors(const model_config *c) {
     const model_arch *A = arch_of(c);
     int n = A->embed.n + c->L * A->block.n;
-    for (int i = 0; i < A->head.n; i++) n += A->head.rows[i].tied < 0;
+    for (int i = 0; i < A->head.n; i++) n += model_head_row_tied(c, i) < 0;
     return n;
 }
 
@@ -164,7 +180,8 @@ static size_t part_params(const model_config *c, const arch_params *p, int skip_
     size_t n = 0;
     for (int i = 0; i < p->n; i++) {
         const arch_param *r = &p->rows[i];
-        if ((skip_tied && r->tied >= 0) || (only_2d && r->cols == AD_NONE) || (only_mfu && !r->mfu)) continue;
+        int tied = p == &arch_of(c)->head ? model_head_row_tied(c, i) >= 0 : r->tied >= 0;
+        if ((skip_tied && tied) || (only_2d && r->cols == AD_NONE) || (only_mfu && !r->mfu)) continue;
         n += arch_param_numel(c, r, 0);
     }
     return n;

@@ -23,12 +23,14 @@
 #include "pipelm/config.h"
 #include "pipelm/crc32c.h"
 #include "pipelm/files.h"
+#include "pipelm/hf.h"
 #include "pipelm/llmc.h"
+#include "pipelm/safetensors.h"
 #include "pipelm/optim.h"
 #include "pipelm/stage.h"
 
 /* What a file is, from its first bytes. */
-enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5 };
+enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5, KIND_HF };
 
 /* Sniff a file: llm.c model magic (int32 20240326 GPT-2, 20240803 Llama 3) or the HDF5 signature. */
 static int file_kind(const char *path, char *err, size_t errlen) {
@@ -56,15 +58,18 @@ static int tool_stage(const model_config *cfg, stage *st, optim *opt, char *err,
     return rc;
 }
 
-/* llm.c model file -> checkpoint at step 0 with zero moments and the default AdamW settings. */
-static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errlen) {
+/* llm.c model file or Hugging Face model -> checkpoint at step 0 with zero moments and the
+ * default AdamW settings. */
+static int llmc_to_ckpt(const char *in, int kind, const char *out, char *err, size_t errlen) {
     model_config cfg;
-    int version;
-    PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
+    int version = 3;
+    if (kind == KIND_HF) PL_TRY(hf_read_config(in, &cfg, err, errlen));
+    else PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
     stage st;
     optim opt;
     PL_TRY(tool_stage(&cfg, &st, &opt, err, errlen));
-    int rc = llmc_load_stage(in, &st, err, errlen); /* the moments stay zero */
+    /* the moments stay zero */
+    int rc = kind == KIND_HF ? hf_load_stage(in, &st, err, errlen) : llmc_load_stage(in, &st, err, errlen);
     if (rc == PL_OK) {
         pl_options o;
         config_defaults(&o);
@@ -80,8 +85,9 @@ static int llmc_to_ckpt(const char *in, const char *out, char *err, size_t errle
         double bytes;
         rc = ckpt_save_file(out, &st, &opt, &m, MPI_COMM_SELF, &bytes, err, errlen);
         if (rc == PL_OK)
-            printf("converted %s (llm.c %s %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
-                   model_arch_name(cfg.arch), version == 3 ? "fp32" : "bf16", model_num_params(&cfg), out);
+            printf("converted %s (%s %s %s, %zu parameters) -> checkpoint %s (step 0, zero moments)\n", in,
+                   kind == KIND_HF ? "Hugging Face" : "llm.c", model_arch_name(cfg.arch),
+                   kind == KIND_HF ? "model" : version == 3 ? "fp32" : "bf16", model_num_params(&cfg), out);
     }
     optim_free(&opt);
     stage_free(&st);
@@ -122,17 +128,72 @@ static int set_tool_opts(char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* Any model input (llm.c file, checkpoint, Hugging Face model) -> Hugging Face files (F32 or
+ * BF16, shards of at most shard bytes), through one CPU stage. */
+static int any_to_hf(const char *in, int kind, const char *out, int dtype, size_t shard, char *err, size_t errlen) {
+    model_config cfg;
+    int version;
+    if (kind == KIND_HF) PL_TRY(hf_read_config(in, &cfg, err, errlen));
+    else if (kind == KIND_LLMC) PL_TRY(llmc_read_config(in, &cfg, &version, err, errlen));
+    else PL_TRY(ckpt_read_info(in, &cfg, NULL, err, errlen));
+    stage st;
+    optim opt;
+    PL_TRY(tool_stage(&cfg, &st, &opt, err, errlen));
+    ckpt_meta m;
+    int rc = kind == KIND_HF ? hf_load_stage(in, &st, err, errlen) : kind == KIND_LLMC ?
+             llmc_load_stage(in, &st, err, errlen) : ckpt_load(in, &st, &opt, &m, MPI_COMM_SELF, NULL, err, errlen);
+    if (rc == PL_OK) {
+        rc = hf_save(out, &st, dtype, shard, MPI_COMM_SELF); /* reports its own errors */
+        if (rc != PL_OK) snprintf(err, errlen, "writing %s failed (message above)", out);
+        else
+            printf("converted %s (%s, %zu parameters) -> Hugging Face %s %s\n", in, model_arch_name(cfg.arch),
+                   model_num_params(&cfg), st_dtype_name(dtype), out);
+    }
+    optim_free(&opt);
+    stage_free(&st);
+    return rc;
+}
+
+/* convert's options before IN OUT: --to hf, --dtype f32|bf16, --shard-size BYTES; the index
+ * of IN, or -1 (a message printed). */
+static int convert_opts(int argc, char **argv, int first, int *to_hf, int *dtype, size_t *shard) {
+    int i = first;
+    for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        const char *v = argv[i + 1];
+        char *end = NULL;
+        if (strcmp(argv[i], "--to") == 0 && strcmp(v, "hf") == 0) *to_hf = 1;
+        else if (strcmp(argv[i], "--dtype") == 0 && (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0))
+            *dtype = strcmp(v, "f32") == 0 ? ST_F32 : ST_BF16;
+        else if (strcmp(argv[i], "--shard-size") == 0 && (*shard = strtoull(v, &end, 10), end && !*end && v[0] != '-'))
+            continue;
+        else {
+            pl_error("convert: %s %s is not an option of convert (--to hf, --dtype f32|bf16, --shard-size BYTES)",
+                     argv[i], v);
+            return -1;
+        }
+    }
+    return i;
+}
+
 /* `pipelm convert IN OUT`: the direction comes from IN's first bytes. Exit status 0/1/2. */
 int ckpt_convert_main(int argc, char **argv, int first) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank != 0) return 0;
     if (argc - first == 1 && (strcmp(argv[first], "--help") == 0 || strcmp(argv[first], "-h") == 0)) {
-        printf("usage: pipelm convert IN OUT\n"
+        printf("usage: pipelm convert [--to hf [--dtype f32|bf16] [--shard-size BYTES]] IN OUT\n"
                "  IN an llm.c model file (fp32 v3 or bf16 v5) -> OUT a checkpoint (.h5) at step 0, zero moments\n"
-               "  IN a checkpoint (.h5)                         -> OUT an llm.c fp32 (v3) model file\n");
+               "  IN a Hugging Face model (DIR or .safetensors) -> OUT a checkpoint (.h5) at step 0, zero moments\n"
+               "  IN a checkpoint (.h5)                         -> OUT an llm.c fp32 (v3) model file\n"
+               "  --to hf: IN any of these -> OUT a Hugging Face directory (config.json, model.safetensors or\n"
+               "           shards of at most --shard-size bytes, default 5000000000, with an index) or, for a\n"
+               "           name ending in .safetensors, that one file; --dtype f32 (default) or bf16\n");
         return 0;
     }
+    int to_hf = 0, dtype = ST_F32;
+    size_t shard = 5000000000ULL;
+    first = convert_opts(argc, argv, first, &to_hf, &dtype, &shard);
+    if (first < 0) return 2;
     if (argc - first != 2) {
         pl_error("convert: expected IN OUT (see pipelm convert --help)");
         return 2;
@@ -144,7 +205,7 @@ int ckpt_convert_main(int argc, char **argv, int first) {
         pl_error("convert: %s", err);
         return 2;
     }
-    if (pl_check_output_file(out, "output", err, sizeof err) != PL_OK) {
+    if (!(to_hf && !hf_is_safetensors_name(out)) && pl_check_output_file(out, "output", err, sizeof err) != PL_OK) {
         pl_error("convert: %s", err);
         return 1;
     }
@@ -152,9 +213,10 @@ int ckpt_convert_main(int argc, char **argv, int first) {
         pl_error("convert: %s", err);
         return 2;
     }
-    int kind = file_kind(in, err, sizeof err), rc;
+    int kind = hf_is_model(in) ? KIND_HF : file_kind(in, err, sizeof err), rc;
     if (kind < 0) rc = PL_EIO;
-    else if (kind == KIND_LLMC) rc = llmc_to_ckpt(in, out, err, sizeof err);
+    else if (to_hf && kind != KIND_UNKNOWN) rc = any_to_hf(in, kind, out, dtype, shard, err, sizeof err);
+    else if (kind == KIND_LLMC || kind == KIND_HF) rc = llmc_to_ckpt(in, kind, out, err, sizeof err);
     else if (kind == KIND_HDF5) rc = ckpt_to_llmc(in, out, err, sizeof err);
     else {
         snprintf(err, sizeof err, "%s is neither an llm.c model file (magic %d, or %d for Llama 3) nor an HDF5 "

@@ -74,6 +74,13 @@ static const opt_desc options[] = {
     O_DBL("norm-eps", norm_eps, "(llama) RMSNorm epsilon"),
     O_DBL("rope-theta", rope_theta, "(llama) rotary embedding base"),
     O_INT("use-scaled-rope", use_scaled_rope, "(llama) 1: Llama 3.1's rotary frequency scaling"),
+    O_INT("tie-embeddings", tie_embeddings, "(llama) 1: lm_head is the token embedding (Llama 3.2's "
+          "tie_word_embeddings; default 0)"),
+    O_DBL("rope-scaling-factor", rope_factor, "(llama) rope_scaling factor (Llama 3.1: 8, 3.2: 32)"),
+    O_DBL("rope-low-freq-factor", rope_low_freq, "(llama) rope_scaling low_freq_factor (default 1)"),
+    O_DBL("rope-high-freq-factor", rope_high_freq, "(llama) rope_scaling high_freq_factor (default 4)"),
+    O_INT("rope-original-max-pos", rope_orig_ctx, "(llama) rope_scaling original_max_position_embeddings "
+          "(default 8192)"),
     O_INT("steps", hp.total_steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
@@ -95,7 +102,9 @@ static const opt_desc options[] = {
     O_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
     O_INT("val-batches", val_batches, "batches per validation"),
     O_STR("init", init, "start from an llm.c model file, GPT-2 or Llama 3 (fp32 version 3 or bf16 version 5)"),
-    O_STR("save-final", save_final, "write the final weights as an llm.c model file"),
+    O_STR("save-final", save_final, "write the final weights as an llm.c model file (a name ending in "
+          ".safetensors: a Hugging Face safetensors file)"),
+    O_CHOICE("save-dtype", save_dtype, "f32|bf16", "dtype of a --save-final FILE.safetensors (default f32)"),
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
     O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
@@ -223,6 +232,11 @@ void config_defaults(pl_options *o) {
     o->multiple_of = 256;
     o->norm_eps = 1e-5;
     o->rope_theta = 500000.0;
+    strcpy(o->save_dtype, "f32");
+    o->rope_factor = 8.0; /* Llama 3.1's rope_scaling */
+    o->rope_low_freq = 1.0;
+    o->rope_high_freq = 4.0;
+    o->rope_orig_ctx = 8192;
     o->log_every = 1;
     o->progress = 1;
     o->fail_rank = -1;
@@ -256,10 +270,12 @@ int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
         o->rope_theta = 10000.0; o->use_scaled_rope = 0;
         o->seq_len = 64; o->batch = 16; o->hp.total_steps = 400; o->hp.lr = 3e-3; o->hp.min_lr = 3e-4;
         o->hp.warmup_steps = 20; o->eval_every = 100;
-    } else if (strcmp(name, "llama-1b") == 0) { /* Llama 3.2 1B's shape (benchmarks) */
-        o->vocab_size = 128256; o->max_seq_len = 8192; o->n_layer = 16; o->n_head = 32; o->n_embd = 2048;
+    } else if (strcmp(name, "llama-1b") == 0) { /* Llama 3.2 1B (meta-llama/Llama-3.2-1B's config.json) */
+        o->vocab_size = 128256; o->max_seq_len = 131072; o->n_layer = 16; o->n_head = 32; o->n_embd = 2048;
         o->n_kv_head = 8; o->multiple_of = 256; o->ffn_dim_multiplier = 1.5; o->norm_eps = 1e-5;
         o->rope_theta = 500000.0; o->use_scaled_rope = 1;
+        o->tie_embeddings = 1; o->rope_factor = 32.0; o->rope_low_freq = 1.0; o->rope_high_freq = 4.0;
+        o->rope_orig_ctx = 8192;
         o->seq_len = 1024; o->batch = 4; o->hp.total_steps = 100; o->hp.lr = 3e-4; o->hp.min_lr = 3e-5;
         o->hp.warmup_steps = 10; o->eval_every = 50;
     } else {
@@ -400,6 +416,9 @@ static int set_option(pl_options *o, const opt_desc *d, const char *val, const c
         {offsetof(pl_options, arch), CFG_SET_ARCH}, {offsetof(pl_options, multiple_of), CFG_SET_MULT},
         {offsetof(pl_options, ffn_dim_multiplier), CFG_SET_FFN}, {offsetof(pl_options, norm_eps), CFG_SET_EPS},
         {offsetof(pl_options, rope_theta), CFG_SET_THETA}, {offsetof(pl_options, use_scaled_rope), CFG_SET_SCALED},
+        {offsetof(pl_options, tie_embeddings), CFG_SET_TIE}, {offsetof(pl_options, rope_factor), CFG_SET_ROPESC},
+        {offsetof(pl_options, rope_low_freq), CFG_SET_ROPESC}, {offsetof(pl_options, rope_high_freq), CFG_SET_ROPESC},
+        {offsetof(pl_options, rope_orig_ctx), CFG_SET_ROPESC},
     };
     for (size_t i = 0; i < sizeof model_bits / sizeof model_bits[0]; i++)
         if (d->offset == model_bits[i].off) o->set_mask |= model_bits[i].bit;

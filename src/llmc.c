@@ -1,7 +1,8 @@
 /*
  * llmc.c — llm.c model-file reading and collective writing. Which tensors a file holds, in
  * which order and with how many rows, is the architecture's table (arch.h: file_index,
- * file_rows); its header is the architecture's own.
+ * file_rows, and the llmc_zeros rows of slots the file holds as zeros); its header is the
+ * architecture's own. Rows sharing a file index are packed per layer in table order.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -21,41 +22,66 @@
 #include "pipelm/files.h"
 #include "pipelm/llmc.h"
 
-/* The row of the architecture's tables with file index i, and whether it is per layer; NULL
- * past the last. */
-static const arch_param *file_row(const model_arch *A, int i, int *per_layer) {
-    const arch_params *parts[3] = {&A->embed, &A->block, &A->head};
-    for (int p = 0; p < 3; p++)
-        for (int k = 0; k < parts[p]->n; k++)
-            if (parts[p]->rows[k].file_index == i) {
-                *per_layer = p == 1;
-                return &parts[p]->rows[k];
-            }
-    return NULL;
+/* Visit the rows of file slot i (model rows, then the file's zero rows, of every part) in
+ * file order: the per-layer floats before `want` in the slot (*sub), the slot's per-layer
+ * floats, whether it is per layer. Returns 1 if the slot exists, 0 past the last one. */
+static int file_slot(const model_config *c, int i, const arch_param *want, size_t *sub, size_t *slot,
+                     int *per_layer) {
+    const model_arch *A = arch_of(c);
+    const arch_params *parts[6] = {&A->embed, &A->llmc_zeros[0], &A->block, &A->llmc_zeros[1], &A->head,
+                                   &A->llmc_zeros[2]};
+    int found = 0;
+    *slot = 0;
+    for (int p = 0; p < 6; p++)
+        for (int k = 0; k < parts[p]->n; k++) {
+            const arch_param *r = &parts[p]->rows[k];
+            if (r->file_index != i) continue;
+            found = 1;
+            *per_layer = p / 2 == 1;
+            if (r == want) *sub = *slot;
+            *slot += arch_param_numel(c, r, 1);
+        }
+    return found;
+}
+
+/* In file order: the slots before the row's, all layers each, then `layer` slices of its
+ * slot, then the rows packed before it in that slot. want NULL: the whole file. */
+static size_t row_offset(const model_config *c, const arch_param *want, int layer, size_t *numel) {
+    size_t off = 0, sub = (size_t)-1, slot; /* in elements after the header */
+    int per_layer = 0;
+    for (int i = 0; file_slot(c, i, want, &sub, &slot, &per_layer); i++) {
+        if (sub != (size_t)-1) {
+            if (numel) *numel = arch_param_numel(c, want, 1);
+            return off + (per_layer ? slot * (size_t)layer : 0) + sub;
+        }
+        off += slot * (per_layer ? (size_t)c->L : 1);
+    }
+    if (numel) *numel = 0; /* not a row of this file: nothing */
+    return off;
 }
 
 size_t llmc_header_bytes(const model_config *c) { return arch_of(c)->header_bytes; }
 
-/* In file order: the kinds before `kind`, all layers each, then `layer` slices of it. */
-size_t llmc_tensor_offset(const model_config *c, int kind, int layer, size_t *numel) {
+/* The first row (model rows, then zero rows) of a kind; NULL if none. */
+static const arch_param *row_of_kind(const model_config *c, int kind) {
     const model_arch *A = arch_of(c);
-    size_t off = 0; /* in elements after the header */
-    int per_layer = 0;
-    const arch_param *r;
-    for (int i = 0; (r = file_row(A, i, &per_layer)) && r->kind != kind; i++)
-        off += arch_param_numel(c, r, 1) * (per_layer ? (size_t)c->L : 1);
-    if (!r) { /* not a kind of this file: nothing */
-        if (numel) *numel = 0;
-        return off;
-    }
-    if (per_layer) off += arch_param_numel(c, r, 1) * (size_t)layer;
-    if (numel) *numel = arch_param_numel(c, r, 1);
-    return off;
+    const arch_params *parts[6] = {&A->embed, &A->block, &A->head, &A->llmc_zeros[0], &A->llmc_zeros[1],
+                                   &A->llmc_zeros[2]};
+    for (int p = 0; p < 6; p++)
+        for (int k = 0; k < parts[p]->n; k++)
+            if (parts[p]->rows[k].kind == kind && parts[p]->rows[k].file_index >= 0) return &parts[p]->rows[k];
+    return NULL;
+}
+
+size_t llmc_tensor_offset(const model_config *c, int kind, int layer, size_t *numel) {
+    const arch_param *r = row_of_kind(c, kind);
+    if (!r) return row_offset(c, NULL, layer, numel); /* not a kind of this file: the end, nothing */
+    return row_offset(c, r, layer, numel);
 }
 
 /* Elements of the whole file after the header. */
 static size_t file_elems(const model_config *c) {
-    return llmc_tensor_offset(c, -1, -1, NULL);
+    return row_offset(c, NULL, -1, NULL);
 }
 
 /* "expected 20240326, an llm.c GPT-2 model file, or 20240803, an llm.c Llama 3 one". */
@@ -160,6 +186,59 @@ static int load_tensor(int fd, const char *path, const param_tensor *t, int vers
     return rc;
 }
 
+/* One zero slot's values (numel at element off, of version `version`) read in pieces: the
+ * first non-zero one is refused, named (llm.c writes zeros there; the model has no such
+ * tensor, so a value there would be lost). */
+static int check_zero_row(int fd, const char *path, const char *name, const char *arch, int version, size_t hdr,
+                          size_t off, size_t numel, char *err, size_t errlen) {
+    size_t esz = version == 3 ? 4 : 2;
+    unsigned char buf[1 << 14];
+    for (size_t k = 0; k < numel;) {
+        size_t n = numel - k < sizeof buf / esz ? numel - k : sizeof buf / esz;
+        if (pread(fd, buf, n * esz, (off_t)(hdr + (off + k) * esz)) != (ssize_t)(n * esz)) {
+            snprintf(err, errlen, "model file %s: short read of %s", path, name);
+            return PL_EIO;
+        }
+        for (size_t j = 0; j < n; j++) {
+            float v;
+            if (esz == 4) memcpy(&v, buf + 4 * j, 4);
+            else {
+                uint16_t b;
+                memcpy(&b, buf + 2 * j, 2);
+                v = bf16_to_float(b);
+            }
+            if (v != 0.0f) {
+                snprintf(err, errlen, "model file %s: %s holds %g at element %zu, but this %s model has no such "
+                         "bias (its llm.c file keeps zeros in the bias slots): refusing it", path, name, (double)v,
+                         k + j, arch);
+                return PL_EIO;
+            }
+        }
+        k += n;
+    }
+    return PL_OK;
+}
+
+/* The zero slots of the parts this stage holds (its blocks' and, on the ends, the
+ * embeddings' and head's) must be zeros. */
+static int check_zero_slots(int fd, const char *path, const stage *st, int version, char *err, size_t errlen) {
+    const model_config *c = &st->cfg;
+    const model_arch *A = arch_of(c);
+    int held[3] = {st->has_embed, st->nb > 0, st->has_head};
+    for (int p = 0; p < 3; p++)
+        for (int k = 0; held[p] && k < A->llmc_zeros[p].n; k++) {
+            const arch_param *r = &A->llmc_zeros[p].rows[k];
+            for (int l = p == 1 ? st->l0 : -1; l < (p == 1 ? st->l1 : 0); l++) {
+                size_t numel, off = row_offset(c, r, l, &numel);
+                char name[64];
+                if (l >= 0) snprintf(name, sizeof name, "tensor h.%d.%s", l, r->name);
+                else snprintf(name, sizeof name, "tensor %s", r->name);
+                PL_TRY(check_zero_row(fd, path, name, A->name, version, llmc_header_bytes(c), off, numel, err, errlen));
+            }
+        }
+    return PL_OK;
+}
+
 /* Each tensor is read straight into a host view of the stage's parameters (map for writing:
  * the buffer itself on a host-memory backend; unmap copies a staged view into the backend). */
 int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
@@ -213,8 +292,25 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen) {
             rc = PL_EBACKEND;
         }
     }
+    if (rc == PL_OK) rc = check_zero_slots(fd, path, st, version, err, errlen);
     close(fd);
     return rc;
+}
+
+/* An embedding tensor a tied head row reads (a tied Llama's wte) written again into that
+ * head row's own slot, when the file has one (llm.c's lm_head slot: llm.c has no tie).
+ * Returns the bytes of one copy written (numel * 4) or -1. */
+static ssize_t write_tied_slots(int fd, const model_config *c, const param_tensor *t, const void *host,
+                                size_t numel) {
+    const model_arch *A = arch_of(c);
+    for (int i = 0; t->part == PART_EMBED && i < A->head.n; i++) {
+        const arch_param *r = &A->head.rows[i];
+        if (model_head_row_tied(c, i) != t->row || r->file_index < 0) continue;
+        size_t n2, off = row_offset(c, r, -1, &n2);
+        if (n2 != numel || pwrite(fd, host, numel * 4, (off_t)(llmc_header_bytes(c) + off * 4)) != (ssize_t)(numel * 4))
+            return -1;
+    }
+    return (ssize_t)(numel * 4);
 }
 
 /* Write every tensor this stage is responsible for into an open file, each from a host view
@@ -236,6 +332,7 @@ static int write_stage(int fd, stage *st, int grads, char *err, size_t errlen) {
             return PL_EBACKEND;
         }
         ssize_t put = pwrite(fd, host, numel * 4, (off_t)(llmc_header_bytes(c) + off * 4));
+        if (put == (ssize_t)(numel * 4)) put = write_tied_slots(fd, c, t, host, numel);
         int perr = errno;
         int urc = be->unmap(host, p, numel * sizeof(float), PL_MAP_READ);
         if (put != (ssize_t)(numel * 4)) {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include "pipelm/arch.h"
 #include "pipelm/common.h"
+#include "pipelm/hf.h"
 #include "pipelm/llmc.h"
 
 /* GPT-2's tables, each indexed by its own enum. */
@@ -33,26 +34,26 @@ enum { GHA_LNF, GHA_MEAN, GHA_RSTD, GHA_DLNF };                   /* the head's 
 
 /* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied */
 static const arch_param gpt2_embed[] = {
-    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_VP, 1, NULL, -1},
-    {"wpe", P_WPE, AD_MAXT, AD_C, 1, INIT_NORMAL, 1, AD_MAXT, 1, NULL, -1},
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_VP, 1, "wte.weight", -1},
+    {"wpe", P_WPE, AD_MAXT, AD_C, 1, INIT_NORMAL, 1, AD_MAXT, 1, "wpe.weight", -1},
 };
 static const arch_param gpt2_block[] = {
-    {"ln1_w", P_LN1W, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, NULL, -1},
-    {"ln1_b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 1, NULL, -1},
-    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, NULL, -1},
-    {"qkv_b", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 1, NULL, -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, NULL, -1},
-    {"attproj_b", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 1, NULL, -1},
-    {"ln2_w", P_LN2W, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
-    {"ln2_b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 1, NULL, -1},
-    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, NULL, -1},
-    {"fc_b", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 1, NULL, -1},
-    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, NULL, -1},
-    {"fcproj_b", P_FCPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 13, AD_C, 1, NULL, -1},
+    {"ln1_w", P_LN1W, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, "h.%d.ln_1.weight", -1},
+    {"ln1_b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 1, "h.%d.ln_1.bias", -1},
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, "~h.%d.attn.c_attn.weight", -1},
+    {"qkv_b", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 1, "h.%d.attn.c_attn.bias", -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, "~h.%d.attn.c_proj.weight", -1},
+    {"attproj_b", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 1, "h.%d.attn.c_proj.bias", -1},
+    {"ln2_w", P_LN2W, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, "h.%d.ln_2.weight", -1},
+    {"ln2_b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 1, "h.%d.ln_2.bias", -1},
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, "~h.%d.mlp.c_fc.weight", -1},
+    {"fc_b", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 1, "h.%d.mlp.c_fc.bias", -1},
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, "~h.%d.mlp.c_proj.weight", -1},
+    {"fcproj_b", P_FCPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 13, AD_C, 1, "h.%d.mlp.c_proj.bias", -1},
 };
 static const arch_param gpt2_head[] = {
-    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, NULL, -1},
-    {"lnf_b", P_LNFB, AD_C, AD_NONE, 0, INIT_ZERO, 15, AD_C, 1, NULL, -1},
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, "ln_f.weight", -1},
+    {"lnf_b", P_LNFB, AD_C, AD_NONE, 0, INIT_ZERO, 15, AD_C, 1, "ln_f.bias", -1},
     {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, -1, AD_VP, 1, NULL, GE_WTE}, /* tied: the head reads wte */
 };
 /* name, floats per token, modes that keep it per slot */
@@ -274,6 +275,51 @@ static int gpt2_block_decode(const backend *be, const block_dims *d, float *cons
                              const kv_batch *kv, const float *x);
 static int gpt2_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
                              const kv_batch *kv);
+/* Names a Hugging Face GPT-2 file may hold that the model does not read: the causal-mask
+ * buffers of old transformers versions and the tied lm_head. */
+static const char *const gpt2_hf_ignore[] = {"h.%d.attn.bias", "h.%d.attn.masked_bias", "lm_head.weight", NULL};
+
+/* GPT2LMHeadModel's config.json: the dimensions, and refusals of what llm.c's GPT-2 is not
+ * (another LayerNorm epsilon, another activation, an MLP width other than 4 n_embd). */
+static int gpt2_hf_config(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    long long V = 0, T = 0, L = 0, NH = 0, C = 0, inner = -1;
+    PL_TRY(hf_json_int(j, path, "vocab_size", 1, 1, GPT2_MAX_VOCAB, &V, err, errlen));
+    PL_TRY(hf_json_int(j, path, "n_positions", 1, 1, GPT2_MAX_SEQ, &T, err, errlen));
+    PL_TRY(hf_json_int(j, path, "n_embd", 1, 1, GPT2_MAX_EMBD, &C, err, errlen));
+    PL_TRY(hf_json_int(j, path, "n_layer", 1, 1, GPT2_MAX_LAYER, &L, err, errlen));
+    PL_TRY(hf_json_int(j, path, "n_head", 1, 1, GPT2_MAX_EMBD, &NH, err, errlen));
+    PL_TRY(hf_json_int(j, path, "n_inner", 0, 1, 1LL << 31, &inner, err, errlen));
+    double eps = 1e-5;
+    PL_TRY(hf_json_num(j, path, "layer_norm_epsilon", 0, 0, 1, &eps, err, errlen));
+    const char *act = hf_json_str(j, "activation_function");
+    if ((float)eps != 1e-5f || (act && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0) ||
+        (inner != -1 && inner != 4 * C)) {
+        snprintf(err, errlen, "%s: %s is not llm.c's GPT-2 (layer_norm_epsilon 1e-5, activation_function gelu_new, "
+                 "n_inner 4 n_embd)", path, (float)eps != 1e-5f ? "layer_norm_epsilon" : inner != -1 && inner != 4 * C ?
+                 "n_inner" : "activation_function");
+        return PL_EIO;
+    }
+    char e2[400];
+    if (gpt2_config_make(cfg, (int)V, (int)T, (int)L, (int)NH, (int)C, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
+/* config.json of a GPT2LMHeadModel ("architectures" as one string; hf_save makes it a list). */
+static void gpt2_hf_config_write(const model_config *c, void *j) {
+    hf_json_set_str(j, "architectures", "GPT2LMHeadModel");
+    hf_json_set_int(j, "vocab_size", c->V);
+    hf_json_set_int(j, "n_positions", c->maxT);
+    hf_json_set_int(j, "n_ctx", c->maxT);
+    hf_json_set_int(j, "n_embd", c->C);
+    hf_json_set_int(j, "n_layer", c->L);
+    hf_json_set_int(j, "n_head", c->NH);
+    hf_json_set_str(j, "activation_function", "gelu_new");
+    hf_json_set_num(j, "layer_norm_epsilon", 1e-5);
+    hf_json_set_bool(j, "tie_word_embeddings", 1);
+}
 
 const model_arch arch_gpt2 = {
     .name = "gpt2", .id = MODEL_GPT2,
@@ -294,6 +340,8 @@ const model_arch arch_gpt2 = {
     .attr_int = NULL, .nattr_int = 0, .attr_f64 = NULL, .nattr_f64 = 0,
     .attrs_of = gpt2_attrs_of, .config_of_attrs = gpt2_of_attrs,
     .block_decode = gpt2_block_decode, .embed_decode = gpt2_embed_decode,
+    .hf_model_type = "gpt2", .hf_ignore = gpt2_hf_ignore, .hf_config_read = gpt2_hf_config,
+    .hf_config_write = gpt2_hf_config_write,
 };
 
 /* ---- decoding with a KV cache (kvcache.h) ---- */

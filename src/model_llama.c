@@ -23,6 +23,7 @@
 #include "pipelm/arch.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
+#include "pipelm/hf.h"
 #include "pipelm/llmc.h"
 
 /* Llama's tables, each indexed by its own enum. */
@@ -35,22 +36,44 @@ enum { LD_FCPROJ, LD_UP, LD_GATE, LD_MLPNORM, LD_ATTPROJ, LD_QKV, LD_ATTNORM }; 
 enum { LHA_NORM, LHA_RSTD, LHA_DNORM };                                      /* the head's activations */
 enum { LX_COS, LX_SIN, LX_SCRATCH, LX_ZERO_POS, LX_DZERO_POS };              /* stage scratch */
 
-/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied */
+/* name, kind, rows, cols, decay, init, file index, file rows, mfu, hf name, tied. The file
+ * indices are llm.c's train_llama3.py write_tensors slots: GPT-2's 16, lm_head in wpe's, up
+ * and gate packed per layer in fcw's, the bias slots zeros (llama_llmc_zeros). */
 static const arch_param llama_embed[] = {
-    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, NULL, -1}, /* a lookup: not in the MFU */
+    /* a lookup: not in the MFU */
+    {"wte", P_WTE, AD_VP, AD_C, 1, INIT_NORMAL, 0, AD_V, 0, "model.embed_tokens.weight", -1},
 };
 static const arch_param llama_block[] = {
-    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 1, AD_C, 1, NULL, -1},
-    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 2, AD_QKV, 1, NULL, -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 3, AD_C, 1, NULL, -1},
-    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 4, AD_C, 1, NULL, -1},
-    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 5, AD_H, 1, NULL, -1},        /* up */
-    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 6, AD_H, 1, NULL, -1},      /* gate */
-    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 7, AD_C, 1, NULL, -1},
+    {"attn_norm_w", P_ATTNORMW, AD_C, AD_NONE, 0, INIT_ONE, 2, AD_C, 1, "model.layers.%d.input_layernorm.weight",
+     -1},
+    /* q and k stored permuted for rotate-half RoPE ('^'), stacked with v */
+    {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1,
+     "^model.layers.%d.self_attn.q_proj.weight|^model.layers.%d.self_attn.k_proj.weight|"
+     "model.layers.%d.self_attn.v_proj.weight", -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, "model.layers.%d.self_attn.o_proj.weight", -1},
+    {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1,
+     "model.layers.%d.post_attention_layernorm.weight", -1},
+    /* up: fcw's first half; gate: its second half */
+    {"fc_w", P_FCW, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, "model.layers.%d.mlp.up_proj.weight", -1},
+    {"fc2_w", P_FC2W, AD_H, AD_C, 1, INIT_NORMAL, 10, AD_H, 1, "model.layers.%d.mlp.gate_proj.weight", -1},
+    {"fcproj_w", P_FCPROJW, AD_C, AD_H, 1, INIT_RESID, 12, AD_C, 1, "model.layers.%d.mlp.down_proj.weight", -1},
 };
 static const arch_param llama_head[] = {
-    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, NULL, -1},
-    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 9, AD_V, 1, NULL, -1},
+    {"lnf_w", P_LNFW, AD_C, AD_NONE, 0, INIT_ONE, 14, AD_C, 1, "model.norm.weight", -1},
+    {"lm_head", P_LMHEAD, AD_VP, AD_C, 1, INIT_NORMAL, 1, AD_V, 1, "lm_head.weight", -1}, /* in GPT-2's wpe slot */
+};
+/* the zero bias slots of llm.c's Llama 3 file (llm.c's names), per block and of the head */
+static const arch_param llama_zero_block[] = {
+    {"ln1b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 0, NULL, -1},
+    {"qkvb", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 0, NULL, -1},
+    {"attprojb", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 0, NULL, -1},
+    {"ln2b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 0, NULL, -1},
+    {"fcb", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 0, NULL, -1},  /* (2H): c_fc's half */
+    {"fcb", P_FCB, AD_H, AD_NONE, 0, INIT_ZERO, 11, AD_H, 0, NULL, -1},  /* c_fc2's half */
+    {"fcprojb", P_FCPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 13, AD_C, 0, NULL, -1},
+};
+static const arch_param llama_zero_head[] = {
+    {"lnfb", P_LNFB, AD_C, AD_NONE, 0, INIT_ZERO, 15, AD_C, 0, NULL, -1},
 };
 #define K_NS (KEEP_NONE | KEEP_SELECTIVE)
 /* name, floats per token, modes that keep it per slot */
@@ -161,14 +184,34 @@ int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV
     cfg->llama.ffn_mult = ffn_mult; /* 0..64, 0 = none (config_check_llama) */
     cfg->llama.norm_eps = norm_eps;
     cfg->llama.rope_theta = rope_theta;
+    cfg->llama.rope_factor = 8.0f; /* Llama 3.1's rope_scaling; llama_set_rope_scaling changes it */
+    cfg->llama.rope_low_freq = 1.0f;
+    cfg->llama.rope_high_freq = 4.0f;
+    cfg->llama.rope_orig_ctx = 8192;
     return PL_OK;
 }
 
-/* Llama 3.1's rescaling of one rotary frequency (scale 8, low/high frequency factors 1 and 4,
- * original context 8192): long wavelengths slow down 8x, short ones stay, a smooth blend
- * between. */
-static double scaled_freq(double f) {
-    const double scale = 8.0, low = 1.0, high = 4.0, old_ctx = 8192.0;
+int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
+                           size_t errlen) {
+    if (!(factor >= 1 && factor <= 1e6) || !(low > 0 && low <= 1e6) || !(high > low && high <= 1e6) ||
+        orig < 1 || orig > (1 << 30)) {
+        snprintf(err, errlen, "rope scaling factor %g, low_freq_factor %g, high_freq_factor %g, "
+                 "original_max_position_embeddings %lld: out of range (factor 1..1e6, 0 < low < high <= 1e6, "
+                 "original 1..2^30)", factor, low, high, orig);
+        return PL_EINVAL;
+    }
+    cfg->llama.rope_factor = (float)factor;
+    cfg->llama.rope_low_freq = (float)low;
+    cfg->llama.rope_high_freq = (float)high;
+    cfg->llama.rope_orig_ctx = (int)orig;
+    return PL_OK;
+}
+
+/* Llama 3.1's rescaling of one rotary frequency (the config's factor, low/high frequency
+ * factors and original context; Llama 3.1: 8, 1, 4, 8192): long wavelengths slow down by the
+ * factor, short ones stay, a smooth blend between. */
+static double scaled_freq(const llama_config *q, double f) {
+    const double scale = q->rope_factor, low = q->rope_low_freq, high = q->rope_high_freq, old_ctx = q->rope_orig_ctx;
     double wavelen = 2.0 * M_PI / f;
     if (wavelen < old_ctx / high) return f;
     if (wavelen > old_ctx / low) return f / scale;
@@ -181,7 +224,7 @@ void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     int HS = c->C / c->NH, half = HS / 2;
     for (int i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->llama.rope_theta, (double)(2 * i) / HS);
-        if (c->llama.use_scaled_rope) f = scaled_freq(f);
+        if (c->llama.use_scaled_rope) f = scaled_freq(&c->llama, f);
         for (int t = 0; t < T; t++) {
             double a = (double)t * f;
             fcos[(size_t)t * half + i] = (float)cos(a);
@@ -190,15 +233,33 @@ void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     }
 }
 
+/* --tie-embeddings (0 or 1) and the rope_scaling options into a made config. */
+static int llama_extras_from_options(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
+    if (o->tie_embeddings != 0 && o->tie_embeddings != 1) {
+        snprintf(err, errlen, "--tie-embeddings %d is out of range (0 or 1)", o->tie_embeddings);
+        return PL_EINVAL;
+    }
+    cfg->tie_embed = o->tie_embeddings;
+    char e2[400];
+    if (llama_set_rope_scaling(cfg, o->rope_factor, o->rope_low_freq, o->rope_high_freq, o->rope_orig_ctx, e2,
+                               sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--rope-scaling-factor / --rope-low-freq-factor / --rope-high-freq-factor / "
+                 "--rope-original-max-pos: %s", e2);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* The options' Llama: wide first, so a value the float would turn into inf or 0 is named as
  * it was given. */
 static int llama_from_options(const pl_options *o, int V, model_config *cfg, char *err, size_t errlen) {
     cfg_llama l = {o->n_head, o->n_kv_head ? o->n_kv_head : o->n_head, o->multiple_of, o->use_scaled_rope, 3, 1,
                    o->ffn_dim_multiplier, o->norm_eps, o->rope_theta};
     if (o->n_head >= 1) PL_TRY(config_check_llama(&l, CFG_NAME_OPTION, err, errlen));
-    return llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
+    PL_TRY(llama_config_make(cfg, V, o->max_seq_len, o->n_layer, o->n_head, (int)l.n_kv_head, o->n_embd,
                              o->multiple_of, (float)o->ffn_dim_multiplier, (float)o->norm_eps, (float)o->rope_theta,
-                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen);
+                             o->use_scaled_rope, CFG_NAME_OPTION, err, errlen));
+    return llama_extras_from_options(o, cfg, err, errlen);
 }
 
 /* A built model's Llama settings through the one validation (config_check_llama). */
@@ -233,6 +294,25 @@ static int llama_conflicts(const pl_options *o, const model_config *c, char *err
     return PL_OK;
 }
 
+/* The tie and the rope_scaling of a file against the run's. */
+static int llama_same_extras(const model_config *f, const model_config *r, int attr, char *err, size_t errlen) {
+    const llama_config *a = &f->llama, *b = &r->llama;
+    if (f->tie_embed != r->tie_embed) {
+        snprintf(err, errlen, "%s is %d in the file but %d in this run", attr ? "tie_embeddings" : "tie-embeddings",
+                 f->tie_embed, r->tie_embed);
+        return PL_EINVAL;
+    }
+    if (a->rope_factor != b->rope_factor || a->rope_low_freq != b->rope_low_freq ||
+        a->rope_high_freq != b->rope_high_freq || a->rope_orig_ctx != b->rope_orig_ctx) {
+        snprintf(err, errlen, "rope scaling (factor, low, high, original) is (%g, %g, %g, %d) in the file but "
+                 "(%g, %g, %g, %d) in this run", (double)a->rope_factor, (double)a->rope_low_freq,
+                 (double)a->rope_high_freq, a->rope_orig_ctx, (double)b->rope_factor, (double)b->rope_low_freq,
+                 (double)b->rope_high_freq, b->rope_orig_ctx);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* A file's settings beyond the dimensions against the run's: use-scaled-rope, norm-eps,
  * rope-theta (named as attributes or as llm.c header fields). */
 static int llama_same(const model_config *f, const model_config *r, cfg_naming naming, char *err, size_t errlen) {
@@ -250,14 +330,18 @@ static int llama_same(const model_config *f, const model_config *r, cfg_naming n
                  (double)(eps ? a->norm_eps : a->rope_theta), (double)(eps ? b->norm_eps : b->rope_theta));
         return PL_EINVAL;
     }
-    return PL_OK;
+    /* an llm.c header holds neither the tie nor the rope_scaling factors (llmc_options) */
+    return naming == CFG_NAME_HEADER ? PL_OK : llama_same_extras(f, r, attr, err, errlen);
 }
 
 /* The banner's model line. */
 static void llama_describe(const model_config *c, char *buf, size_t len) {
-    snprintf(buf, len, "llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g", c->V,
-             c->Vp, c->C, c->L, c->NH, c->NKV, c->H, c->maxT, (double)c->llama.rope_theta,
-             c->llama.use_scaled_rope ? " (scaled)" : "", (double)c->llama.norm_eps);
+    char sc[96] = "";
+    if (c->llama.use_scaled_rope)
+        snprintf(sc, sizeof sc, " (scaled x%g)", (double)c->llama.rope_factor);
+    snprintf(buf, len, "llama V=%d (padded %d) C=%d L=%d NH=%d NKV=%d hidden=%d maxT=%d theta=%g%s eps=%g%s", c->V,
+             c->Vp, c->C, c->L, c->NH, c->NKV, c->H, c->maxT, (double)c->llama.rope_theta, sc,
+             (double)c->llama.norm_eps, c->tie_embed ? " tied" : "");
 }
 
 /* x = x + attproj(attn(rope(qkv(rms1(x)))));  x = x + fcproj(fc(h) * silu(fc2(h))), h = rms2(x).
@@ -397,13 +481,16 @@ static int llama_header_read(const char *path, const void *hdr, size_t got, mode
 
 /* The Llama attributes of /config (docs/formats.md), in the order of attrs_of. */
 static const char *const llama_attr_int[] = {"n_kv_head", "ffn_hidden", "multiple_of", "use_scaled_rope",
-                                             "llama_version_major", "llama_version_minor"};
-static const char *const llama_attr_f64[] = {"ffn_dim_multiplier", "norm_eps", "rope_theta"};
+                                             "llama_version_major", "llama_version_minor", "tie_embeddings",
+                                             "rope_original_max_pos"};
+static const char *const llama_attr_f64[] = {"ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_scaling_factor",
+                                             "rope_low_freq_factor", "rope_high_freq_factor"};
 
 static void llama_attrs_of(const model_config *c, long long *ints, double *f64) {
     const llama_config *q = &c->llama;
-    long long li[6] = {c->NKV, c->H, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor};
-    double lf[3] = {q->ffn_mult, q->norm_eps, q->rope_theta};
+    long long li[8] = {c->NKV, c->H, q->multiple_of, q->use_scaled_rope, q->ver_major, q->ver_minor, c->tie_embed,
+                       q->rope_orig_ctx};
+    double lf[6] = {q->ffn_mult, q->norm_eps, q->rope_theta, q->rope_factor, q->rope_low_freq, q->rope_high_freq};
     memcpy(ints, li, sizeof li);
     memcpy(f64, lf, sizeof lf);
 }
@@ -432,6 +519,15 @@ static int llama_of_attrs(const long long *k, const long long *li, const double 
     }
     cfg->llama.ver_major = (int)li[4];
     cfg->llama.ver_minor = (int)li[5];
+    if (li[6] != 0 && li[6] != 1) {
+        snprintf(err, errlen, "attribute /config/tie_embeddings = %lld is out of range (0 or 1)", li[6]);
+        return PL_EIO;
+    }
+    cfg->tie_embed = (int)li[6];
+    if (llama_set_rope_scaling(cfg, lf[3], lf[4], lf[5], li[7], e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "attributes /config/rope_*: %s", e2);
+        return PL_EIO;
+    }
     return PL_OK;
 }
 
@@ -439,6 +535,104 @@ static int llama_block_decode(const backend *be, const block_dims *d, float *con
                               const kv_batch *kv, const float *x);
 static int llama_embed_decode(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
                               const kv_batch *kv);
+/* Names a Hugging Face Llama file may hold that the model does not read (old rotary buffers). */
+static const char *const llama_hf_ignore[] = {"model.layers.%d.self_attn.rotary_emb.inv_freq", NULL};
+
+/* rope_scaling of config.json: null (none), or rope_type "llama3" with its four numbers. */
+static int llama_hf_rope(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    int rc;
+    const void *rs = hf_json_obj(j, path, "rope_scaling", &rc, err, errlen);
+    if (rc != PL_OK || !rs) return rc;
+    const char *ty = hf_json_str(rs, "rope_type") ? hf_json_str(rs, "rope_type") : hf_json_str(rs, "type");
+    if (!ty || strcmp(ty, "llama3") != 0) {
+        snprintf(err, errlen, "%s: rope_scaling type %.32s is not supported (llama3 or null)", path, ty ? ty : "(none)");
+        return PL_EIO;
+    }
+    double f = 0, lo = 0, hi = 0;
+    long long orig = 0;
+    PL_TRY(hf_json_num(rs, path, "factor", 1, 1, 1e6, &f, err, errlen));
+    PL_TRY(hf_json_num(rs, path, "low_freq_factor", 1, 1e-6, 1e6, &lo, err, errlen));
+    PL_TRY(hf_json_num(rs, path, "high_freq_factor", 1, 1e-6, 1e6, &hi, err, errlen));
+    PL_TRY(hf_json_int(rs, path, "original_max_position_embeddings", 1, 1, 1 << 30, &orig, err, errlen));
+    char e2[400];
+    if (llama_set_rope_scaling(cfg, f, lo, hi, orig, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->llama.use_scaled_rope = 1;
+    return PL_OK;
+}
+
+/* LlamaForCausalLM's config.json: the dimensions, intermediate_size (as multiple_of with no
+ * ffn multiplier when it is at least int(8C/3), which every Llama 3 is), rms_norm_eps,
+ * rope_theta, tie_word_embeddings, rope_scaling; what pipelm's Llama is not refused by key. */
+static int llama_hf_config(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    long long V = 0, T = 0, L = 0, NH = 0, NKV = -1, C = 0, I = 0, hd = -1;
+    double eps = 1e-6, theta = 10000.0;
+    int tie = 0, ab = 0, mb = 0;
+    PL_TRY(hf_json_int(j, path, "vocab_size", 1, 1, LLAMA_MAX_VOCAB, &V, err, errlen));
+    PL_TRY(hf_json_int(j, path, "max_position_embeddings", 1, 1, LLAMA_MAX_SEQ, &T, err, errlen));
+    PL_TRY(hf_json_int(j, path, "hidden_size", 1, 1, LLAMA_MAX_EMBD, &C, err, errlen));
+    PL_TRY(hf_json_int(j, path, "intermediate_size", 1, 1, 1 << 20, &I, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_hidden_layers", 1, 1, LLAMA_MAX_LAYER, &L, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_attention_heads", 1, 1, LLAMA_MAX_EMBD, &NH, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_key_value_heads", 0, 1, LLAMA_MAX_EMBD, &NKV, err, errlen));
+    PL_TRY(hf_json_int(j, path, "head_dim", 0, 1, LLAMA_MAX_EMBD, &hd, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rms_norm_eps", 0, 1e-30, 1, &eps, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rope_theta", 0, 1, 1e30, &theta, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "tie_word_embeddings", &tie, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "attention_bias", &ab, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "mlp_bias", &mb, err, errlen));
+    const char *act = hf_json_str(j, "hidden_act");
+    if (ab || mb || (act && strcmp(act, "silu") != 0) || (hd != -1 && hd * NH != C)) {
+        snprintf(err, errlen, "%s: %s is not what pipelm's Llama is (no biases, silu, head_dim = hidden_size / "
+                 "num_attention_heads)", path, ab ? "attention_bias" : mb ? "mlp_bias" : hd != -1 && hd * NH != C ?
+                 "head_dim" : "hidden_act");
+        return PL_EIO;
+    }
+    if (NKV < 0) NKV = NH;
+    if (I < llama_hidden_size((int)C, 0, 1)) {
+        snprintf(err, errlen, "%s: intermediate_size %lld is below int(8 hidden_size / 3) = %d, which pipelm's "
+                 "Llama cannot express", path, I, llama_hidden_size((int)C, 0, 1));
+        return PL_EIO;
+    }
+    char e2[400];
+    if (llama_config_make(cfg, (int)V, (int)T, (int)L, (int)NH, (int)NKV, (int)C, (int)I, 0.0f, (float)eps,
+                          (float)theta, 0, CFG_NAME_HEADER, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    cfg->tie_embed = tie;
+    return llama_hf_rope(j, path, cfg, err, errlen);
+}
+
+/* config.json of a LlamaForCausalLM ("architectures" as one string; hf_save makes it a list). */
+static void llama_hf_config_write(const model_config *c, void *j) {
+    const llama_config *q = &c->llama;
+    hf_json_set_str(j, "architectures", "LlamaForCausalLM");
+    hf_json_set_int(j, "vocab_size", c->V);
+    hf_json_set_int(j, "hidden_size", c->C);
+    hf_json_set_int(j, "intermediate_size", c->H);
+    hf_json_set_int(j, "num_hidden_layers", c->L);
+    hf_json_set_int(j, "num_attention_heads", c->NH);
+    hf_json_set_int(j, "num_key_value_heads", c->NKV);
+    hf_json_set_int(j, "head_dim", c->C / c->NH);
+    hf_json_set_int(j, "max_position_embeddings", c->maxT);
+    hf_json_set_float(j, "rms_norm_eps", q->norm_eps);
+    hf_json_set_float(j, "rope_theta", q->rope_theta);
+    hf_json_set_str(j, "hidden_act", "silu");
+    hf_json_set_bool(j, "attention_bias", 0);
+    hf_json_set_bool(j, "mlp_bias", 0);
+    hf_json_set_bool(j, "tie_word_embeddings", c->tie_embed);
+    if (q->use_scaled_rope) {
+        void *r = hf_json_set_obj(j, "rope_scaling");
+        hf_json_set_str(r, "rope_type", "llama3");
+        hf_json_set_float(r, "factor", q->rope_factor);
+        hf_json_set_float(r, "low_freq_factor", q->rope_low_freq);
+        hf_json_set_float(r, "high_freq_factor", q->rope_high_freq);
+        hf_json_set_int(r, "original_max_position_embeddings", q->rope_orig_ctx);
+    }
+}
 
 const model_arch arch_llama = {
     .name = "llama", .id = MODEL_LLAMA,
@@ -456,9 +650,13 @@ const model_arch arch_llama = {
     .head_norm_backward_weight = llama_head_norm_backward_weight, .scratch_fill = llama_scratch_fill,
     .magic = LLMC_LLAMA_MAGIC, .header_bytes = 2048, .file_desc = "an llm.c Llama 3 one",
     .llmc_header_write = llama_header_write, .llmc_header_read = llama_header_read,
-    .attr_int = llama_attr_int, .nattr_int = 6, .attr_f64 = llama_attr_f64, .nattr_f64 = 3,
+    .attr_int = llama_attr_int, .nattr_int = 8, .attr_f64 = llama_attr_f64, .nattr_f64 = 6,
     .attrs_of = llama_attrs_of, .config_of_attrs = llama_of_attrs,
     .block_decode = llama_block_decode, .embed_decode = llama_embed_decode,
+    .llmc_zeros = {{NULL, 0}, ARCH_ROWS(llama_zero_block), ARCH_ROWS(llama_zero_head)},
+    .llmc_options = llama_extras_from_options,
+    .hf_model_type = "llama", .hf_ignore = llama_hf_ignore, .hf_config_read = llama_hf_config,
+    .hf_config_write = llama_hf_config_write,
 };
 
 /* ---- decoding with a KV cache (kvcache.h) ---- */

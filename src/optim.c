@@ -157,7 +157,7 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks) {
     stage *st = o->st;
     const backend *be = o->be;
     PL_TRY(stage_tied_grads_local(st));
-    if (!arch_of(&st->cfg)->tied) return PL_OK; /* no head row reads an embedding (Llama) */
+    if (!model_is_tied(&st->cfg)) return PL_OK; /* no head row reads an embedding (an untied Llama) */
     if (nranks <= 1 || !(st->has_embed || st->has_head)) return PL_OK;
     size_t n = (size_t)st->cfg.Vp * st->cfg.C;
     void *host = NULL;

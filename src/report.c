@@ -559,7 +559,7 @@ static int tied_copies_local(run *R, int *same) {
 /* The two copies of the tied embedding (stage 0 and the last stage) must be bit-identical. */
 static int check_tied_copies(run *R, int *same) {
     *same = 1;
-    if (!arch_of(&R->cfg)->tied) return PL_OK; /* an untied head: nothing to compare */
+    if (!model_is_tied(&R->cfg)) return PL_OK; /* an untied head: nothing to compare */
     if (R->P > 1 && R->st.has_embed && R->st.has_head) PL_TRY(tied_copies_local(R, same)); /* a V's rank 0 */
     else if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
         size_t n = (size_t)R->cfg.Vp * R->cfg.C;

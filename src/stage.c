@@ -41,12 +41,12 @@ static void bind_pointers(stage *st) {
     }
     if (!st->has_head) return;
     for (int i = 0; i < A->head.n; i++)
-        if (A->head.rows[i].tied >= 0 && st->has_embed) {
-            st->hp.t[i] = st->ep.t[A->head.rows[i].tied];
-            st->hg.t[i] = st->eg.t[A->head.rows[i].tied];
+        if (model_head_row_tied(&st->cfg, i) >= 0 && st->has_embed) {
+            st->hp.t[i] = st->ep.t[model_head_row_tied(&st->cfg, i)];
+            st->hg.t[i] = st->eg.t[model_head_row_tied(&st->cfg, i)];
         }
     st->head_w = st->hp.t[A->head_matrix];
-    st->dhead_w = A->head.rows[A->head_matrix].tied >= 0 ? st->dwte_head : st->hg.t[A->head_matrix];
+    st->dhead_w = model_head_row_tied(&st->cfg, A->head_matrix) >= 0 ? st->dwte_head : st->hg.t[A->head_matrix];
 }
 
 /* Allocate through the backend; the first failure's status is kept in *rc. */
@@ -220,7 +220,7 @@ static int alloc_buffers(stage *st) {
     st->grads = balloc(st, pb, &rc);
     if (!rc) rc = alloc_scratch(st);
     if (st->has_head) {
-        if (A->head.rows[A->head_matrix].tied >= 0)
+        if (model_head_row_tied(&st->cfg, A->head_matrix) >= 0)
             st->dwte_head = balloc(st, arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0) * F, &rc);
         st->logits = balloc(st, N * st->cfg.Vp * F, &rc);
         st->losses = balloc(st, N * F, &rc);

@@ -22,6 +22,7 @@
 #include "pipelm/engine.h"
 #include "pipelm/eval.h"
 #include "pipelm/files.h"
+#include "pipelm/hf.h"
 #include "pipelm/layout.h"
 #include "pipelm/llmc.h"
 #include "pipelm/metrics.h"
@@ -31,6 +32,7 @@
 #include "pipelm/split.h"
 #include "pipelm/trace.h"
 #include "pipelm/run.h"
+#include "pipelm/safetensors.h"
 #include "pipelm/train.h"
 #include "pipelm/tune.h"
 
@@ -76,10 +78,14 @@ static int init_conflicts(const pl_options *o, const model_config *c, char *err,
  * the checkpoint loader uses too. */
 static int resolve_config(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
-    if (o->init[0]) {
+    if (o->init[0] && hf_is_model(o->init)) { /* a Hugging Face model: config.json holds every setting */
+        PL_TRY(hf_read_config(o->init, &R->cfg, err, errlen));
+        PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
+    } else if (o->init[0]) {
         int version;
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
+        if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
     } else if (o->eval_mode && o->resume[0]) PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
     else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
@@ -342,7 +348,8 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
-    if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
+    if (o->init[0] && hf_is_model(o->init)) PL_TRY(hf_load_stage(o->init, &R->st, err, errlen));
+    else if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
@@ -734,7 +741,11 @@ static int end_run(run *R, loop_state *L, int *agreed) {
      * written only warns, so it can never cost the weights */
     int save_rc = PL_OK;
     if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
-        if (R->d == 0) save_rc = llmc_save(o->save_final, &R->st, 0, R->comm);
+        if (R->d == 0)
+            save_rc = hf_is_safetensors_name(o->save_final)
+                          ? hf_save(o->save_final, &R->st, strcmp(o->save_dtype, "bf16") == 0 ? ST_BF16 : ST_F32, 0,
+                                    R->comm)
+                          : llmc_save(o->save_final, &R->st, 0, R->comm);
         if (R->D > 1) save_rc = comm_agree(R->dpc, save_rc, NULL); /* replica 0's outcome, on every replica */
         if (save_rc == PL_OK) pl_info("saved final weights to %s\n", o->save_final);
         else if (R->wrank == 0) pl_error("--save-final %s was not written (message above)", o->save_final);

@@ -713,6 +713,31 @@ START_TEST(test_dims_and_split) {
 }
 END_TEST
 
+/* The llama-1b preset is Llama 3.2 1B as its config.json gives it: tied embeddings, rope
+ * scaling factor 32, hidden 8192, 131072 positions, 1235814400 parameters. */
+START_TEST(test_llama_1b_preset) {
+    pl_options o;
+    char err[1024];
+    config_defaults(&o);
+    ck_assert_int_eq(config_preset(&o, "llama-1b", err, sizeof err), 0);
+    model_config c;
+    ck_assert_int_eq(config_model(&o, config_vocab(&o), &c, err, sizeof err), 0);
+    ck_assert_int_eq(c.V, 128256);
+    ck_assert_int_eq(c.C, 2048);
+    ck_assert_int_eq(c.L, 16);
+    ck_assert_int_eq(c.NH, 32);
+    ck_assert_int_eq(c.NKV, 8);
+    ck_assert_int_eq(c.H, 8192);
+    ck_assert_int_eq(c.maxT, 131072);
+    ck_assert_int_eq(c.tie_embed, 1);
+    ck_assert_int_eq(c.llama.use_scaled_rope, 1);
+    ck_assert(c.llama.rope_factor == 32.0f && c.llama.rope_low_freq == 1.0f && c.llama.rope_high_freq == 4.0f);
+    ck_assert_int_eq(c.llama.rope_orig_ctx, 8192);
+    ck_assert(c.llama.rope_theta == 500000.0f && c.llama.norm_eps == 1e-5f);
+    ck_assert_uint_eq(model_num_params(&c), 1235814400u); /* Hugging Face's count for Llama-3.2-1B */
+}
+END_TEST
+
 /* A model file whose weights hold a NaN or an Inf is refused at load, naming the tensor. */
 START_TEST(test_model_file_nonfinite) {
     model_config cfg;
@@ -885,7 +910,7 @@ static size_t params_by_formula(const model_config *c) {
  * product is its count, the whole model's tensors sum to model_num_params and to the
  * formula, the parts to model_embed/block/head_params, and an llm.c file written from a
  * stage is exactly as long as the rows' file shapes say (GPT-2: its padded count; Llama: wte
- * and lm_head with V rows). */
+ * and lm_head with V rows, plus llm.c's zero bias slots). */
 START_TEST(test_arch_tables) {
     model_config cfgs[5];
     char err[512];
@@ -925,7 +950,12 @@ START_TEST(test_arch_tables) {
         struct stat sb;
         ck_assert_int_eq(stat(tpath("rows.bin"), &sb), 0);
         size_t pad = strcmp(A->name, "llama") == 0 ? 2 * (size_t)(c->Vp - c->V) * c->C : 0;
-        ck_assert_uint_eq((size_t)sb.st_size, llmc_header_bytes(c) + 4 * (params_by_formula(c) - pad));
+        /* llm.c's Llama 3 file also holds zeros in GPT-2's bias slots (train_llama3.py):
+         * ln1b, qkvb, attprojb, ln2b, fcb (2H), fcprojb per layer, and lnfb */
+        size_t QKV = (size_t)(c->NH + 2 * c->NKV) * (c->C / c->NH);
+        size_t zeros = strcmp(A->name, "llama") == 0
+                           ? (size_t)c->L * (4 * (size_t)c->C + QKV + 2 * (size_t)c->H) + (size_t)c->C : 0;
+        ck_assert_uint_eq((size_t)sb.st_size, llmc_header_bytes(c) + 4 * (params_by_formula(c) - pad + zeros));
         model_config back;
         int version;
         ck_assert_int_eq(llmc_read_config(tpath("rows.bin"), &back, &version, err, sizeof err), 0);
@@ -1033,6 +1063,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_token_loader);
     tcase_add_test(tc, test_markov_entropy);
     tcase_add_test(tc, test_model_file);
+    tcase_add_test(tc, test_llama_1b_preset);
     tcase_add_test(tc, test_config);
     tcase_add_test(tc, test_split);
     tcase_add_test(tc, test_split_chunks);

@@ -37,6 +37,9 @@ import time
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_write  # noqa: E402  (the independent safetensors writer)
+
 MODEL_MAGIC = 20240326
 TOKEN_MAGIC = 20240520
 HEADER_INTS = 256
@@ -163,6 +166,34 @@ def random_model(cfg, seed):
     }
     # round to fp32, which is what the file holds
     return [p[k].astype(np.float32).astype(np.float64) for k in NAMES]
+
+
+def hf_gpt2(cfg, params, prefix, masks):
+    """GPT2LMHeadModel's tensors: Conv1D weights stored (in, out), i.e. transposed; V rows of
+    wte; optionally the "transformer." prefix, the old attn.bias mask buffers and lm_head."""
+    P = dict(zip(NAMES, params))
+    t = [(prefix + "wte.weight", P["wte"][:cfg.V]), (prefix + "wpe.weight", P["wpe"])]
+    for l in range(cfg.L):
+        h = prefix + "h.%d." % l
+        t += [(h + "ln_1.weight", P["ln1w"][l]), (h + "ln_1.bias", P["ln1b"][l]),
+              (h + "attn.c_attn.weight", P["qkvw"][l].T), (h + "attn.c_attn.bias", P["qkvb"][l]),
+              (h + "attn.c_proj.weight", P["attprojw"][l].T), (h + "attn.c_proj.bias", P["attprojb"][l]),
+              (h + "ln_2.weight", P["ln2w"][l]), (h + "ln_2.bias", P["ln2b"][l]),
+              (h + "mlp.c_fc.weight", P["fcw"][l].T), (h + "mlp.c_fc.bias", P["fcb"][l]),
+              (h + "mlp.c_proj.weight", P["fcprojw"][l].T), (h + "mlp.c_proj.bias", P["fcprojb"][l])]
+        if masks:
+            t.append((h + "attn.bias", np.tril(np.ones((cfg.maxT, cfg.maxT)))[None, None]))
+    t += [(prefix + "ln_f.weight", P["lnfw"]), (prefix + "ln_f.bias", P["lnfb"])]
+    if masks:
+        t.append(("lm_head.weight", P["wte"][:cfg.V]))
+    return t
+
+
+def hf_gpt2_config(cfg):
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.V,
+            "n_positions": cfg.maxT, "n_ctx": cfg.maxT, "n_embd": cfg.C, "n_layer": cfg.L, "n_head": cfg.NH,
+            "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "tie_word_embeddings": True}
 
 
 def batch(tokens, k, B, T):
@@ -367,12 +398,21 @@ def _compare(args, cfg, B, T, S, hp, workdir):
     tokens = rng.randint(0, cfg.V, size=ntok).astype(np.int64)
     model_path = os.path.join(workdir, "model.bin")
     data_path = os.path.join(workdir, "tokens.bin")
-    write_model(model_path, cfg, params)
+    if args.hf_dtype:   # a Hugging Face directory instead, values as the dtype holds them
+        params = [st_write.round_to(p, args.hf_dtype) for p in params]
+        model_path = os.path.join(workdir, "hf")
+        st_write.write_model_dir(model_path, hf_gpt2_config(cfg),
+                                 hf_gpt2(cfg, params, "transformer." if args.hf_prefix else "", args.hf_prefix),
+                                 args.hf_dtype)
+        print("Hugging Face GPT-2 files: %s, %s" % (args.hf_dtype, "with the transformer. prefix, attn.bias "
+              "masks and lm_head" if args.hf_prefix else "no prefix"))
+    else:
+        write_model(model_path, cfg, params)
+        # sanity: our own files read back exactly
+        c2, _, p2 = read_model(model_path)
+        assert repr(c2) == repr(cfg) and all(np.array_equal(a, b)
+                                             for a, b in zip(params, p2))
     write_tokens(data_path, tokens)
-    # sanity: our own files read back exactly
-    c2, _, p2 = read_model(model_path)
-    assert repr(c2) == repr(cfg) and all(np.array_equal(a, b)
-                                         for a, b in zip(params, p2))
     assert np.array_equal(read_tokens(data_path), tokens)
 
     out, err, metrics_path, grads_path = run_pipelm(
@@ -733,8 +773,18 @@ def main():
     ap.add_argument("--strict-loss-tol", type=float, default=1e-5,
                     help="extra tolerance for the losses of steps >= 2, "
                          "tight enough to see the weight decay term")
+    ap.add_argument("--hf-dtype", choices=st_write.DTYPES,
+                    help="give pipelm the model as Hugging Face files of this dtype")
+    ap.add_argument("--hf-prefix", action="store_true",
+                    help="with --hf-dtype: names with transformer., the attn.bias masks and lm_head")
+    ap.add_argument("--write-hf", metavar="DIR", help="write the test GPT-2 as a Hugging Face directory and exit")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    if args.write_hf:
+        cfg = Config(args.V, args.C, args.L, args.NH, args.maxT)
+        st_write.write_model_dir(args.write_hf, hf_gpt2_config(cfg), hf_gpt2(cfg, random_model(cfg, args.seed),
+                                 "transformer.", True), args.hf_dtype or "F32")
+        return 0
     if args.selftest:
         return selftest(args)
     if not args.pipelm:

@@ -51,7 +51,9 @@ typedef struct {
     int file_index;       /* its place in the llm.c file (kinds in this order, each all layers); -1: not there */
     arch_dim file_rows;   /* rows the llm.c file holds (AD_V: V of the Vp) */
     int mfu;              /* counted by model_train_flops_per_token (6 FLOPs per weight) */
-    const char *hf_name;  /* Hugging Face name ("model.layers.%d...."); NULL until that issue fills it */
+    const char *hf_name;  /* Hugging Face name ("model.layers.%d...."; hf.h: '|' parts stacked by rows,
+                           * the first C rows, the others the rest in equal shares (Llama's q | k | v);
+                           * '~' stored transposed, '^' permuted for rotate-half); NULL: none */
     int tied;             /* >= 0: holds the values of that embedding row (GPT-2's head reads wte); -1 */
 } arch_param;
 
@@ -165,6 +167,22 @@ typedef struct model_arch {
     /* the embedding of an item's tokens (backend memory) at their positions */
     int (*embed_decode)(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok,
                         const kv_batch *kv);
+    /* slots an llm.c file holds as zeros for a tensor the model lacks (Llama 3's bias slots,
+     * llm.c's write_tensors), by part (embeddings, one block, the head): rows of the same
+     * form with file_index and file_rows, kind P_* of the GPT-2 slot; written as zeros and
+     * refused on read when not zero. Rows sharing a file_index are packed in table order
+     * within each layer (Llama's fcw slot: fc_w then fc2_w). */
+    arch_params llmc_zeros[3];
+    /* --init from an llm.c file: the settings its header cannot hold (Llama's tie and
+     * rope_scaling factors), taken from the options; NULL: none */
+    int (*llmc_options)(const pl_options *o, model_config *c, char *err, size_t errlen);
+    /* Hugging Face models (hf.c): config.json's model_type; names a file may hold that the
+     * model does not read ("%d" a layer; NULL-terminated); config.json (a json_t object) into
+     * a config, through hf.h's getters, messages naming path and key */
+    const char *hf_model_type;
+    const char *const *hf_ignore;
+    int (*hf_config_read)(const void *json, const char *path, model_config *c, char *err, size_t errlen);
+    void (*hf_config_write)(const model_config *c, void *json); /* the keys transformers loads */
 } model_arch;
 
 /* The architectures, in id order; the count. */

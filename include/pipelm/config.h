@@ -32,6 +32,9 @@ typedef struct {
     int multiple_of, use_scaled_rope;
     double ffn_dim_multiplier;   /* llama: 0 = none */
     double norm_eps, rope_theta;
+    int tie_embeddings;          /* llama: 1 = lm_head is wte (Llama 3.2's tie_word_embeddings) */
+    double rope_factor, rope_low_freq, rope_high_freq; /* llama: rope_scaling (with use_scaled_rope) */
+    int rope_orig_ctx;           /* llama: rope_scaling's original_max_position_embeddings */
     /* training */
     optim_hparams hp;            /* --lr .. --grad-clip, and --steps (hp.total_steps) */
     int batch, seq_len, microbatches;
@@ -41,6 +44,7 @@ typedef struct {
     int eval_every, val_batches;
     char init[PL_PATH], save_final[PL_PATH], metrics[PL_PATH], config[PL_PATH];
     char dump_grads[PL_PATH];
+    char save_dtype[8];          /* f32 | bf16: the dtype of a --save-final FILE.safetensors */
     /* pipeline */
     char split[512], schedule[32], schedule_csv[PL_PATH];
     int chunks;           /* model chunks per pipeline rank (virtual stages) */
@@ -92,6 +96,7 @@ enum {
     CFG_SET_VOCAB = 1u << 0, CFG_SET_MAXT = 1u << 1, CFG_SET_LAYER = 1u << 2, CFG_SET_HEAD = 1u << 3,
     CFG_SET_EMBD = 1u << 4, CFG_SET_KVHEAD = 1u << 5, CFG_SET_ARCH = 1u << 6, CFG_SET_MULT = 1u << 7,
     CFG_SET_FFN = 1u << 8, CFG_SET_EPS = 1u << 9, CFG_SET_THETA = 1u << 10, CFG_SET_SCALED = 1u << 11,
+    CFG_SET_TIE = 1u << 12, CFG_SET_ROPESC = 1u << 13,
 };
 
 /* The Llama settings of a model, wide (64-bit integers, doubles) so that a file's or the

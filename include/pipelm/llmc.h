@@ -4,8 +4,9 @@
  * The file is a 256-int32 header (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V, L,
  * NH, C, Vp) followed by 16 tensors grouped by kind, each holding all layers back to back;
  * or, for Llama 3, llm.c's train_llama3.py layout: magic 20240803, 256 int32 and 256 float32
- * header fields, then wte, the per-layer norms, fused qkv, c_proj, the two MLP inputs (c_fc
- * up, c_fc2 gate) and c_proj, the final norm and lm_head (wte and lm_head with V rows, not Vp).
+ * header fields, then GPT-2's 16 slots with lm_head in wpe's, zeros in every bias slot, and
+ * fcw (L, 2H, C) holding per layer c_fc (up) then c_fc2 (gate); wte and lm_head with V rows,
+ * not Vp (docs/formats.md section 5). A non-zero bias slot is refused by name.
  * The read reports the architecture in cfg->arch.
  * A stage reads only the slices of the layers it owns (strided over the file), so no rank
  * ever holds the whole model. Writing is collective: rank 0 creates the file under a
@@ -37,8 +38,9 @@ int llmc_load_stage(const char *path, stage *st, char *err, size_t errlen);
  * views of the backend buffers (map/unmap). Failures are printed (pl_error, with
  * be->error() for a backend failure) and the agreed status returned. */
 int llmc_save(const char *path, stage *st, int grads, MPI_Comm comm);
-/* Byte offset, in a version-3 file, of the slice of tensor kind `kind` for layer `layer`
- * (-1 for non-block kinds), and its size in floats. */
+/* Element offset after the header, in a version-3 file, of the slice of tensor kind `kind`
+ * for layer `layer` (-1 for non-block kinds), and its size in floats; a kind the file does
+ * not hold gives the end of the file and 0 floats. */
 size_t llmc_tensor_offset(const model_config *cfg, int kind, int layer, size_t *numel);
 
 #endif

@@ -29,6 +29,10 @@ typedef struct {
     float ffn_mult;        /* ffn_dim_multiplier; <= 0: none */
     float norm_eps;        /* RMSNorm epsilon */
     float rope_theta;      /* rotary base */
+    /* Llama 3.1's rope_scaling (used when use_scaled_rope): factor, low and high frequency
+     * factors, original context (llama_config_make's defaults 8, 1, 4, 8192; Llama 3.2: 32) */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_ctx;
 } llama_config;
 
 /* Model dimensions, one struct for every architecture. Vp = V rounded up to a multiple of 128;
@@ -38,6 +42,8 @@ typedef struct {
     int arch;              /* architecture id: arch_of(cfg) is its descriptor */
     int NKV, H;            /* key/value heads (NH for GPT-2), MLP hidden size (4 C for GPT-2) */
     llama_config llama;    /* Llama's own settings (model_llama.c) */
+    int tie_embed;         /* 1: the head's matrix is the token embedding (Llama 3.2's
+                            * tie_word_embeddings); GPT-2 ties by its table and leaves it 0 */
 } model_config;
 
 /* Parameter kinds, global across architectures: checkpoint leaf names and the key of each
@@ -106,6 +112,10 @@ int gpt2_config_make(model_config *cfg, int V, int maxT, int L, int NH, int C, c
 int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
                       float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
                       char *err, size_t errlen);
+/* Set a Llama config's rope_scaling (factor, low/high frequency factors, original context),
+ * range-checked: factor 1..1e6, 0 < low < high <= 1e6, original 1..2^30. */
+int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
+                           size_t errlen);
 /* MLP hidden size: int(2 * 4C / 3), times ffn_mult (if > 0), rounded up to multiple_of. */
 int llama_hidden_size(int C, float ffn_mult, int multiple_of);
 /* The RoPE tables for positions 0..T-1 (host, T x HS/2 each), computed in double. */
@@ -152,6 +162,12 @@ size_t model_block_act_floats_per_token(const model_config *c);
  * exactly as the stage carves its slot arena; and of one set of output gradients. */
 size_t model_slot_act_bytes(const model_config *c, int Bm, int T, int nb, int has_embed, int has_head, int mode);
 size_t model_douts_bytes(const model_config *c, int Bm, int T, int nb, int has_embed);
+/* The embedding row that head row `row` holds the values of in this config: the table's tie
+ * (GPT-2's wte), or, for the head's matrix when cfg->tie_embed, the token embedding (embedding
+ * row 0 of every architecture); -1 when untied. */
+int model_head_row_tied(const model_config *c, int row);
+/* 1 if any head row of the config reads an embedding (the tied sum and comparison run). */
+int model_is_tied(const model_config *c);
 /* The architecture's name ("gpt2", "llama") of an id. */
 const char *model_arch_name(int arch);
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */

@@ -5,7 +5,7 @@
 #   tests/fuzz/run.sh [TARGET...]           fuzz each target FUZZ_SECONDS (default 60) seconds
 #   tests/fuzz/run.sh --replay [TARGET...]  only run every committed corpus input once
 #   tests/fuzz/run.sh --build [TARGET...]   only build
-# Targets: llmc tokens ini cli sched ckpt config (default: all). Environment: FUZZ_SECONDS,
+# Targets: llmc tokens ini cli sched ckpt config safetensors (default: all). Environment: FUZZ_SECONDS,
 # FUZZ_BUILD (build directory, default ./build-fuzz at the top of the tree), FUZZ_CC (clang),
 # FUZZ_JOBS (parallel compiles, default 2), FUZZ_ARGS (more libFuzzer flags).
 # Fails (non-zero) if any target crashes, hangs (-timeout=10), leaks, runs out of memory
@@ -16,7 +16,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 mode=fuzz
 case "${1:-}" in --replay) mode=replay; shift ;; --build) mode=build; shift ;; esac
-all="llmc tokens ini cli sched ckpt config"
+all="llmc tokens ini cli sched ckpt config safetensors"
 targets=${*:-$all}
 out=${FUZZ_BUILD:-$top/build-fuzz}
 secs=${FUZZ_SECONDS:-60}
@@ -30,8 +30,8 @@ done
 version=$(sed -n 's/^AC_INIT(\[pipelm\], \[\([^]]*\)\].*/\1/p' "$top/configure.ac")
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cflags=(-g -O1 -fopenmp -Wno-pass-failed $san "-DPACKAGE_VERSION=\"${version:-0}\"" -I"$top/include" -I"$top/tests/fuzz"
-        $(pkg-config --cflags openblas hdf5-mpich inih mpich))
-libs="$(pkg-config --libs hdf5-mpich inih openblas mpich) -lm"
+        $(pkg-config --cflags openblas hdf5-mpich inih jansson mpich))
+libs="$(pkg-config --libs hdf5-mpich inih jansson openblas mpich) -lm"
 mkdir -p "$out/obj" "$out/artifacts" "$out/corpus"
 
 # the library, without main.c, compiled once with coverage instrumentation (fuzzer-no-link):

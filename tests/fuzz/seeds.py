@@ -149,3 +149,27 @@ put("config", "llama-eps-1", b"\x01" + b"\x00" * 14 + b"\x00" + b"\x01\x02")    
 put("config", "llama-ffn-64", b"\x01" + b"\x00" * 14 + b"\x01\x0c")                      # ffn-dim-multiplier 64
 put("config", "markov-branch-1", b"\x00" + b"\x00" * 13 + b"\x01\x01")
 put("config", "beta2-edge", b"\x00" + b"\x00" * 14 + b"\x00" * 7 + b"\x01\x05")         # beta2 0.999999
+
+# ---- safetensors files: 8-byte header length, JSON header, data
+def st(entries, data=b"", pad=True, raw_header=None):
+    import json
+    h = raw_header if raw_header is not None else json.dumps(entries).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + data
+
+f4 = struct.pack("<4f", 1, 2, 3, 4)
+put("safetensors", "valid", st({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                                "__metadata__": {"format": "pt"}}, f4))
+put("safetensors", "bf16-f16", st({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
+                                   "b": {"dtype": "F16", "shape": [2], "data_offsets": [4, 8]}}, f4[:8]))
+put("safetensors", "overlap", st({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, f4))
+put("safetensors", "oob", st({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, f4))
+put("safetensors", "bad-dtype", st({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}}, f4))
+put("safetensors", "empty", st({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}))
+put("safetensors", "nan", st({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, struct.pack("<f", float("nan"))))
+put("safetensors", "hdr-past-end", (10**6).to_bytes(8, "little") + b"{}")
+put("safetensors", "not-object", st(None, raw_header=b"[1, 2]"))
+put("safetensors", "dup-key", st(None, raw_header=b'{"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}, "a": 1}', data=f4[:4]))
+
