@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pipelm/backend_poll.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/dp.h"
@@ -97,8 +98,9 @@ static int reduce_bucket(dp_reducer *r, int k, int full) {
     return PL_OK;
 }
 
-/* Move the buckets on as far as they can go without waiting, gathers in start order (each
- * MPI_Test also drives MPI's progress). */
+/* Move the buckets on as far as they can go without waiting: the scatters summed and their
+ * gathers posted in start order, then the posted gathers tested, oldest first (each MPI_Test
+ * also drives MPI's progress of every request, the engine's too). */
 static int progress(dp_reducer *r) {
     while (r->next_gather < r->nstarted) {
         int k = r->order[r->next_gather], done = 0;
@@ -106,6 +108,29 @@ static int progress(dp_reducer *r) {
         if (!done) break;
         PL_TRY(reduce_bucket(r, k, !r->zero));
         r->next_gather++;
+    }
+    while (r->next_gdone < r->next_gather) {
+        dp_bucket *b = &r->b[r->order[r->next_gdone]];
+        if (b->state == DP_GATHER) {
+            int done = 0;
+            PL_MPI_CHECK(MPI_Test(&b->rq, &done, MPI_STATUS_IGNORE));
+            if (!done) break;
+            b->state = DP_GATHERED;
+        }
+        r->next_gdone++;
+    }
+    return PL_OK;
+}
+
+/* backend_poll.h's hook, after every compute op: MPI moves a reduction on only inside MPI
+ * calls, and a rendezvous message needs both replicas to call in, so testing between the ops
+ * of the backward (not only once a block) is what hides it. Nothing in flight: at once. */
+static int poll_ops(void *ctx) {
+    dp_reducer *r = ctx;
+    /* MPICH over UCX moves a large message about 512 KB per MPI call: several calls per op */
+    for (int i = 0; i < r->poll && r->next_gdone < r->nstarted; i++) {
+        r->npolls++;
+        PL_TRY(progress(r));
     }
     return PL_OK;
 }
@@ -190,11 +215,17 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
     if (zero) PL_TRY(shard_optimizer(r, err, errlen));
     r->moment_floats = opt->nmoment;
     if (!st->holds_chunks) dp_hook(r, st, M);
+    /* PIPELM_DP_POLL=N: N tests after each op (0: only at the blocks' ends, the benchmark's "before") */
+    const char *pe = getenv("PIPELM_DP_POLL");
+    r->poll = pe && pe[0] ? atoi(pe) : DP_POLL_DEFAULT;
+    if (r->poll < 0) r->poll = 0;
+    if (r->poll) backend_poll_set(poll_ops, r);
     return PL_OK;
 }
 
 /* Unhook, unmap, free (the communicator only when the peers are known to be here too). */
 void dp_free(dp_reducer *r, int free_comm) {
+    if (r->poll) backend_poll_set(NULL, NULL);
     if (r->st && r->st->grad_ctx == r) {
         r->st->on_grad_final = NULL;
         r->st->grad_ctx = NULL;
@@ -215,15 +246,18 @@ void dp_free(dp_reducer *r, int free_comm) {
 int dp_finish(dp_reducer *r, int full) {
     double t0 = pl_now();
     int rc = PL_OK;
+    for (int k = 0; k < r->nb; k++) /* what the backward left unfinished, for the benchmark */
+        if (r->b[k].state != DP_GATHERED && r->b[k].state != DP_DONE) r->pending_floats += (double)r->b[k].n;
     for (int k = 0; k < r->nb && rc == PL_OK; k++) rc = start_bucket(r, k); /* the tied wte, and any not started */
     comm_what w = {"the data-parallel reduction of the gradients", -1, -1, -1};
     full = full || !r->zero;
     /* the sums in start order; under ZeRO a piece-only sum that --dump-grads wants whole is
-     * gathered after them, in bucket order */
+     * gathered after them all, in start order (the poll summed some of them already, how many
+     * differs between replicas: the gathers' order on gcomm must not) */
     for (; r->next_gather < r->nstarted && rc == PL_OK; r->next_gather++) {
         int k = r->order[r->next_gather];
         rc = comm_wait(&r->b[k].rq, &w);
-        if (rc == PL_OK) rc = reduce_bucket(r, k, full);
+        if (rc == PL_OK) rc = reduce_bucket(r, k, !r->zero);
     }
     for (int i = 0; i < r->nstarted && rc == PL_OK; i++) {
         dp_bucket *b = &r->b[r->order[i]];
@@ -234,6 +268,7 @@ int dp_finish(dp_reducer *r, int full) {
     }
     for (int k = 0; k < r->nb && rc == PL_OK; k++)
         if (r->b[k].state == DP_GATHER) rc = comm_wait(&r->b[k].rq, &w);
+    r->nstarted = r->next_gather = r->next_gdone = 0; /* nothing in flight: the poll stops */
     /* back into backend memory (a no-op on host backends) */
     for (int k = 0; k < r->nb; k++) {
         dp_bucket *b = &r->b[k];
@@ -246,13 +281,15 @@ int dp_finish(dp_reducer *r, int full) {
             rc = PL_EBACKEND;
         }
     }
-    r->nstarted = r->next_gather = 0;
     r->t_hidden_wait += pl_now() - t0;
     return rc;
 }
 
-/* The timers of the reductions and the ZeRO gather start again from zero. */
-void dp_reset_timers(dp_reducer *r) { r->t_hidden_wait = r->t_gather = 0; }
+/* The timers and counters of the reductions and the ZeRO gather start again from zero. */
+void dp_reset_timers(dp_reducer *r) {
+    r->t_hidden_wait = r->t_gather = r->pending_floats = 0;
+    r->npolls = 0;
+}
 
 /* Each tensor's squared gradient norm over this replica's pieces. */
 int dp_grad_sumsq(const dp_reducer *r, double *sq) {

@@ -385,6 +385,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[10] = R->eng.inflight_peak;
     mine[11] = sched_max_inflight(&R->sc, R->rank);
     mine[12] = R->eng.act_bytes_peak / 1048576.0;
+    mine[13] = R->have_dp ? R->dp.pending_floats * sizeof(float) / 1048576.0 / k : 0.0;
+    mine[14] = R->have_dp ? 1e3 * R->dp.t_gather / k : 0.0;
     double *all = R->rank == 0 ? malloc(sizeof mine * R->P) : NULL;
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));

@@ -41,7 +41,9 @@ typedef struct {
     MPI_Request rq;
 } dp_bucket;
 
-enum { DP_IDLE = 0, DP_SCATTER = 1, DP_GATHER = 2, DP_DONE = 3 };
+/* DP_DONE: summed, no gather (ZeRO, or not yet posted); DP_GATHERED: summed and gathered. */
+#define DP_POLL_DEFAULT 8
+enum { DP_IDLE = 0, DP_SCATTER = 1, DP_GATHER = 2, DP_DONE = 3, DP_GATHERED = 4 };
 
 typedef struct {
     MPI_Comm comm;         /* the D replicas of this stage: the scatters */
@@ -59,8 +61,13 @@ typedef struct {
      * buckets' scatters go out in the order the backward finishes them (the same on every
      * replica), and each gather only after every earlier bucket's gather was posted. */
     int *order, nstarted, next_gather;
+    int next_gdone;        /* order[] before it: gathered (or, ZeRO, not gathered) */
+    int poll;              /* MPI tests after every backend op (backend_poll.h): PIPELM_DP_POLL, else
+                            * DP_POLL_DEFAULT; 0: only at the blocks' ends */
+    long npolls;           /* polls that found a reduction in flight */
     double t_hidden_wait;  /* seconds waited at the step's end for reductions (not hidden) */
     double t_gather;       /* seconds of the ZeRO parameter all-gather */
+    double pending_floats; /* gradient floats whose reduction the backward had not finished */
     size_t moment_floats;  /* floats in each of m and v on this replica (the optimizer's nmoment) */
 } dp_reducer;
 
@@ -76,7 +83,7 @@ void dp_free(dp_reducer *r, int free_comm);
 /* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every
  * bucket. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads). */
 int dp_finish(dp_reducer *r, int full);
-/* Zero t_hidden_wait and t_gather (the start of a timed part). */
+/* Zero t_hidden_wait, t_gather, pending_floats, npolls (the start of a timed part). */
 void dp_reset_timers(dp_reducer *r);
 /* Squared norm of each tensor over this replica's pieces (sum over replicas = the norm). */
 int dp_grad_sumsq(const dp_reducer *r, double *sq);
