@@ -37,7 +37,7 @@ static int make_buckets(dp_reducer *r, char *err, size_t errlen) {
         b->n = t->numel;
         b->layer = t->layer;
         b->tied = model_tensor_is_tied(&st->cfg, t);
-        b->rq = MPI_REQUEST_NULL;
+        b->rq = b->prq = MPI_REQUEST_NULL;
     }
     r->nb = nb;
     for (int i = 0; i < st->ntensors; i++) {
@@ -119,8 +119,18 @@ static int progress(dp_reducer *r) {
         }
         r->next_gdone++;
     }
+    /* ZeRO's parameter gathers, posted by optim_step_buckets */
+    while (r->pg_done < r->npg) {
+        int done = 0;
+        PL_MPI_CHECK(MPI_Test(&r->b[r->order[r->pg_done]].prq, &done, MPI_STATUS_IGNORE));
+        if (!done) break;
+        r->pg_done++;
+    }
     return PL_OK;
 }
+
+/* Anything in flight (the poll's test). */
+static int in_flight(const dp_reducer *r) { return r->next_gdone < r->nstarted || r->pg_done < r->npg; }
 
 /* backend_poll.h's hook, after every compute op: MPI moves a reduction on only inside MPI
  * calls, and a rendezvous message needs both replicas to call in, so testing between the ops
@@ -128,7 +138,7 @@ static int progress(dp_reducer *r) {
 static int poll_ops(void *ctx) {
     dp_reducer *r = ctx;
     /* MPICH over UCX moves a large message about 512 KB per MPI call: several calls per op */
-    for (int i = 0; i < r->poll && r->next_gdone < r->nstarted; i++) {
+    for (int i = 0; i < r->poll && in_flight(r); i++) {
         r->npolls++;
         PL_TRY(progress(r));
     }
@@ -220,12 +230,21 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
     r->poll = pe && pe[0] ? atoi(pe) : DP_POLL_DEFAULT;
     if (r->poll < 0) r->poll = 0;
     if (r->poll) backend_poll_set(poll_ops, r);
+    /* PIPELM_DP_DEFER=0: every gather waited for in dp_finish (the benchmark's "before") */
+    const char *de = getenv("PIPELM_DP_DEFER");
+    r->defer = !(de && strcmp(de, "0") == 0);
     return PL_OK;
 }
 
 /* Unhook, unmap, free (the communicator only when the peers are known to be here too). */
 void dp_free(dp_reducer *r, int free_comm) {
     if (r->poll) backend_poll_set(NULL, NULL);
+    /* agreed (a NaN seen after dp_finish): the peers have the same gathers posted, so they end */
+    comm_what w = {"the data-parallel reduction of the gradients", -1, -1, -1};
+    for (int k = 0; free_comm && r->b && k < r->nb; k++) {
+        if (r->b[k].rq != MPI_REQUEST_NULL) comm_wait(&r->b[k].rq, &w);
+        if (r->b[k].prq != MPI_REQUEST_NULL) comm_wait(&r->b[k].prq, &w);
+    }
     if (r->st && r->st->grad_ctx == r) {
         r->st->on_grad_final = NULL;
         r->st->grad_ctx = NULL;
@@ -242,10 +261,33 @@ void dp_free(dp_reducer *r, int free_comm) {
     memset(r, 0, sizeof *r);
 }
 
-/* Start what is left, sum every bucket in start order, gather where wanted, unmap. */
+/* Every bucket's gradients back into backend memory (a no-op on host backends), every bucket
+ * idle again: nothing in flight, so the poll stops. Returns rc, or the unmap's failure. */
+static int release_buckets(dp_reducer *r, int rc) {
+    r->nstarted = r->next_gather = r->next_gdone = 0;
+    r->npg = r->pg_done = 0;
+    r->deferred = 0;
+    for (int k = 0; k < r->nb; k++) {
+        dp_bucket *b = &r->b[k];
+        b->state = DP_IDLE;
+        if (!b->host) continue;
+        int r2 = r->st->be->unmap(b->host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
+        b->host = NULL;
+        if (rc == PL_OK && r2 != PL_OK) {
+            pl_error("backend %s: unmapping a gradient bucket: %s", r->st->be->name, stage_error(r->st));
+            rc = PL_EBACKEND;
+        }
+    }
+    return rc;
+}
+
+/* Start what is left, sum every bucket in start order, gather where wanted; then either wait
+ * for the gathers and unmap, or (a host backend, no whole gradients wanted before the update)
+ * leave the gathers in flight for dp_optim_step, which waits for each bucket's just before
+ * updating it: the last buckets' gathers hide behind the first buckets' AdamW. */
 int dp_finish(dp_reducer *r, int full) {
     double t0 = pl_now();
-    int rc = PL_OK;
+    int rc = PL_OK, wanted = full;
     for (int k = 0; k < r->nb; k++) /* what the backward left unfinished, for the benchmark */
         if (r->b[k].state != DP_GATHERED && r->b[k].state != DP_DONE) r->pending_floats += (double)r->b[k].n;
     for (int k = 0; k < r->nb && rc == PL_OK; k++) rc = start_bucket(r, k); /* the tied wte, and any not started */
@@ -266,20 +308,11 @@ int dp_finish(dp_reducer *r, int full) {
             MPI_SUCCESS) rc = PL_EMPI;
         b->state = DP_GATHER;
     }
-    for (int k = 0; k < r->nb && rc == PL_OK; k++)
-        if (r->b[k].state == DP_GATHER) rc = comm_wait(&r->b[k].rq, &w);
-    r->nstarted = r->next_gather = r->next_gdone = 0; /* nothing in flight: the poll stops */
-    /* back into backend memory (a no-op on host backends) */
-    for (int k = 0; k < r->nb; k++) {
-        dp_bucket *b = &r->b[k];
-        b->state = DP_IDLE;
-        if (!b->host) continue;
-        int r2 = r->st->be->unmap(b->host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
-        b->host = NULL;
-        if (rc == PL_OK && r2 != PL_OK) {
-            pl_error("backend %s: unmapping a gradient bucket: %s", r->st->be->name, stage_error(r->st));
-            rc = PL_EBACKEND;
-        }
+    r->deferred = rc == PL_OK && !wanted && r->st->be->host_memory && r->defer;
+    if (!r->deferred) {
+        for (int k = 0; k < r->nb && rc == PL_OK; k++)
+            if (r->b[k].state == DP_GATHER) rc = comm_wait(&r->b[k].rq, &w);
+        rc = release_buckets(r, rc);
     }
     r->t_hidden_wait += pl_now() - t0;
     return rc;
@@ -308,9 +341,9 @@ int dp_grad_sumsq(const dp_reducer *r, double *sq) {
     return PL_OK;
 }
 
-/* The optimizer's step (under ZeRO on this replica's shard only), then (ZeRO) the
- * parameters' all-gather. */
-int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
+/* The optimizer's step when dp_finish did not leave the gathers in flight: optim_step (under
+ * ZeRO on this replica's shard only), then (ZeRO) the parameters' all-gather. */
+static int optim_step_whole(dp_reducer *r, int step, double lr, double norm) {
     PL_TRY(optim_step(r->opt, step, lr, norm));
     if (!r->zero) return PL_OK;
     stage *st = r->st;
@@ -331,6 +364,45 @@ int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
     int r2 = be->unmap(host, st->params, st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
     r->t_gather += pl_now() - t0;
     return rc != PL_OK ? rc : r2;
+}
+
+/* Bucket by bucket in start order (a host backend, the gathers left in flight by dp_finish):
+ * wait for its gradient gather, clip and update it (under ZeRO this replica's piece only) and
+ * (ZeRO) post its parameters' all-gather; the poll after each AdamW call moves the later
+ * gathers on. The same AdamW calls on the same elements as optim_step: the same bits. */
+static int optim_step_buckets(dp_reducer *r, int step, double lr, double norm) {
+    comm_what wg = {"the data-parallel reduction of the gradients", -1, -1, -1};
+    comm_what wp = {"the ZeRO-1 all-gather of the parameters", -1, -1, -1};
+    float *params = r->st->params; /* host memory: dp_finish defers only then */
+    int rc = PL_OK;
+    for (int i = 0; i < r->nstarted && rc == PL_OK; i++) {
+        dp_bucket *b = &r->b[r->order[i]];
+        if (b->state == DP_GATHER) {
+            double t0 = pl_now();
+            rc = comm_wait(&b->rq, &wg);
+            r->t_hidden_wait += pl_now() - t0;
+            b->state = DP_GATHERED;
+            if (rc != PL_OK) break;
+        }
+        size_t lo = r->zero ? b->lo + b->plo : b->lo, n = r->zero ? b->pn : b->n;
+        rc = optim_step_range(r->opt, lo, n, step, lr, norm);
+        if (rc != PL_OK || !r->zero) continue;
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, params + b->lo, b->cnt, b->dsp, MPI_FLOAT, r->comm, &b->prq) !=
+            MPI_SUCCESS) {
+            pl_error("MPI_Iallgatherv of a parameter bucket (%zu floats) failed", b->n);
+            rc = PL_EMPI;
+        }
+        r->npg = i + 1;
+    }
+    double t0 = pl_now();
+    for (int i = 0; i < r->npg && rc == PL_OK; i++) rc = comm_wait(&r->b[r->order[i]].prq, &wp);
+    r->t_gather += pl_now() - t0;
+    return release_buckets(r, rc);
+}
+
+/* The optimizer's step over the replicas' reduced gradients (see dp.h). */
+int dp_optim_step(dp_reducer *r, int step, double lr, double norm) {
+    return r->deferred ? optim_step_buckets(r, step, lr, norm) : optim_step_whole(r, step, lr, norm);
 }
 
 /* Whole-size moments from the optimizer, this replica's pieces in place, then (gather)

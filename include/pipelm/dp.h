@@ -38,7 +38,8 @@ typedef struct {
     int *cnt, *dsp;        /* D each: every replica's piece (size, offset in the bucket) */
     int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn); MPI reads
                             * all four until the collective completes */
-    MPI_Request rq;
+    MPI_Request rq;        /* its scatter, then its gradient gather */
+    MPI_Request prq;       /* ZeRO: its parameters' all-gather after the update */
 } dp_bucket;
 
 /* DP_DONE: summed, no gather (ZeRO, or not yet posted); DP_GATHERED: summed and gathered. */
@@ -65,6 +66,9 @@ typedef struct {
     int poll;              /* MPI tests after every backend op (backend_poll.h): PIPELM_DP_POLL, else
                             * DP_POLL_DEFAULT; 0: only at the blocks' ends */
     long npolls;           /* polls that found a reduction in flight */
+    int defer;             /* dp_finish may leave the gathers to dp_optim_step (not PIPELM_DP_DEFER=0) */
+    int deferred;          /* it did: dp_optim_step goes bucket by bucket */
+    int npg, pg_done;      /* ZeRO: order[] before npg has its parameter gather posted, before pg_done done */
     double t_hidden_wait;  /* seconds waited at the step's end for reductions (not hidden) */
     double t_gather;       /* seconds of the ZeRO parameter all-gather */
     double pending_floats; /* gradient floats whose reduction the backward had not finished */
