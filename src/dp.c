@@ -62,7 +62,7 @@ static int start_bucket(dp_reducer *r, int k) {
     void *host = NULL;
     PL_TRY(be->map(&host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
     b->host = host;
-    int mrc = MPI_Ialltoallv(b->host, b->cnt, b->dsp, MPI_FLOAT, b->recv, b->rcnt, b->rdsp, MPI_FLOAT, r->comm,
+    int mrc = MPI_Ialltoallv(b->host, b->scnt, b->dsp, MPI_FLOAT, b->recv, b->rcnt, b->rdsp, MPI_FLOAT, r->comm,
                              &b->rq);
     if (mrc != MPI_SUCCESS) {
         pl_error("MPI_Ialltoallv of a gradient bucket (%zu floats) failed", b->n);
@@ -78,12 +78,20 @@ static int start_bucket(dp_reducer *r, int k) {
 static int reduce_bucket(dp_reducer *r, int k, int full) {
     dp_bucket *b = &r->b[k];
     float *out = b->host + b->plo;
-    const float *in = b->recv;
     size_t pn = b->pn;
-    for (size_t i = 0; i < pn; i++) {
-        float s = in[i];
-        for (int j = 1; j < r->D; j++) s += in[(size_t)j * pn + i];
-        out[i] = s;
+    /* term j: replica j's piece as received; this replica's own is read in place (never sent
+     * to itself), element i before out[i] is written */
+    const float **t = r->terms;
+    for (int j = 0; j < r->D; j++) t[j] = j == r->d ? out : b->recv + (size_t)j * pn;
+    if (r->D == 2) {
+        const float *t0 = t[0], *t1 = t[1];
+        for (size_t i = 0; i < pn; i++) out[i] = t0[i] + t1[i];
+    } else {
+        for (size_t i = 0; i < pn; i++) {
+            float s = t[0][i];
+            for (int j = 1; j < r->D; j++) s += t[j][i];
+            out[i] = s;
+        }
     }
     if (!full) {
         b->state = DP_DONE;
@@ -195,7 +203,8 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
     int rc = make_buckets(r, err, errlen);
     if (rc != PL_OK) return rc;
     r->order = malloc(sizeof(int) * (size_t)(r->nb ? r->nb : 1));
-    if (!r->order) return PL_ENOMEM;
+    r->terms = malloc(sizeof *r->terms * (size_t)r->D);
+    if (!r->order || !r->terms) return PL_ENOMEM;
     for (int k = 0; k < r->nb; k++) {
         dp_bucket *b = &r->b[k];
         if (b->n > (size_t)0x7fffffff) {
@@ -205,15 +214,17 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
         b->plo = piece_lo(b->n, r->D, r->d);
         b->pn = piece_n(b->n, r->D, r->d);
         b->recv = malloc(sizeof(float) * (b->pn * (size_t)r->D + 1));
-        b->cnt = malloc(sizeof(int) * 4 * (size_t)r->D);
+        b->cnt = malloc(sizeof(int) * 5 * (size_t)r->D);
         if (b->cnt) {
             b->dsp = b->cnt + r->D;
             b->rcnt = b->dsp + r->D;
             b->rdsp = b->rcnt + r->D;
+            b->scnt = b->rdsp + r->D;
             for (int j = 0; j < r->D; j++) {
                 b->cnt[j] = (int)piece_n(b->n, r->D, j);
                 b->dsp[j] = (int)piece_lo(b->n, r->D, j);
-                b->rcnt[j] = (int)b->pn;
+                b->scnt[j] = j == r->d ? 0 : b->cnt[j]; /* its own piece stays in place */
+                b->rcnt[j] = j == r->d ? 0 : (int)b->pn;
                 b->rdsp[j] = (int)(b->pn * (size_t)j);
             }
         }
@@ -257,6 +268,7 @@ void dp_free(dp_reducer *r, int free_comm) {
     }
     free(r->b);
     free(r->order);
+    free(r->terms);
     if (r->gcomm != MPI_COMM_NULL && free_comm) MPI_Comm_free(&r->gcomm);
     memset(r, 0, sizeof *r);
 }

@@ -45,8 +45,10 @@ typedef struct {
     float *host;           /* host view of grads[lo, lo + n) while reducing */
     float *recv;           /* D pieces of this replica's piece size */
     int *cnt, *dsp;        /* D each: every replica's piece (size, offset in the bucket) */
-    int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn); MPI reads
-                            * all four until the collective completes */
+    int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn; nothing
+                            * from itself) */
+    int *scnt;             /* D: what it sends each (cnt, nothing to itself); MPI reads all five
+                            * until the collective completes */
     MPI_Request rq;        /* its scatter, then its gradient gather */
     MPI_Request prq;       /* ZeRO: its parameters' all-gather after the update */
 } dp_bucket;
@@ -71,6 +73,7 @@ typedef struct {
      * buckets' scatters go out in the order the backward finishes them (the same on every
      * replica), and each gather only after every earlier bucket's gather was posted. */
     int *order, nstarted, next_gather;
+    const float **terms;   /* D: the terms of one piece's sum (reduce_bucket's scratch) */
     int next_gdone;        /* order[] before it: gathered (or, ZeRO, not gathered) */
     int poll;              /* MPI tests after every backend op (backend_poll.h): PIPELM_DP_POLL, else
                             * DP_POLL_DEFAULT; 0: only at the blocks' ends */
