@@ -385,8 +385,12 @@ static int optim_step_whole(dp_reducer *r, int step, double lr, double norm) {
 static int optim_step_buckets(dp_reducer *r, int step, double lr, double norm) {
     comm_what wg = {"the data-parallel reduction of the gradients", -1, -1, -1};
     comm_what wp = {"the ZeRO-1 all-gather of the parameters", -1, -1, -1};
-    float *params = r->st->params; /* host memory: dp_finish defers only then */
-    int rc = PL_OK;
+    stage *st = r->st;
+    /* the gathers write every replica's pieces of the parameters: through a host view of all
+     * of them, so that the backend sees the write (a cache of weight copies drops them) */
+    void *view = NULL;
+    int rc = r->zero ? st->be->map(&view, st->params, st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE) : PL_OK;
+    float *params = view;
     for (int i = 0; i < r->nstarted && rc == PL_OK; i++) {
         dp_bucket *b = &r->b[r->order[i]];
         if (b->state == DP_GATHER) {
@@ -409,6 +413,10 @@ static int optim_step_buckets(dp_reducer *r, int step, double lr, double norm) {
     double t0 = pl_now();
     for (int i = 0; i < r->npg && rc == PL_OK; i++) rc = comm_wait(&r->b[r->order[i]].prq, &wp);
     r->t_gather += pl_now() - t0;
+    if (view) {
+        int r2 = st->be->unmap(view, st->params, st->nparams * sizeof(float), PL_MAP_READ | PL_MAP_WRITE);
+        if (rc == PL_OK) rc = r2;
+    }
     return release_buckets(r, rc);
 }
 
