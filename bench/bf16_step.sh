@@ -13,7 +13,8 @@
 # Targets (issue 9): fp32 default >= 0.95 x best kernel (bench/blas_kernel.sh); bf16 >= 3x
 # fp32 with AMX, >= 1.6x with AVX512-BF16 only; bf16 >= 2x torch autocast; 2x1 >= 0.9 ideal.
 # A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
-# BENCH_MODELS (default "tutorial gpt2").
+# BENCH_MODELS (default "tutorial gpt2"), BENCH_AB_ROUNDS (3: rounds of the weight cache's
+# A/B), BENCH_AB_PREC (bf16; fp32 only to try the script on a CPU without bf16).
 
 PIPELM=${PIPELM:-${1:-./build/pipelm}}
 PY=/usr/bin/python3
@@ -66,6 +67,22 @@ for np in 1 2; do
         > "$tmp/scale$np.log" 2>&1 || echo "   $np ranks failed: $(tail -n 2 "$tmp/scale$np.log")"
 done
 
+# the bf16 weight copies (--backend-opt weight-cache=1, the default) against a conversion on
+# every product (=0), tutorial, one thread, 1 and 8 micro-batches (the copy saves 2M - 1
+# conversions of every weight a step): A and B interleaved, BENCH_AB_ROUNDS rounds (default 3)
+echo "-- weight cache A/B (bf16, tutorial, 1 and 8 micro-batches), load: $(uptime | sed 's/.*load/load/')"
+for r in $(seq 1 "${BENCH_AB_ROUNDS:-3}"); do
+    for mb in 1 8; do
+        for c in 0 1; do
+            timeout 1800 "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches $mb --threads 1 \
+                --steps "$STEPS" --warmup "$WARMUP" --backend onednn --precision "${BENCH_AB_PREC:-bf16}" \
+                --backend-opt weight-cache=$c --json "$tmp/wc${c}_mb${mb}_r$r.json" > "$tmp/wc.log" 2>&1 \
+                || echo "   weight-cache=$c M=$mb failed: $(tail -n 2 "$tmp/wc.log")"
+        done
+    done
+done
+echo "   load after: $(uptime | sed 's/.*load/load/')"
+
 "$PY" - "$tmp" "$MODELS" <<'PYEOF'
 import json, os, sys
 tmp, models = sys.argv[1], sys.argv[2].split()
@@ -93,6 +110,17 @@ for m in models:
     if c and t32: print("   fp32 vs torch fp32: %.2fx" % (t32 / c))
     bj = j(m + "_bf16")
     if bj: print("   bf16 MFU %.1f %% of %.1f GFLOP/s (the peak the run measured)" % (100 * bj["mfu"], bj["peak_gflops"]))
+for mb in (1, 8):
+    pairs = []
+    for r in range(1, 100):
+        a, b = med("wc0_mb%d_r%d" % (mb, r)), med("wc1_mb%d_r%d" % (mb, r))
+        if a is None and b is None and r > 1 and not os.path.exists(os.path.join(tmp, "wc0_mb%d_r%d.json" % (mb, r))): break
+        if a and b: pairs.append((a, b))
+    if pairs:
+        ratios = sorted(a / b for a, b in pairs)
+        print("weight cache, M=%d: step ms off %s, on %s; off/on %.3fx median of %d interleaved rounds (%s)" % (
+            mb, "/".join("%.1f" % a for a, _ in pairs), "/".join("%.1f" % b for _, b in pairs),
+            (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2, len(pairs), " ".join("%.3f" % x for x in ratios)))
 s1, s2 = med("scale1"), med("scale2")
 if s1 and s2:
     print("bf16 2 ranks x 1 thread vs 1 rank: %.2fx = %.2f of the ideal 2x (target 0.9)" % (s1 / s2, s1 / s2 / 2))

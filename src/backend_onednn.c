@@ -14,14 +14,18 @@
  *     post-op. GPT-2's multi-head attention is NKV == NH: one batched matmul per product over
  *     the (B, NH) pairs. The causal softmax and its backward are fp32 loops of our own, parallel
  *     over rows (each row's arithmetic fixed, so thread-count independent).
- *   everything else (encoder, layernorm, RMSNorm, RoPE, GELU, SwiGLU, residual, cross-entropy,
- *     AdamW, sumsq, scale, memory, map/unmap, synchronize) is not in this backend's table: the
- *     registry fills it with backend_cpu's (host memory in both), and its failures report into
- *     the same message (backend_host.c), which is this backend's error().
+ *   LayerNorm, GELU, cross-entropy, AdamW, sumsq: onednn_ops.c's vector loops.
+ *   alloc, free, from_host, copy, zero, map, unmap, scale and AdamW: the CPU backend's (or
+ *     onednn_ops.c's AdamW), each telling the weight cache (onednn_wcache.c) what it writes.
+ *   everything else (encoder, RMSNorm, RoPE, SwiGLU, residual, synchronize) is not in this
+ *     backend's table: the registry fills it with backend_cpu's (host memory in both), and its
+ *     failures report into the same message (backend_host.c), which is this backend's error().
  * bf16: the two inputs of every product are converted fp32 -> bf16 (round to nearest even,
  *   AVX512-BF16 VCVTNEPS2BF16 when the CPU has it, an equivalent scalar loop otherwise) into
- *   scratch owned by this file, on every call (no weight cache: no invalidation to get wrong).
- *   Softmax, its backward, bias, and all accumulation stay fp32.
+ *   scratch owned by this file, on every call; except the weights of matmul_fwd and
+ *   matmul_bwd_input, whose bf16 copies onednn_wcache.c keeps from one update to the next
+ *   (weight-cache=1, the default): one conversion per optimizer step instead of two per
+ *   micro-batch, with the same bits. Softmax, its backward, bias, and all accumulation stay fp32.
  * Primitives are created once per (shapes, strides, data type, post-ops, scale, threads) and
  *   kept in a small table (MM_CACHE entries, round-robin replacement).
  * Determinism: same inputs and thread count give bit-identical outputs (oneDNN's matmuls use a
@@ -51,6 +55,7 @@
 #include "pipelm/backend_math.h"
 #include "pipelm/common.h"
 #include "pipelm/onednn_ops.h"
+#include "pipelm/onednn_wcache.h"
 
 #define MM_CACHE 64
 #define MAXD 4
@@ -97,6 +102,7 @@ static struct {
     int prec;
     int threads;
     int native_bf16;       /* the CPU converts with VCVTNEPS2BF16 */
+    int wcache;            /* bf16 weight copies kept between updates (onednn_wcache.h) */
     char impl[112];        /* matmul implementations of the probe products, for describe */
     mm_entry cache[MM_CACHE];
     int next_victim;
@@ -192,6 +198,22 @@ static int to_bf16(int k, const float *src, size_t n, const void **out) {
     onednn_cvt_bf16(p, src, n, 0);
     *out = p;
     return 0;
+}
+
+/* The weight cache's converter: onednn_cvt_bf16's rounding, so a kept copy has the bits a
+ * per-call conversion would have. */
+static void cvt_for_cache(uint16_t *dst, const float *src, size_t n) { onednn_cvt_bf16(dst, src, n, 0); }
+
+/* bf16 of the weights w (n floats): the copy kept since w last changed (onednn_wcache.h), or
+ * converted now into scratch slot k when w is not a weight range the cache knows. */
+static int weight_bf16(int k, const float *w, size_t n, const void **out) {
+    const uint16_t *c = NULL;
+    wcache_get(w, n, &c);
+    if (c) {
+        *out = c;
+        return 0;
+    }
+    return to_bf16(k, w, n, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -418,6 +440,7 @@ static int probe_impl(int prec, char *buf, size_t len) {
 
 static void dn_finalize(void) {
     cache_clear();
+    wcache_clear();
     for (int i = 0; i < 5; i++) { free(S.scr[i]); S.scr[i] = NULL; S.scr_bytes[i] = 0; }
     if (S.st) dnnl_stream_destroy(S.st);
     if (S.eng) dnnl_engine_destroy(S.eng);
@@ -433,6 +456,8 @@ static const backend_opt_decl dn_opts[] = {
      "0|1", "PIPELM_ONEDNN_ALLOW_EMULATED"},
     {"vec-ops", "1: the backend's AVX-512 LayerNorm, GELU, softmax, loss and AdamW (where the CPU has AVX-512); "
      "0: the CPU backend's loops (the former bits)", "1", "0|1", NULL},
+    {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
+     "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -475,6 +500,8 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     if (rc) { snprintf(err, errlen, "%s", host_error()); return rc; }
     S.prec = prec;
     onednn_ops_select(backend_opt_flag(dn_opts, opt, "vec-ops"));
+    S.wcache = prec == PL_PREC_BF16 && backend_opt_flag(dn_opts, opt, "weight-cache");
+    wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
         snprintf(err, errlen, "backend onednn: %s matmul unavailable: %s", backend_precision_name(prec), host_error());
@@ -495,10 +522,11 @@ static void dn_describe(char *buf, size_t len) {
         return;
     }
     /* "<name>: library, kernel, precision" as backend_cpu's line */
-    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s, %s", v->major, v->minor, v->patch,
+    int bf = S.prec == PL_PREC_BF16;
+    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s%s, %s", v->major, v->minor, v->patch,
              isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
-             S.prec == PL_PREC_BF16 ? (S.native_bf16 ? " (inputs converted with avx512_bf16)"
-                                                     : " (inputs converted by a scalar loop)") : "",
+             bf ? (S.native_bf16 ? " (inputs converted with avx512_bf16" : " (inputs converted by a scalar loop") : "",
+             bf ? (S.wcache ? ", weights once per update)" : ", weights on every product)") : "",
              onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's");
 }
 
@@ -530,7 +558,7 @@ static int dn_matmul_fwd(float *out, const float *inp, const float *w, const flo
     const void *A = inp, *B = w;
     if (bf) {
         PL_TRY(to_bf16(SCR_A, inp, (size_t)N * C, &A));
-        PL_TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+        PL_TRY(weight_bf16(SCR_B, w, (size_t)OC * C, &B));
     }
     mm_key k;
     key_init(&k, 2, bf, 0, b != NULL, 1.0f);
@@ -550,7 +578,7 @@ static int dn_matmul_bwd_input(float *dinp, const float *dout, const float *w, i
     const void *A = dout, *B = w;
     if (bf) {
         PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
-        PL_TRY(to_bf16(SCR_B, w, (size_t)OC * C, &B));
+        PL_TRY(weight_bf16(SCR_B, w, (size_t)OC * C, &B));
     }
     mm_key k;
     key_init(&k, 2, bf, 0, 0, 1.0f);
@@ -714,6 +742,55 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* writes the weight cache must see: the CPU backend's memory ops, AdamW and scale, each
+ * telling onednn_wcache.c what it allocates, frees or writes */
+
+/* Memory the cache may take weights from: the CPU backend's allocation, recorded. */
+static int dn_alloc(void **p, size_t bytes) {
+    int rc = backend_cpu.alloc(p, bytes);
+    if (rc == 0) wcache_alloc(*p, bytes);
+    return rc;
+}
+/* The allocation and every copy inside it go. */
+static void dn_free(void *p) {
+    wcache_free(p);
+    backend_cpu.free(p);
+}
+/* from_host, copy, zero: the copies over the destination are stale. */
+static int dn_from_host(void *dst, const void *src, size_t bytes) {
+    wcache_write(dst, bytes);
+    return backend_cpu.from_host(dst, src, bytes);
+}
+static int dn_copy(void *dst, const void *src, size_t bytes) {
+    wcache_write(dst, bytes);
+    return backend_cpu.copy(dst, src, bytes);
+}
+static int dn_zero(void *p, size_t bytes) {
+    wcache_write(p, bytes);
+    return backend_cpu.zero(p, bytes);
+}
+/* A view for writing: stale from the map (host memory: the view is the buffer) to the unmap. */
+static int dn_map(void **host, void *p, size_t bytes, int mode) {
+    if (mode & PL_MAP_WRITE) wcache_write(p, bytes);
+    return backend_cpu.map(host, p, bytes, mode);
+}
+static int dn_unmap(void *host, void *p, size_t bytes, int mode) {
+    if (mode & PL_MAP_WRITE) wcache_write_whole(p, bytes);
+    return backend_cpu.unmap(host, p, bytes, mode);
+}
+/* The optimizer's update: the weights' copies are made again on their next product. */
+static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int t) {
+    wcache_update(p, n);
+    return onednn_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+}
+/* scale writes x (the optimizer scales gradients, but any caller may scale weights). */
+static int dn_scale(float *x, float s, size_t n) {
+    wcache_write(x, n * sizeof(float));
+    return backend_cpu.scale(x, s, n);
+}
+
 /* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
@@ -731,6 +808,15 @@ const backend backend_onednn = {
     .set_threads = dn_set_threads,
     .get_threads = dn_get_threads,
     .opts = dn_opts,
+    /* the CPU backend's memory ops, telling the weight cache */
+    .alloc = dn_alloc,
+    .free = dn_free,
+    .from_host = dn_from_host,
+    .copy = dn_copy,
+    .zero = dn_zero,
+    .map = dn_map,
+    .unmap = dn_unmap,
+    .scale = dn_scale,
     .matmul_fwd = dn_matmul_fwd,
     .matmul_bwd_input = dn_matmul_bwd_input,
     .matmul_bwd_weight = dn_matmul_bwd_weight,
@@ -744,6 +830,6 @@ const backend backend_onednn = {
     .gelu_bwd = onednn_gelu_bwd,
     .crossentropy_fwd = onednn_crossentropy_fwd,
     .crossentropy_bwd = onednn_crossentropy_bwd,
-    .adamw = onednn_adamw,
+    .adamw = dn_adamw, /* onednn_adamw, telling the weight cache */
     .sumsq = onednn_sumsq,
 };

@@ -51,7 +51,30 @@ run_all() {
         done
     done
 }
+# the bf16 weight copies (--backend-opt weight-cache, default 1: onednn_wcache.c) give the bits
+# of a conversion on every product: one process (its reference run), P=2 zb-h1 (weight parts
+# deferred) and two replicas with ZeRO-1 (the parameters gathered through a map); in fp32 the
+# option does nothing, and the same runs check that the backend's wrapped memory ops change no bits
+weight_cache() {
+    local prec=$1 f c
+    for c in 0 1; do
+        mpirun_t 120 1 train $COMMON --backend onednn --precision $prec --backend-opt weight-cache=$c \
+            --metrics wc${c}_$prec.jsonl --save-final wc${c}_$prec.bin > wc${c}_$prec.out 2>&1
+        mpirun_t 120 2 train $COMMON --backend onednn --precision $prec --backend-opt weight-cache=$c --schedule zb-h1 \
+            --save-final zb${c}_$prec.bin > zb${c}_$prec.out 2>&1
+        mpirun_t 120 2 train $COMMON --backend onednn --precision $prec --backend-opt weight-cache=$c --dp 2 --zero 1 \
+            --save-final z${c}_$prec.bin > z${c}_$prec.out 2>&1
+    done
+    if cmp -s ref_$prec.bin wc0_$prec.bin && cmp -s ref_$prec.bin wc1_$prec.bin && cmp -s ref_$prec.bin zb0_$prec.bin \
+            && cmp -s zb0_$prec.bin zb1_$prec.bin && [ "$(losses ref_$prec.jsonl)" = "$(losses wc0_$prec.jsonl)" ]; then
+        ok "$prec: weight-cache=0 and 1 bit-identical, one process and P=2 zb-h1"
+    else bad "$prec weight-cache 0 vs 1" "$(tail -n 2 wc0_$prec.out zb1_$prec.out | tr '\n' ' ')"; fi
+    [ -s z0_$prec.bin ] && cmp -s z0_$prec.bin z1_$prec.bin \
+        && ok "$prec: weight-cache=0 and 1 bit-identical with two ZeRO-1 replicas" \
+        || bad "$prec weight-cache with ZeRO-1" "$(tail -n 2 z0_$prec.out z1_$prec.out | tr '\n' ' ')"
+}
 run_all fp32
+weight_cache fp32
 # oneDNN fp32 is close to the reference CPU backend (different kernels, same math)
 mpirun_t 120 1 train $COMMON --backend cpu --metrics cpu.jsonl > cpu.out 2>&1
 if python3 - cpu.jsonl ref_fp32.jsonl <<'EOF'
@@ -64,6 +87,7 @@ then ok "onednn fp32 losses within 1e-4 (relative) of the cpu backend's"; else b
 
 if [ $BF16 = 1 ]; then
     run_all bf16
+    weight_cache bf16
     # bf16 differs from fp32 (the matmuls really are bf16) but only a little at step 1
     if python3 - cpu.jsonl ref_bf16.jsonl <<'EOF'
 import json, sys

@@ -33,6 +33,10 @@
  *   these shapes (bit-identical here, and also measured so on 1024x768x3072, 1024x3072x768,
  *   1024x512x10000 and attention B4 T256 C768 NH12; oneDNN does not promise it for every shape
  *   or thread count, see the comment at test_threads).
+ * bf16 weight cache (onednn_wcache.c): on any CPU, the module through the backend's wrapped
+ *   memory ops and AdamW (what becomes weights, which writes make a copy stale, a copy equal to
+ *   a conversion made here); where bf16 runs, matmul_fwd and matmul_bwd_input bit-identical
+ *   with weight-cache=1 and =0 after every kind of write.
  * Exit status 77 (skip) only when init refuses bf16 for want of native bf16 support on this
  * CPU; the fp32 cases then still run and a failure among them still fails the test.
  */
@@ -48,6 +52,7 @@
 
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "pipelm/onednn_wcache.h"
 #include "backend_compare.h"
 
 extern const backend backend_onednn;
@@ -376,14 +381,15 @@ START_TEST(test_table) {
     }
 #define PL_COMPUTE_OP(ret, name, params, args, cls) PL_MEM_OP(ret, name, params, args, cls)
 #include "pipelm/backend_ops.h"
-    /* the three matmuls, the two attention ops and onednn_ops.c's nine (LayerNorm x3, GELU x2,
-     * cross-entropy x2, AdamW, sumsq) */
-    ck_assert_int_eq(own, 14);
+    /* the three matmuls, the two attention ops, onednn_ops.c's nine (LayerNorm x3, GELU x2,
+     * cross-entropy x2, AdamW, sumsq), and the CPU backend's alloc, free, from_host, copy, zero,
+     * map, unmap and scale wrapped to tell the weight cache */
+    ck_assert_int_eq(own, 22);
     ck_assert_ptr_nonnull(backend_onednn.matmul_fwd);
     ck_assert_ptr_nonnull(backend_onednn.attention_gqa_bwd);
     ck_assert_ptr_nonnull(backend_onednn.layernorm_fwd);
     ck_assert_ptr_null(backend_onednn.residual_fwd);
-    ck_assert_int_gt(taken, 20);
+    ck_assert_int_gt(taken, 10);
     ck_assert_int_eq(dn->synchronize(), 0);
     /* an op taken from backend_cpu reports into this backend's error() */
     float x[8] = {0};
@@ -647,6 +653,206 @@ START_TEST(test_cache) {
 }
 END_TEST
 
+
+// ----------------------------------------------------------------------------
+// the bf16 weight cache (onednn_wcache.c): which ranges are weights, which writes make a copy
+// stale; the module runs on any CPU (switched on here by hand, with the backend's converter),
+// the products with it only where bf16 runs
+
+static void cvt_vec(uint16_t *d, const float *s, size_t n) { onednn_cvt_bf16(d, s, n, 0); }
+
+static long made(void) {
+    wcache_stats s;
+    wcache_get_stats(&s);
+    return s.made;
+}
+
+/* The cache's copy of (w, n), checked against a conversion made here; *mk: copies made for it. */
+static void copy_ok(const float *w, size_t n, long want_made, const char *what) {
+    long m0 = made();
+    const uint16_t *c = NULL;
+    wcache_get(w, n, &c);
+    ck_assert_msg(c != NULL, "%s: no copy", what);
+    uint16_t *ref = malloc(2 * n);
+    ck_assert_ptr_nonnull(ref);
+    onednn_cvt_bf16(ref, w, n, 1);
+    ck_assert_msg(memcmp(c, ref, 2 * n) == 0, "%s: the copy is not the bf16 of the current values", what);
+    free(ref);
+    ck_assert_msg(made() - m0 == want_made, "%s: %ld copies made, want %ld", what, made() - m0, want_made);
+}
+
+enum { WN = 3000, WAT = 1234 };
+
+/* One write of each kind the backend sees, into x[at] (a new value each time); kind 6 is a map
+ * for reading (no write). */
+static void write_kind(int kind, float *x, size_t at, float *g, float *m, float *v) {
+    static float val = 0.25f;
+    val += 0.125f;
+    void *h = NULL;
+    switch (kind) {
+    case 0: OK(dn->from_host(x + at, &val, sizeof val)); break;
+    case 1: { float *t = falloc(1); *t = val; OK(dn->copy(x + at, t, sizeof(float))); dn->free(t); break; }
+    case 2: OK(dn->zero(x + at, sizeof(float))); break;
+    case 3: OK(dn->scale(x + at, 3.0f, 1)); break;
+    case 4: g[at] = val; OK(dn->adamw(x + at, g + at, m + at, v + at, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 2)); break;
+    case 5:
+        OK(dn->map(&h, x, WN * sizeof(float), PL_MAP_WRITE));
+        ((float *)h)[at] = val;
+        OK(dn->unmap(h, x, WN * sizeof(float), PL_MAP_WRITE));
+        break;
+    default: OK(dn->map(&h, x, WN * sizeof(float), PL_MAP_READ)); OK(dn->unmap(h, x, WN * sizeof(float), PL_MAP_READ));
+    }
+}
+
+START_TEST(test_wcache) {
+    use_prec(PL_PREC_FP32);
+    wcache_enable(1, cvt_vec);
+    rng_seed(21);
+    float *w = falloc(WN), *g = falloc(WN), *m = falloc(WN), *v = falloc(WN), *o = falloc(WN);
+    fill_rand(w, WN, -1, 1);
+    fill_rand(g, WN, -1, 1);
+    const uint16_t *c = NULL;
+    wcache_get(w, WN, &c);
+    ck_assert_msg(c == NULL, "a range AdamW never updated is not weights");
+    OK(dn->adamw(w, g, m, v, WN, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    copy_ok(w, WN, 1, "after AdamW");
+    copy_ok(w, WN, 0, "again, unchanged");
+    copy_ok(w + 100, 500, 1, "a part of the weights");
+    /* writes beside the weights leave the copies as they are */
+    for (int k = 0; k < 7; k++) write_kind(k, o, WAT, g, m, v);
+    copy_ok(w, WN, 0, "after writes elsewhere");
+    copy_ok(w + 100, 500, 0, "the part, after writes elsewhere");
+    for (int k = 0; k < 7; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "after write kind %d", k);
+        if (verbose) printf("  weight cache: %s\n", what);
+        write_kind(k, w, WAT, g, m, v);
+        copy_ok(w, WN, k == 6 ? 0 : 1, what);
+        /* (the map of kind 5 covers the whole buffer, the part too) */
+        copy_ok(w + 100, 500, k == 5 ? 1 : 0, "the part, after a write outside it");
+        write_kind(k, w, 300, g, m, v);
+        copy_ok(w + 100, 500, k == 6 ? 0 : 1, "the part, after a write into it");
+        copy_ok(w, WN, k == 6 ? 0 : 1, "the whole, after a write into the part");
+    }
+    /* a map for writing: stale from the map to the unmap (a copy made in between is redone) */
+    void *h = NULL;
+    OK(dn->map(&h, w, WN * sizeof(float), PL_MAP_WRITE));
+    copy_ok(w, WN, 1, "while mapped for writing");
+    ((float *)h)[7] += 1.0f;
+    OK(dn->unmap(h, w, WN * sizeof(float), PL_MAP_WRITE));
+    copy_ok(w, WN, 1, "after the unmap");
+    /* a view of a whole allocation AdamW updated a part of (ZeRO-1's gather): all of it is
+     * weights after the unmap; a view of a part, or of an allocation without weights, is not */
+    float *za = falloc(2 * WN), *zb = falloc(2 * WN);
+    fill_rand(za, 2 * WN, -1, 1);
+    OK(dn->adamw(za, g, m, v, WN, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    OK(dn->map(&h, za + WN, WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->unmap(h, za + WN, WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->map(&h, zb, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    OK(dn->unmap(h, zb, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    wcache_get(za + WN, WN, &c);
+    ck_assert_msg(c == NULL, "the other shard is weights before a view of the whole buffer was written");
+    wcache_get(zb, WN, &c);
+    ck_assert_msg(c == NULL, "a buffer without weights became weights");
+    copy_ok(za, WN, 1, "the shard AdamW updated");
+    OK(dn->map(&h, za, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    ((float *)h)[WN + 5] = 2.0f;
+    OK(dn->unmap(h, za, 2 * WN * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
+    copy_ok(za + WN, WN, 1, "the other shard after the gather");
+    copy_ok(za, WN, 1, "the own shard after the gather");
+    copy_ok(za + WN, WN, 0, "the other shard again");
+    dn->free(za);
+    dn->free(zb);
+    /* memory this backend did not allocate is never weights, even after AdamW */
+    float *hm = malloc(WN * sizeof(float)), *hg = calloc(WN, sizeof(float)), *hmm = calloc(2 * WN, sizeof(float));
+    ck_assert(hm && hg && hmm);
+    fill_rand(hm, WN, -1, 1);
+    OK(dn->adamw(hm, hg, hmm, hmm + WN, WN, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    wcache_get(hm, WN, &c);
+    ck_assert_msg(c == NULL, "host memory of the test's own counted as weights");
+    free(hm); free(hg); free(hmm);
+    /* free: the copies and the range go with the allocation */
+    wcache_stats s;
+    wcache_get_stats(&s);
+    ck_assert_uint_eq(s.bytes, 2 * (WN + 500));
+    dn->free(w);
+    wcache_get_stats(&s);
+    ck_assert_uint_eq(s.bytes, 0);
+    float *w2 = falloc(WN);
+    wcache_get(w2, WN, &c);
+    ck_assert_msg(c == NULL, "a new allocation is not weights before AdamW updates it");
+    /* off: nothing kept */
+    OK(dn->adamw(w2, g, m, v, WN, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    copy_ok(w2, WN, 1, "a new allocation after AdamW");
+    wcache_enable(0, cvt_vec);
+    wcache_get(w2, WN, &c);
+    wcache_get_stats(&s);
+    ck_assert_msg(c == NULL && s.bytes == 0, "the cache switched off keeps copies");
+    dn->free(w2); dn->free(g); dn->free(m); dn->free(v); dn->free(o);
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+/* bf16 products on weights AdamW updated: with the cache, the bits of weight-cache=0, after every
+ * kind of write; the forward and input-gradient products of a micro-batch share one copy. */
+static void init_cache(int on) {
+    backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0, on ? "weight-cache=1" : "weight-cache=0"};
+    char err[512] = "";
+    ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "onednn init bf16 weight-cache=%d: %s", on, err);
+}
+
+/* fwd and bwd_input on w with the cache on (out1, dinp1) and off (out0, dinp0): the same bits. */
+static void products_same(const char *what, const float *inp, const float *w, const float *dout, int N, int C,
+                          int OC, long want_made) {
+    float *o1 = falloc((size_t)N * OC), *o0 = falloc((size_t)N * OC), *d1 = falloc((size_t)N * C),
+          *d0 = falloc((size_t)N * C);
+    init_cache(1);
+    long m0 = made();
+    OK(dn->matmul_fwd(o1, inp, w, NULL, N, C, OC));
+    OK(dn->matmul_bwd_input(d1, dout, w, N, C, OC));
+    ck_assert_msg(made() - m0 == want_made, "%s: %ld copies made, want %ld", what, made() - m0, want_made);
+    init_cache(0);
+    OK(dn->matmul_fwd(o0, inp, w, NULL, N, C, OC));
+    OK(dn->matmul_bwd_input(d0, dout, w, N, C, OC));
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s: matmul_fwd, cache on and off", what);
+    check_same(buf, o1, o0, (size_t)N * OC);
+    snprintf(buf, sizeof buf, "%s: matmul_bwd_input, cache on and off", what);
+    check_same(buf, d1, d0, (size_t)N * C);
+    dn->free(o1); dn->free(o0); dn->free(d1); dn->free(d0);
+}
+
+START_TEST(test_wcache_bf16) {
+    if (!bf16_ok) return;
+    int N = 37, C = 24, OC = 61;
+    size_t nw = (size_t)OC * C;
+    rng_seed(22);
+    float *inp = falloc((size_t)N * C), *dout = falloc((size_t)N * OC), *w = falloc(nw + 64);
+    float *g = falloc(nw + 64), *m = falloc(nw + 64), *v = falloc(nw + 64);
+    fill_rand(inp, (size_t)N * C, -1, 1);
+    fill_rand(dout, (size_t)N * OC, -1, 1);
+    fill_rand(w, nw + 64, -1, 1);
+    fill_rand(g, nw + 64, -1, 1);
+    init_cache(1);
+    char d[256];
+    dn->describe(d, sizeof d);
+    ck_assert_msg(strstr(d, "weights once per update"), "describe: %s", d);
+    products_same("before AdamW (not weights yet)", inp, w, dout, N, C, OC, 0);
+    OK(dn->adamw(w, g, m, v, nw + 64, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    products_same("after AdamW", inp, w, dout, N, C, OC, 1);
+    products_same("unchanged", inp, w, dout, N, C, OC, 0);
+    products_same("a second tensor in the range", inp, w + 64, dout, N, C, OC, 1);
+    for (int k = 0; k < 6; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "after write kind %d", k);
+        write_kind(k, w, 500, g, m, v);
+        products_same(what, inp, w, dout, N, C, OC, 1);
+    }
+    dn->free(inp); dn->free(dout); dn->free(w); dn->free(g); dn->free(m); dn->free(v);
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 // failure paths
 
@@ -697,7 +903,8 @@ static Suite *onednn_suite(void) {
         {"attention_fp32", test_attention_fp32}, {"attention_bf16", test_attention_bf16},
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
-        {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops},
+        {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
+        {"wcache_bf16", test_wcache_bf16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
