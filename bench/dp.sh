@@ -43,7 +43,7 @@ run() {
         || { echo "   $tag failed: $(grep -m2 error "$tmp/$tag.log")"; rm -f "$tmp/$tag.json"; return 1; }
 }
 # median of the numbers on stdin
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.4g\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 
 echo "== data parallelism, one thread per rank; $(lscpu | sed -n 's/^Model name: *//p'), $(nproc --all) CPUs"
 T="--preset tutorial --batch 8 --seq-len 128 --steps $STEPS --warmup $WARMUP --microbatches $M"
