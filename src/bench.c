@@ -180,6 +180,12 @@ static void bench_print(const bench_result *br, const bench_figures *f) {
     if (D > 1)
         pl_info("  (dp-wait: the replicas' gradient reduction not hidden behind the backward, per step; optim ms "
                 "includes it; AdamW MB: m and v on one rank)\n");
+    for (int r = 0; D > 1 && r < P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        pl_info("  stage %d: %.1f MB of gradients per step still reducing when the backward ended%s", r, s[13],
+                br->zero ? "" : "\n");
+        if (br->zero) pl_info("; ZeRO-1 parameter all-gather %.2f ms per step\n", s[14]);
+    }
 }
 
 /* The results as one JSON object. */
@@ -197,9 +203,9 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
         fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
                    "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
                    "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
-                   "\"inflight_bound\":%d,\"act_mb_peak\":%.3f}",
+                   "\"inflight_bound\":%d,\"act_mb_peak\":%.3f,\"dp_pending_mb\":%.3f,\"zero_gather_ms\":%.3f}",
                 r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
-                s[8], s[9], (int)s[10], (int)s[11], s[12]);
+                s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14]);
     }
     fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d", g->D, br->zero, g->V);
     fprintf(f, "%s%s}\n", br->extra_json ? "," : "", br->extra_json ? br->extra_json : "");

@@ -177,13 +177,18 @@ int optim_grad_sumsq(const optim *o, double *sq) {
     return PL_OK;
 }
 
+/* The clipping factor grad_clip / (norm + 1e-6) into *s: 1 when the norm is under it (or
+ * clipping is off), then 0 is returned (nothing to scale). */
+static int clip_factor(const optim_hparams *h, double norm, float *s) {
+    if (!(h->grad_clip > 0 && norm > h->grad_clip)) return 0;
+    *s = (float)(h->grad_clip / (norm + 1e-6));
+    return 1;
+}
+
 /* Global-norm clipping: every gradient scaled by grad_clip / (norm + 1e-6). */
 int optim_clip(optim *o, double norm) {
-    const optim_hparams *h = &o->h;
-    if (h->grad_clip > 0 && norm > h->grad_clip) {
-        float s = (float)(h->grad_clip / (norm + 1e-6));
-        PL_TRY(o->be->scale(o->st->grads, s, o->st->nparams));
-    }
+    float s;
+    if (clip_factor(&o->h, norm, &s)) PL_TRY(o->be->scale(o->st->grads, s, o->st->nparams));
     return PL_OK;
 }
 
@@ -206,6 +211,41 @@ int optim_step(optim *o, int step, double lr, double norm) {
             PL_TRY(o->be->adamw(st->params + lo, st->grads + lo, o->m + at, o->v + at, n, (float)lr, (float)h->beta1,
                                 (float)h->beta2, (float)h->eps, wd, step));
         }
+    }
+    return PL_OK;
+}
+
+/* Where the moments of parameter lo start: lo itself unsharded; sharded, inside the shard
+ * range holding all of [lo, lo + n), after the ranges before it (SIZE_MAX: none holds it). */
+static size_t moment_at(const optim *o, size_t lo, size_t n) {
+    if (!o->shard) return lo;
+    size_t mo = 0;
+    for (int k = 0; k < o->nshard; mo += o->shard[k].n, k++)
+        if (lo >= o->shard[k].lo && lo + n <= o->shard[k].lo + o->shard[k].n) return mo + (lo - o->shard[k].lo);
+    return (size_t)-1;
+}
+
+/* optim_step's clipping and AdamW on [lo, lo + n) only, tensor by tensor: the same calls on
+ * the same elements as optim_step makes there, so the same bits; lets the caller update one
+ * range while another's all-gather is in flight. */
+int optim_step_range(optim *o, size_t lo, size_t n, int step, double lr, double norm) {
+    stage *st = o->st;
+    const optim_hparams *h = &o->h;
+    size_t base = moment_at(o, lo, n);
+    if (base == (size_t)-1) {
+        pl_error("optimizer: parameters [%zu, %zu) are not inside one range of this replica's shard", lo, lo + n);
+        return PL_EINVAL;
+    }
+    float s;
+    if (n && clip_factor(h, norm, &s)) PL_TRY(o->be->scale(st->grads + lo, s, n));
+    for (int i = 0; i < st->ntensors && n; i++) {
+        const param_tensor *t = &st->tensors[i];
+        float wd = t->decay ? (float)h->weight_decay : 0.0f;
+        size_t xlo, xn;
+        if (!optim_overlap(t, lo, n, &xlo, &xn)) continue;
+        size_t at = base + (xlo - lo);
+        PL_TRY(o->be->adamw(st->params + xlo, st->grads + xlo, o->m + at, o->v + at, xn, (float)lr, (float)h->beta1,
+                            (float)h->beta2, (float)h->eps, wd, step));
     }
     return PL_OK;
 }

@@ -501,6 +501,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[10] = R->eng.inflight_peak;
     mine[11] = sched_max_inflight(&R->sc, R->rank);
     mine[12] = R->eng.act_bytes_peak / 1048576.0;
+    mine[13] = R->have_dp ? R->dp.pending_floats * sizeof(float) / 1048576.0 / k : 0.0;
+    mine[14] = R->have_dp ? 1e3 * R->dp.t_gather / k : 0.0;
     static char split_json[16384];
     split_json[0] = split_text[0] = 0;
     if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */

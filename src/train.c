@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include "pipelm/backend_poll.h"
 #include "pipelm/backend_prof.h"
 #include "pipelm/bench.h"
 #include "pipelm/blas.h"
@@ -168,6 +169,8 @@ static int setup_backend(run *R, char *err, size_t errlen) {
     const char *pe = getenv("PIPELM_PROFILE_OPS");
     R->profiled = o->bench || o->profile_ops || (pe && strcmp(pe, "0") != 0 && pe[0]);
     R->be = R->profiled ? backend_profiled(be) : be;
+    /* replicas: their reductions are tested after every op (dp.c's poll) */
+    if (R->D > 1) R->be = backend_polled(R->be);
     return be->set_threads(R->lay.threads);
 }
 

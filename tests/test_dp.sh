@@ -104,7 +104,20 @@ if run ck22 4 --dp 2 --zero 1 --microbatches 2 --ckpt-dir ck --ckpt-every 2; the
              || bad "resume 4x1" "$msg"; }
 fi
 
-# refusals, named, on every rank at once
+# the overlap (8 MPI tests after every op, the update bucket by bucket with the gathers in
+# flight) against the old order (tests at the blocks' ends, every gather waited for, one
+# update): the same bits, with clipping on every step, unsharded and ZeRO-1, P = 1 and 2
+for z in 0 1; do
+    for P in 1 2; do
+        run ov$z$P $((2 * P)) --dp 2 --zero $z --microbatches 2 --grad-clip 0.05 || continue
+        PIPELM_DP_POLL=0 PIPELM_DP_DEFER=0 run old$z$P $((2 * P)) --dp 2 --zero $z --microbatches 2 --grad-clip 0.05 \
+            || continue
+        same ov$z$P old$z$P && ok "zero $z, P=$P, clipped: the overlapped reduction and update give the old order's bits" \
+            || bad "overlap zero $z P=$P" "differs from the old order"
+    done
+done
+same ov01 ov11 && ok "clipped: ZeRO-1 = unsharded, bucket by bucket" || bad "clipped ZeRO-1" "differs from unsharded"
+
 mpirun_t 60 3 train $COMMON --dp 2 > bad1.out 2>&1
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "does not fit 3 ranks" bad1.out && grep -q -- "--dp 3 --stages 1" bad1.out \
@@ -131,7 +144,8 @@ mpirun_t 120 2 bench --preset tiny --steps 2 --warmup 1 --batch 8 --seq-len 32 -
     --json b1.json > b1.out 2>&1 || bad "bench --dp 2 --zero 1" "exit $?"
 m0=$(sed 's/.*"optimizer_state_mb":\([0-9.]*\).*/\1/' b0.json)
 m1=$(sed 's/.*"optimizer_state_mb":\([0-9.]*\).*/\1/' b1.json)
-if grep -q '"dp":2' b0.json && grep -q '"dp_wait_ms"' b0.json && \
+if grep -q '"dp":2' b0.json && grep -q '"dp_wait_ms"' b0.json && grep -q '"dp_pending_mb"' b0.json && \
+   grep -q '"zero_gather_ms"' b1.json && grep -q "MB of gradients per step still reducing" b0.out && \
    awk -v a="$m0" -v b="$m1" 'BEGIN { exit !(a > 0 && b > 0.45 * a && b < 0.55 * a) }'; then
     ok "bench reports dp-wait and AdamW state: $m0 MB unsharded, $m1 MB with ZeRO-1"
 else

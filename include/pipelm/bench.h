@@ -17,8 +17,10 @@
 /* Figures per stage rank in bench_result.stage_stats: compute, wait, optimizer and step ms,
  * peak RSS MB, blocks, peak GFLOP/s, threads, data-parallel reduction wait ms, AdamW state MB,
  * micro-batches held at most (measured by the engine), the schedule's bound for the rank
- * (sched_max_inflight), the activation MB held at most (measured). */
-#define BENCH_NSTAT 13
+ * (sched_max_inflight), the activation MB held at most (measured); data parallelism: the
+ * gradient MB whose reduction the backward had not finished, the ZeRO-1 parameter all-gather
+ * ms (per step). */
+#define BENCH_NSTAT 15
 
 typedef struct {
     int P, M, B, T;             /* pipeline ranks, micro-batches per replica, global batch, sequence */

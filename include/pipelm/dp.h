@@ -17,6 +17,15 @@
  * only ones it stores) and the parameters are all-gathered instead. The gradient norm is
  * summed from the pieces in both modes, so ZeRO on and off give the same bits. Every wait
  * goes through comm.h (watchdog, stop signals). Backend memory is reached through map/unmap.
+ *
+ * MPI moves a collective on only inside MPI calls (MPICH over UCX: about 512 KB of a large
+ * message per call, and a rendezvous needs both replicas to call in), so the reducer tests
+ * its requests DP_POLL_DEFAULT times after every backend op (backend_poll.h), not only at the
+ * blocks' ends. On a host backend dp_finish leaves the gradient all-gathers in flight (the
+ * norm needs only the summed pieces) and dp_optim_step updates bucket by bucket in start
+ * order, waiting for each bucket's gather just before its AdamW and, under ZeRO, posting its
+ * parameter all-gather right after: the last buckets' gathers overlap the first buckets'
+ * updates. The same AdamW calls on the same elements: the same bits.
  */
 #ifndef PIPELM_DP_H
 #define PIPELM_DP_H
@@ -36,12 +45,17 @@ typedef struct {
     float *host;           /* host view of grads[lo, lo + n) while reducing */
     float *recv;           /* D pieces of this replica's piece size */
     int *cnt, *dsp;        /* D each: every replica's piece (size, offset in the bucket) */
-    int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn); MPI reads
-                            * all four until the collective completes */
-    MPI_Request rq;
+    int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn; nothing
+                            * from itself) */
+    int *scnt;             /* D: what it sends each (cnt, nothing to itself); MPI reads all five
+                            * until the collective completes */
+    MPI_Request rq;        /* its scatter, then its gradient gather */
+    MPI_Request prq;       /* ZeRO: its parameters' all-gather after the update */
 } dp_bucket;
 
-enum { DP_IDLE = 0, DP_SCATTER = 1, DP_GATHER = 2, DP_DONE = 3 };
+/* DP_DONE: summed, no gather (ZeRO, or not yet posted); DP_GATHERED: summed and gathered. */
+#define DP_POLL_DEFAULT 8
+enum { DP_IDLE = 0, DP_SCATTER = 1, DP_GATHER = 2, DP_DONE = 3, DP_GATHERED = 4 };
 
 typedef struct {
     MPI_Comm comm;         /* the D replicas of this stage: the scatters */
@@ -59,8 +73,17 @@ typedef struct {
      * buckets' scatters go out in the order the backward finishes them (the same on every
      * replica), and each gather only after every earlier bucket's gather was posted. */
     int *order, nstarted, next_gather;
+    const float **terms;   /* D: the terms of one piece's sum (reduce_bucket's scratch) */
+    int next_gdone;        /* order[] before it: gathered (or, ZeRO, not gathered) */
+    int poll;              /* MPI tests after every backend op (backend_poll.h): PIPELM_DP_POLL, else
+                            * DP_POLL_DEFAULT; 0: only at the blocks' ends */
+    long npolls;           /* polls that found a reduction in flight */
+    int defer;             /* dp_finish may leave the gathers to dp_optim_step (not PIPELM_DP_DEFER=0) */
+    int deferred;          /* it did: dp_optim_step goes bucket by bucket */
+    int npg, pg_done;      /* ZeRO: order[] before npg has its parameter gather posted, before pg_done done */
     double t_hidden_wait;  /* seconds waited at the step's end for reductions (not hidden) */
     double t_gather;       /* seconds of the ZeRO parameter all-gather */
+    double pending_floats; /* gradient floats whose reduction the backward had not finished */
     size_t moment_floats;  /* floats in each of m and v on this replica (the optimizer's nmoment) */
 } dp_reducer;
 
@@ -71,17 +94,22 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
 /* Install the hook on one chunk of a holder st (stage_init_holder): dp_init does it for a
  * stage that computes itself. */
 void dp_hook(dp_reducer *r, stage *chunk, int M);
-/* free_comm = 0 after a failure (the peers may be anywhere: no collective call). */
+/* free_comm = 0 after a failure (the peers may be anywhere: no collective call); with 1, a
+ * reduction still in flight (a NaN stopped the step after dp_finish) is waited for first. */
 void dp_free(dp_reducer *r, int free_comm);
 /* The step's end: start what is left (the tied wte, after optim_tied_grads), wait for every
- * bucket. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads). */
+ * bucket's sum. full = 1 all-gathers the gradients even under ZeRO (for --dump-grads) and
+ * waits for them; otherwise, on a host backend, the gathers may still be in flight after it
+ * (this replica's pieces are final: dp_grad_sumsq may run), and dp_optim_step must follow. */
 int dp_finish(dp_reducer *r, int full);
-/* Zero t_hidden_wait and t_gather (the start of a timed part). */
+/* Zero t_hidden_wait, t_gather, pending_floats, npolls (the start of a timed part). */
 void dp_reset_timers(dp_reducer *r);
 /* Squared norm of each tensor over this replica's pieces (sum over replicas = the norm). */
 int dp_grad_sumsq(const dp_reducer *r, double *sq);
-/* optim_step (which, under ZeRO, updates this replica's pieces only), then (ZeRO) all-gather
- * the parameters. */
+/* The update of the replicas' summed gradients: optim_step (under ZeRO this replica's pieces
+ * only) then (ZeRO) the parameters' all-gather, or, after a dp_finish that left gathers in
+ * flight, the same bucket by bucket with the gathers overlapping the updates. Nothing is in
+ * flight after it. */
 int dp_optim_step(dp_reducer *r, int step, double lr, double norm);
 /* ZeRO: whole-size moments for a checkpoint (gather = 1: filled from every replica's pieces,
  * for a save; 0: zero, for a load), and back to the pieces after it. No-ops without ZeRO. */

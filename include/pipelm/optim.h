@@ -75,5 +75,9 @@ int optim_clip(optim *o, double norm);
 /* optim_clip, then AdamW with each tensor's group weight decay on every tensor, or, sharded,
  * on the shard's part of each. */
 int optim_step(optim *o, int step, double lr, double norm);
+/* optim_step restricted to the parameters [lo, lo + n) (sharded: inside one of the shard's
+ * ranges), clipping included; elementwise, so updating every range this way gives
+ * optim_step's bits. */
+int optim_step_range(optim *o, size_t lo, size_t n, int step, double lr, double norm);
 
 #endif
