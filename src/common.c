@@ -71,3 +71,17 @@ void *pl_calloc(size_t n, size_t size, const char *what) {
 }
 
 double pl_now(void) { return MPI_Wtime(); }
+
+/* MemAvailable: what the kernel says a new allocation can take without swapping; the stand-in
+ * variable lets tests plant a small node. */
+double pl_mem_available(const char *env) {
+    const char *e = env ? getenv(env) : NULL;
+    if (e && e[0]) return atof(e) * 1e6;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = -1.0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb < 0 ? -1.0 : kb * 1024.0;
+}

@@ -57,6 +57,19 @@ static void ckpt_metrics_line(run *R, int step, double bytes, double blocked_s, 
                  write_s * 1e3, async ? "async" : "sync", wait_s * 1e3, snap_s * 1e3);
 }
 static int save_async(run *R, int step);
+
+/* After a failed save (rank 0): only what is known, latest (which a failed save never moves)
+ * and the file it names. */
+static void report_failed_save(const run *R, int step) {
+    char prev[PL_PATH + 64], e2[PL_PATH + 600];
+    if (R->wrank != 0) return;
+    if (ckpt_latest(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
+        pl_error("checkpoint at step %d failed; %s/latest still names the previous checkpoint %s", step,
+                 R->o->ckpt_dir, prev);
+    else
+        pl_error("checkpoint at step %d failed; no earlier checkpoint is named by %s/latest (%s)", step,
+                 R->o->ckpt_dir, e2);
+}
 /* Collective: save a checkpoint after `step`, reporting its size and bandwidth. */
 int train_save_checkpoint(run *R, int step) {
     if (R->ca) return save_async(R, step);
@@ -85,14 +98,7 @@ int train_save_checkpoint(run *R, int step) {
     trace_event(R->eng.tr, "checkpoint", "ckpt", -1, t0, t1);
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d: %s", step, err);
-        /* only what is known: latest (which a failed save never moves) and the file it names */
-        char prev[PL_PATH + 64], e2[PL_PATH + 600];
-        if (R->wrank == 0 && ckpt_latest(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
-            pl_error("checkpoint at step %d failed; %s/latest still names the previous checkpoint %s", step,
-                     R->o->ckpt_dir, prev);
-        else if (R->wrank == 0)
-            pl_error("checkpoint at step %d failed; no earlier checkpoint is named by %s/latest (%s)", step,
-                     R->o->ckpt_dir, e2);
+        report_failed_save(R, step);
         return rc;
     }
     pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,
@@ -159,19 +165,6 @@ int train_resume_checkpoint(run *R, int *first_step) {
 
 /* ---- --ckpt-async ------------------------------------------------------------------------ */
 
-/* Host memory this process may still take (MemAvailable of /proc/meminfo) in bytes; test-only
- * PIPELM_CKPT_ASYNC_MEM_MB stands in for it. A negative value: unknown. */
-static double mem_available(void) {
-    const char *e = getenv("PIPELM_CKPT_ASYNC_MEM_MB");
-    if (e && e[0]) return atof(e) * 1e6;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = -1.0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb < 0 ? -1.0 : kb * 1024.0;
-}
 
 /* Before step 1, not collective (in the set-up): --ckpt-async needs MPI_THREAD_MULTIPLE, and
  * its snapshot must fit in this rank's share of the node's available memory. */
@@ -184,7 +177,7 @@ int train_ckpt_async_check(run *R, char *err, size_t errlen) {
                  "training), but the MPI library gave %s: run without --ckpt-async", level);
         return PL_EINVAL;
     }
-    double need = ckpt_async_snapshot_bytes(&R->st, &R->opt), have = mem_available();
+    double need = ckpt_async_snapshot_bytes(&R->st, &R->opt), have = pl_mem_available("PIPELM_CKPT_ASYNC_MEM_MB"); /* test-only stand-in */
     int share = R->lay.local_ranks > 0 ? R->lay.local_ranks : 1;
     if (have >= 0 && need > have / share) {
         snprintf(err, errlen, "--ckpt-async: the checkpoint snapshot of this rank needs %.1f MB of host memory, but "
@@ -255,13 +248,7 @@ static int finish_write(run *R) {
     if (r2 != PL_OK) return r2;
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d (written in the background): %s", step, err);
-        char prev[PL_PATH + 64], e2[PL_PATH + 600];
-        if (R->wrank == 0 && ckpt_latest(R->o->ckpt_dir, prev, sizeof prev, e2, sizeof e2) == PL_OK)
-            pl_error("checkpoint at step %d failed; %s/latest still names the previous checkpoint %s", step,
-                     R->o->ckpt_dir, prev);
-        else if (R->wrank == 0)
-            pl_error("checkpoint at step %d failed; no earlier checkpoint is named by %s/latest (%s)", step,
-                     R->o->ckpt_dir, e2);
+        report_failed_save(R, step);
         return rc;
     }
     pl_info("checkpoint %s: step %d, %.1f MB written in the background in %.2f s (%.1f MB/s); training was held "

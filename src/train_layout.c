@@ -35,13 +35,8 @@ static double rank_memory(MPI_Comm world) {
         MPI_Comm_size(node, &local);
         MPI_Comm_free(&node);
     }
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = -1.0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb < 0 ? -1.0 : kb * 1024.0 / local;
+    double have = pl_mem_available(NULL);
+    return have < 0 ? -1.0 : have / local;
 }
 
 /* Bytes the largest stage of D x P needs on one rank (see the file comment). */

@@ -49,6 +49,10 @@ void *pl_malloc(size_t bytes, const char *what);
 void *pl_calloc(size_t n, size_t size, const char *what);
 /* Wall-clock seconds (MPI_Wtime). */
 double pl_now(void);
+/* The host memory the node can still give (MemAvailable of /proc/meminfo) in bytes, or a
+ * negative value when unknown; the environment variable env (test-only, in MB; NULL: none)
+ * stands in for it when set. */
+double pl_mem_available(const char *env);
 
 /* Check an MPI call: on failure report it and return PL_EMPI from the enclosing function. */
 #define PL_MPI_CHECK(call)                                                              \
