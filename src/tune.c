@@ -40,6 +40,7 @@ static int play_one(const tune_query *q, const sched_costs *c, const char *name,
     int S = q->P * V;
     if (c->P != S && c->P != q->P) return 0; /* costs for another stage count */
     if (q->P < 2 && V > 1) return 0;         /* chunks need two ranks (train refuses them) */
+    if (q->n_layer > 0 && S - 2 > q->n_layer) return 0; /* more stages than blocks (split_make refuses) */
     sched s;
     char err[512];
     if (sched_build_chunks(name, q->P, V, M, &s, err, sizeof err) != PL_OK) return 0;

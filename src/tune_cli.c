@@ -24,13 +24,15 @@ typedef struct {
 /* `pipelm tune --help`. */
 static void tune_usage(void) {
     printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
-           "       [--max-microbatches M] [--costs-microbatches M0] [--top N] [--json FILE] [--verify K]\n"
-           "       [-- TRAIN OPTIONS]\n"
+           "       [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
+           "       [--verify K] [-- TRAIN OPTIONS]\n"
            "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
            "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
            "activations fit --mem-cap-gb per rank (default: this node's memory / P), with the predicted\n"
            "step, bubble, peak activation memory and the pipelm train command of each. --costs-microbatches\n"
            "M0 (required): the M the costs were measured with at batch B (each action is scaled by M0 / M).\n"
+           "--n-layer L: the model's blocks (default: the TRAIN OPTIONS' model, if any): layouts with more\n"
+           "than L + 2 stages (P x V) cannot be split and are left out.\n"
            "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
            "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
            "after --, and prints measured beside predicted. Not searched yet: --split, --recompute, --dp.\n");
@@ -41,6 +43,27 @@ static int int_arg(const char *v, int lo) {
     char *end;
     long x = strtol(v, &end, 10);
     return *end || x < lo || x > (1 << 24) ? -1 : (int)x;
+}
+
+/* Split the train options in buf (modified) into argv after "pipelm bench"; their count. */
+static int train_argv(char *buf, char **argv, int max) {
+    char *save = NULL;
+    int argc = 0;
+    argv[argc++] = "pipelm", argv[argc++] = "bench";
+    for (char *w = strtok_r(buf, " ", &save); w && argc < max; w = strtok_r(NULL, " ", &save)) argv[argc++] = w;
+    return argc;
+}
+
+/* The blocks of the model the train options extra describe (preset, --n-layer, config file); 0
+ * where they do not say (a model file's --init) or do not parse (--verify reports that). */
+static int train_options_layers(const char *extra) {
+    char buf[2048], err[1024], *argv[128];
+    snprintf(buf, sizeof buf, "%s", extra);
+    int argc = train_argv(buf, argv, 127);
+    pl_options o;
+    config_defaults(&o);
+    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0]) return 0;
+    return o.n_layer;
 }
 
 /* Parse the command line; 0 to go on, else the exit status (+1: --help). */
@@ -67,6 +90,7 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
         else if (!strcmp(o, "--max-microbatches")) bad = (a->q.max_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--costs-microbatches")) bad = (a->q.costs_M = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--n-layer")) bad = (a->q.n_layer = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--mem-cap-gb")) bad = !((gb = strtod(v, NULL)) > 0);
         else { pl_error("tune: unknown option '%s' (see pipelm tune --help; train options go after --)", o); return 3; }
         if (bad) { pl_error("tune: %s %s: not a valid value", o, v); return 3; }
@@ -82,6 +106,7 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         pl_error("tune: --verify runs the candidates here: start it with mpiexec -n %d (this job has %d)", a->q.P, world);
         return 3;
     }
+    if (!a->q.n_layer && a->extra[0]) a->q.n_layer = train_options_layers(a->extra);
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
     a->q.mem_cap_mb = gb > 0 ? gb * 1024.0 : pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / a->q.P : -1;
     return 0;
@@ -123,10 +148,8 @@ static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, dou
     MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
     snprintf(js, sizeof js, "/tmp/pipelm-tune-%ld.json", id);
     snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --json %s", js);
-    char *argv[128], *save = NULL;
-    int argc = 0;
-    argv[argc++] = "pipelm", argv[argc++] = "bench";
-    for (char *w = strtok_r(cmd, " ", &save); w && argc < 127; w = strtok_r(NULL, " ", &save)) argv[argc++] = w;
+    char *argv[128];
+    int argc = train_argv(cmd, argv, 127);
     pl_options o;
     config_defaults(&o);
     o.hp.total_steps = 3, o.warmup = 1, o.log_every = 1000000, o.progress = 0;

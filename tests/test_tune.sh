@@ -70,6 +70,13 @@ grep -q "mpiexec -n 4 pipelm train --schedule" t.out && [ "$(grep -c '^ *[1-5]  
 "$PIPELM" tune --costs c.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0001 > none.out 2>&1
 rc=$?
 [ $rc = 2 ] && grep -q "no layout of the .* tried fits" none.out && ok "a cap nothing fits is refused (exit 2)" || bad "cap refusal" "rc=$rc $(cat none.out)"
+# a model of 2 blocks splits into at most 4 stages: on 4 ranks only the one-chunk layouts remain
+"$PIPELM" tune --costs c.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --n-layer 2 --json l2.json \
+    > l2.out 2>&1 && python3 -c '
+import json, sys
+c = json.load(open("l2.json"))["candidates"]
+assert c and all(x["chunks_per_rank"] == 1 for x in c), c' && ok "--n-layer 2 on 4 ranks: only one-chunk layouts" \
+    || bad "--n-layer" "$(cat l2.out)"
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&

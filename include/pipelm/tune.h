@@ -9,7 +9,8 @@
  * A bytes per micro-batch walked over its list). A costs file measured with M0 micro-batches
  * holds the seconds and bytes of batch / M0 sequences: for M they are scaled by M0 / M
  * (linear in the sequences, so small micro-batches are predicted a little optimistically). Candidates over the cap are
- * left out; the rest are ranked by predicted step (then bubble, then memory). Pure
+ * left out, and so are those with more stages (P x V) than the model's blocks allow (n_layer + 2:
+ * every middle stage holds one); the rest are ranked by predicted step (then bubble, then memory). Pure
  * bookkeeping, no MPI: `pipelm tune` prints, writes JSON and verifies (pipelm.c).
  */
 #ifndef PIPELM_TUNE_H
@@ -31,6 +32,7 @@ typedef struct {
     int costs_M;                 /* the M the costs were measured with (0: no scaling) */
     double mem_cap_mb;           /* per rank; <= 0: no cap */
     int max_M;                   /* largest M tried (0: the batch) */
+    int n_layer;                 /* the model's blocks: at most n_layer + 2 stages (0: unknown) */
 } tune_query;
 
 /* Search every candidate for q with costs c; *out (malloc'd, best first) and *n (all that fit
