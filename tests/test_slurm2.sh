@@ -1,10 +1,9 @@
 #!/bin/bash
 # test_slurm2.sh — jobs/train.sbatch across two Slurm nodes on one machine: two slurmds, each in
 # a network namespace of its own, joined by veth pairs on a bridge that also holds slurmctld's
-# address (tests/slurm_cluster.sh start --nodes 2). With pipelm's --dp, the job is D x P = 2 x 2
+# address (tests/slurm_cluster.sh start --nodes 2). The job is D x P = 2 x 2
 # on 2 nodes x 2 tasks: ranks 0-1 (the two replicas of stage 0) on node1, ranks 2-3 (stage 1)
-# on node2, so the pipeline's traffic crosses the nodes; without --dp (an older pipelm) it is a
-# 4-stage pipeline, stages 0-1 on node1 and 2-3 on node2. Checked:
+# on node2, so the pipeline's traffic crosses the nodes. Checked:
 #   1. a straight job completes, with its ranks placed as above, and its losses equal (as
 #      printed, every step) those of the same run with mpiexec on this machine;
 #   2. MPI traffic between the nodes crossed the veths: their byte counters grew by at least
@@ -12,7 +11,7 @@
 #   3. preemption across the nodes: SIGUSR1 to the batch shell, every rank on both nodes saves a
 #      checkpoint, exit 75, requeue, resume on both nodes, finish, and the losses of the two
 #      starts together equal the straight run's;
-#   4. (with --dp) a jobs/bench.sbatch sweep over D = 1 2 on the two nodes, into one CSV;
+#   4. a jobs/bench.sbatch sweep over D = 1 2 on the two nodes, into one CSV;
 #   5. the cluster's teardown leaves no namespace, veth, bridge, daemon or job process behind.
 # And, not a check, a control: a short job of the same shape without UCX_TLS, whose counters
 # show that UCX then takes shared memory between the namespaces.
@@ -21,6 +20,9 @@
 # that stops it on every exit; every wait is bounded, and all of them end at a deadline
 # (DEADLINE_S, default 240 s).
 . "$(dirname "$0")/lib.sh"
+# two nodes, their namespaces and a requeue take about 40 s: the full tier only (test_slurm.sh
+# keeps a job, its preemption and requeue on one node in the plain tier)
+if ! full_tier; then full_only "two Slurm nodes in network namespaces"; finish; exit; fi
 TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 [ -x "$PIPELM" ] || PIPELM=$TOP/build/pipelm
 for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged mungekey ip nsenter unshare; do
@@ -93,16 +95,10 @@ export PIPELM_RUNS=$WORK/runs
 # ---- the run: D x P, shape, and the bytes the pipeline must move --------------------------------
 # tiny preset (C = 64, given explicitly: the byte bound below uses it), a small batch
 B=8 T=32 C=64 M=2 STEPS=40
-if grep -q -- '--dp ' <<< "$("$PIPELM" train --help 2>&1)"; then
-    D=2
-else
-    D=1
-    echo "note - this pipelm has no --dp: running D x P = 1 x 4 (4 stages, 2 per node) instead of 2 x 2"
-fi
-P=$((4 / D))
+D=2 P=2
 FLAGS=(--preset tiny --n-embd "$C" --batch "$B" --seq-len "$T" --microbatches "$M" --steps "$STEPS"
     --log-every 10 --progress 0 --eval-every 0)
-[ $D = 1 ] || FLAGS=(--dp "$D" "${FLAGS[@]}")
+FLAGS=(--dp "$D" "${FLAGS[@]}")
 # With rank r on stage r / D and 2 ranks per node, stages 0..P/2-1 are on node1 and the rest on
 # node2: one stage boundary lies between the nodes. Every step sends across it the activations
 # of the whole batch forward (B x T x C floats, whichever replica carries which sequences) and
@@ -185,11 +181,7 @@ cross_check() {
 # placement_check NAME LOG: Slurm's layout line and pipelm's own view of it in the job log
 placement_check() {
     local name=$1 log=$2 want got
-    if [ $D = 2 ]; then
-        want="node1: ranks 0-1 = stage 0; node2: ranks 2-3 = stage 1"
-    else
-        want="node1: ranks 0-1 = stages 0-1; node2: ranks 2-3 = stages 2-3"
-    fi
+    want="node1: ranks 0-1 = stage 0; node2: ranks 2-3 = stage 1"
     grep -qF "layout (block distribution): $want" "$log" &&
         ok "$name: train.sbatch placed the ranks: $want" ||
         bad "$name: layout line" "$(grep 'layout' "$log")"
@@ -197,15 +189,13 @@ placement_check() {
     grep -q "^layout: 2 ranks on this node" "$log" &&
         ok "$name: MPI sees 2 ranks per node, not 4" ||
         bad "$name: ranks per node" "$(grep '^layout:' "$log")"
-    # with --dp, rank 0 prints each (stage, replica)'s rank and host: stage 0 on node1, 1 on node2
-    if [ $D = 2 ]; then
-        got=$(awk '/stage +replica +rank +host/ {t = 1; next}
-                   t && NF == 4 && $1 ~ /^[0-9]+$/ {printf "%s/%s/%s/%s ", $1, $2, $3, $4; next}
-                   t {t = 0}' "$log" | head -c 200)
-        [ "$got" = "0/0/0/node1 0/1/1/node1 1/0/2/node2 1/1/3/node2 " ] &&
-            ok "$name: pipelm's table: both replicas of stage 0 on node1, of stage 1 on node2" ||
-            bad "$name: pipelm's (stage, replica) -> host table" "'$got'"
-    fi
+    # rank 0 prints each (stage, replica)'s rank and host: stage 0 on node1, 1 on node2
+    got=$(awk '/stage +replica +rank +host/ {t = 1; next}
+               t && NF == 4 && $1 ~ /^[0-9]+$/ {printf "%s/%s/%s/%s ", $1, $2, $3, $4; next}
+               t {t = 0}' "$log" | head -c 200)
+    [ "$got" = "0/0/0/node1 0/1/1/node1 1/0/2/node2 1/1/3/node2 " ] &&
+        ok "$name: pipelm's table: both replicas of stage 0 on node1, of stage 1 on node2" ||
+        bad "$name: pipelm's (stage, replica) -> host table" "'$got'"
 }
 # job_losses JOB NAME: the step losses of every start of the job, in order
 job_losses() {
@@ -276,21 +266,19 @@ else
 fi
 
 # ---- 4. a bench sweep over D across the two nodes (jobs/bench.sbatch) --------------------------
-if [ $D = 2 ]; then
-    job=$(PIPELM_STAGES=2 PIPELM_DP="1 2" PIPELM_MICROBATCHES=2 PIPELM_SCHEDULES=1f1b PIPELM_BENCH_PEAK=0 \
-        PIPELM_BENCH_STEPS=2 PIPELM_BENCH_WARMUP=1 submit bench -N 2 --ntasks-per-node=2 --export="$JOBENV" \
-        "$TOP/jobs/bench.sbatch" --preset tiny --n-embd $C --batch $B --seq-len $T)
-    if [ -n "$job" ] && wait_job "$job" 60 "bench sweep over D"; then
-        csv=$WORK/runs/bench-$job/bench.csv
-        head=$(head -n 1 "$csv" 2> /dev/null)
-        rows=$(tail -n +2 "$csv" 2> /dev/null | grep -cE '^1f1b,2,2,([0-9.]+,){5}(1|2)$')
-        if [ "$head" = "schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical,dp" ] &&
-            [ "$rows" -eq 2 ] && [ "$(field "$job" ExitCode)" = 0:0 ] &&
-            grep -q "^layout: 2 ranks on this node" "$WORK/runs/bench-$job/log/1f1b-p2-d2-m2.out"; then
-            ok "bench sweep over D: P=2 x D=1 and x D=2 (on both nodes) in one CSV with a dp column"
-        else
-            bad "bench sweep over D" "$rows rows; $(cat "$csv" 2>&1); $(tail -n 5 bench.out)"
-        fi
+job=$(PIPELM_STAGES=2 PIPELM_DP="1 2" PIPELM_MICROBATCHES=2 PIPELM_SCHEDULES=1f1b PIPELM_BENCH_PEAK=0 \
+    PIPELM_BENCH_STEPS=2 PIPELM_BENCH_WARMUP=1 submit bench -N 2 --ntasks-per-node=2 --export="$JOBENV" \
+    "$TOP/jobs/bench.sbatch" --preset tiny --n-embd $C --batch $B --seq-len $T)
+if [ -n "$job" ] && wait_job "$job" 60 "bench sweep over D"; then
+    csv=$WORK/runs/bench-$job/bench.csv
+    head=$(head -n 1 "$csv" 2> /dev/null)
+    rows=$(tail -n +2 "$csv" 2> /dev/null | grep -cE '^1f1b,2,2,([0-9.]+,){5}(1|2)$')
+    if [ "$head" = "schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical,dp" ] &&
+        [ "$rows" -eq 2 ] && [ "$(field "$job" ExitCode)" = 0:0 ] &&
+        grep -q "^layout: 2 ranks on this node" "$WORK/runs/bench-$job/log/1f1b-p2-d2-m2.out"; then
+        ok "bench sweep over D: P=2 x D=1 and x D=2 (on both nodes) in one CSV with a dp column"
+    else
+        bad "bench sweep over D" "$rows rows; $(cat "$csv" 2>&1); $(tail -n 5 bench.out)"
     fi
 fi
 
