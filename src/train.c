@@ -228,7 +228,8 @@ static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_
     tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L};
     tune_cand *t = NULL;
     int n = 0, tried = 0;
-    rc = tune_search(&q, &c, &t, &n, &tried, err, errlen);
+    const sched_costs *cs[TUNE_NMODES] = {&c, NULL, NULL};
+    rc = tune_search(&q, cs, &t, &n, &tried, err, errlen);
     sched_costs_free(&c);
     if (rc == PL_OK) {
         snprintf(buf, len, "%s", t[0].schedule);

@@ -21,44 +21,108 @@ static const struct { const char *name; int V[3]; } searched[] = {
 };
 #define NSEARCHED (int)(sizeof searched / sizeof searched[0])
 
-/* A copy of c for micro-batches k times the size measured: every action's seconds, its
- * activation bytes and the message bytes scale with the sequences a micro-batch holds (the
- * optimizer step does not). */
-static int costs_scaled(const sched_costs *c, double k, sched_costs *out) {
-    PL_TRY(sched_costs_alloc(out, c->P));
-    for (int s = 0; s < c->P; s++) {
-        out->f[s] = c->f[s] * k, out->b[s] = c->b[s] * k, out->i[s] = c->i[s] * k, out->w[s] = c->w[s] * k;
-        out->act[s] = c->act[s] * k;
-        out->opt[s] = c->opt[s];
+static const char *const mode_names[TUNE_NMODES] = {"none", "selective", "full"};
+
+/* The costs of one candidate: row s from c[mode[s]], for micro-batches k times the size
+ * measured: every action's seconds, its activation bytes and the message bytes scale with the
+ * sequences a micro-batch holds (the optimizer step does not). */
+static int costs_mixed(const sched_costs *const c[TUNE_NMODES], const int *mode, double k, sched_costs *out) {
+    const sched_costs *c0 = c[TUNE_NONE];
+    PL_TRY(sched_costs_alloc(out, c0->P));
+    for (int s = 0; s < c0->P; s++) {
+        const sched_costs *m = c[mode[s]];
+        out->f[s] = m->f[s] * k, out->b[s] = m->b[s] * k, out->i[s] = m->i[s] * k, out->w[s] = m->w[s] * k;
+        out->act[s] = m->act[s] * k;
+        out->opt[s] = m->opt[s];
     }
-    out->latency_s = c->latency_s, out->bytes_per_s = c->bytes_per_s, out->msg_bytes = c->msg_bytes * k;
+    out->latency_s = c0->latency_s, out->bytes_per_s = c0->bytes_per_s, out->msg_bytes = c0->msg_bytes * k;
     return PL_OK;
 }
 
-/* Play one candidate; 1 if it was built and played (filled into t), 0 if it cannot run here. */
-static int play_one(const tune_query *q, const sched_costs *c, const char *name, int V, int M, tune_cand *t) {
-    int S = q->P * V;
-    if (c->P != S && c->P != q->P) return 0; /* costs for another stage count */
-    if (q->P < 2 && V > 1) return 0;         /* chunks need two ranks (train refuses them) */
-    if (q->n_layer > 0 && S - 2 > q->n_layer) return 0; /* more stages than blocks (split_make refuses) */
-    sched s;
+/* --recompute for the modes of the costs' rows: one name where they agree, else one per stage;
+ * 0 when the list does not fit len. */
+static int modes_text(const int *mode, int rows, char *buf, size_t len) {
+    int same = 1;
+    for (int s = 1; s < rows; s++) same &= mode[s] == mode[0];
+    if (same) { snprintf(buf, len, "%s", mode_names[mode[0]]); return 1; }
+    size_t o = 0;
+    for (int s = 0; s < rows && o < len; s++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", s ? "," : "", mode_names[mode[s]]);
+    return o < len;
+}
+
+/* Play schedule sc (name, V, M) with the rows' modes; 1 if played (t filled, and *top the rank
+ * holding the most activations), 0 if it cannot. */
+static int play_modes(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const sched *sc,
+                      const char *name, int V, int M, const int *mode, tune_cand *t, int *top) {
     char err[512];
-    if (sched_build_chunks(name, q->P, V, M, &s, err, sizeof err) != PL_OK) return 0;
     sched_costs cm;
     double k = q->costs_M > 0 ? (double)q->costs_M / M : 1.0;
-    int ok = costs_scaled(c, k, &cm) == PL_OK;
+    int ok = costs_mixed(c, mode, k, &cm) == PL_OK;
     sched_pred pr;
-    if (ok) ok = sched_predict(&s, &cm, &pr, err, sizeof err) == PL_OK;
+    if (ok) ok = sched_predict(sc, &cm, &pr, err, sizeof err) == PL_OK;
     if (ok) {
         snprintf(t->schedule, sizeof t->schedule, "%s", name);
-        t->M = M, t->V = V, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0;
+        t->M = M, t->V = V, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0, *top = 0;
         for (int r = 0; r < q->P; r++)
-            if (pr.act_peak[r] / 1048576.0 > t->peak_mem_mb) t->peak_mem_mb = pr.act_peak[r] / 1048576.0;
+            if (pr.act_peak[r] / 1048576.0 > t->peak_mem_mb) t->peak_mem_mb = pr.act_peak[r] / 1048576.0, *top = r;
+        ok = modes_text(mode, c[TUNE_NONE]->P, t->recompute, sizeof t->recompute);
         sched_pred_free(&pr);
     }
     sched_costs_free(&cm);
-    sched_free(&s);
     return ok;
+}
+
+/* Keep t when it fits the cap (and count it tried). */
+static void keep(const tune_query *q, const tune_cand *x, tune_cand *t, int *k, int *tried) {
+    (*tried)++;
+    if (q->mem_cap_mb > 0 && x->peak_mem_mb > q->mem_cap_mb) return;
+    t[(*k)++] = *x;
+}
+
+/* Every candidate of one layout (name, V, M) into t[*k...]: each mode given for every stage,
+ * then, where the rows are stages and a lighter mode is given, the walk from none that moves
+ * the heaviest row of the rank holding the most activations to its next lighter mode until
+ * the cap is met (the first that fits is kept). At most TUNE_NMODES + 1 kept; the number
+ * played in *tried. */
+static void play_layout(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const char *name, int V, int M,
+                        tune_cand *t, int *k, int *tried) {
+    int S = q->P * V, rows = c[TUNE_NONE]->P;
+    if (rows != S && rows != q->P) return;                /* costs for another stage count */
+    if (q->P < 2 && V > 1) return;                        /* chunks need two ranks (train refuses them) */
+    if (q->n_layer > 0 && S - 2 > q->n_layer) return;     /* more stages than blocks (split_make refuses) */
+    sched sc;
+    char err[512];
+    if (sched_build_chunks(name, q->P, V, M, &sc, err, sizeof err) != PL_OK) return;
+    int *mode = calloc((size_t)rows, sizeof *mode), top = 0, modes = 0;
+    tune_cand x;
+    for (int m = 0; mode && m < TUNE_NMODES; m++) {
+        if (!c[m]) continue;
+        modes++;
+        for (int s = 0; s < rows; s++) mode[s] = m;
+        if (play_modes(q, c, &sc, name, V, M, mode, &x, &top)) keep(q, &x, t, k, tried);
+    }
+    if (mode && modes > 1 && rows == S && q->mem_cap_mb > 0) {
+        memset(mode, 0, sizeof *mode * (size_t)rows);
+        for (int step = 0; step < rows * TUNE_NMODES; step++) {
+            if (!play_modes(q, c, &sc, name, V, M, mode, &x, &top)) break;
+            if (x.peak_mem_mb <= q->mem_cap_mb) {
+                if (strchr(x.recompute, ',')) keep(q, &x, t, k, tried); /* a uniform one is kept above */
+                break;
+            }
+            int best = -1, next = 0;
+            for (int s = 0; s < rows; s++) {
+                if (sched_stage_rank(&sc, s) != top) continue;
+                int n = mode[s] + 1;
+                while (n < TUNE_NMODES && !c[n]) n++;
+                if (n < TUNE_NMODES && (best < 0 || c[mode[s]]->act[s] > c[mode[best]]->act[best])) best = s, next = n;
+            }
+            if (best < 0) break; /* the rank over the cap has nothing lighter left */
+            mode[best] = next;
+        }
+    }
+    free(mode);
+    sched_free(&sc);
 }
 
 /* Best first: the predicted step, then the bubble, then the memory, then the name (stable). */
@@ -68,11 +132,11 @@ static int by_step(const void *a, const void *b) {
     if (x->bubble != y->bubble) return x->bubble < y->bubble ? -1 : 1;
     if (x->peak_mem_mb != y->peak_mem_mb) return x->peak_mem_mb < y->peak_mem_mb ? -1 : 1;
     int k = strcmp(x->schedule, y->schedule);
-    return k ? k : x->M != y->M ? x->M - y->M : x->V - y->V;
+    return k ? k : x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V : strcmp(x->recompute, y->recompute);
 }
 
 /* The search (tune.h). */
-int tune_search(const tune_query *q, const sched_costs *c, tune_cand **out, int *n, int *tried, char *err,
+int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tune_cand **out, int *n, int *tried, char *err,
                 size_t errlen) {
     *out = NULL, *n = 0, *tried = 0;
     if (q->P < 1 || q->batch < 1) {
@@ -81,25 +145,29 @@ int tune_search(const tune_query *q, const sched_costs *c, tune_cand **out, int 
     }
     int maxM = q->max_M > 0 && q->max_M < q->batch ? q->max_M : q->batch, cap = 0;
     for (int M = 1; M <= maxM; M++) cap += q->batch % M == 0;
-    tune_cand *t = malloc(sizeof *t * (size_t)cap * NSEARCHED * 3);
+    if (!c[TUNE_NONE]) {
+        snprintf(err, errlen, "tune: costs measured without recompute are required");
+        return PL_EINVAL;
+    }
+    for (int m = 1; m < TUNE_NMODES; m++)
+        if (c[m] && c[m]->P != c[TUNE_NONE]->P) {
+            snprintf(err, errlen, "tune: the costs measured with --recompute %s hold %d stages, those without %d: "
+                     "measure both with the same layout", mode_names[m], c[m]->P, c[TUNE_NONE]->P);
+            return PL_EINVAL;
+        }
+    tune_cand *t = malloc(sizeof *t * (size_t)cap * NSEARCHED * 3 * (TUNE_NMODES + 1));
     if (!t) { snprintf(err, errlen, "tune: out of memory"); return PL_ENOMEM; }
     int k = 0;
     for (int M = 1; M <= maxM; M++) {
         if (q->batch % M) continue;
         for (int j = 0; j < NSEARCHED; j++)
-            for (int v = 0; v < 3 && searched[j].V[v]; v++) {
-                tune_cand x;
-                if (!play_one(q, c, searched[j].name, searched[j].V[v], M, &x)) continue;
-                (*tried)++;
-                if (q->mem_cap_mb > 0 && x.peak_mem_mb > q->mem_cap_mb) continue;
-                t[k++] = x;
-            }
+            for (int v = 0; v < 3 && searched[j].V[v]; v++) play_layout(q, c, searched[j].name, searched[j].V[v], M, t, &k, tried);
     }
     qsort(t, (size_t)k, sizeof *t, by_step);
     *out = t, *n = k;
     if (k == 0) {
         snprintf(err, errlen, "tune: no layout of the %d tried fits %.1f MB of activations per rank (costs for %d "
-                 "stages, P=%d, batch %d)", *tried, q->mem_cap_mb, c->P, q->P, q->batch);
+                 "stages, P=%d, batch %d)", *tried, q->mem_cap_mb, c[TUNE_NONE]->P, q->P, q->batch);
         return PL_EINVAL;
     }
     return PL_OK;
@@ -108,7 +176,9 @@ int tune_search(const tune_query *q, const sched_costs *c, tune_cand **out, int 
 /* The train arguments of a candidate. */
 void tune_command(const tune_cand *t, char *buf, size_t len) {
     int o = snprintf(buf, len, "--schedule %s --microbatches %d", t->schedule, t->M);
-    if (t->V > 1 && o > 0 && (size_t)o < len) snprintf(buf + o, len - o, " --chunks-per-rank %d", t->V);
+    if (t->V > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --chunks-per-rank %d", t->V);
+    if (t->recompute[0] && strcmp(t->recompute, "none") && o > 0 && (size_t)o < len)
+        snprintf(buf + o, len - o, " --recompute %s", t->recompute);
 }
 
 /* The JSON of the candidates (tune.h). */
@@ -118,9 +188,9 @@ void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, co
         char cmd[256];
         tune_command(&t[i], cmd, sizeof cmd);
         fprintf(f, "%s\n{\"command\":\"pipelm train %s%s%s\",\"predicted_ms\":%.4f,\"bubble\":%.6f,\"peak_mem_mb\":%.4f,"
-                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d}", i ? "," : "", cmd,
+                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\"}", i ? "," : "", cmd,
                 extra && extra[0] ? " " : "", extra ? extra : "", 1e3 * t[i].step_s, t[i].bubble, t[i].peak_mem_mb,
-                t[i].schedule, t[i].M, t[i].V);
+                t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none");
     }
     fprintf(f, "\n]}\n");
 }

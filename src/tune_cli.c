@@ -16,6 +16,7 @@
 
 typedef struct {
     const char *costs, *json;
+    const char *costs_mode[TUNE_NMODES]; /* --costs-selective, --costs-full ([TUNE_NONE] unused) */
     int top, verify;
     tune_query q;
     char extra[2048];          /* the train options after --, for every command */
@@ -25,7 +26,7 @@ typedef struct {
 static void tune_usage(void) {
     printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
            "       [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
-           "       [--verify K] [-- TRAIN OPTIONS]\n"
+           "       [--costs-selective FILE] [--costs-full FILE] [--verify K] [-- TRAIN OPTIONS]\n"
            "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
            "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
            "activations fit --mem-cap-gb per rank (default: this node's memory / P), with the predicted\n"
@@ -33,9 +34,12 @@ static void tune_usage(void) {
            "M0 (required): the M the costs were measured with at batch B (each action is scaled by M0 / M).\n"
            "--n-layer L: the model's blocks (default: the TRAIN OPTIONS' model, if any): layouts with more\n"
            "than L + 2 stages (P x V) cannot be split and are left out.\n"
+           "--costs-selective / --costs-full FILE: costs measured with bench --recompute selective / full (same\n"
+           "layout, M0 and batch): the recompute modes are searched too, for every stage at once and per stage\n"
+           "(the stage holding the most activations on the fullest rank first) until the cap is met.\n"
            "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
            "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
-           "after --, and prints measured beside predicted. Not searched yet: --split, --recompute, --dp.\n");
+           "after --, and prints measured beside predicted. Not searched yet: --split, --dp.\n");
 }
 
 /* An int option value >= lo, else -1. */
@@ -83,6 +87,8 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         const char *v = argv[++i];
         int bad = 0;
         if (!strcmp(o, "--costs")) a->costs = v;
+        else if (!strcmp(o, "--costs-selective")) a->costs_mode[TUNE_SELECTIVE] = v;
+        else if (!strcmp(o, "--costs-full")) a->costs_mode[TUNE_FULL] = v;
         else if (!strcmp(o, "--json")) a->json = v;
         else if (!strcmp(o, "--stages")) bad = (a->q.P = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
@@ -132,7 +138,7 @@ static void print_best(const tune_args *a, const tune_cand *t, int n, int tried,
             tried, a->q.P, a->q.batch, secs, n, a->q.mem_cap_mb, n < a->top ? n : a->top);
     pl_info("  %4s  %12s  %7s  %12s  %s\n", "#", "predicted ms", "bubble", "peak act MB", "command");
     for (int i = 0; i < n && i < a->top; i++) {
-        char cmd[256];
+        char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         pl_info("  %4d  %12.3f  %6.1f%%  %12.2f  mpiexec -n %d pipelm train %s%s%s\n", i + 1, 1e3 * t[i].step_s,
                 100 * t[i].bubble, t[i].peak_mem_mb, a->q.P, cmd, a->extra[0] ? " " : "", a->extra);
@@ -181,14 +187,21 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
     tune_args a;
     int x = tune_parse(argc, argv, first, world, &a);
     if (x) return x == 1 ? 0 : 2;
-    sched_costs c;
-    if (read_costs(a.costs, &c) != PL_OK) return 2;
+    sched_costs cm[TUNE_NMODES];
+    const sched_costs *c[TUNE_NMODES] = {NULL, NULL, NULL};
+    int rc = PL_OK;
+    for (int m = 0; m < TUNE_NMODES && rc == PL_OK; m++) {
+        const char *path = m == TUNE_NONE ? a.costs : a.costs_mode[m];
+        if (path && (rc = read_costs(path, &cm[m])) == PL_OK) c[m] = &cm[m];
+    }
     tune_cand *t = NULL;
     int n = 0, tried = 0;
     char err[1024];
     double t0 = pl_now();
-    int rc = tune_search(&a.q, &c, &t, &n, &tried, err, sizeof err);
-    sched_costs_free(&c);
+    if (rc == PL_OK) rc = tune_search(&a.q, c, &t, &n, &tried, err, sizeof err);
+    else snprintf(err, sizeof err, "tune: a costs file could not be read (above)");
+    for (int m = 0; m < TUNE_NMODES; m++)
+        if (c[m]) sched_costs_free(&cm[m]);
     if (rc != PL_OK) { if (pl_rank == 0) pl_error("%s", err); free(t); return rc == PL_EINVAL ? 2 : 1; }
     if (pl_rank == 0) print_best(&a, t, n, tried, pl_now() - t0);
     if (a.json && pl_rank == 0) {
@@ -202,7 +215,7 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
     for (int i = 0; rc == PL_OK && i < a.verify && i < n; i++) {
         double ms;
         rc = verify_one(&a, &t[i], comm, &ms);
-        char cmd[256];
+        char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         if (rc == PL_OK && pl_rank == 0)
             pl_info("verify %d: %s: measured %.3f ms per step, predicted %.3f ms (%+.1f%%)\n", i + 1, cmd, ms,

@@ -77,6 +77,53 @@ import json, sys
 c = json.load(open("l2.json"))["candidates"]
 assert c and all(x["chunks_per_rank"] == 1 for x in c), c' && ok "--n-layer 2 on 4 ranks: only one-chunk layouts" \
     || bad "--n-layer" "$(cat l2.out)"
+# recompute: costs measured with --recompute full (planted: stage 0 holds 16x the activations of
+# the others; full recompute keeps an eighth and adds an F to each B and I). Under a 5 MB cap no
+# layout fits without recompute on stage 0: the first pick recomputes stage 0 only, and its
+# prediction is that of `pipelm schedule --costs` on the mixed costs, independently
+python3 - <<'PY'
+def write(path, full=False):
+    with open(path, "w") as f:
+        f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e9\n")
+        for s in range(4):
+            F, B, I, W = 0.004, 0.008, 0.004, 0.004
+            a = 4194304 if s == 0 else 262144
+            if full: B += F; I += F; a = a / 8
+            f.write("stage %d F %g B %g I %g W %g O 0.002 A %g\n" % (s, F, B, I, W, a))
+write("h.txt"); write("hf.txt", True)
+PY
+"$PIPELM" tune --costs h.txt --costs-full hf.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0048828125 \
+    --json h.json > h.out 2>&1 || bad "tune --costs-full" "exit $? $(cat h.out)"
+"$PIPELM" tune --costs h.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0048828125 --json h0.json \
+    > h0.out 2>&1
+pick=$(python3 -c '
+import json
+c = json.load(open("h.json"))["candidates"][0]
+print(c["schedule"], c["microbatches"], c["chunks_per_rank"], c["recompute"], c["predicted_ms"], c["peak_mem_mb"])')
+set -- $pick
+if [ "${4:-}" = "full,none,none,none" ] && [ "${3:-}" = 1 ]; then
+    python3 - "$4" <<'PY'
+import sys
+modes = sys.argv[1].split(",")
+none, full = open("h.txt").read().split("\n"), open("hf.txt").read().split("\n")
+with open("hm.txt", "w") as f:
+    for a, b in zip(none, full):
+        f.write((b if a.startswith("stage ") and modes[int(a.split()[1])] == "full" else a) + "\n")
+PY
+    "$PIPELM" schedule --stages 4 --microbatches "$2" --schedule "$1" --grid no --costs hm.txt > hm.out 2>&1
+    step=$(sed -n 's/^predicted from .*: step \([0-9.]*\) ms.*/\1/p' hm.out)
+    awk -v a="$step" -v b="$5" -v m="$6" 'BEGIN { exit !(a > 0 && a - b < 0.006 && b - a < 0.006 && m <= 5) }' &&
+        grep -q -- "--recompute full,none,none,none" h.out &&
+        python3 -c '
+import json
+c = json.load(open("h.json"))["candidates"]
+assert all(x["peak_mem_mb"] <= 5 + 1e-9 for x in c)
+u = [x["predicted_ms"] for x in c if x["recompute"] == "full" and x["schedule"] == "'"$1"'" and x["microbatches"] == '"$2"']
+assert u and min(u) > '"$5"', u' &&
+        ok "--costs-full: stage 0 alone recomputed ($1, M=$2: $5 ms, as schedule --costs predicts $step ms; faster than all stages)" ||
+        bad "--costs-full prediction" "tuner $5 ms, schedule --costs '$step' ms, peak $6 MB"
+else bad "--costs-full first pick" "$pick; $(head -n 6 h.out)"; fi
+grep -q "no layout of the .* tried fits" h0.out && ok "without --costs-full nothing fits that cap" || bad "cap without recompute" "$(head -n 4 h0.out)"
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&

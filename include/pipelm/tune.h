@@ -3,7 +3,10 @@
  * step fastest on P ranks within a per-rank memory cap, predicted from measured costs.
  *
  * Every candidate (each schedule pipelm builds, each M dividing the batch, V = 1 for the
- * one-chunk schedules, 2 and 4 for the interleaved ones, 2 for the V-shaped ones) is built and
+ * one-chunk schedules, 2 and 4 for the interleaved ones, 2 for the V-shaped ones; and where
+ * costs measured with --recompute selective or full are given, the recompute modes: every
+ * stage in one mode, and a per-stage walk from none that moves the stage holding the most
+ * activations to its next lighter mode until the cap is met) is built and
  * played with sched_predict (sched_cost.h): the step time is its makespan plus the slowest
  * rank's optimizer step, the memory the largest activation bytes a rank holds (the costs'
  * A bytes per micro-batch walked over its list). A costs file measured with M0 micro-batches
@@ -21,10 +24,14 @@
 #include <stdio.h>
 #include "pipelm/sched_cost.h"
 
+/* The recompute modes a costs file can be measured with (bench --recompute MODE --costs-out). */
+enum { TUNE_NONE, TUNE_SELECTIVE, TUNE_FULL, TUNE_NMODES };
+
 typedef struct {
     char schedule[32];
     int M, V;
     double step_s, bubble, peak_mem_mb;
+    char recompute[768];         /* --recompute: "none", one mode, or one per stage */
 } tune_cand;
 
 typedef struct {
@@ -35,14 +42,15 @@ typedef struct {
     int n_layer;                 /* the model's blocks: at most n_layer + 2 stages (0: unknown) */
 } tune_query;
 
-/* Search every candidate for q with costs c; *out (malloc'd, best first) and *n (all that fit
+/* Search every candidate for q with costs c[TUNE_NONE] (required) and c[TUNE_SELECTIVE],
+ * c[TUNE_FULL] (each NULL or measured with that --recompute, for as many stages); *out (malloc'd, best first) and *n (all that fit
  * under the cap), *tried (how many were played). PL_OK, or PL_EINVAL / PL_ENOMEM with err. */
-int tune_search(const tune_query *q, const sched_costs *c, tune_cand **out, int *n, int *tried, char *err,
+int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tune_cand **out, int *n, int *tried, char *err,
                 size_t errlen);
 /* The `pipelm train` arguments of a candidate ("--schedule zb-v --microbatches 8 --chunks-per-rank 2"). */
 void tune_command(const tune_cand *t, char *buf, size_t len);
 /* The candidates as JSON (best first): command, predicted_ms, bubble, peak_mem_mb, schedule,
- * microbatches, chunks_per_rank; extra: the train arguments added to every command. */
+ * microbatches, chunks_per_rank, recompute; extra: the train arguments added to every command. */
 void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, const char *extra);
 
 /* `pipelm tune` (tune_cli.c): parse, search, print, --json, --verify; the exit status. */
