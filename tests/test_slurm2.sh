@@ -46,51 +46,7 @@ ip netns del "$probe"
 cd "$WORK" || exit 1
 T_END=$(($(date +%s) + ${DEADLINE_S:-240}))
 
-# ---- helpers (as in test_slurm.sh) ------------------------------------------------------------
-CLUSTER=""
-cleanup() {
-    [ -z "$CLUSTER" ] || "$TOP/tests/slurm_cluster.sh" stop "$CLUSTER"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# left SECS: SECS, or fewer if the test deadline comes first (at least 1)
-left() {
-    local r=$((T_END - $(date +%s)))
-    [ "$r" -lt "$1" ] || r=$1
-    [ "$r" -ge 1 ] || r=1
-    echo "$r"
-}
-# wait_until SECS CMD...: poll CMD every half second; false on timeout
-wait_until() {
-    local end=$(($(date +%s) + $(left "$1")))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -lt $end ] || return 1
-        sleep 0.5
-    done
-}
-gone() { [ -z "$(timeout 10 squeue -h -j "$1" -o %i 2> /dev/null)" ]; }
-running() { [ "$(timeout 10 squeue -h -j "$1" -o %T 2> /dev/null)" = RUNNING ]; }
-has_step() { [ -f "$1" ] && grep -q '"event":"step"' "$1"; }
-field() { timeout 10 scontrol -o show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-# submit NAME ARGS...: sbatch a job named NAME logging to $WORK/NAME.out; prints the job id
-submit() {
-    local name=$1
-    shift
-    timeout 20 sbatch --parsable -J "$name" -o "$WORK/$name.out" -D "$WORK" -t 5 "$@" | cut -d';' -f1
-}
-wait_job() {
-    if wait_until "$2" gone "$1"; then return 0; fi
-    bad "$3" "job $1 still $(timeout 10 squeue -h -j "$1" -o %T) after $2 s; cancelled"
-    timeout 10 scancel "$1" 2> /dev/null
-    return 1
-}
-first_step() { grep -m1 '"event":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-last_step() { grep '"event":"step"' "$1" | tail -n 1 | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-end_steps() { grep '"event":"end"' "$1" | sed 's/.*"steps":\([0-9]*\).*/\1/'; }
-export PIPELM_RUNS=$WORK/runs
+. "$TOP/tests/slurm_lib.sh"
 
 # ---- the run: D x P, shape, and the bytes the pipeline must move --------------------------------
 # tiny preset (C = 64, given explicitly: the byte bound below uses it), a small batch
