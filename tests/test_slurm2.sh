@@ -12,13 +12,18 @@
 #      checkpoint, exit 75, requeue, resume on both nodes, finish, and the losses of the two
 #      starts together equal the straight run's;
 #   4. a jobs/bench.sbatch sweep over D = 1 2 on the two nodes, into one CSV;
+#   6. a node lost mid-run: a --dp auto --stages auto job on both nodes (submitted -N 1-2
+#      --no-kill), node2's slurmd and ranks killed after the first checkpoint; Slurm keeps
+#      the job on node1, train.sbatch starts pipelm again there (2 ranks, the layout pipelm
+#      picks) from the newest checkpoint, it finishes, and its losses are within 1e-5 of the
+#      straight run's (4 ranks locally);
 #   5. the cluster's teardown leaves no namespace, veth, bridge, daemon or job process behind.
 # And, not a check, a control: a short job of the same shape without UCX_TLS, whose counters
 # show that UCX then takes shared memory between the namespaces.
 # Skipped (77) only where the machine lacks a part: the Slurm or munge packages, root, or the
 # right to make network namespaces. The cluster starts and stops inside the test, under a trap
 # that stops it on every exit; every wait is bounded, and all of them end at a deadline
-# (DEADLINE_S, default 240 s).
+# (DEADLINE_S, default 360 s).
 . "$(dirname "$0")/lib.sh"
 # two nodes, their namespaces and a requeue take about 40 s: the full tier only (test_slurm.sh
 # keeps a job, its preemption and requeue on one node in the plain tier)
@@ -44,7 +49,7 @@ fi
 ip netns del "$probe"
 [ -x "$PIPELM" ] || { echo "FAIL: no pipelm binary at $PIPELM"; exit 1; }
 cd "$WORK" || exit 1
-T_END=$(($(date +%s) + ${DEADLINE_S:-240}))
+T_END=$(($(date +%s) + ${DEADLINE_S:-360}))
 
 . "$TOP/tests/slurm_lib.sh"
 
@@ -72,7 +77,8 @@ fi
 ok "one-node reference: mpiexec -n 4, D x P = $D x $P, $STEPS steps"
 
 # ---- the cluster ----------------------------------------------------------------------------------
-if ! env_out=$(timeout 60 "$TOP/tests/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
+# a lost node (section 6) is declared down after SlurmdTimeout: 15 s here, not Slurm's 300
+if ! env_out=$(SLURM_CLUSTER_SLURMD_TIMEOUT=15 timeout 60 "$TOP/tests/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
     bad "start the two-node Slurm cluster" "$(tail -n 15 cluster.err)"
     finish
     exit
@@ -254,6 +260,48 @@ if [ -n "$job" ] && wait_job "$job" 60 "control job"; then
     echo "note - control without UCX_TLS ($(field "$job" JobState)): node1 -> node2 >= $((l1b - l1a - root)) B," \
         "node2 -> node1 >= $((l2b - l2a - root)) B in $CSTEPS steps, where the pipeline moves >= $((BOUND / STEPS * CSTEPS)) B" \
         "each way: UCX used shared memory between the namespaces"
+fi
+
+# ---- 6. a node lost mid-run: the job goes on with what is left ----------------------------------
+EL=(--preset tiny --n-embd "$C" --batch "$B" --seq-len "$T" --microbatches "$M" --steps 200 --log-every 10
+    --progress 0 --eval-every 0 --dp auto --stages auto --ckpt-every 20)
+timeout -k 5 120 "$MPIEXEC" -n 4 "$PIPELM" train "${EL[@]}" --ckpt-dir el_ref_ck --metrics el_ref.jsonl > el_ref.out 2>&1 ||
+    bad "elastic: the straight run" "$(tail -n 3 el_ref.out)"
+job=$(submit elastic -N 1-2 --ntasks-per-node=2 --no-kill --export="$JOBENV" "$TOP/jobs/train.sbatch" "${EL[@]}")
+run=$WORK/runs/elastic-$job
+NS2=$(sed -n 's/^netns //p' "$CLUSTER/net" | grep -- '-node2$')
+if [ -z "$job" ]; then bad "elastic: sbatch" "no job id"
+elif ! wait_until 120 eval "running $job && [ -s $run/ckpt/latest ]"; then
+    bad "elastic: job $job never saved a checkpoint on two nodes" "$(tail -n 5 elastic.out)"
+    timeout 10 scancel "$job"
+else
+    saved=$(sed 's/^ckpt_0*\([0-9][0-9]*\)\.h5$/\1/' "$run/ckpt/latest")
+    t_kill=$(date +%s)
+    # the node dies: its slurmd, its slurmstepd and its ranks, everything in its namespace
+    kill -KILL $(ip netns pids "$NS2") 2> /dev/null
+    if wait_job "$job" 240 "elastic job after the node loss"; then
+        secs=$(($(date +%s) - t_kill))
+        state="$(field "$job" JobState) $(field "$job" ExitCode)"
+        grep -q "node(s) lost: this job now holds 1 node(s) (node1) of the 2" elastic.out &&
+            grep -q "restart 1 on 1 node(s), 2 tasks: resuming from ckpt_" elastic.out && [ "$state" = "COMPLETED 0:0" ] &&
+            ok "elastic: node2 lost after the step-$saved checkpoint; job $job went on on node1 with 2 ranks and completed in $secs s" ||
+            bad "elastic: restart on node1" "$state; $(grep 'train.sbatch' elastic.out | tail -n 4 | tr '\n' ' ')"
+        first=$(first_step "$run/metrics.restart1.jsonl" 2> /dev/null)
+        grep '^layout: D x P' elastic.out | tail -n 1 | grep -q 'on 2 ranks' && [ -n "$first" ] && [ "$first" -le $((saved + 1)) ] &&
+            [ "$(end_steps "$run/metrics.restart1.jsonl")" = 200 ] &&
+            ok "elastic: the restart resumed at step $first ($(grep '^layout: D x P' elastic.out | tail -n 1 | cut -d: -f2 | cut -d'(' -f1)) and ran to step 200" ||
+            bad "elastic: resume" "first step '$first' after the step-$saved checkpoint; $(grep '^layout: D x P' elastic.out | tr '\n' ' ')"
+        if python3 - el_ref.jsonl "$run/metrics.jsonl" "$run/metrics.restart1.jsonl" > el_cmp.out 2>&1 <<'PY'
+import json, sys
+def L(f): return {d["step"]: d["loss"] for d in map(json.loads, open(f)) if d.get("event") == "step"}
+ref, starts = L(sys.argv[1]), [L(f) for f in sys.argv[2:]]
+worst = max(abs(l[s] - ref[s]) / abs(ref[s]) for l in starts for s in l)
+assert worst <= 1e-5 and all(s in ref for l in starts for s in l) and max(starts[1]) == max(ref), worst
+print("%.2g" % worst)
+PY
+        then ok "elastic: both starts' losses within $(cat el_cmp.out) (relative) of the straight 4-rank run's (limit 1e-5)"
+        else bad "elastic: losses" "$(tail -n 3 el_cmp.out)"; fi
+    fi
 fi
 
 # ---- 5. teardown leaves nothing -------------------------------------------------------------------
