@@ -28,7 +28,9 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->w = calloc((size_t)P, sizeof(double));
     c->opt = calloc((size_t)P, sizeof(double));
     c->act = calloc((size_t)P, sizeof(double));
-    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act) { sched_costs_free(c); return PL_ENOMEM; }
+    c->blocks = malloc((size_t)P * sizeof(int));
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->blocks) { sched_costs_free(c); return PL_ENOMEM; }
+    for (int s = 0; s < P; s++) c->blocks[s] = -1;
     return PL_OK;
 }
 
@@ -39,15 +41,19 @@ void sched_costs_free(sched_costs *c) {
     free(c->w);
     free(c->opt);
     free(c->act);
+    free(c->blocks);
     memset(c, 0, sizeof *c);
 }
 
 int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
-    for (int s = 0; s < c->P; s++)
-        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
+    for (int s = 0; s < c->P; s++) {
+        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g", s, c->f[s], c->b[s], c->i[s], c->w[s],
                 c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0);
+        if (c->blocks && c->blocks[s] >= 0) fprintf(f, " N %d", c->blocks[s]);
+        fputc('\n', f);
+    }
     return ferror(f) ? -1 : 0;
 }
 
@@ -58,8 +64,8 @@ static int parse_cost(const char *tok, double *v) {
     return end != tok && *end == 0 && isfinite(*v) && *v >= 0 ? 0 : -1;
 }
 
-/* "stage S F x B x I x W x O x A x": any of them, in any order (O: the optimizer step, A: the
- * activation bytes of one micro-batch). */
+/* "stage S F x B x I x W x O x A x N n": any of them, in any order (O: the optimizer step, A:
+ * the activation bytes of one micro-batch, N: the blocks the stage held). */
 static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t errlen) {
     char *tok = strtok(rest, " \t");
     char *end;
@@ -71,10 +77,19 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
     while ((tok = strtok(NULL, " \t")) != NULL) {
         char *val = strtok(NULL, " \t");
         double v;
+        if (!strcmp(tok, "N")) {
+            long n = val ? strtol(val, &end, 10) : -1;
+            if (!val || *end || n < 0 || n > (1 << 20)) {
+                set_err(err, errlen, "costs line %d: N needs a block count, got '%s'", line, val ? val : "");
+                return PL_EINVAL;
+            }
+            c->blocks[s] = (int)n;
+            continue;
+        }
         double *dst = !strcmp(tok, "F") ? c->f : !strcmp(tok, "B") ? c->b : !strcmp(tok, "I") ? c->i
                       : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act : NULL;
         if (!dst || !val || parse_cost(val, &v) != 0) {
-            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes), got '%s %s'",
+            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes, N and blocks), got '%s %s'",
                     line, tok, val ? val : "");
             return PL_EINVAL;
         }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "pipelm/common.h"
 #include "pipelm/sched.h"
+#include "pipelm/split.h"
 #include "pipelm/tune.h"
 
 /* The schedules searched, with the chunks per rank each is tried with (0 ends a list). */
@@ -80,39 +81,34 @@ static void keep(const tune_query *q, const tune_cand *x, tune_cand *t, int *k, 
     t[(*k)++] = *x;
 }
 
-/* Every candidate of one layout (name, V, M) into t[*k...]: each mode given for every stage,
- * then, where the rows are stages and a lighter mode is given, the walk from none that moves
- * the heaviest row of the rank holding the most activations to its next lighter mode until
- * the cap is met (the first that fits is kept). At most TUNE_NMODES + 1 kept; the number
- * played in *tried. */
-static void play_layout(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const char *name, int V, int M,
-                        tune_cand *t, int *k, int *tried) {
+/* The candidates of schedule sc (name, V, M) with costs c (split text sp, "" for the measured
+ * one) into t[*k...]: each mode given for every stage, then, where the rows are stages and a
+ * lighter mode is given, the walk from none that moves the heaviest row of the rank holding
+ * the most activations to its next lighter mode until the cap is met (the first that fits is
+ * kept). At most TUNE_NMODES + 1 kept; the number played in *tried. */
+static void play_all(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const sched *sc, const char *name,
+                     int V, int M, const char *sp, tune_cand *t, int *k, int *tried) {
     int S = q->P * V, rows = c[TUNE_NONE]->P;
-    if (rows != S && rows != q->P) return;                /* costs for another stage count */
-    if (q->P < 2 && V > 1) return;                        /* chunks need two ranks (train refuses them) */
-    if (q->n_layer > 0 && S - 2 > q->n_layer) return;     /* more stages than blocks (split_make refuses) */
-    sched sc;
-    char err[512];
-    if (sched_build_chunks(name, q->P, V, M, &sc, err, sizeof err) != PL_OK) return;
     int *mode = calloc((size_t)rows, sizeof *mode), top = 0, modes = 0;
     tune_cand x;
+    snprintf(x.split, sizeof x.split, "%s", sp);
     for (int m = 0; mode && m < TUNE_NMODES; m++) {
         if (!c[m]) continue;
         modes++;
         for (int s = 0; s < rows; s++) mode[s] = m;
-        if (play_modes(q, c, &sc, name, V, M, mode, &x, &top)) keep(q, &x, t, k, tried);
+        if (play_modes(q, c, sc, name, V, M, mode, &x, &top)) keep(q, &x, t, k, tried);
     }
     if (mode && modes > 1 && rows == S && q->mem_cap_mb > 0) {
         memset(mode, 0, sizeof *mode * (size_t)rows);
         for (int step = 0; step < rows * TUNE_NMODES; step++) {
-            if (!play_modes(q, c, &sc, name, V, M, mode, &x, &top)) break;
+            if (!play_modes(q, c, sc, name, V, M, mode, &x, &top)) break;
             if (x.peak_mem_mb <= q->mem_cap_mb) {
                 if (strchr(x.recompute, ',')) keep(q, &x, t, k, tried); /* a uniform one is kept above */
                 break;
             }
             int best = -1, next = 0;
             for (int s = 0; s < rows; s++) {
-                if (sched_stage_rank(&sc, s) != top) continue;
+                if (sched_stage_rank(sc, s) != top) continue;
                 int n = mode[s] + 1;
                 while (n < TUNE_NMODES && !c[n]) n++;
                 if (n < TUNE_NMODES && (best < 0 || c[mode[s]]->act[s] > c[mode[best]]->act[best])) best = s, next = n;
@@ -122,6 +118,126 @@ static void play_layout(const tune_query *q, const sched_costs *const c[TUNE_NMO
         }
     }
     free(mode);
+}
+
+/* A split of S stages with n[s] blocks each (first[] filled in; the caller's arrays). */
+static split split_of(int S, int *n, int *first) {
+    for (int s = 0, b = 0; s < S; b += n[s], s++) first[s] = b;
+    return (split){S, n, first};
+}
+
+/* The split of the model's L blocks over S stages (those in the middle at least one block) that
+ * minimises the slowest stage, stage s taking speed[s] seconds per forward FLOP per token;
+ * into n[]. Dynamic programming over (stage, blocks used): O(S L^2). 0 if none exists or it
+ * runs out of memory. */
+static int balanced_split(const model_config *cfg, int S, int T, const double *speed, int *n) {
+    int L = cfg->L;
+    /* the FLOPs of the embedding, one block and the head: stages of the split [0, 1, L - 1] */
+    int n3[3] = {0, 1, L - 1}, f3[3];
+    split s3 = split_of(3, n3, f3);
+    double fe = split_stage_flops(&s3, cfg, 0, T), fb = split_stage_flops(&s3, cfg, 1, T);
+    double fh = split_stage_flops(&s3, cfg, 2, T) - (L - 1) * fb;
+    double *best = malloc(sizeof(double) * (size_t)S * (L + 1));
+    int *pick = malloc(sizeof(int) * (size_t)S * (L + 1)), ok = best && pick && L >= S - 2;
+    for (int s = 0; ok && s < S; s++)
+        for (int j = 0; j <= L; j++) {
+            double b = INFINITY;
+            int kb = -1, lo = s > 0 && s < S - 1 ? 1 : 0;
+            for (int k = lo; k <= j; k++) {
+                double prev = s ? best[(size_t)(s - 1) * (L + 1) + (j - k)] : (j == k ? 0.0 : INFINITY);
+                double mine = speed[s] * ((s == 0 ? fe : 0.0) + k * fb + (s == S - 1 ? fh : 0.0));
+                double v = prev > mine ? prev : mine;
+                if (v < b) b = v, kb = k;
+            }
+            best[(size_t)s * (L + 1) + j] = b, pick[(size_t)s * (L + 1) + j] = kb;
+        }
+    ok = ok && isfinite(best[(size_t)(S - 1) * (L + 1) + L]);
+    for (int s = S - 1, j = L; ok && s >= 0; s--) {
+        n[s] = pick[(size_t)s * (L + 1) + j];
+        j -= n[s];
+    }
+    free(best);
+    free(pick);
+    return ok;
+}
+
+/* The costs c0 (measured with blocks c0->blocks) re-split as n: each row's actions scaled by
+ * its FLOP ratio, its activation bytes by the activation ratio, its optimizer step by the
+ * parameter ratio. */
+static int costs_resplit(const tune_query *q, const sched_costs *c0, int *n, sched_costs *out) {
+    int S = c0->P;
+    int *f0 = malloc(sizeof(int) * (size_t)S), *f1 = malloc(sizeof(int) * (size_t)S);
+    int rc = f0 && f1 ? sched_costs_alloc(out, S) : PL_ENOMEM;
+    if (rc == PL_OK) {
+        split a = split_of(S, c0->blocks, f0), b = split_of(S, n, f1);
+        for (int s = 0; s < S; s++) {
+            double r = split_stage_flops(&b, q->cfg, s, q->T) / split_stage_flops(&a, q->cfg, s, q->T);
+            double ra = (double)split_stage_act_bytes(&b, q->cfg, s, 1, q->T) /
+                        (double)split_stage_act_bytes(&a, q->cfg, s, 1, q->T);
+            double ro = (double)split_stage_params(&b, q->cfg, s) / (double)split_stage_params(&a, q->cfg, s);
+            out->f[s] = c0->f[s] * r, out->b[s] = c0->b[s] * r, out->i[s] = c0->i[s] * r, out->w[s] = c0->w[s] * r;
+            out->act[s] = c0->act[s] * (isfinite(ra) ? ra : 1.0), out->opt[s] = c0->opt[s] * (isfinite(ro) ? ro : 1.0);
+            out->blocks[s] = n[s];
+        }
+        out->latency_s = c0->latency_s, out->bytes_per_s = c0->bytes_per_s, out->msg_bytes = c0->msg_bytes;
+    }
+    free(f0);
+    free(f1);
+    return rc;
+}
+
+/* Whether the split of stage costs c can be searched for q: rows per stage, every block count
+ * known and summing to the model's L, every stage with FLOPs measured. */
+static int can_resplit(const tune_query *q, const sched_costs *c, int S) {
+    if (!q->cfg || q->T < 1 || c->P != S || !c->blocks) return 0;
+    int sum = 0;
+    for (int s = 0; s < S; s++) {
+        if (c->blocks[s] < 0 || c->f[s] + c->b[s] <= 0) return 0;
+        sum += c->blocks[s];
+    }
+    return sum == q->cfg->L;
+}
+
+/* Every candidate of one layout (name, V, M) into t[*k...]: with the measured split (play_all),
+ * and where can_resplit, with the split that rebalances the measured speeds. */
+static void play_layout(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const char *name, int V, int M,
+                        tune_cand *t, int *k, int *tried) {
+    int S = q->P * V, rows = c[TUNE_NONE]->P;
+    if (rows != S && rows != q->P) return;                /* costs for another stage count */
+    if (q->P < 2 && V > 1) return;                        /* chunks need two ranks (train refuses them) */
+    if (q->n_layer > 0 && S - 2 > q->n_layer) return;     /* more stages than blocks (split_make refuses) */
+    sched sc;
+    char err[512];
+    if (sched_build_chunks(name, q->P, V, M, &sc, err, sizeof err) != PL_OK) return;
+    play_all(q, c, &sc, name, V, M, "", t, k, tried);
+    const sched_costs *c0 = c[TUNE_NONE];
+    int *n = can_resplit(q, c0, S) ? malloc(sizeof(int) * (size_t)S) : NULL;
+    double *speed = n ? malloc(sizeof(double) * (size_t)S) : NULL;
+    int *f0 = speed ? malloc(sizeof(int) * (size_t)S) : NULL, same = 1;
+    if (f0) {
+        split a = split_of(S, c0->blocks, f0);
+        for (int s = 0; s < S; s++) speed[s] = (c0->f[s] + c0->b[s]) / split_stage_flops(&a, q->cfg, s, q->T);
+    }
+    if (f0 && balanced_split(q->cfg, S, q->T, speed, n)) {
+        for (int s = 0; s < S; s++) same &= n[s] == c0->blocks[s];
+        sched_costs cm[TUNE_NMODES];
+        const sched_costs *cp[TUNE_NMODES] = {NULL, NULL, NULL};
+        int ok = !same;
+        for (int m = 0; ok && m < TUNE_NMODES; m++)
+            if (c[m]) {
+                ok = costs_resplit(q, c[m], n, &cm[m]) == PL_OK;
+                if (ok) cp[m] = &cm[m];
+            }
+        char sp[512];
+        size_t o = 0;
+        for (int s = 0; s < S && o < sizeof sp; s++) o += (size_t)snprintf(sp + o, sizeof sp - o, "%s%d", s ? "," : "", n[s]);
+        if (ok && o < sizeof sp) play_all(q, cp, &sc, name, V, M, sp, t, k, tried);
+        for (int m = 0; m < TUNE_NMODES; m++)
+            if (cp[m]) sched_costs_free(&cm[m]);
+    }
+    free(n);
+    free(speed);
+    free(f0);
     sched_free(&sc);
 }
 
@@ -132,7 +248,8 @@ static int by_step(const void *a, const void *b) {
     if (x->bubble != y->bubble) return x->bubble < y->bubble ? -1 : 1;
     if (x->peak_mem_mb != y->peak_mem_mb) return x->peak_mem_mb < y->peak_mem_mb ? -1 : 1;
     int k = strcmp(x->schedule, y->schedule);
-    return k ? k : x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V : strcmp(x->recompute, y->recompute);
+    if (k == 0) k = x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V : strcmp(x->recompute, y->recompute);
+    return k ? k : strcmp(x->split, y->split);
 }
 
 /* The search (tune.h). */
@@ -155,7 +272,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
                      "measure both with the same layout", mode_names[m], c[m]->P, c[TUNE_NONE]->P);
             return PL_EINVAL;
         }
-    tune_cand *t = malloc(sizeof *t * (size_t)cap * NSEARCHED * 3 * (TUNE_NMODES + 1));
+    tune_cand *t = malloc(sizeof *t * (size_t)cap * NSEARCHED * 3 * 2 * (TUNE_NMODES + 1));
     if (!t) { snprintf(err, errlen, "tune: out of memory"); return PL_ENOMEM; }
     int k = 0;
     for (int M = 1; M <= maxM; M++) {
@@ -178,7 +295,8 @@ void tune_command(const tune_cand *t, char *buf, size_t len) {
     int o = snprintf(buf, len, "--schedule %s --microbatches %d", t->schedule, t->M);
     if (t->V > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --chunks-per-rank %d", t->V);
     if (t->recompute[0] && strcmp(t->recompute, "none") && o > 0 && (size_t)o < len)
-        snprintf(buf + o, len - o, " --recompute %s", t->recompute);
+        o += snprintf(buf + o, len - o, " --recompute %s", t->recompute);
+    if (t->split[0] && o > 0 && (size_t)o < len) snprintf(buf + o, len - o, " --split %s", t->split);
 }
 
 /* The JSON of the candidates (tune.h). */
@@ -188,9 +306,9 @@ void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, co
         char cmd[256];
         tune_command(&t[i], cmd, sizeof cmd);
         fprintf(f, "%s\n{\"command\":\"pipelm train %s%s%s\",\"predicted_ms\":%.4f,\"bubble\":%.6f,\"peak_mem_mb\":%.4f,"
-                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\"}", i ? "," : "", cmd,
+                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\",\"split\":\"%s\"}", i ? "," : "", cmd,
                 extra && extra[0] ? " " : "", extra ? extra : "", 1e3 * t[i].step_s, t[i].bubble, t[i].peak_mem_mb,
-                t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none");
+                t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none", t[i].split);
     }
     fprintf(f, "\n]}\n");
 }

@@ -20,6 +20,7 @@ typedef struct {
     int top, verify;
     tune_query q;
     char extra[2048];          /* the train options after --, for every command */
+    model_config cfg;          /* their model, when they give one (q.cfg points here) */
 } tune_args;
 
 /* `pipelm tune --help`. */
@@ -37,9 +38,11 @@ static void tune_usage(void) {
            "--costs-selective / --costs-full FILE: costs measured with bench --recompute selective / full (same\n"
            "layout, M0 and batch): the recompute modes are searched too, for every stage at once and per stage\n"
            "(the stage holding the most activations on the fullest rank first) until the cap is met.\n"
+           "With a model in the TRAIN OPTIONS and a costs file that names each stage's blocks (N), the split\n"
+           "that rebalances the measured speeds (seconds per FLOP of each stage) is searched too (--split).\n"
            "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
            "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
-           "after --, and prints measured beside predicted. Not searched yet: --split, --dp.\n");
+           "after --, and prints measured beside predicted. Not searched yet: --dp.\n");
 }
 
 /* An int option value >= lo, else -1. */
@@ -58,16 +61,20 @@ static int train_argv(char *buf, char **argv, int max) {
     return argc;
 }
 
-/* The blocks of the model the train options extra describe (preset, --n-layer, config file); 0
- * where they do not say (a model file's --init) or do not parse (--verify reports that). */
-static int train_options_layers(const char *extra) {
+/* The model the train options extra describe (preset, its flags, a config file) into *cfg and
+ * its sequence length *T; 0 where they do not say (a model file's --init) or do not parse
+ * (--verify reports that). */
+static int train_options_model(const char *extra, model_config *cfg, int *T) {
     char buf[2048], err[1024], *argv[128];
     snprintf(buf, sizeof buf, "%s", extra);
     int argc = train_argv(buf, argv, 127);
     pl_options o;
     config_defaults(&o);
-    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0]) return 0;
-    return o.n_layer;
+    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0] ||
+        config_model(&o, config_vocab(&o), cfg, err, sizeof err) != PL_OK)
+        return 0;
+    *T = o.seq_len > 0 ? o.seq_len : o.max_seq_len;
+    return 1;
 }
 
 /* Parse the command line; 0 to go on, else the exit status (+1: --help). */
@@ -112,7 +119,10 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         pl_error("tune: --verify runs the candidates here: start it with mpiexec -n %d (this job has %d)", a->q.P, world);
         return 3;
     }
-    if (!a->q.n_layer && a->extra[0]) a->q.n_layer = train_options_layers(a->extra);
+    if (a->extra[0] && train_options_model(a->extra, &a->cfg, &a->q.T)) {
+        a->q.cfg = &a->cfg;
+        if (!a->q.n_layer) a->q.n_layer = a->cfg.L;
+    }
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
     a->q.mem_cap_mb = gb > 0 ? gb * 1024.0 : pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / a->q.P : -1;
     return 0;

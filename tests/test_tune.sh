@@ -124,6 +124,32 @@ assert u and min(u) > '"$5"', u' &&
         bad "--costs-full prediction" "tuner $5 ms, schedule --costs '$step' ms, peak $6 MB"
 else bad "--costs-full first pick" "$pick; $(head -n 6 h.out)"; fi
 grep -q "no layout of the .* tried fits" h0.out && ok "without --costs-full nothing fits that cap" || bad "cap without recompute" "$(head -n 4 h0.out)"
+# the split: costs naming each stage's blocks (N 2 on 4 stages of an 8-block tiny model), stage 2
+# twice as slow per FLOP. With the model given (the train options), the tuner offers the split
+# that gives stage 2 fewer blocks, predicted faster than the measured split for the same
+# layout, and pipelm train runs its command
+python3 - <<'PY'
+with open("s.txt", "w") as f:
+    f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e9\n")
+    for s in range(4):
+        slow = 2.0 if s == 2 else 1.0
+        f.write("stage %d F %g B %g O 0.002 A 1048576 N 2\n" % (s, 0.004 * slow, 0.008 * slow))
+PY
+"$PIPELM" tune --costs s.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json s.json \
+    -- --preset tiny --n-layer 8 > s.out 2>&1 || bad "tune with the split" "exit $? $(tail -n 3 s.out)"
+sp=$(python3 -c '
+import json
+c = [x for x in json.load(open("s.json"))["candidates"] if x["schedule"] == "1f1b" and x["microbatches"] == 8]
+old = [x for x in c if x["split"] == ""][0]
+new = [x for x in c if x["split"]][0]
+n = [int(b) for b in new["split"].split(",")]
+assert n[2] < 2 and sum(n) == 8 and new["predicted_ms"] < old["predicted_ms"], (old, new)
+assert new["command"].endswith(" --split " + new["split"] + " --preset tiny --n-layer 8"), new
+print(new["split"], "%.1f" % new["predicted_ms"], "%.1f" % old["predicted_ms"])' 2> s.err)
+if [ -n "$sp" ] && set -- $sp && mpirun_t 120 4 train --preset tiny --n-layer 8 --batch 8 --microbatches 8 --steps 1 \
+        --schedule 1f1b --split "$1" --progress 0 > s_run.out 2>&1; then
+    ok "split rebalanced for the slow stage 2: --split $1 (1f1b, M=8: $2 ms against $3 ms with 2,2,2,2); train runs it"
+else bad "split search" "'$sp' $(tail -n 2 s.err) $(tail -n 2 s_run.out)"; fi
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&

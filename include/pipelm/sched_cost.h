@@ -23,6 +23,8 @@ typedef struct {
     double msg_bytes;
     double *act;                /* activation bytes one micro-batch holds on each stage (P; key A),
                                    0 where unknown */
+    int *blocks;                /* the transformer blocks each stage held when measured (P; key N),
+                                   -1 where unknown */
 } sched_costs;
 
 typedef struct {

@@ -6,7 +6,11 @@
  * one-chunk schedules, 2 and 4 for the interleaved ones, 2 for the V-shaped ones; and where
  * costs measured with --recompute selective or full are given, the recompute modes: every
  * stage in one mode, and a per-stage walk from none that moves the stage holding the most
- * activations to its next lighter mode until the cap is met) is built and
+ * activations to its next lighter mode until the cap is met; and where the costs name each
+ * stage's blocks (key N) and the model is known, the split that rebalances the measured
+ * speeds: stage s's seconds per FLOP (its measured F + B over its FLOPs) times the FLOPs a new
+ * split gives it, the slowest stage minimised, each action, activation and optimizer cost
+ * scaled by the FLOP, activation and parameter ratios of the stage) is built and
  * played with sched_predict (sched_cost.h): the step time is its makespan plus the slowest
  * rank's optimizer step, the memory the largest activation bytes a rank holds (the costs'
  * A bytes per micro-batch walked over its list). A costs file measured with M0 micro-batches
@@ -22,6 +26,7 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdio.h>
+#include "pipelm/model.h"
 #include "pipelm/sched_cost.h"
 
 /* The recompute modes a costs file can be measured with (bench --recompute MODE --costs-out). */
@@ -32,6 +37,7 @@ typedef struct {
     int M, V;
     double step_s, bubble, peak_mem_mb;
     char recompute[768];         /* --recompute: "none", one mode, or one per stage */
+    char split[512];             /* --split b0,b1,... ("": the split the costs were measured with) */
 } tune_cand;
 
 typedef struct {
@@ -40,6 +46,8 @@ typedef struct {
     double mem_cap_mb;           /* per rank; <= 0: no cap */
     int max_M;                   /* largest M tried (0: the batch) */
     int n_layer;                 /* the model's blocks: at most n_layer + 2 stages (0: unknown) */
+    const model_config *cfg;     /* the model (NULL: unknown; then the split is not searched) */
+    int T;                       /* its sequence length (the FLOPs per token of the split) */
 } tune_query;
 
 /* Search every candidate for q with costs c[TUNE_NONE] (required) and c[TUNE_SELECTIVE],
@@ -50,7 +58,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
 /* The `pipelm train` arguments of a candidate ("--schedule zb-v --microbatches 8 --chunks-per-rank 2"). */
 void tune_command(const tune_cand *t, char *buf, size_t len);
 /* The candidates as JSON (best first): command, predicted_ms, bubble, peak_mem_mb, schedule,
- * microbatches, chunks_per_rank, recompute; extra: the train arguments added to every command. */
+ * microbatches, chunks_per_rank, recompute, split; extra: the train arguments added to every command. */
 void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, const char *extra);
 
 /* `pipelm tune` (tune_cli.c): parse, search, print, --json, --verify; the exit status. */
