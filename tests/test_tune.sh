@@ -157,6 +157,13 @@ if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --micro
         --seq-len 16 > v.out 2>&1 && grep -q "^verify 1: --schedule .*: measured [0-9.]* ms per step, predicted" v.out; then
     ok "--verify: $(grep '^verify 1' v.out)"
 else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
+# --measure: the costs measured in the job itself (without and with --recompute full), then the
+# search; its temporary files removed
+if TMPDIR=$WORK mpirun_t 180 2 tune --measure 2 --batch 4 --top 2 -- --preset tiny --n-layer 2 --seq-len 16 \
+        > me.out 2>&1 && [ "$(grep -c '^tune --measure: --schedule 1f1b --microbatches 2.*costs in' me.out)" = 2 ] &&
+        grep -q "^tune: .* layouts tried for P=2, batch 4" me.out && [ -z "$(ls "$WORK"/pipelm-tune-* 2> /dev/null)" ]; then
+    ok "--measure: $(grep -c 'recompute full' me.out) recompute line(s), $(grep '^tune: ' me.out | cut -c1-60)"
+else bad "--measure" "$(grep -i 'error\|tune' me.out | tail -n 4)"; fi
 # train --schedule auto takes the tuner's first pick for the same costs
 first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
 if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \
