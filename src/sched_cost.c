@@ -31,6 +31,7 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->blocks = malloc((size_t)P * sizeof(int));
     if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->blocks) { sched_costs_free(c); return PL_ENOMEM; }
     for (int s = 0; s < P; s++) c->blocks[s] = -1;
+    c->dp = 1;
     return PL_OK;
 }
 
@@ -48,6 +49,7 @@ void sched_costs_free(sched_costs *c) {
 int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
+    if (c->dp > 1) fprintf(f, "dp %d\n", c->dp);
     for (int s = 0; s < c->P; s++) {
         fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g", s, c->f[s], c->b[s], c->i[s], c->w[s],
                 c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0);
@@ -100,7 +102,7 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
 
 int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
     char buf[512];
-    int line = 0, P = 0;
+    int line = 0, P = 0, dp = 1;
     double msg = 0, lat = 0, bw = 0;
     memset(c, 0, sizeof *c);
     while (fgets(buf, sizeof buf, f)) {
@@ -120,6 +122,11 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
         } else if (!strcmp(key, "stage")) {
             if (!c->P) { set_err(err, errlen, "costs line %d: 'stage' before 'stages'", line); goto bad; }
             if (parse_stage(c, rest, line, err, errlen) != 0) goto bad;
+        } else if (!strcmp(key, "dp")) {
+            char *end;
+            long d = strtol(rest, &end, 10);
+            if (end == rest || *end || d < 1 || d > (1 << 20)) { set_err(err, errlen, "costs line %d: bad dp '%s'", line, rest); goto bad; }
+            dp = (int)d;
         } else if (!strcmp(key, "msg_bytes") || !strcmp(key, "latency_s") || !strcmp(key, "bytes_per_s")) {
             if (parse_cost(rest, &v) != 0) { set_err(err, errlen, "costs line %d: bad %s '%s'", line, key, rest); goto bad; }
             if (!strcmp(key, "msg_bytes")) msg = v;
@@ -132,6 +139,7 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
     }
     if (!c->P) { set_err(err, errlen, "costs: no 'stages' line"); return PL_EINVAL; }
     c->msg_bytes = msg;
+    c->dp = dp;
     c->latency_s = lat;
     c->bytes_per_s = bw;
     for (int s = 0; s < c->P; s++) { /* fill what one kind of run could not measure */

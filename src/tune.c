@@ -58,13 +58,15 @@ static int play_modes(const tune_query *q, const sched_costs *const c[TUNE_NMODE
                       const char *name, int V, int M, const int *mode, tune_cand *t, int *top) {
     char err[512];
     sched_costs cm;
-    double k = q->costs_M > 0 ? (double)q->costs_M / M : 1.0;
+    /* sequences per micro-batch: batch / (D M) here, batch / (dp M0) where measured */
+    int D = q->D > 0 ? q->D : 1;
+    double k = (q->costs_M > 0 ? (double)q->costs_M / M : 1.0) * c[TUNE_NONE]->dp / D;
     int ok = costs_mixed(c, mode, k, &cm) == PL_OK;
     sched_pred pr;
     if (ok) ok = sched_predict(sc, &cm, &pr, err, sizeof err) == PL_OK;
     if (ok) {
         snprintf(t->schedule, sizeof t->schedule, "%s", name);
-        t->M = M, t->V = V, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0, *top = 0;
+        t->M = M, t->V = V, t->D = D, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0, *top = 0;
         for (int r = 0; r < q->P; r++)
             if (pr.act_peak[r] / 1048576.0 > t->peak_mem_mb) t->peak_mem_mb = pr.act_peak[r] / 1048576.0, *top = r;
         ok = modes_text(mode, c[TUNE_NONE]->P, t->recompute, sizeof t->recompute);
@@ -198,6 +200,61 @@ static int can_resplit(const tune_query *q, const sched_costs *c, int S) {
     return sum == q->cfg->L;
 }
 
+/* Seconds of the gradient all-reduce of a stage with params parameters over D replicas: a
+ * ring, 2 (D-1)/D of the fp32 gradients at the measured bandwidth and 2 (D-1) latencies. */
+static double allreduce_s(const sched_costs *c, double params, int D) {
+    if (D <= 1 || c->bytes_per_s <= 0) return 0.0;
+    return 2.0 * (D - 1) / D * params * sizeof(float) / c->bytes_per_s + 2.0 * (D - 1) * c->latency_s;
+}
+
+/* The costs c (measured with c->blocks blocks per stage and c->dp replicas) for P stages and D
+ * replicas, per micro-batch of the measured size (play_modes scales that): the same P keeps
+ * the rows (each stage's own speed); another P is split "auto" and each stage costs its FLOPs
+ * at the stages' mean measured speed, F, I and W in the measured proportions, its activations
+ * at the measured bytes per estimated byte. The optimizer step: the measured one less its
+ * modelled all-reduce over c->dp, per parameter, plus the all-reduce over D. PL_EINVAL when
+ * the model or the blocks per stage are not known. */
+static int costs_for_layout(const tune_query *q, const sched_costs *c, int P, int D, sched_costs *out) {
+    if (!can_resplit(q, c, c->P)) return PL_EINVAL;
+    int S0 = c->P, *f0 = malloc(sizeof(int) * (size_t)S0);
+    if (!f0) return PL_ENOMEM;
+    split a = split_of(S0, c->blocks, f0), b;
+    double fl = 0, fb = 0, ff = 0, fi = 0, fw = 0, act = 0, acte = 0, opt = 0, par = 0;
+    for (int s = 0; s < S0; s++) {
+        double ps = (double)split_stage_params(&a, q->cfg, s);
+        fl += split_stage_flops(&a, q->cfg, s, q->T), ff += c->f[s], fb += c->b[s], fi += c->i[s], fw += c->w[s];
+        act += c->act[s], acte += (double)split_stage_act_bytes(&a, q->cfg, s, 1, q->T);
+        opt += fmax(0.0, c->opt[s] - allreduce_s(c, ps, c->dp)), par += ps;
+    }
+    char err[256];
+    int rc = P == S0 ? PL_OK : split_make(&b, "auto", q->cfg, P, q->costs_M > 0 ? q->costs_M : 1, 1, q->T, err, sizeof err);
+    if (rc == PL_OK) rc = sched_costs_alloc(out, P);
+    if (rc == PL_OK) {
+        double speed = (ff + fb) / fl, opp = par > 0 ? opt / par : 0.0, ra = acte > 0 ? act / acte : 0.0;
+        for (int s = 0; s < P; s++) {
+            const split *sp = P == S0 ? &a : &b;
+            double ps = (double)split_stage_params(sp, q->cfg, s);
+            if (P == S0) {
+                out->f[s] = c->f[s], out->b[s] = c->b[s], out->i[s] = c->i[s], out->w[s] = c->w[s];
+                out->act[s] = c->act[s];
+                out->opt[s] = fmax(0.0, c->opt[s] - allreduce_s(c, ps, c->dp)) + allreduce_s(c, ps, D);
+            } else {
+                double work = speed * split_stage_flops(sp, q->cfg, s, q->T);
+                out->f[s] = work * ff / (ff + fb), out->b[s] = work * fb / (ff + fb);
+                out->i[s] = fb > 0 ? out->b[s] * fi / fb : 0.0, out->w[s] = fb > 0 ? out->b[s] * fw / fb : 0.0;
+                out->act[s] = ra * (double)split_stage_act_bytes(sp, q->cfg, s, 1, q->T);
+                out->opt[s] = opp * ps + allreduce_s(c, ps, D);
+            }
+            out->blocks[s] = sp->blocks[s];
+        }
+        out->latency_s = c->latency_s, out->bytes_per_s = c->bytes_per_s, out->msg_bytes = c->msg_bytes;
+        out->dp = c->dp;
+    }
+    if (P != S0 && b.blocks) split_free(&b); /* split_make zeroes it first */
+    free(f0);
+    return rc == PL_ENOMEM ? PL_ENOMEM : rc == PL_OK ? PL_OK : PL_EINVAL;
+}
+
 /* Every candidate of one layout (name, V, M) into t[*k...]: with the measured split (play_all),
  * and where can_resplit, with the split that rebalances the measured speeds. */
 static void play_layout(const tune_query *q, const sched_costs *const c[TUNE_NMODES], const char *name, int V, int M,
@@ -248,7 +305,8 @@ static int by_step(const void *a, const void *b) {
     if (x->bubble != y->bubble) return x->bubble < y->bubble ? -1 : 1;
     if (x->peak_mem_mb != y->peak_mem_mb) return x->peak_mem_mb < y->peak_mem_mb ? -1 : 1;
     int k = strcmp(x->schedule, y->schedule);
-    if (k == 0) k = x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V : strcmp(x->recompute, y->recompute);
+    if (k == 0) k = x->D != y->D ? x->D - y->D : x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V
+                  : strcmp(x->recompute, y->recompute);
     return k ? k : strcmp(x->split, y->split);
 }
 
@@ -272,14 +330,37 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
                      "measure both with the same layout", mode_names[m], c[m]->P, c[TUNE_NONE]->P);
             return PL_EINVAL;
         }
-    tune_cand *t = malloc(sizeof *t * (size_t)cap * NSEARCHED * 3 * 2 * (TUNE_NMODES + 1));
+    int nD = 0;
+    for (int D = 1; D <= (q->ranks > 0 ? q->ranks : 1); D++) nD += q->ranks <= 0 || q->ranks % D == 0;
+    tune_cand *t = malloc(sizeof *t * (size_t)cap * nD * NSEARCHED * 3 * 2 * (TUNE_NMODES + 1));
     if (!t) { snprintf(err, errlen, "tune: out of memory"); return PL_ENOMEM; }
-    int k = 0;
-    for (int M = 1; M <= maxM; M++) {
-        if (q->batch % M) continue;
-        for (int j = 0; j < NSEARCHED; j++)
-            for (int v = 0; v < 3 && searched[j].V[v]; v++) play_layout(q, c, searched[j].name, searched[j].V[v], M, t, &k, tried);
+    int k = 0, rc = PL_OK;
+    for (int D = 1; rc == PL_OK && D <= (q->ranks > 0 ? q->ranks : 1); D++) {
+        if (q->ranks > 0 && (q->ranks % D || q->batch % D)) continue;
+        tune_query qd = *q;
+        qd.D = D, qd.P = q->ranks > 0 ? q->ranks / D : q->P, qd.batch = q->batch / D;
+        sched_costs cm[TUNE_NMODES];
+        const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
+        int own = (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp) && q->ranks > 0, ok = 1;
+        for (int m = 0; own && m < TUNE_NMODES; m++) {
+            cd[m] = NULL;
+            if (!c[m]) continue;
+            int r = costs_for_layout(q, c[m], qd.P, D, &cm[m]);
+            if (r == PL_ENOMEM) rc = r;
+            if (r != PL_OK) { ok = 0; break; }
+            cd[m] = &cm[m];
+        }
+        int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
+        for (int M = 1; ok && M <= mq; M++) {
+            if (qd.batch % M) continue;
+            for (int j = 0; j < NSEARCHED; j++)
+                for (int v = 0; v < 3 && searched[j].V[v]; v++)
+                    play_layout(&qd, cd, searched[j].name, searched[j].V[v], M, t, &k, tried);
+        }
+        for (int m = 0; own && m < TUNE_NMODES; m++)
+            if (cd[m]) sched_costs_free(&cm[m]);
     }
+    if (rc != PL_OK) { free(t); snprintf(err, errlen, "tune: out of memory"); return rc; }
     qsort(t, (size_t)k, sizeof *t, by_step);
     *out = t, *n = k;
     if (k == 0) {
@@ -293,6 +374,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
 /* The train arguments of a candidate. */
 void tune_command(const tune_cand *t, char *buf, size_t len) {
     int o = snprintf(buf, len, "--schedule %s --microbatches %d", t->schedule, t->M);
+    if (t->D > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --dp %d", t->D);
     if (t->V > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --chunks-per-rank %d", t->V);
     if (t->recompute[0] && strcmp(t->recompute, "none") && o > 0 && (size_t)o < len)
         o += snprintf(buf + o, len - o, " --recompute %s", t->recompute);
@@ -306,9 +388,11 @@ void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, co
         char cmd[256];
         tune_command(&t[i], cmd, sizeof cmd);
         fprintf(f, "%s\n{\"command\":\"pipelm train %s%s%s\",\"predicted_ms\":%.4f,\"bubble\":%.6f,\"peak_mem_mb\":%.4f,"
-                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\",\"split\":\"%s\"}", i ? "," : "", cmd,
+                "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\",\"split\":\"%s\","
+                "\"dp\":%d}", i ? "," : "", cmd,
                 extra && extra[0] ? " " : "", extra ? extra : "", 1e3 * t[i].step_s, t[i].bubble, t[i].peak_mem_mb,
-                t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none", t[i].split);
+                t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none", t[i].split,
+                t[i].D > 0 ? t[i].D : 1);
     }
     fprintf(f, "\n]}\n");
 }

@@ -28,7 +28,7 @@ typedef struct {
 /* `pipelm tune --help`. */
 static void tune_usage(void) {
     printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
-           "       [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
+           "       [--ranks W] [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
            "       [--costs-selective FILE] [--costs-full FILE] [--measure M0] [--verify K] [-- TRAIN OPTIONS]\n"
            "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
            "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
@@ -42,12 +42,15 @@ static void tune_usage(void) {
            "(the stage holding the most activations on the fullest rank first) until the cap is met.\n"
            "With a model in the TRAIN OPTIONS and a costs file that names each stage's blocks (N), the split\n"
            "that rebalances the measured speeds (seconds per FLOP of each stage) is searched too (--split).\n"
+           "--ranks W: search every D x P = W too (--dp D; needs the model and a costs file with N): the\n"
+           "micro-batches scaled to batch / (D M) sequences, another P re-split at the stages' mean measured\n"
+           "speed, the gradient all-reduce as a ring over D at the measured bandwidth, none of it hidden.\n"
            "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
            "--measure M0 (under mpiexec -n P, instead of --costs): measures the costs here first, pipelm bench\n"
            "with the TRAIN OPTIONS, --batch B, 1f1b and M0 micro-batches, 5 steps after 3, without and with --recompute\n"
            "full (so both are searched), then searches.\n"
            "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
-           "after --, and prints measured beside predicted. Not searched yet: --dp.\n");
+           "after --, and prints measured beside predicted.\n");
 }
 
 /* An int option value >= lo, else -1. */
@@ -103,6 +106,7 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         else if (!strcmp(o, "--costs-full")) a->costs_mode[TUNE_FULL] = v;
         else if (!strcmp(o, "--json")) a->json = v;
         else if (!strcmp(o, "--stages")) bad = (a->q.P = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--ranks")) bad = (a->q.ranks = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--top")) bad = (a->top = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
@@ -124,7 +128,12 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
                  "(with --batch, it sizes every action for the other M)");
         return 3;
     }
-    if (a->q.P < 1) { pl_error("tune: --stages P is required outside mpiexec -n P"); return 3; }
+    if (a->q.ranks > 0 && a->q.P > 0 && a->q.P != a->q.ranks) {
+        pl_error("tune: --ranks %d searches every D x P = %d: leave --stages out", a->q.ranks, a->q.ranks);
+        return 3;
+    }
+    if (a->q.ranks > 0) a->q.P = a->q.ranks;
+    if (a->q.P < 1) { pl_error("tune: --stages P (or --ranks W) is required outside mpiexec -n P"); return 3; }
     if ((a->verify || a->measure) && a->q.P != world) {
         pl_error("tune: --%s runs here: start it with mpiexec -n %d (this job has %d)", a->verify ? "verify" : "measure",
                  a->q.P, world);

@@ -150,6 +150,33 @@ if [ -n "$sp" ] && set -- $sp && mpirun_t 120 4 train --preset tiny --n-layer 8 
         --schedule 1f1b --split "$1" --progress 0 > s_run.out 2>&1; then
     ok "split rebalanced for the slow stage 2: --split $1 (1f1b, M=8: $2 ms against $3 ms with 2,2,2,2); train runs it"
 else bad "split search" "'$sp' $(tail -n 2 s.err) $(tail -n 2 s_run.out)"; fi
+# --ranks 4: every D x P = 4. Four equal stages of 2 blocks measured on one replica; on a fast
+# network (1e10 B/s) a replicated layout wins (4 replicas of the whole model, 1f1b with M=2, is
+# 2 x the model's F + B plus the optimizer: 104 ms and the ring's 0.1 ms); on a slow one (1e6 B/s,
+# the all-reduce of the fp32 gradients takes seconds) the pipeline of one replica does
+for bw in 1e10 1e6; do
+    python3 - $bw <<'PY'
+import sys
+with open("d.txt", "w") as f:
+    f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s %s\n" % sys.argv[1])
+    for s in range(4):
+        f.write("stage %d F 0.004 B 0.008 O 0.002 A 1048576 N 2\n" % s)
+PY
+    "$PIPELM" tune --costs d.txt --ranks 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json d$bw.json \
+        -- --preset tiny --n-layer 8 > d$bw.out 2>&1 || bad "tune --ranks 4 ($bw B/s)" "exit $? $(tail -n 2 d$bw.out)"
+done
+if python3 - <<'PY'
+import json
+fast = json.load(open("d1e10.json"))["candidates"]
+slow = json.load(open("d1e6.json"))["candidates"]
+assert fast[0]["dp"] > 1 and (" --dp %d " % fast[0]["dp"]) in fast[0]["command"], fast[0]
+assert slow[0]["dp"] == 1 and " --dp " not in slow[0]["command"], slow[0]
+one = [c for c in fast if c["dp"] == 4 and c["schedule"] == "1f1b" and c["microbatches"] == 2][0]
+assert 104.0 <= one["predicted_ms"] <= 104.5, one
+assert set(c["dp"] for c in fast) == {1, 2, 4}, set(c["dp"] for c in fast)
+PY
+then ok "--ranks 4: replicas on a fast network ($(head -n 3 d1e10.out | tail -n 1 | sed 's/.*pipelm train //' | cut -c1-60)), one pipeline on a slow one"
+else bad "--ranks search" "$(sed -n 3p d1e10.out) / $(sed -n 3p d1e6.out)"; fi
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&
@@ -159,11 +186,20 @@ if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --micro
 else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
 # --measure: the costs measured in the job itself (without and with --recompute full), then the
 # search; its temporary files removed
-if TMPDIR=$WORK mpirun_t 180 2 tune --measure 2 --batch 4 --top 2 -- --preset tiny --n-layer 2 --seq-len 16 \
+if TMPDIR=$WORK mpirun_t 180 2 tune --measure 2 --ranks 2 --batch 4 --top 2 --json me.json -- --preset tiny \
+        --n-layer 2 --seq-len 16 \
         > me.out 2>&1 && [ "$(grep -c '^tune --measure: --schedule 1f1b --microbatches 2.*costs in' me.out)" = 2 ] &&
         grep -q "^tune: .* layouts tried for P=2, batch 4" me.out && [ -z "$(ls "$WORK"/pipelm-tune-* 2> /dev/null)" ]; then
     ok "--measure: $(grep -c 'recompute full' me.out) recompute line(s), $(grep '^tune: ' me.out | cut -c1-60)"
 else bad "--measure" "$(grep -i 'error\|tune' me.out | tail -n 4)"; fi
+# a --dp 2 candidate of that search runs as its command says
+dpc=$(python3 -c '
+import json
+c = [x for x in json.load(open("me.json"))["candidates"] if x["dp"] == 2]
+print(c[0]["command"].replace("pipelm train ", "", 1) if c else "")' 2> /dev/null)
+if [ -n "$dpc" ] && mpirun_t 120 2 train $dpc --batch 4 --steps 1 --progress 0 > dpc.out 2>&1 &&
+        grep -q "data parallel: 2 replicas" dpc.out; then ok "a --dp 2 candidate runs: $dpc"
+else bad "--dp candidate" "'$dpc' $(tail -n 2 dpc.out 2> /dev/null)"; fi
 # train --schedule auto takes the tuner's first pick for the same costs
 first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
 if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \

@@ -25,6 +25,7 @@ typedef struct {
                                    0 where unknown */
     int *blocks;                /* the transformer blocks each stage held when measured (P; key N),
                                    -1 where unknown */
+    int dp;                     /* the data-parallel replicas of the measured run (key dp; 1) */
 } sched_costs;
 
 typedef struct {
