@@ -342,8 +342,8 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
         sched_costs cm[TUNE_NMODES];
         const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
         int own = (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp) && q->ranks > 0, ok = 1;
+        for (int m = 0; own && m < TUNE_NMODES; m++) cd[m] = NULL; /* only what is made below is freed */
         for (int m = 0; own && m < TUNE_NMODES; m++) {
-            cd[m] = NULL;
             if (!c[m]) continue;
             int r = costs_for_layout(q, c[m], qd.P, D, &cm[m]);
             if (r == PL_ENOMEM) rc = r;
