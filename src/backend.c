@@ -49,6 +49,7 @@ static int complete(backend *b, int *nfilled, char *err, size_t errlen) {
                  b->name ? b->name : "(unnamed)");
         return PL_EINVAL;
     }
+    if (!b->matmul_decode_fwd) b->matmul_decode_fwd = b->matmul_fwd; /* its own product, not the CPU's */
 #define FILL_OP(op)                                                                                           \
     if (!b->op) {                                                                                             \
         if (!b->host_memory) {                                                                                \
