@@ -106,39 +106,46 @@ CD_AVX512 static void cd_axpy_v(float *o, float w, const float *v, int n) {
     }
 }
 
-/* Tiles of 4 weight rows by 4 input rows (16 accumulators): each weight row is read from
- * memory once per call however many input rows there are, which is what bounds a decode. */
+/* out rows i0..i0+ni-1, columns o0..o0+no-1 (ni, no <= 4): 16 accumulators, every weight
+ * vector loaded once for the 4 input rows. */
+CD_AVX512 static void cd_tile(float *out, const float *inp, const float *w, const float *b, int i0, int ni, int o0,
+                              int no, int C, int OC) {
+    const float *wr[4], *xr[4];
+    __m512 a[4][4];
+    for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(o0 + (j < no ? j : 0)) * C;
+    for (int i = 0; i < 4; i++) xr[i] = inp + (size_t)(i0 + (i < ni ? i : 0)) * C;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c += CD_LANES) {
+        __m512 w0 = cd_load(wr[0], c, C), w1 = cd_load(wr[1], c, C), w2 = cd_load(wr[2], c, C),
+               w3 = cd_load(wr[3], c, C);
+        for (int i = 0; i < 4; i++) {
+            __m512 x = cd_load(xr[i], c, C);
+            a[i][0] = _mm512_fmadd_ps(x, w0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(x, w1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(x, w2, a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(x, w3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < ni; i++)
+        for (int j = 0; j < no; j++) {
+            float s = cd_hsum(a[i][j]);
+            out[(size_t)(i0 + i) * OC + o0 + j] = b ? s + b[o0 + j] : s;
+        }
+}
+
+/* Blocks of CD_ROWS input rows (kept in L1/L2 while the weights stream past), threads
+ * splitting the columns in tiles of 4: for a decode step (N <= CD_ROWS) each weight row is
+ * read from memory once, which is what bounds a decode. */
+#define CD_ROWS 16
 CD_AVX512 static void cd_matmul_v(float *out, const float *inp, const float *w, const float *b, int N, int C,
                                   int OC) {
-    #pragma omp parallel for schedule(static)
-    for (int o0 = 0; o0 < OC; o0 += 4) {
-        int no = OC - o0 < 4 ? OC - o0 : 4;
-        const float *wr[4];
-        for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(o0 + (j < no ? j : 0)) * C;
-        for (int i0 = 0; i0 < N; i0 += 4) {
-            int ni = N - i0 < 4 ? N - i0 : 4;
-            const float *xr[4];
-            for (int i = 0; i < 4; i++) xr[i] = inp + (size_t)(i0 + (i < ni ? i : 0)) * C;
-            __m512 a[4][4];
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
-            for (int c = 0; c < C; c += CD_LANES) {
-                __m512 w0 = cd_load(wr[0], c, C), w1 = cd_load(wr[1], c, C), w2 = cd_load(wr[2], c, C),
-                       w3 = cd_load(wr[3], c, C);
-                for (int i = 0; i < 4; i++) {
-                    __m512 x = cd_load(xr[i], c, C);
-                    a[i][0] = _mm512_fmadd_ps(x, w0, a[i][0]);
-                    a[i][1] = _mm512_fmadd_ps(x, w1, a[i][1]);
-                    a[i][2] = _mm512_fmadd_ps(x, w2, a[i][2]);
-                    a[i][3] = _mm512_fmadd_ps(x, w3, a[i][3]);
-                }
-            }
-            for (int i = 0; i < ni; i++)
-                for (int j = 0; j < no; j++) {
-                    float s = cd_hsum(a[i][j]);
-                    out[(size_t)(i0 + i) * OC + o0 + j] = b ? s + b[o0 + j] : s;
-                }
-        }
+    for (int r0 = 0; r0 < N; r0 += CD_ROWS) {
+        int r1 = N - r0 < CD_ROWS ? N : r0 + CD_ROWS;
+        #pragma omp parallel for schedule(static)
+        for (int o0 = 0; o0 < OC; o0 += 4)
+            for (int i0 = r0; i0 < r1; i0 += 4)
+                cd_tile(out, inp, w, b, i0, r1 - i0 < 4 ? r1 - i0 : 4, o0, OC - o0 < 4 ? OC - o0 : 4, C, OC);
     }
 }
 #endif
