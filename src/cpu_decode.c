@@ -107,9 +107,10 @@ CD_AVX512 static void cd_axpy_v(float *o, float w, const float *v, int n) {
 }
 
 /* out rows i0..i0+ni-1, columns o0..o0+no-1 (ni, no <= 4): 16 accumulators, every weight
- * vector loaded once for the 4 input rows. */
+ * vector loaded once for the 4 input rows; pf (or NULL): 4 weight rows to prefetch meanwhile
+ * (the hardware prefetcher alone left a decode at half the memory bandwidth). */
 CD_AVX512 static void cd_tile(float *out, const float *inp, const float *w, const float *b, int i0, int ni, int o0,
-                              int no, int C, int OC) {
+                              int no, int C, int OC, const float *pf) {
     const float *wr[4], *xr[4];
     __m512 a[4][4];
     for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(o0 + (j < no ? j : 0)) * C;
@@ -117,6 +118,8 @@ CD_AVX512 static void cd_tile(float *out, const float *inp, const float *w, cons
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
     for (int c = 0; c < C; c += CD_LANES) {
+        if (pf)
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(pf + (size_t)j * C + c), _MM_HINT_T0);
         __m512 w0 = cd_load(wr[0], c, C), w1 = cd_load(wr[1], c, C), w2 = cd_load(wr[2], c, C),
                w3 = cd_load(wr[3], c, C);
         for (int i = 0; i < 4; i++) {
@@ -135,9 +138,11 @@ CD_AVX512 static void cd_tile(float *out, const float *inp, const float *w, cons
 }
 
 /* Blocks of CD_ROWS input rows (kept in L1/L2 while the weights stream past), threads
- * splitting the columns in tiles of 4: for a decode step (N <= CD_ROWS) each weight row is
- * read from memory once, which is what bounds a decode. */
+ * splitting the columns in tiles of 4, the weight rows CD_AHEAD rows on prefetched: for a
+ * decode step (N <= CD_ROWS) each weight row is read from memory once, which is what bounds
+ * a decode. */
 #define CD_ROWS 16
+#define CD_AHEAD 8
 CD_AVX512 static void cd_matmul_v(float *out, const float *inp, const float *w, const float *b, int N, int C,
                                   int OC) {
     for (int r0 = 0; r0 < N; r0 += CD_ROWS) {
@@ -145,7 +150,8 @@ CD_AVX512 static void cd_matmul_v(float *out, const float *inp, const float *w, 
         #pragma omp parallel for schedule(static)
         for (int o0 = 0; o0 < OC; o0 += 4)
             for (int i0 = r0; i0 < r1; i0 += 4)
-                cd_tile(out, inp, w, b, i0, r1 - i0 < 4 ? r1 - i0 : 4, o0, OC - o0 < 4 ? OC - o0 : 4, C, OC);
+                cd_tile(out, inp, w, b, i0, r1 - i0 < 4 ? r1 - i0 : 4, o0, OC - o0 < 4 ? OC - o0 : 4, C, OC,
+                        i0 == r0 && o0 + CD_AHEAD + 4 <= OC ? w + (size_t)(o0 + CD_AHEAD) * C : NULL);
     }
 }
 #endif
