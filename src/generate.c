@@ -474,9 +474,12 @@ static int gen_report(gen_state *gs) {
         rc = pl_open_output(gs->g->bench_json, "--json", &f, err, sizeof err);
         if (rc == PL_OK) {
             fprintf(f, "{\"ranks\":%d,\"stages\":%d,\"prompts\":%d,\"groups\":%d,\"kv_cache\":%d,\"new_tokens\":%ld,"
-                    "\"wall_s\":%.6f,\"ttft_ms\":%.3f,\"decode_tok_s\":%.3f,\"tok_s\":%.3f,\"bubble\":%.4f}\n", gs->P,
-                    gs->S, gs->g->nprompts, gs->G, gs->g->kv_cache, total, wall, ttft * 1e3, dec_s,
-                    total / (wall > 0 ? wall : 1e-9), bub);
+                    "\"wall_s\":%.6f,\"ttft_ms\":%.3f,\"decode_tok_s\":%.3f,\"tok_s\":%.3f,\"bubble\":%.4f,"
+                    "\"bubble_ranks\":[", gs->P, gs->S, gs->g->nprompts, gs->G, gs->g->kv_cache, total, wall, ttft * 1e3,
+                    dec_s, total / (wall > 0 ? wall : 1e-9), bub);
+            for (int r = 0; r < gs->P; r++)
+                fprintf(f, "%s%.4f", r ? "," : "", all[2 * r + 1] > 0 ? 1.0 - all[2 * r] / all[2 * r + 1] : 0);
+            fputs("]}\n", f);
             rc = pl_close_output(f, gs->g->bench_json, "--json", err, sizeof err);
         }
         if (rc != PL_OK) pl_error("%s", err);
