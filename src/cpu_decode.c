@@ -21,6 +21,7 @@
 
 static int force_portable;
 
+/* Tests: the portable C even on an AVX-512 CPU (cpu_decode.h). */
 void cpu_decode_force_portable(int on) { force_portable = on; }
 
 /* Whether the AVX-512 code runs (the CPU has it and the tests did not turn it off). */
@@ -88,12 +89,14 @@ CD_AVX512 static inline __m512 cd_load(const float *p, int c, int n) {
     return _mm512_maskz_loadu_ps((__mmask16)((1u << (n - c)) - 1), p + c);
 }
 
+/* cd_dot_c in registers. */
 CD_AVX512 static float cd_dot_v(const float *a, const float *b, int n) {
     __m512 acc = _mm512_setzero_ps();
     for (int c = 0; c < n; c += CD_LANES) acc = _mm512_fmadd_ps(cd_load(a, c, n), cd_load(b, c, n), acc);
     return cd_hsum(acc);
 }
 
+/* cd_axpy_c in registers (the tail masked). */
 CD_AVX512 static void cd_axpy_v(float *o, float w, const float *v, int n) {
     __m512 wv = _mm512_set1_ps(w);
     int c = 0;
@@ -156,6 +159,7 @@ CD_AVX512 static void cd_matmul_v(float *out, const float *inp, const float *w, 
 }
 #endif
 
+/* The AVX-512 tiles where the CPU has them, else the portable C: the same bits. */
 int cpu_matmul_decode_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
     if (N < 0 || C < 0 || OC < 0) return host_fail(PL_EBACKEND, "matmul_decode_fwd: bad shape (N=%d C=%d OC=%d)", N, C, OC);
 #ifdef CD_X86
