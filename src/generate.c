@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/eval.h"
@@ -55,10 +56,16 @@ typedef struct {
     unsigned char *cdone;            /* V: the chunk has passed the end item */
     double *t_first;                 /* per sequence: seconds to its first token */
     long items;
-    double t0, busy, t_end;
+    double t0, busy, busy_cpu, t_end; /* busy, busy_cpu: wall and thread CPU seconds in the stage's compute */
     FILE *lf;                        /* --logits-out (last stage) */
     const tokenizer *tk;
 } gen_state;
+
+/* This thread's CPU seconds: the compute time that other processes on the core do not inflate. */
+static double gen_cpu_now(void) {
+    struct timespec ts;
+    return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec + 1e-9 * ts.tv_nsec : 0.0;
+}
 
 /* The rank that owns global stage s (stage s on rank s mod P). */
 static int gen_owner(const gen_state *gs, int s) { return s % gs->P; }
@@ -290,10 +297,11 @@ static int gen_step(gen_state *gs, int c, int *end) {
         out[H_STOP] = (float)((int)h[H_STOP] | signals_stop_pending());
     }
     if (!*end && nseg > 0) {
-        double t = pl_now();
+        double t = pl_now(), tc = gen_cpu_now();
         int rc = kv_stage_forward(&gs->kv[c], gs->seg, nseg, gs->tokrows, h + gs->hdr, out ? out + gs->hdr : NULL,
                                   gs->logits);
         gs->busy += pl_now() - t;
+        gs->busy_cpu += gen_cpu_now() - tc;
         if (rc != PL_OK) {
             pl_error("backend %s: generating (stage %d): %s", gs->R->be->name, s,
                      rc == PL_EINVAL ? "an item larger than the buffers" : gs->R->be->error());
@@ -443,11 +451,12 @@ static void gen_print(const gen_state *gs) {
 }
 
 /* The figures: time to first token, decode tokens/s, the bubble of every rank (1 - compute
- * time / wall time of the loop); printed by rank 0, --json in the benchmark. */
+ * time / wall time of the loop) and its compute's CPU time; printed by rank 0, --json in the
+ * benchmark. */
 static int gen_report(gen_state *gs) {
-    double mine[2] = {gs->busy, gs->t_end - gs->t0}, *all = malloc(sizeof(double) * 2 * gs->P);
+    double mine[3] = {gs->busy, gs->t_end - gs->t0, gs->busy_cpu}, *all = malloc(sizeof(double) * 3 * gs->P);
     if (!all) return PL_ENOMEM;
-    int rc = comm_gather(mine, 2, MPI_DOUBLE, all, 0, gs->R->comm, "the generation timers");
+    int rc = comm_gather(mine, 3, MPI_DOUBLE, all, 0, gs->R->comm, "the generation timers");
     if (rc != PL_OK || gs->rank != 0) { free(all); return rc; }
     long total = 0, dec = 0;
     double ttft = 0, wall = all[1], bub = 0, bmax = 0;
@@ -457,7 +466,7 @@ static int gen_report(gen_state *gs) {
         ttft += gs->t_first[q] / gs->g->nprompts;
     }
     for (int r = 0; r < gs->P; r++) {
-        double b = all[2 * r + 1] > 0 ? 1.0 - all[2 * r] / all[2 * r + 1] : 0;
+        double b = all[3 * r + 1] > 0 ? 1.0 - all[3 * r] / all[3 * r + 1] : 0;
         bub += b / gs->P;
         if (b > bmax) bmax = b;
     }
@@ -478,7 +487,9 @@ static int gen_report(gen_state *gs) {
                     "\"bubble_ranks\":[", gs->P, gs->S, gs->g->nprompts, gs->G, gs->g->kv_cache, total, wall, ttft * 1e3,
                     dec_s, total / (wall > 0 ? wall : 1e-9), bub);
             for (int r = 0; r < gs->P; r++)
-                fprintf(f, "%s%.4f", r ? "," : "", all[2 * r + 1] > 0 ? 1.0 - all[2 * r] / all[2 * r + 1] : 0);
+                fprintf(f, "%s%.4f", r ? "," : "", all[3 * r + 1] > 0 ? 1.0 - all[3 * r] / all[3 * r + 1] : 0);
+            fputs("],\"cpu_s_ranks\":[", f);
+            for (int r = 0; r < gs->P; r++) fprintf(f, "%s%.6f", r ? "," : "", all[3 * r + 2]);
             fputs("]}\n", f);
             rc = pl_close_output(f, gs->g->bench_json, "--json", err, sizeof err);
         }
