@@ -159,6 +159,26 @@ CD_AVX512 static void cd_matmul_v(float *out, const float *inp, const float *w, 
 }
 #endif
 
+/* The dot in the code vec names (1: AVX-512, which only an x86 CPU has). */
+static float cd_dot(const float *a, const float *b, int n, int vec) {
+#ifdef CD_X86
+    if (vec) return cd_dot_v(a, b, n);
+#endif
+    (void)vec;
+    return cd_dot_c(a, b, n);
+}
+/* The axpy in the code vec names. */
+static void cd_axpy(float *o, float w, const float *v, int n, int vec) {
+#ifdef CD_X86
+    if (vec) {
+        cd_axpy_v(o, w, v, n);
+        return;
+    }
+#endif
+    (void)vec;
+    cd_axpy_c(o, w, v, n);
+}
+
 /* The AVX-512 tiles where the CPU has them, else the portable C: the same bits. */
 int cpu_matmul_decode_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
     if (N < 0 || C < 0 || OC < 0) return host_fail(PL_EBACKEND, "matmul_decode_fwd: bad shape (N=%d C=%d OC=%d)", N, C, OC);
@@ -181,14 +201,7 @@ static void cd_head(float *o, const float *q, const float *kc, const float *vc, 
         for (int j0 = 0; j0 < len; j0 += CD_CHUNK) {
             int n = len - j0 < CD_CHUNK ? len - j0 : CD_CHUNK;
             if (pass == 0 || len > CD_CHUNK)
-                for (int j = 0; j < n; j++) {
-                    const float *k = kc + (size_t)(j0 + j) * kvw;
-#ifdef CD_X86
-                    t[j] = (vec ? cd_dot_v(q, k, hs) : cd_dot_c(q, k, hs)) * scale;
-#else
-                    t[j] = cd_dot_c(q, k, hs) * scale;
-#endif
-                }
+                for (int j = 0; j < n; j++) t[j] = cd_dot(q, kc + (size_t)(j0 + j) * kvw, hs, vec) * scale;
             if (pass == 0) {
                 for (int j = 0; j < n; j++)
                     if (t[j] > mx) mx = t[j];
@@ -197,13 +210,8 @@ static void cd_head(float *o, const float *q, const float *kc, const float *vc, 
             if (j0 == 0) memset(o, 0, sizeof(float) * hs);
             for (int j = 0; j < n; j++) {
                 float e = expf(t[j] - mx);
-                const float *v = vc + (size_t)(j0 + j) * kvw;
                 sum += e;
-#ifdef CD_X86
-                if (vec) cd_axpy_v(o, e, v, hs);
-                else
-#endif
-                    cd_axpy_c(o, e, v, hs);
+                cd_axpy(o, e, vc + (size_t)(j0 + j) * kvw, hs, vec);
             }
         }
     for (int c = 0; c < hs; c++) o[c] /= sum;

@@ -83,6 +83,37 @@ static int gen_cand_cmp(const void *a, const void *b) {
     return x->i - y->i;
 }
 
+/* Sift c[i] down the heap c[0..n) whose root is the last in gen_cand_cmp's order. */
+static void gen_heap_down(gen_cand *c, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, m = i;
+        if (l < n && gen_cand_cmp(&c[l], &c[m]) > 0) m = l;
+        if (l + 1 < n && gen_cand_cmp(&c[l + 1], &c[m]) > 0) m = l + 1;
+        if (m == i) return;
+        gen_cand t = c[i];
+        c[i] = c[m];
+        c[m] = t;
+        i = m;
+    }
+}
+
+/* c[0..k) = the k first candidates of the row in gen_cand_cmp's order, sorted: with k < V a
+ * heap of k, not a sort of the whole vocabulary per token (the order is total, so it is the
+ * same prefix as the full sort's). */
+static void gen_top(const float *lg, int V, int k, gen_cand *c) {
+    for (int i = 0; i < k; i++) c[i] = (gen_cand){lg[i], i};
+    if (k < V) {
+        for (int i = k / 2 - 1; i >= 0; i--) gen_heap_down(c, k, i);
+        for (int i = k; i < V; i++) {
+            gen_cand x = {lg[i], i};
+            if (gen_cand_cmp(&x, &c[0]) >= 0) continue;
+            c[0] = x;
+            gen_heap_down(c, k, 0);
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, gen_cand_cmp);
+}
+
 /* Sample a token from one row of logits: argmax at temperature 0 (the lowest id among equal
  * maxima), else softmax(logits / T) over the top-k, cut to the smallest prefix whose
  * probability reaches top-p, drawn from the stream of (seed, sequence, position). */
@@ -92,9 +123,8 @@ static int gen_sample(const gen_opts *g, const float *lg, int V, unsigned long l
     for (int i = 1; i < V; i++)
         if (lg[i] > lg[best]) best = i;
     if (g->temperature <= 0) return best;
-    for (int i = 0; i < V; i++) c[i] = (gen_cand){lg[i], i};
-    qsort(c, (size_t)V, sizeof *c, gen_cand_cmp);
     int k = g->top_k > 0 && g->top_k < V ? g->top_k : V;
+    gen_top(lg, V, k, c);
     double z = 0, acc = 0;
     for (int i = 0; i < k; i++) z += exp(((double)c[i].l - c[0].l) / g->temperature);
     int n = k;
