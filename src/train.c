@@ -327,7 +327,7 @@ static int split_count(const run *R, char *err, size_t errlen) {
  * only once every rank's set-up has succeeded (a rank that failed before it would leave its
  * replicas blocked in the dup). */
 static int setup_dp(run *R, char *err, size_t errlen) {
-    if (R->D <= 1) return PL_OK;
+    if (R->D <= 1 || R->o->eval_mode) return PL_OK; /* eval: replicas only all-reduce the loss */
     PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, R->o->zero, R->M, err, errlen));
     R->have_dp = 1;
     for (int c = 0; R->V > 1 && c < R->V; c++) dp_hook(&R->dp, &R->stv[c], R->M);
@@ -358,7 +358,7 @@ static int setup(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
     }
-    PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen));
+    if (!o->eval_mode) PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen)); /* eval, generate: no moments */
     PL_TRY(train_ckpt_async_check(R, err, errlen)); /* --ckpt-async: MPI's thread level, the snapshot's memory */
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     /* --fail-rank names a world rank */
