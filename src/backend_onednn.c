@@ -54,6 +54,8 @@
 #include "pipelm/backend_host.h"
 #include "pipelm/backend_math.h"
 #include "pipelm/common.h"
+#include "pipelm/onednn_elem.h"
+#include "pipelm/onednn_llama.h"
 #include "pipelm/onednn_ops.h"
 #include "pipelm/onednn_wcache.h"
 
@@ -500,6 +502,7 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     if (rc) { snprintf(err, errlen, "%s", host_error()); return rc; }
     S.prec = prec;
     onednn_ops_select(backend_opt_flag(dn_opts, opt, "vec-ops"));
+    onednn_ops_bf16(prec == PL_PREC_BF16);
     S.wcache = prec == PL_PREC_BF16 && backend_opt_flag(dn_opts, opt, "weight-cache");
     wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
@@ -597,7 +600,12 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
         snprintf(what, sizeof what, "matmul_bwd_weight %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
         const void *A = dout, *B = inp;
         if (bf) {
-            PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+            /* dout's bf16 copy and db's column sums in one pass where the CPU allows */
+            void *a16 = NULL;
+            PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)N * OC, &a16));
+            A = a16;
+            if (onednn_colsum_bf16(db, a16, dout, N, OC)) db = NULL; /* summed */
+            else PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
             PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
         }
         mm_key k;
@@ -605,7 +613,7 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
         key_2d(&k, OC, N, C, 1, OC, C, 1, C);
         PL_TRY(mm_run(&k, A, B, dw, NULL, what));
     }
-    if (db) host_colsum(db, dout, N, OC); /* the CPU backend's own order: the same bits */
+    if (db) onednn_colsum_bf16(db, NULL, dout, N, OC); /* host_colsum's order: the CPU backend's bits */
     return 0;
 }
 
@@ -788,7 +796,7 @@ static int dn_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
 /* scale writes x (the optimizer scales gradients, but any caller may scale weights). */
 static int dn_scale(float *x, float s, size_t n) {
     wcache_write(x, n * sizeof(float));
-    return backend_cpu.scale(x, s, n);
+    return onednn_scale(x, s, n);
 }
 
 /* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
@@ -832,4 +840,15 @@ const backend backend_onednn = {
     .crossentropy_bwd = onednn_crossentropy_bwd,
     .adamw = dn_adamw, /* onednn_adamw, telling the weight cache */
     .sumsq = onednn_sumsq,
+    /* onednn_elem.c: the CPU backend's bits in 16 lanes */
+    .encoder_fwd = onednn_encoder_fwd,
+    .encoder_bwd = onednn_encoder_bwd,
+    .residual_fwd = onednn_residual_fwd,
+    .add_inplace = onednn_add_inplace,
+    /* onednn_llama.c: AVX-512 in bf16, backend_cpu's in fp32 */
+    .rmsnorm_fwd = onednn_rmsnorm_fwd,
+    .rmsnorm_bwd_input = onednn_rmsnorm_bwd_input,
+    .rmsnorm_bwd_weight = onednn_rmsnorm_bwd_weight,
+    .swiglu_fwd = onednn_swiglu_fwd,
+    .swiglu_bwd = onednn_swiglu_bwd,
 };

@@ -23,11 +23,7 @@
 #include "pipelm/common.h"
 #include "pipelm/onednn_ops.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define OPS_X86 1
-#define VEC __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
-#endif
+#include "pipelm/onednn_simd.h"
 
 #define LN_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
@@ -46,6 +42,14 @@ int onednn_ops_select(int on) {
     return use_vec;
 }
 int onednn_ops_active(void) { return use_vec; }
+
+/* The bf16 precision's own kernels (GELU through a sigmoid, RMSNorm, SwiGLU): on in bf16,
+ * where the backend's bits are not fixed, off in fp32 so that its bits stay the former ones. */
+static int bf16_kernels;
+int onednn_ops_bf16(int on) {
+    if (on >= 0) bf16_kernels = on != 0;
+    return bf16_kernels;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* scalar softmax loops: the backend's own before the vector ones, kept for CPUs without them */
@@ -75,55 +79,6 @@ static void softmax_bwd_scalar(float *datt, const float *att, int BH, int T) {
 }
 
 #ifdef OPS_X86
-/* ---------------------------------------------------------------------------------------- */
-/* vector building blocks */
-
-/* Lanes [c, min(c + 16, n)) of a row of n (none when c >= n). */
-VEC static inline __mmask16 tail(int c, int n) {
-    return n - c >= 16 ? (__mmask16)0xFFFF : n <= c ? (__mmask16)0 : (__mmask16)((1u << (n - c)) - 1u);
-}
-
-/* exp_fast in 16 lanes: the same range reduction and polynomial, with fused multiply-adds.
- * min/max with the bound first keep a NaN input NaN (as the scalar version's). */
-VEC static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);
-    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
-    __m512 fk = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(fk, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(fk, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i k = _mm512_cvtps_epi32(fk);
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-/* tanh_fast in 16 lanes: 1 - 2 / (1 + exp(2u)). */
-VEC static inline __m512 tanh16(__m512 u) {
-    __m512 one = _mm512_set1_ps(1.0f);
-    __m512 e = exp16(_mm512_add_ps(u, u));
-    return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)));
-}
-
-/* fp32 -> bf16 of the lanes in m, f32_to_bf16's rule in 16 lanes: round to nearest even, a
- * denormal to a signed zero, a NaN quiet. */
-VEC static inline void store16(unsigned short *dst, __m512 x, __mmask16 m) {
-    __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
-    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    __mmask16 den = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_and_epi32(r, den, hi, _mm512_set1_epi32(0x8000));
-    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-    _mm256_mask_storeu_epi16(dst, m, _mm512_cvtepi32_epi16(r));
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* causal softmax (attention) */
 
@@ -325,17 +280,32 @@ int onednn_layernorm_bwd_weight(float *dw, float *db, const float *dout, const f
 /* GELU (tanh approximation) */
 
 #ifdef OPS_X86
-/* Blocks of 16 values, threads over fixed blocks: elementwise, so any split is the same. */
-#define ELEM_LOOP(n, ...)                                                                     \
-    do {                                                                                       \
-        size_t nb_ = ((n) + 15) / 16;                                                          \
-        _Pragma("omp parallel for schedule(static)")                                           \
-        for (size_t b_ = 0; b_ < nb_; b_++) {                                                  \
-            size_t i = b_ * 16;                                                                \
-            __mmask16 m = (n) - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - i)) - 1u); \
-            __VA_ARGS__                                                                        \
-        }                                                                                      \
-    } while (0)
+
+/* bf16 precision: 0.5 x (1 + tanh(u)) = x sigma(2u), one exponential and a refined reciprocal
+ * instead of tanh16's division (the same function; not the fp32 loop's bits). */
+VEC static void gelu_fwd_sig(float *out, const float *inp, size_t n) {
+    ELEM_LOOP(n, {
+        __m512 x = _mm512_maskz_loadu_ps(m, inp + i);
+        __m512 u = _mm512_mul_ps(_mm512_set1_ps(2.0f * GELU_SCALE),
+                                 _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(x, sigmoid16(u)));
+    });
+}
+
+/* gelu'(x) = s + 2 x s (1 - s) u', s = sigma(2u), u' = sqrt(2/pi) (1 + 3 0.044715 x^2). */
+VEC static void gelu_bwd_sig(float *dinp, const float *inp, const float *dout, size_t n) {
+    ELEM_LOOP(n, {
+        __m512 x = _mm512_maskz_loadu_ps(m, inp + i), one = _mm512_set1_ps(1.0f);
+        __m512 x2 = _mm512_mul_ps(x, x);
+        __m512 u2 = _mm512_mul_ps(_mm512_set1_ps(2.0f * GELU_SCALE),
+                                  _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x2, x));
+        __m512 s = sigmoid16(u2);
+        __m512 du2 = _mm512_mul_ps(_mm512_set1_ps(2.0f * GELU_SCALE),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(3.0f * 0.044715f), x2, one));
+        __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(one, s)), du2, s);
+        _mm512_mask_storeu_ps(dinp + i, m, _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, dout + i)));
+    });
+}
 
 VEC static void gelu_fwd_vec(float *out, const float *inp, size_t n) {
     ELEM_LOOP(n, {
@@ -366,12 +336,14 @@ VEC static void gelu_bwd_vec(float *dinp, const float *inp, const float *dout, s
 
 int onednn_gelu_fwd(float *out, const float *inp, size_t n) {
 #ifdef OPS_X86
+    if (use_vec && bf16_kernels) { gelu_fwd_sig(out, inp, n); return 0; }
     if (use_vec) { gelu_fwd_vec(out, inp, n); return 0; }
 #endif
     return backend_cpu.gelu_fwd(out, inp, n);
 }
 int onednn_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
 #ifdef OPS_X86
+    if (use_vec && bf16_kernels) { gelu_bwd_sig(dinp, inp, dout, n); return 0; }
     if (use_vec) { gelu_bwd_vec(dinp, inp, dout, n); return 0; }
 #endif
     return backend_cpu.gelu_bwd(dinp, inp, dout, n);

@@ -19,6 +19,10 @@
 int onednn_ops_select(int on);
 /* Whether the vector loops are in use (for describe). */
 int onednn_ops_active(void);
+/* on = 1: the bf16 precision's kernels, whose rounding differs from the fp32 loops' (GELU as
+ * x sigma(2u), onednn_llama.h's RMSNorm and SwiGLU); 0: the fp32 loops' bits; -1: only ask.
+ * Returns the setting. The backend's init sets it from the precision. */
+int onednn_ops_bf16(int on);
 
 /* Causal softmax of the B*NH*T rows of att (T each), in place, upper triangle zeroed; with
  * out16 not NULL the vector loops also write the probabilities there as bf16 (the next

@@ -1,0 +1,28 @@
+/*
+ * onednn_elem.h — the oneDNN backend's AVX-512 loops for the memory-bound ops it used to take
+ * from the CPU backend (src/onednn_elem.c): the residual sum, the in-place add, the gradient
+ * scale, the embedding lookup and its backward, and the bias-gradient column sum, alone or in
+ * the same pass as the bf16 copy of dout that the weight-gradient product multiplies. Each is
+ * the same arithmetic in the same order as the CPU backend's (an add or a multiply per value,
+ * the column sums row by row), so the results are the CPU backend's bits for any thread count,
+ * in fp32 and bf16; they only read and write in 16 lanes. On a CPU without AVX-512, or with the
+ * vector ops off (onednn_ops_select(0)), each calls backend_cpu's op.
+ */
+#ifndef PIPELM_ONEDNN_ELEM_H
+#define PIPELM_ONEDNN_ELEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int onednn_residual_fwd(float *out, const float *a, const float *b, size_t n);
+int onednn_add_inplace(float *dst, const float *src, size_t n);
+int onednn_scale(float *x, float s, size_t n);
+int onednn_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C);
+int onednn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C);
+/* db[j] += sum_i dout[i][j] (host_colsum's order: each column sums its rows in order); with out16
+ * not NULL the same pass writes dout's bf16 copy there (VCVTNEPS2BF16, f32_to_bf16's rounding).
+ * Returns 1 when out16 was written, 0 when not (no AVX512-BF16, or the vector ops off: the caller
+ * converts). db may be NULL (only the copy). */
+int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int OC);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * onednn_elem.c — the oneDNN backend's AVX-512 residual, add, scale, embedding and bias-gradient
+ * loops (onednn_elem.h). Built for the baseline x86-64 ISA, the CPU backend's versions of these
+ * run in 4 lanes (the column sum in whatever the compiler makes of a chunked loop); here they
+ * run in 16, with the CPU backend's arithmetic and order, so their bits are its bits. Used only
+ * when onednn_ops_select found AVX-512 (the column sum's bf16 copy also needs AVX512-BF16).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <stdint.h>
+#include "pipelm/backend.h"
+#include "pipelm/backend_host.h"
+#include "pipelm/onednn_elem.h"
+#include "pipelm/onednn_ops.h"
+#include "pipelm/onednn_simd.h"
+
+#define COLSUM_CHUNK 256 /* host_colsum's column chunk: the same split of the work */
+
+#ifdef OPS_X86
+#define VEC_BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16")))
+
+VEC static void residual_vec(float *out, const float *a, const float *b, size_t n) {
+    ELEM_LOOP(n, {
+        __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+        _mm512_mask_storeu_ps(out + i, m, x);
+    });
+}
+
+VEC static void scale_vec(float *x, float s, size_t n) {
+    __m512 vs = _mm512_set1_ps(s);
+    ELEM_LOOP(n, { _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs)); });
+}
+
+/* dst (+)= src over C values (add = 0: dst = src + base, the forward's wte + wpe). */
+VEC static inline void row_add(float *dst, const float *a, const float *b, int C) {
+    for (int c = 0; c < C; c += 16) {
+        __mmask16 k = tail(c, C);
+        _mm512_mask_storeu_ps(dst + c, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + c), _mm512_maskz_loadu_ps(k, b + c)));
+    }
+}
+
+VEC static void encoder_fwd_vec(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++)
+        row_add(out + (size_t)i * C, wte + (size_t)tok[i] * C, wpe + (size_t)(i % T) * C, C);
+}
+
+/* Serial over rows as the CPU backend's: two rows may hit the same token, in a fixed order. */
+VEC static void encoder_bwd_vec(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
+    for (int i = 0; i < N; i++) {
+        const float *d = dout + (size_t)i * C;
+        float *dw = dwte + (size_t)tok[i] * C, *dp = dwpe + (size_t)(i % T) * C;
+        row_add(dw, dw, d, C);
+        row_add(dp, dp, d, C);
+    }
+}
+
+/* Columns [j0, j1) of the column sum, 64 at a time in registers, rows in order; with o16 the
+ * bf16 of every value read. A template over the conversion: CVT(dst, x, mask) or nothing. */
+#define COLSUM_BLOCK(CVT)                                                                      \
+    for (int j = j0; j < j1; j += 64) {                                                        \
+        __mmask16 k[4];                                                                        \
+        __m512 s[4];                                                                           \
+        for (int u = 0; u < 4; u++) {                                                          \
+            k[u] = j + 16 * u < j1 ? tail(j + 16 * u, j1) : 0;                                 \
+            s[u] = db ? _mm512_maskz_loadu_ps(k[u], db + j + 16 * u) : _mm512_setzero_ps();   \
+        }                                                                                      \
+        for (int i = 0; i < N; i++) {                                                          \
+            const float *d = dout + (size_t)i * OC + j;                                        \
+            for (int u = 0; u < 4; u++) {                                                      \
+                __m512 x = _mm512_maskz_loadu_ps(k[u], d + 16 * u);                            \
+                s[u] = _mm512_add_ps(s[u], x);                                                 \
+                CVT(o16 + (size_t)i * OC + j + 16 * u, x, k[u]);                               \
+            }                                                                                  \
+        }                                                                                      \
+        if (db)                                                                                \
+            for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(db + j + 16 * u, k[u], s[u]);    \
+    }
+
+#define NO_CVT(dst, x, m) (void)0
+#define BF16_CVT(dst, x, m) _mm256_mask_storeu_epi16((dst), (m), (__m256i)_mm512_cvtneps_pbh(x))
+
+VEC static void colsum_vec(float *db, const float *dout, int N, int OC) {
+    int nchunk = (OC + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+    uint16_t *o16 = NULL;
+    (void)o16;
+    #pragma omp parallel for schedule(static)
+    for (int kc = 0; kc < nchunk; kc++) {
+        int j0 = kc * COLSUM_CHUNK, j1 = j0 + COLSUM_CHUNK < OC ? j0 + COLSUM_CHUNK : OC;
+        COLSUM_BLOCK(NO_CVT)
+    }
+}
+
+VEC_BF16 static void colsum_bf16_vec(float *db, uint16_t *o16, const float *dout, int N, int OC) {
+    int nchunk = (OC + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+    #pragma omp parallel for schedule(static)
+    for (int kc = 0; kc < nchunk; kc++) {
+        int j0 = kc * COLSUM_CHUNK, j1 = j0 + COLSUM_CHUNK < OC ? j0 + COLSUM_CHUNK : OC;
+        COLSUM_BLOCK(BF16_CVT)
+    }
+}
+#endif /* OPS_X86 */
+
+int onednn_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+#ifdef OPS_X86
+    if (onednn_ops_active()) { residual_vec(out, a, b, n); return 0; }
+#endif
+    return backend_cpu.residual_fwd(out, a, b, n);
+}
+
+int onednn_add_inplace(float *dst, const float *src, size_t n) {
+#ifdef OPS_X86
+    if (onednn_ops_active()) { residual_vec(dst, dst, src, n); return 0; }
+#endif
+    return backend_cpu.add_inplace(dst, src, n);
+}
+
+int onednn_scale(float *x, float s, size_t n) {
+#ifdef OPS_X86
+    if (onednn_ops_active()) { scale_vec(x, s, n); return 0; }
+#endif
+    return backend_cpu.scale(x, s, n);
+}
+
+int onednn_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C) {
+#ifdef OPS_X86
+    if (onednn_ops_active() && T > 0) { encoder_fwd_vec(out, tok, wte, wpe, N, T, C); return 0; }
+#endif
+    return backend_cpu.encoder_fwd(out, tok, wte, wpe, N, T, C);
+}
+
+int onednn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C) {
+#ifdef OPS_X86
+    if (onednn_ops_active() && T > 0) { encoder_bwd_vec(dwte, dwpe, dout, tok, N, T, C); return 0; }
+#endif
+    return backend_cpu.encoder_bwd(dwte, dwpe, dout, tok, N, T, C);
+}
+
+int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int OC) {
+    if (N <= 0 || OC <= 0) return 0;
+#ifdef OPS_X86
+    if (onednn_ops_active()) {
+        if (out16 && __builtin_cpu_supports("avx512bf16")) {
+            colsum_bf16_vec(db, out16, dout, N, OC);
+            return 1;
+        }
+        if (db) colsum_vec(db, dout, N, OC);
+        return 0;
+    }
+#endif
+    if (db) host_colsum(db, dout, N, OC);
+    return 0;
+}
