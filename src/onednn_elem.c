@@ -138,13 +138,16 @@ int onednn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *t
 }
 
 int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int OC) {
-    if (N <= 0 || OC <= 0) return 0;
+    if (N <= 0 || OC <= 0) return out16 != NULL;
+#ifdef OPS_X86
+    if (onednn_ops_active() && out16 && __builtin_cpu_supports("avx512bf16")) {
+        colsum_bf16_vec(db, out16, dout, N, OC);
+        return 1;
+    }
+#endif
+    if (out16) return 0; /* nothing done: the caller converts and sums */
 #ifdef OPS_X86
     if (onednn_ops_active()) {
-        if (out16 && __builtin_cpu_supports("avx512bf16")) {
-            colsum_bf16_vec(db, out16, dout, N, OC);
-            return 1;
-        }
         if (db) colsum_vec(db, dout, N, OC);
         return 0;
     }

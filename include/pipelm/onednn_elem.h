@@ -20,9 +20,9 @@ int onednn_scale(float *x, float s, size_t n);
 int onednn_encoder_fwd(float *out, const int *tok, const float *wte, const float *wpe, int N, int T, int C);
 int onednn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int N, int T, int C);
 /* db[j] += sum_i dout[i][j] (host_colsum's order: each column sums its rows in order); with out16
- * not NULL the same pass writes dout's bf16 copy there (VCVTNEPS2BF16, f32_to_bf16's rounding).
- * Returns 1 when out16 was written, 0 when not (no AVX512-BF16, or the vector ops off: the caller
- * converts). db may be NULL (only the copy). */
+ * not NULL the same pass writes dout's bf16 copy there (VCVTNEPS2BF16, f32_to_bf16's rounding) and
+ * returns 1, or, without AVX512-BF16 or with the vector ops off, does nothing and returns 0 (the
+ * caller converts and sums). With out16 NULL it sums and returns 0. db may be NULL (only the copy). */
 int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int OC);
 
 #endif

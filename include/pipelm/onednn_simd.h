@@ -40,9 +40,9 @@ VEC_INLINE __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i k = _mm512_cvtps_epi32(fk);
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    /* p 2^k: VSCALEFPS is the exact product the exponent-bits construction gives (k is within
+     * [-126, 128) after the clamps), in one instruction instead of four */
+    return _mm512_scalef_ps(p, fk);
 }
 
 /* tanh_fast in 16 lanes: 1 - 2 / (1 + exp(2u)). */
