@@ -15,6 +15,7 @@
 #include "pipelm/common.h"
 
 #ifdef HAVE_ONEDNN
+#include "pipelm/onednn_auto.h" /* backend_onednn_auto */
 extern const backend backend_onednn;
 #endif
 #ifdef HAVE_CUDA
@@ -96,12 +97,44 @@ const char *backend_refusal(void) {
     return refusal;
 }
 
+/* Tables found by a key of their own and left out of backend_list: a built backend's variant
+ * for --backend auto (config_backend names it), with the same name, so the run is reported as
+ * that backend's. Completed on first use as the registry's. */
+static const struct {
+    const char *key;
+    const backend *table;
+} variants[] = {
+#ifdef HAVE_ONEDNN
+    {"onednn/auto", &backend_onednn_auto}, /* bf16 products only where they beat fp32 (onednn_auto.h) */
+#endif
+    {NULL, NULL},
+};
+#define NVARIANTS (sizeof variants / sizeof variants[0] - 1)
+static backend variant_filled[NVARIANTS + 1];
+static int variant_state[NVARIANTS + 1]; /* 0 not yet, 1 completed, -1 refused */
+
+/* The variant keyed `name`, completed once; NULL if there is none or it was refused. */
+static const backend *find_variant(const char *name) {
+    for (size_t i = 0; i < NVARIANTS; i++) {
+        if (strcmp(variants[i].key, name) != 0) continue;
+        if (variant_state[i] == 0) {
+            char err[200];
+            int nfilled = 0;
+            variant_filled[i] = *variants[i].table;
+            variant_state[i] = complete(&variant_filled[i], &nfilled, err, sizeof err) == PL_OK ? 1 : -1;
+            if (variant_state[i] < 0) snprintf(refusal, sizeof refusal, "%s", err);
+        }
+        return variant_state[i] > 0 ? &variant_filled[i] : NULL;
+    }
+    return NULL;
+}
+
 /* Linear search: there are at most a handful. */
 const backend *backend_find(const char *name) {
     register_all();
     for (int i = 0; registry[i]; i++)
         if (strcmp(registry[i]->name, name) == 0) return registry[i];
-    return NULL;
+    return find_variant(name);
 }
 
 /* Built once from the registry, for messages and --help. */

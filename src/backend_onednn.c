@@ -54,6 +54,7 @@
 #include "pipelm/backend_host.h"
 #include "pipelm/backend_math.h"
 #include "pipelm/common.h"
+#include "pipelm/onednn_auto.h"
 #include "pipelm/onednn_elem.h"
 #include "pipelm/onednn_llama.h"
 #include "pipelm/onednn_ops.h"
@@ -106,6 +107,7 @@ static struct {
     int native_bf16;       /* the CPU converts with VCVTNEPS2BF16 */
     int wcache;            /* bf16 weight copies kept between updates (onednn_wcache.h) */
     char impl[112];        /* matmul implementations of the probe products, for describe */
+    char auto_note[96];    /* --backend auto's choice for bf16 and its reason ("" when not auto) */
     mm_entry cache[MM_CACHE];
     int next_victim;
     long created;          /* primitives created (tests, diagnostics) */
@@ -518,6 +520,25 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     return 0;
 }
 
+static int dn_init_plain(const backend_options *opt, char *err, size_t errlen) {
+    S.auto_note[0] = 0;
+    return dn_init(opt, err, errlen);
+}
+
+/* --backend auto's init: for bf16, real bf16 products when onednn_bf16_products_fast says they
+ * win here, else this backend's fp32 path (the products and every other op as in fp32); the
+ * choice and its reason go on the describe line. */
+static int dn_init_auto(const backend_options *opt, char *err, size_t errlen) {
+    if (!opt || opt->precision != PL_PREC_BF16) return dn_init_plain(opt, err, errlen);
+    char why[64];
+    int fast = onednn_bf16_products_fast(why, sizeof why);
+    backend_options o = *opt;
+    if (!fast) o.precision = PL_PREC_FP32;
+    int rc = dn_init(&o, err, errlen);
+    snprintf(S.auto_note, sizeof S.auto_note, "auto: %s products (%s)", fast ? "bf16" : "fp32", why);
+    return rc;
+}
+
 static void dn_describe(char *buf, size_t len) {
     const dnnl_version_t *v = dnnl_version();
     if (!S.inited) {
@@ -526,11 +547,42 @@ static void dn_describe(char *buf, size_t len) {
     }
     /* "<name>: library, kernel, precision" as backend_cpu's line */
     int bf = S.prec == PL_PREC_BF16;
-    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s%s, %s", v->major, v->minor, v->patch,
+    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s%s, %s%s%s", v->major, v->minor, v->patch,
              isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
              bf ? (S.native_bf16 ? " (inputs converted with avx512_bf16" : " (inputs converted by a scalar loop") : "",
              bf ? (S.wcache ? ", weights once per update)" : ", weights on every product)") : "",
-             onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's");
+             onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's", S.auto_note[0] ? "; " : "",
+             S.auto_note);
+}
+
+/* The verdict of onednn_auto.h: by ISA and vendor (a timing could differ between ranks). */
+int onednn_bf16_products_fast(char *why, size_t len) {
+    const char *e = getenv("PIPELM_ONEDNN_BF16_FAST");
+    if (e && (strcmp(e, "0") == 0 || strcmp(e, "1") == 0)) {
+        snprintf(why, len, "PIPELM_ONEDNN_BF16_FAST=%s", e);
+        return e[0] == '1';
+    }
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_amx) == (unsigned)dnnl_cpu_isa_avx512_core_amx) {
+        snprintf(why, len, "AMX-BF16 tiles");
+        return 1;
+    }
+    if (!isa_has_bf16(isa)) {
+        snprintf(why, len, "no native bf16 (ISA %s)", isa_name(isa));
+        return 0;
+    }
+#ifdef DN_HAVE_X86
+    if (__builtin_cpu_is("amd")) {
+        snprintf(why, len, "AMD AVX512-BF16: 2x the fp32 FMA rate");
+        return 1;
+    }
+    if (__builtin_cpu_is("intel")) {
+        snprintf(why, len, "Intel AVX512-BF16 without AMX: the fp32 FMA rate");
+        return 0;
+    }
+#endif
+    snprintf(why, len, "native bf16, CPU vendor not known");
+    return 1;
 }
 
 #define NEED_INIT(what)                                                                        \
@@ -627,6 +679,45 @@ static void view4(int64_t *d, int64_t *s, int64_t B, int64_t NH, int64_t r, int6
     s[0] = sb; s[1] = sh; s[2] = sr; s[3] = sc;
 }
 
+/* Which part of a causal product is needed: the output's lower triangle (QK^T, dy V^T), or all
+ * of the output with the first factor lower triangular (att V, dpre K) or upper triangular
+ * (att^T dy, dpre^T q: a key row j only meets query rows i >= j). */
+enum { CAUSAL_OUT = 0, CAUSAL_A_LOWER = 1, CAUSAL_A_UPPER = 2 };
+
+/* The rows [m0, m1), inner range [k0, k1) and columns [n0, n1) of the 4-D product k on A, B -> C
+ * (es: bytes per input element; C is f32): the same strides, offset pointers. */
+static int mm_part(const mm_key *k, int64_t m0, int64_t m1, int64_t k0, int64_t k1, int64_t n0, int64_t n1,
+                   const void *A, const void *B, float *C, size_t es, const char *what) {
+    mm_key p = *k;
+    p.ad[2] = m1 - m0; p.ad[3] = k1 - k0;
+    p.bd[2] = k1 - k0; p.bd[3] = n1 - n0;
+    p.cd[2] = m1 - m0; p.cd[3] = n1 - n0;
+    const char *a = (const char *)A + es * (size_t)(m0 * k->as[2] + k0 * k->as[3]);
+    const char *b = (const char *)B + es * (size_t)(k0 * k->bs[2] + n0 * k->bs[3]);
+    return mm_run(&p, a, b, C + m0 * k->cs[2] + n0 * k->cs[3], NULL, what);
+}
+
+/* The 4-D (T x T)-causal product k in bf16: two products that leave out the block a causal
+ * mask zeroes (the rows before T/2 against the columns or inner indices after it), 3/4 of the
+ * multiplies; the block of C left unwritten (CAUSAL_OUT's upper right) is one the caller's
+ * softmax overwrites or never reads. fp32, and T < 64, run the one full product (the former
+ * bits). */
+static int mm_causal(const mm_key *k, int kind, const void *A, const void *B, float *C, const char *what) {
+    int64_t M = k->ad[2], K = k->ad[3], N = k->bd[3];
+    int64_t T = kind == CAUSAL_OUT ? M : K, h = T / 2;
+    if (k->dt != dnnl_bf16 || T < 64) return mm_run(k, A, B, C, NULL, what);
+    if (kind == CAUSAL_OUT) {
+        PL_TRY(mm_part(k, 0, h, 0, K, 0, h, A, B, C, 2, what));
+        return mm_part(k, h, M, 0, K, 0, N, A, B, C, 2, what);
+    }
+    if (kind == CAUSAL_A_LOWER) {
+        PL_TRY(mm_part(k, 0, h, 0, h, 0, N, A, B, C, 2, what));
+        return mm_part(k, h, M, 0, K, 0, N, A, B, C, 2, what);
+    }
+    PL_TRY(mm_part(k, 0, h, 0, K, 0, N, A, B, C, 2, what));
+    return mm_part(k, h, M, h, K, 0, N, A, B, C, 2, what);
+}
+
 /* Grouped-query attention on a fused qkv (B, T, W), W = (NH + 2 NKV) HS: query head h = g G + j
  * (G = NH / NKV) reads kv head g. For each j the G-th query heads form a 4-D batch (B, NKV) of
  * products against the kv heads (query head stride G HS, kv head stride HS), so the products
@@ -661,7 +752,7 @@ static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
         view4(k.ad, k.as, B, NKV, T, hs, sbw, G * hs, W, 1);      /* q_h (T, hs) */
         view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);          /* k_g^T (hs, T) */
         view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h (T, T) */
-        PL_TRY(mm_run(&k, q + es * j * hs, kk, att + j * TT, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_OUT, q + es * j * hs, kk, att + j * TT, what));
     }
     /* bf16: the softmax writes the bf16 copy of att in its own pass where it can */
     const void *a = att;
@@ -676,7 +767,7 @@ static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h */
         view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);          /* v_g (T, hs) */
         view4(k.cd, k.cs, B, NKV, T, hs, T * CO, G * hs, CO, 1);  /* out_h (T, hs) of (B,T,NH HS) */
-        PL_TRY(mm_run(&k, (const char *)a + es * j * TT, v, out + j * hs, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_A_LOWER, (const char *)a + es * j * TT, v, out + j * hs, what));
     }
     return 0;
 }
@@ -716,13 +807,13 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
         view4(k.ad, k.as, B, NKV, T, hs, sbo, G * hs, CO, 1);
         view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);
         view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);
-        PL_TRY(mm_run(&k, dy + es * j * hs, v, datt + j * TT, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_OUT, dy + es * j * hs, v, datt + j * TT, what));
         /* dv_g (+)= att_h^T dy_h */
         key_init(&k, 4, bf, j > 0, 0, 1.0f);
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
         view4(k.bd, k.bs, B, NKV, T, hs, sbo, G * hs, CO, 1);
         view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
-        PL_TRY(mm_run(&k, a + es * j * TT, dy + es * j * hs, dv, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_A_UPPER, a + es * j * TT, dy + es * j * hs, dv, what));
     }
     const void *dpv = datt;
     if (bf) { /* the bf16 att in SCR_C is not needed any more: the bf16 dpre takes its place */
@@ -739,13 +830,13 @@ static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);
         view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);
         view4(k.cd, k.cs, B, NKV, T, hs, sbw, G * hs, W, 1);
-        PL_TRY(mm_run(&k, dp + es * j * TT, kk, dq + j * hs, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_A_LOWER, dp + es * j * TT, kk, dq + j * hs, what));
         /* dk_g (+)= s dpre_h^T q_h */
         key_init(&k, 4, bf, j > 0, 0, scale);
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
         view4(k.bd, k.bs, B, NKV, T, hs, sbw, G * hs, W, 1);
         view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
-        PL_TRY(mm_run(&k, dp + es * j * TT, q + es * j * hs, dk, NULL, what));
+        PL_TRY(mm_causal(&k, CAUSAL_A_UPPER, dp + es * j * TT, q + es * j * hs, dk, what));
     }
     return 0;
 }
@@ -806,49 +897,52 @@ long onednn_primitives_created(void) { return S.created; }
 /* Only what differs from the CPU backend: the matrix products and attention (oneDNN matmuls),
  * threads, init and describe. Every other op, memory included, is the CPU backend's (filled in
  * at registration, backend.h): the memory is host memory in both. */
-const backend backend_onednn = {
-    .name = "onednn",
-    .host_memory = 1,
-    .init = dn_init,
-    .finalize = dn_finalize,
-    .error = host_error,
-    .describe = dn_describe,
-    .set_threads = dn_set_threads,
-    .get_threads = dn_get_threads,
-    .opts = dn_opts,
-    /* the CPU backend's memory ops, telling the weight cache */
-    .alloc = dn_alloc,
-    .free = dn_free,
-    .from_host = dn_from_host,
-    .copy = dn_copy,
-    .zero = dn_zero,
-    .map = dn_map,
-    .unmap = dn_unmap,
-    .scale = dn_scale,
-    .matmul_fwd = dn_matmul_fwd,
-    .matmul_bwd_input = dn_matmul_bwd_input,
-    .matmul_bwd_weight = dn_matmul_bwd_weight,
-    .attention_gqa_fwd = dn_attention_gqa_fwd,
-    .attention_gqa_bwd = dn_attention_gqa_bwd,
-    /* onednn_ops.c: AVX-512 loops, or backend_cpu's ops on a CPU without AVX-512 */
-    .layernorm_fwd = onednn_layernorm_fwd,
-    .layernorm_bwd_input = onednn_layernorm_bwd_input,
-    .layernorm_bwd_weight = onednn_layernorm_bwd_weight,
-    .gelu_fwd = onednn_gelu_fwd,
-    .gelu_bwd = onednn_gelu_bwd,
-    .crossentropy_fwd = onednn_crossentropy_fwd,
-    .crossentropy_bwd = onednn_crossentropy_bwd,
-    .adamw = dn_adamw, /* onednn_adamw, telling the weight cache */
-    .sumsq = onednn_sumsq,
-    /* onednn_elem.c: the CPU backend's bits in 16 lanes */
-    .encoder_fwd = onednn_encoder_fwd,
-    .encoder_bwd = onednn_encoder_bwd,
-    .residual_fwd = onednn_residual_fwd,
-    .add_inplace = onednn_add_inplace,
-    /* onednn_llama.c: AVX-512 in bf16, backend_cpu's in fp32 */
-    .rmsnorm_fwd = onednn_rmsnorm_fwd,
-    .rmsnorm_bwd_input = onednn_rmsnorm_bwd_input,
-    .rmsnorm_bwd_weight = onednn_rmsnorm_bwd_weight,
-    .swiglu_fwd = onednn_swiglu_fwd,
-    .swiglu_bwd = onednn_swiglu_bwd,
-};
+#define DN_TABLE(INIT) { \
+    .name = "onednn", \
+    .host_memory = 1, \
+    .init = INIT, \
+    .finalize = dn_finalize, \
+    .error = host_error, \
+    .describe = dn_describe, \
+    .set_threads = dn_set_threads, \
+    .get_threads = dn_get_threads, \
+    .opts = dn_opts, \
+    /* the CPU backend's memory ops, telling the weight cache */ \
+    .alloc = dn_alloc, \
+    .free = dn_free, \
+    .from_host = dn_from_host, \
+    .copy = dn_copy, \
+    .zero = dn_zero, \
+    .map = dn_map, \
+    .unmap = dn_unmap, \
+    .scale = dn_scale, \
+    .matmul_fwd = dn_matmul_fwd, \
+    .matmul_bwd_input = dn_matmul_bwd_input, \
+    .matmul_bwd_weight = dn_matmul_bwd_weight, \
+    .attention_gqa_fwd = dn_attention_gqa_fwd, \
+    .attention_gqa_bwd = dn_attention_gqa_bwd, \
+    /* onednn_ops.c: AVX-512 loops, or backend_cpu's ops on a CPU without AVX-512 */ \
+    .layernorm_fwd = onednn_layernorm_fwd, \
+    .layernorm_bwd_input = onednn_layernorm_bwd_input, \
+    .layernorm_bwd_weight = onednn_layernorm_bwd_weight, \
+    .gelu_fwd = onednn_gelu_fwd, \
+    .gelu_bwd = onednn_gelu_bwd, \
+    .crossentropy_fwd = onednn_crossentropy_fwd, \
+    .crossentropy_bwd = onednn_crossentropy_bwd, \
+    .adamw = dn_adamw, /* onednn_adamw, telling the weight cache */ \
+    .sumsq = onednn_sumsq, \
+    /* onednn_elem.c: the CPU backend's bits in 16 lanes */ \
+    .encoder_fwd = onednn_encoder_fwd, \
+    .encoder_bwd = onednn_encoder_bwd, \
+    .residual_fwd = onednn_residual_fwd, \
+    .add_inplace = onednn_add_inplace, \
+    /* onednn_llama.c: AVX-512 in bf16, backend_cpu's in fp32 */ \
+    .rmsnorm_fwd = onednn_rmsnorm_fwd, \
+    .rmsnorm_bwd_input = onednn_rmsnorm_bwd_input, \
+    .rmsnorm_bwd_weight = onednn_rmsnorm_bwd_weight, \
+    .swiglu_fwd = onednn_swiglu_fwd, \
+    .swiglu_bwd = onednn_swiglu_bwd, \
+}
+const backend backend_onednn = DN_TABLE(dn_init_plain);
+/* --backend auto --precision bf16 (onednn_auto.h): the same table, its own init */
+const backend backend_onednn_auto = DN_TABLE(dn_init_auto);

@@ -999,14 +999,18 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     return validate_model_and_train(o, err, errlen);
 }
 
-/* The backend a run uses: --backend, or for "auto" the one for --precision: onednn for bf16
- * (whether it can run bf16 on this CPU is its init's to say, with a message), cpu for fp32,
- * because OpenBLAS is the fp32 reference and, on the CPUs measured, at least as fast as
- * oneDNN's fp32 (so the default run's bits are the reference's). Later: a GPU backend when
- * one is built and a GPU is present (its init would have to be tried here). */
+/* The backend a run uses: --backend, or for "auto" the one for --precision: for bf16 the
+ * oneDNN backend's auto variant ("onednn/auto", onednn_auto.h: named onednn, it multiplies in
+ * bf16 where that beats fp32 on this CPU by its ISA and vendor, e.g. AMX or AMD's AVX512-BF16,
+ * and runs fp32 products otherwise, e.g. Intel's AVX512-BF16 without AMX, saying which and why
+ * on the banner; whether it can run at all is its init's to say, with a message), cpu for
+ * fp32, because OpenBLAS is the fp32 reference (so the default run's bits are the
+ * reference's). Later: a GPU backend when one is built and a GPU is present (its init would
+ * have to be tried here). */
 const char *config_backend(const pl_options *o) {
     if (strcmp(o->backend, "auto") != 0) return o->backend;
-    return strcmp(o->precision, "bf16") == 0 ? "onednn" : "cpu";
+    if (strcmp(o->precision, "bf16") != 0) return "cpu";
+    return backend_find("onednn/auto") ? "onednn/auto" : "onednn";
 }
 
 /* An option's help line; --backend's names the backends this binary was built with. */

@@ -52,6 +52,7 @@
 
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "pipelm/onednn_auto.h"
 #include "pipelm/onednn_wcache.h"
 #include "backend_compare.h"
 
@@ -120,7 +121,7 @@ static float *rounded(const float *x, size_t n) {
 typedef struct { int N, C, OC; } mm_shape;
 static const mm_shape mm_shapes[] = {{37, 24, 61}, {130, 96, 200}};
 typedef struct { int B, T, C, NH; } att_shape;
-static const att_shape att_shapes[] = {{3, 13, 24, 3}, {2, 40, 96, 4}};
+static const att_shape att_shapes[] = {{3, 13, 24, 3}, {2, 40, 96, 4}, {1, 96, 32, 2}}; /* T >= 64: bf16 splits the causal products */
 
 // ----------------------------------------------------------------------------
 // init, describe
@@ -410,7 +411,7 @@ END_TEST
 // and SwiGLU (delegated) bit-identical to it
 
 typedef struct { int B, T, NH, NKV, HS; } gqa_shape;
-static const gqa_shape gqa_shapes[] = {{3, 13, 6, 2, 8}, {2, 40, 8, 1, 12}, {2, 17, 4, 4, 6}};
+static const gqa_shape gqa_shapes[] = {{3, 13, 6, 2, 8}, {2, 40, 8, 1, 12}, {2, 17, 4, 4, 6}, {1, 71, 4, 2, 8}};
 
 static void gqa_case(const gqa_shape *s, int bf) {
     int B = s->B, T = s->T, NH = s->NH, NKV = s->NKV, HS = s->HS, W = (NH + 2 * NKV) * HS;
@@ -942,6 +943,65 @@ START_TEST(test_failures) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// --backend auto for bf16: the variant table multiplies in bf16 or fp32 as the verdict says
+
+/* matmul_fwd of the table t in precision prec (verdict forced by fast: "0", "1", or NULL for
+ * this CPU's), its describe line in d. */
+static void auto_product(const backend *t, int prec, const char *fast, const float *x, const float *w, float *o,
+                         char *d, size_t dlen) {
+    if (fast) setenv("PIPELM_ONEDNN_BF16_FAST", fast, 1);
+    else unsetenv("PIPELM_ONEDNN_BF16_FAST");
+    backend_options op = {prec, default_threads, -1, 0, 0, NULL};
+    char err[512] = "";
+    ck_assert_msg(t->init(&op, err, sizeof err) == 0, "init: %s", err);
+    unsetenv("PIPELM_ONEDNN_BF16_FAST");
+    OK(t->matmul_fwd(o, x, w, NULL, 130, 96, 200));
+    t->describe(d, dlen);
+}
+
+START_TEST(test_auto) {
+    const backend *au = backend_find("onednn/auto");
+    ck_assert_ptr_nonnull(au);
+    ck_assert_str_eq(au->name, "onednn");
+    ck_assert_msg(!strstr(backend_list(), "auto"), "the variant is listed: %s", backend_list());
+    ck_assert_ptr_eq(au->matmul_fwd, dn->matmul_fwd); /* the same ops */
+    char why[64] = "", d[512];
+    int fast = onednn_bf16_products_fast(why, sizeof why);
+    ck_assert_msg(why[0], "a verdict without a reason");
+    if (!bf16_ok) ck_assert_int_eq(fast, 0); /* no native bf16: never "faster" */
+    rng_seed(31);
+    float *x = falloc(130 * 96), *w = falloc(200 * 96), *o32 = falloc(130 * 200), *o16 = falloc(130 * 200);
+    float *o = falloc(130 * 200);
+    fill_rand(x, 130 * 96, -1, 1);
+    fill_rand(w, 200 * 96, -1, 1);
+    auto_product(dn, PL_PREC_FP32, NULL, x, w, o32, d, sizeof d);
+    ck_assert_msg(!strstr(d, "auto:"), "the explicit table says auto: %s", d);
+    /* a slow verdict: the fp32 products, bit for bit, and the banner says so */
+    auto_product(au, PL_PREC_BF16, "0", x, w, o, d, sizeof d);
+    check_same("auto, slow bf16 verdict: the fp32 product", o, o32, 130 * 200);
+    ck_assert_msg(strstr(d, "auto: fp32 products (PIPELM_ONEDNN_BF16_FAST=0)"), "describe: %s", d);
+    /* fp32 asked: the plain fp32 path, no note */
+    auto_product(au, PL_PREC_FP32, "1", x, w, o, d, sizeof d);
+    check_same("auto in fp32: the fp32 product", o, o32, 130 * 200);
+    ck_assert_msg(!strstr(d, "auto:"), "describe: %s", d);
+    if (bf16_ok) {
+        auto_product(dn, PL_PREC_BF16, NULL, x, w, o16, d, sizeof d);
+        ck_assert_msg(!strstr(d, "auto:"), "the explicit table says auto: %s", d);
+        auto_product(au, PL_PREC_BF16, "1", x, w, o, d, sizeof d);
+        check_same("auto, fast bf16 verdict: the bf16 product", o, o16, 130 * 200);
+        ck_assert_msg(strstr(d, "auto: bf16 products"), "describe: %s", d);
+        /* this CPU's own verdict: the product it names */
+        auto_product(au, PL_PREC_BF16, NULL, x, w, o, d, sizeof d);
+        check_same("auto, this CPU's verdict", o, fast ? o16 : o32, 130 * 200);
+        if (verbose) printf("  auto verdict here: %s (%s)\n", fast ? "bf16" : "fp32", why);
+    }
+    float *bufs[] = {x, w, o32, o16, o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dn->free(bufs[i]);
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 
 static Suite *onednn_suite(void) {
     Suite *s = suite_create("onednn");
@@ -952,7 +1012,7 @@ static Suite *onednn_suite(void) {
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
         {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
-        {"wcache_bf16", test_wcache_bf16},
+        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
