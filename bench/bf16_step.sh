@@ -12,6 +12,10 @@
 # against one rank in bf16 (tutorial, 8 micro-batches).
 # Targets (issue 9): fp32 default >= 0.95 x best kernel (bench/blas_kernel.sh); bf16 >= 3x
 # fp32 with AMX, >= 1.6x with AVX512-BF16 only; bf16 >= 2x torch autocast; 2x1 >= 0.9 ideal.
+# Issue 22: the op classes of onednn fp32 and bf16 with the sum of the four non-matmul ones
+# (attention, norm/GELU/residual/embedding, loss, optimizer: <= 40 % of the former time), the
+# bf16/fp32 step ratio, and the optimizer class's GB/s at AdamW's 28 bytes a parameter against
+# the copy bandwidth (numpy, one thread; target within 1.5x).
 # A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
 # BENCH_MODELS (default "tutorial gpt2"), BENCH_AB_ROUNDS (3: rounds of the weight cache's
 # A/B), BENCH_AB_PREC (bf16; fp32 only to try the script on a CPU without bf16).
@@ -58,8 +62,19 @@ for model in $MODELS; do
         torch_step ${model}_t32 $TA
         torch_step ${model}_t16 $TA --autocast bf16
     fi
-    sed -n '/op classes/,/all ops/p' "$tmp/${model}_bf16.log" | sed 's/^/   /'
+    for t in dnn32 bf16; do sed -n '/op classes/,/all ops/p' "$tmp/${model}_$t.log" | sed 's/^/   /'; done
 done
+# the machine's copy bandwidth, one thread (a memcpy of 256 MiB through Python's memoryview,
+# read + write bytes, best of 5 in CPU time, which a shared machine does not halve), for
+# AdamW's 28 bytes a parameter (issue 22: within 1.5x of it)
+"$PY" - > "$tmp/copy_gbs" 2> /dev/null <<'PYEOF' || true
+import time
+a = bytearray(b"\1") * (256 << 20); b = bytearray(len(a)); ma, mb = memoryview(a), memoryview(b)
+best = 1e9
+for _ in range(5):
+    t = time.process_time(); mb[:] = ma; best = min(best, time.process_time() - t)
+print("%.2f" % (2 * len(a) / best / 1e9))
+PYEOF
 echo "-- two ranks x one thread vs one rank, bf16, tutorial, 8 micro-batches ..."
 for np in 1 2; do
     timeout 1800 mpiexec -n $np "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches 8 --threads 1 \
@@ -96,6 +111,29 @@ def med(name):
     if not d: return None
     return d["step_ms"]["median"] if isinstance(d.get("step_ms"), dict) else d.get("median_ms")
 f = lambda x, p="%.1f": p % x if x else "n/a"
+NONMM = ("attention", "norm/GELU/residual/embedding", "loss", "optimizer")
+def classes(name):
+    """rank 0's op-class table (ms per step) of a run's log."""
+    try: lines = open(os.path.join(tmp, name + ".log")).read().split("\n")
+    except OSError: return None
+    out, on = {}, False
+    for l in lines:
+        if "op classes" in l: on = True; continue
+        if on:
+            for k in ("matmul", "attention", "norm/GELU/residual/embedding", "loss", "optimizer", "memory", "all ops"):
+                if l.strip().startswith(k):
+                    try: out[k] = float(l.strip()[len(k):].split()[0])
+                    except (ValueError, IndexError): pass
+            if l.strip().startswith("all ops"): break
+    return out if "all ops" in out else None
+def params_of(name):
+    try:
+        for l in open(os.path.join(tmp, name + ".log")):
+            if l.startswith("model:") and "parameters" in l: return int(l.rsplit(",", 1)[1].split()[0])
+    except (OSError, ValueError, IndexError): pass
+    return None
+try: copy_gbs = float(open(os.path.join(tmp, "copy_gbs")).read())
+except (OSError, ValueError): copy_gbs = None
 peak = j("peak") or {}
 print()
 print("matmul peak, 1 thread: sgemm %s GFLOP/s, oneDNN fp32 %s, oneDNN bf16 %s" % (
@@ -110,6 +148,21 @@ for m in models:
     if c and t32: print("   fp32 vs torch fp32: %.2fx" % (t32 / c))
     bj = j(m + "_bf16")
     if bj: print("   bf16 MFU %.1f %% of %.1f GFLOP/s (the peak the run measured)" % (100 * bj["mfu"], bj["peak_gflops"]))
+    if b16 and d32: print("   onednn bf16 / onednn fp32 step: %.2fx faster" % (d32 / b16))
+    for t, name in (("_dnn32", "onednn fp32"), ("_bf16", "onednn bf16")):
+        c = classes(m + t)
+        if not c: continue
+        rest = sum(c.get(k, 0) for k in NONMM)
+        print("   %s op classes ms: matmul %.1f, attention %.1f, norm/GELU/residual/embedding %.1f, loss %.1f, "
+              "optimizer %.1f; the non-matmul four %.1f (%.0f %% of the op time %.1f)" % (
+                  name, c.get("matmul", 0), c.get("attention", 0), c.get("norm/GELU/residual/embedding", 0),
+                  c.get("loss", 0), c.get("optimizer", 0), rest, 100 * rest / c["all ops"], c["all ops"]))
+        params = params_of(m + t)
+        if params and c.get("optimizer") and copy_gbs:
+            gbs = 28 * params / (c["optimizer"] * 1e-3) / 1e9
+            print("   %s optimizer class: %.1f GB/s at AdamW's 28 bytes/param (%d params; the class also holds the "
+                  "norm and the clip scale); copy bandwidth %.1f GB/s: %.2fx of the AdamW bytes at copy speed" % (
+                      name, gbs, params, copy_gbs, copy_gbs / gbs))
 for mb in (1, 8):
     pairs = []
     for r in range(1, 100):

@@ -5,21 +5,29 @@
  * What runs where:
  *   matmul_fwd / matmul_bwd_input / matmul_bwd_weight: one oneDNN matmul each. The weight
  *     gradient accumulates into dW through a sum post-op (dW = 1 * dW + dout^T inp); the fwd
- *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is our own loop: threads split
- *     the columns in chunks of 256 and each chunk sums the rows in order, so db does not depend
- *     on the thread count (as backend_cpu's).
+ *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is onednn_elem.c's loop: threads
+ *     split the columns in chunks of 256 and each chunk sums the rows in order, so db does not
+ *     depend on the thread count and is backend_cpu's bits; in bf16 the same pass writes dout's
+ *     bf16 copy for the product.
  *   attention_gqa_fwd / attention_gqa_bwd: G = NH/NKV batched 4-D matmuls over the (B, NKV)
  *     pairs (one per query head of a group), on strided views of the fused qkv (B, T, (NH + 2 NKV)
  *     HS); dk and dv accumulate over the group's query heads in ascending order through the sum
  *     post-op. GPT-2's multi-head attention is NKV == NH: one batched matmul per product over
  *     the (B, NH) pairs. The causal softmax and its backward are fp32 loops of our own, parallel
- *     over rows (each row's arithmetic fixed, so thread-count independent).
- *   LayerNorm, GELU, cross-entropy, AdamW, sumsq: onednn_ops.c's vector loops.
- *   alloc, free, from_host, copy, zero, map, unmap, scale and AdamW: the CPU backend's (or
- *     onednn_ops.c's AdamW), each telling the weight cache (onednn_wcache.c) what it writes.
- *   everything else (encoder, RMSNorm, RoPE, SwiGLU, residual, synchronize) is not in this
+ *     over rows (each row's arithmetic fixed, so thread-count independent). In bf16, for T >= 64,
+ *     each T x T-causal product is two (mm_causal): the rows before T/2 leave out the columns or
+ *     inner indices after it, which the mask zeroes (3/4 of the multiplies).
+ *   LayerNorm, GELU, cross-entropy, AdamW, sumsq: onednn_ops.c's vector loops (GELU through a
+ *     sigmoid in bf16). Encoder, residual, add, scale: onednn_elem.c's (backend_cpu's bits).
+ *     RMSNorm, SwiGLU: onednn_llama.c's in bf16, backend_cpu's in fp32.
+ *   alloc, free, from_host, copy, zero, map, unmap, scale and AdamW: the CPU backend's (or the
+ *     vector loops), each telling the weight cache (onednn_wcache.c) what it writes.
+ *   everything else (RoPE, the KV-cache attention, to_host, synchronize) is not in this
  *     backend's table: the registry fills it with backend_cpu's (host memory in both), and its
  *     failures report into the same message (backend_host.c), which is this backend's error().
+ * Two tables: backend_onednn (--backend onednn) and backend_onednn_auto (--backend auto's, for
+ *   bf16: fp32 products where onednn_bf16_products_fast says bf16 ones would be slower;
+ *   onednn_auto.h), the same ops.
  * bf16: the two inputs of every product are converted fp32 -> bf16 (round to nearest even,
  *   AVX512-BF16 VCVTNEPS2BF16 when the CPU has it, an equivalent scalar loop otherwise) into
  *   scratch owned by this file, on every call; except the weights of matmul_fwd and
@@ -458,8 +466,9 @@ static void dn_finalize(void) {
 static const backend_opt_decl dn_opts[] = {
     {"allow-emulated", "1: run --precision bf16 on a CPU without native bf16 (emulated, slower than fp32)", "0",
      "0|1", "PIPELM_ONEDNN_ALLOW_EMULATED"},
-    {"vec-ops", "1: the backend's AVX-512 LayerNorm, GELU, softmax, loss and AdamW (where the CPU has AVX-512); "
-     "0: the CPU backend's loops (the former bits)", "1", "0|1", NULL},
+    {"vec-ops", "1: the backend's AVX-512 LayerNorm, GELU, softmax, loss, AdamW, residual, embedding and bias sums "
+     "(RMSNorm, SwiGLU in bf16) where the CPU has AVX-512; 0: the CPU backend's loops (the former bits)", "1", "0|1",
+     NULL},
     {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
      "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
     {NULL, NULL, NULL, NULL, NULL},
