@@ -541,6 +541,7 @@ static int dn_init_auto(const backend_options *opt, char *err, size_t errlen) {
     if (!opt || opt->precision != PL_PREC_BF16) return dn_init_plain(opt, err, errlen);
     char why[64];
     int fast = onednn_bf16_products_fast(why, sizeof why);
+    if (fast < 0) return dn_init_plain(opt, err, errlen); /* no native bf16: refused as --backend onednn is */
     backend_options o = *opt;
     if (!fast) o.precision = PL_PREC_FP32;
     int rc = dn_init(&o, err, errlen);
@@ -578,7 +579,7 @@ int onednn_bf16_products_fast(char *why, size_t len) {
     }
     if (!isa_has_bf16(isa)) {
         snprintf(why, len, "no native bf16 (ISA %s)", isa_name(isa));
-        return 0;
+        return -1;
     }
 #ifdef DN_HAVE_X86
     if (__builtin_cpu_is("amd")) {
