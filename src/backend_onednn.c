@@ -22,9 +22,10 @@
  *     RMSNorm, SwiGLU: onednn_llama.c's in bf16, backend_cpu's in fp32.
  *   alloc, free, from_host, copy, zero, map, unmap, scale and AdamW: the CPU backend's (or the
  *     vector loops), each telling the weight cache (onednn_wcache.c) what it writes.
- *   everything else (RoPE, the KV-cache attention, to_host, synchronize) is not in this
- *     backend's table: the registry fills it with backend_cpu's (host memory in both), and its
- *     failures report into the same message (backend_host.c), which is this backend's error().
+ *   everything else (RoPE, the decode matmul and KV-cache attention, to_host, synchronize) is
+ *     not in this backend's table: the registry fills it with backend_cpu's (host memory in
+ *     both), and its failures report into the same message (backend_host.c), which is this
+ *     backend's error().
  * Two tables: backend_onednn (--backend onednn) and backend_onednn_auto (--backend auto's, for
  *   bf16: fp32 products where onednn_bf16_products_fast says bf16 ones would be slower;
  *   onednn_auto.h), the same ops.
