@@ -416,9 +416,23 @@ void stage_free(stage *st) {
 int stage_init_params(stage *st, unsigned long long seed) {
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
-        float *host = malloc(t->numel * sizeof(float));
+        float *host = malloc(t->numel * sizeof(float)), *whole = NULL;
         if (!host) return PL_ENOMEM;
-        model_init_tensor(&st->cfg, t, seed, host);
+        if (st->cfg.tp > 1) { /* --tp: this rank's slice of the whole tensor's values */
+            model_config full = st->cfg;
+            full.tp = full.tpr = 0;
+            tp_slice sl;
+            model_tp_slice(&full, st->cfg.tp, st->cfg.tpr, t, &sl);
+            param_tensor wt = *t;
+            wt.numel = (size_t)sl.rows * sl.cols;
+            whole = malloc(wt.numel * sizeof(float));
+            if (!whole) { free(host); return PL_ENOMEM; }
+            model_init_tensor(&full, &wt, seed, whole);
+            model_tp_copy(&sl, whole, host, 1);
+            free(whole);
+        } else {
+            model_init_tensor(&st->cfg, t, seed, host);
+        }
         int rc = st->be->from_host(st->params + t->offset, host, t->numel * sizeof(float));
         free(host);
         PL_TRY(rc);
@@ -467,10 +481,12 @@ float *stage_output(stage *st, int slot) {
 
 float *stage_dinput(stage *st) { return st->dres; }
 
+/* The sizes a block's math works on: with --tp this rank's heads and MLP slice (arch.c). */
 static block_dims dims_of(const stage *st) {
     const model_config *c = &st->cfg;
-    block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, c->H,
-                    (int)arch_dim_value(c, st->T, AD_QKV), c, st->scr.t};
+    int HS = c->C / c->NH, NH = (int)arch_dim_value(c, 1, AD_NHT), QKV = (int)arch_dim_value(c, st->T, AD_QKV);
+    block_dims d = {st->Bm, st->T, c->C, NH, st->N, (QKV / HS - NH) / 2, HS, (int)arch_dim_value(c, 1, AD_H),
+                    QKV, c, st->scr.t};
     return d;
 }
 
