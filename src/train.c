@@ -836,6 +836,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         if (o->bench && step == o->warmup + 1) { /* the timed part starts now */
             memset(R->tm, 0, sizeof R->tm);
             if (R->have_dp) dp_reset_timers(&R->dp);
+            if (R->have_tp) tp_reset_timers(&R->tp);
             R->tm_steps = 0;
             backend_prof_reset();
             engine_reset_costs(&R->eng);
