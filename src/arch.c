@@ -232,10 +232,12 @@ void model_tp_copy(const tp_slice *s, float *whole, float *local, int to_local) 
 }
 
 static model_tp_hook tp_hook;
+static model_tp_host_hook tp_host_hook;
 static void *tp_hook_ctx;
 
-void model_set_tp_hook(model_tp_hook fn, void *ctx) {
+void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx) {
     tp_hook = fn;
+    tp_host_hook = host_fn;
     tp_hook_ctx = ctx;
 }
 
@@ -246,6 +248,20 @@ int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase) {
         return PL_EINVAL;
     }
     return tp_hook(tp_hook_ctx, buf, n, phase);
+}
+
+int model_tp_host_reduce(float *host, size_t n, int op) {
+    if (!tp_host_hook) {
+        pl_error("tensor parallelism: no TP group installed for the head's reductions");
+        return PL_EINVAL;
+    }
+    return tp_host_hook(tp_hook_ctx, host, n, op);
+}
+
+void model_tp_vocab(const model_config *c, int *lo, int *n) {
+    int T = c->tp > 1 ? c->tp : 1, t = c->tp > 1 ? c->tpr : 0;
+    *lo = (int)((long long)t * c->Vp / T);
+    *n = (int)((long long)(t + 1) * c->Vp / T) - *lo;
 }
 
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen) {

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/arch.h"
+#include "pipelm/backend_math.h"
 #include "pipelm/common.h"
 #include "pipelm/stage.h"
 
@@ -407,6 +408,7 @@ void stage_free(stage *st) {
                     st->scr_arena, st->tgt};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
     free(st->host_losses);
+    free(st->tp_logits);
     free(st->tensors);
     free(st->bp);
     free(st->bg);
@@ -490,6 +492,74 @@ static block_dims dims_of(const stage *st) {
     return d;
 }
 
+/* --tp: the vocabulary-parallel head. Each TP rank multiplies by its slice of the head's rows
+ * (model_tp_vocab; the matrix itself is replicated) and the softmax cross-entropy runs in
+ * parallel on host copies of the local logits: the row maxima's and the exponential sums'
+ * reductions over the TP ranks (model_tp_host_reduce), the target's loss from the rank that
+ * holds its column; full logits are never gathered. The backward: dL/d(norm output) is a
+ * partial sum (summed like the blocks'), and the head matrix's gradient lands in this rank's
+ * rows only (train.c sums the rows over the TP ranks at the step's end). */
+static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dloss, double *loss_sum) {
+    const backend *be = st->be;
+    const model_arch *A = st->arch;
+    const model_config *c = &st->cfg;
+    int N = st->N, C = c->C, lo, R;
+    model_tp_vocab(c, &lo, &R);
+    int Vl = c->V - lo < R ? c->V - lo : R; /* the real (not padded) columns of the slice */
+    if (Vl < 0) Vl = 0;
+    float *lnf = s->head.t[A->head_out], *dlnf = s->head.t[A->head_dout];
+    size_t nl = (size_t)N * R;
+    if (!st->tp_logits && !(st->tp_logits = malloc((nl ? nl : 1) * sizeof(float)))) return PL_ENOMEM;
+    float *h = st->tp_logits, *red = st->host_losses; /* red: one float per row, reused */
+    PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w + (size_t)lo * C, NULL, N, C, R)); // (N, R)
+    PL_TRY(be->to_host(h, st->logits, nl * sizeof(float)));
+    for (int i = 0; i < N; i++) {
+        const float *r = h + (size_t)i * R;
+        float mx = -INFINITY;
+        for (int j = 0; j < Vl; j++) mx = r[j] > mx ? r[j] : mx;
+        red[i] = mx;
+    }
+    PL_TRY(model_tp_host_reduce(red, (size_t)N, TP_HOST_MAX));
+    float *mx = malloc((size_t)N * sizeof(float));
+    if (!mx) return PL_ENOMEM;
+    memcpy(mx, red, (size_t)N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        float *r = h + (size_t)i * R, sum = 0.0f;
+        for (int j = 0; j < Vl; j++) { r[j] = exp_fast(r[j] - mx[i]); sum += r[j]; }
+        for (int j = Vl; j < R; j++) r[j] = 0.0f;
+        red[i] = sum;
+    }
+    int rc = model_tp_host_reduce(red, (size_t)N, TP_HOST_SUM);
+    for (int i = 0; rc == PL_OK && i < N; i++) {
+        float *r = h + (size_t)i * R, inv = 1.0f / red[i];
+        for (int j = 0; j < Vl; j++) r[j] *= inv;
+        int k = targets[i] - lo;
+        mx[i] = k >= 0 && k < Vl ? -logf(r[k]) : 0.0f; /* the target's rank holds its loss */
+    }
+    if (rc == PL_OK) {
+        memcpy(red, mx, (size_t)N * sizeof(float));
+        rc = model_tp_host_reduce(red, (size_t)N, TP_HOST_SUM); /* one rank's value and zeros: exact */
+    }
+    free(mx);
+    PL_TRY(rc);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += red[i];
+    *loss_sum = sum;
+    PL_TRY(be->from_host(st->losses, red, (size_t)N * sizeof(float)));
+    if (dloss <= 0.0f) return PL_OK;
+    for (int i = 0; i < N; i++) { /* dlogits = (p - onehot(y)) dloss on this rank's columns */
+        float *r = h + (size_t)i * R;
+        for (int j = 0; j < Vl; j++) r[j] *= dloss;
+        int k = targets[i] - lo;
+        if (k >= 0 && k < Vl) r[k] -= dloss;
+    }
+    PL_TRY(be->from_host(st->logits, h, nl * sizeof(float)));
+    PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w + (size_t)lo * C, N, C, R)); // (N, C) partial
+    block_dims d = dims_of(st);
+    PL_TRY(model_tp_sum(&d, dlnf, (size_t)N * C, TP_PHASE_BWD));
+    return be->matmul_bwd_weight(st->dhead_w + (size_t)lo * C, NULL, st->logits, lnf, N, C, R);
+}
+
 /* The last stage's head: logits = norm(x) head^T, the loss, and (dloss > 0) its backward to
  * dL/d(norm output), with the head matrix's gradient added to dhead_w (dwte_head if tied). */
 static int head_forward(stage *st, act_slot *s, const float *x, const int *targets, float dloss, double *loss_sum) {
@@ -500,6 +570,7 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     block_dims d = dims_of(st);
     float *lnf = s->head.t[A->head_out], *dlnf = s->head.t[A->head_dout];
     PL_TRY(A->head_norm_forward(be, &d, st->hp.t, s->head.t, x));
+    if (c->tp > 1) return head_forward_tp(st, s, targets, dloss, loss_sum);
     PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w, NULL, N, C, c->Vp));       // (N, Vp)
     PL_TRY(be->from_host(st->tgt, targets, (size_t)N * sizeof(int)));
     PL_TRY(be->crossentropy_fwd(st->losses, st->logits, st->tgt, N, c->V, c->Vp)); // (N)

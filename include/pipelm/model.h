@@ -198,8 +198,16 @@ void model_tp_copy(const tp_slice *s, float *whole, float *local, int to_local);
  * row-parallel product's bias is added by TP rank 0 only (cfg->tpr), before the sum. */
 enum { TP_PHASE_FWD = 0, TP_PHASE_BWD = 1 };
 typedef int (*model_tp_hook)(void *ctx, float *buf, size_t n, int phase);
-void model_set_tp_hook(model_tp_hook fn, void *ctx);
+/* The vocabulary-parallel head's reductions of host arrays (n per-row values): op 0 the sum
+ * in rank order, 1 the maximum. */
+enum { TP_HOST_SUM = 0, TP_HOST_MAX = 1 };
+typedef int (*model_tp_host_hook)(void *ctx, float *host, size_t n, int op);
+void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx);
 int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase);
+/* The host reduction of the installed hook (a config with tp > 1 only). */
+int model_tp_host_reduce(float *host, size_t n, int op);
+/* The head's vocabulary slice of TP rank t of T: rows [*lo, *lo + *n) of the (Vp, C) matrix. */
+void model_tp_vocab(const model_config *c, int *lo, int *n);
 /* The dimension checks of --tp T for a config: NH, H (and NKV unless T % NKV == 0) divisible
  * by T. PL_EINVAL with a message naming the setting. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
