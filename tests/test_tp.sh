@@ -6,6 +6,8 @@
 #     within relative 1e-5, every gradient tensor of step 1 (--dump-grads, converted to
 #     safetensors) within 1e-5 of the tensor's largest magnitude; GPT-2 at T = 2 and 3, Llama
 #     with NKV = 2 at T = 2 (kv heads split) and T = 4 (kv heads replicated on 2 ranks each);
+#   - the embedding's and head's matrix is replicated, the head's product and softmax
+#     cross-entropy vocabulary-parallel (each rank's slice of the logits, never gathered);
 #   - bits: the same run after run, and across pipeline splits and ZeRO-1 at a fixed T;
 #   - checkpoints stay whole: a T = 2 save resumes at T = 1 and a T = 1 save at T = 2, the
 #     losses continuing within 1e-6 of the straight runs;
@@ -66,6 +68,11 @@ LL="--arch llama --n-kv-head 2"
 run llref 1 $LL --dump-grads llref.g.bin
 run ll2 2 $LL --tp 2 --dump-grads ll2.g.bin && against ll2 llref "Llama NKV=2 T=2"
 run ll4 4 $LL --tp 4 --dump-grads ll4.g.bin && against ll4 llref "Llama NKV=2 T=4 (kv heads replicated)"
+# Llama's untied head under --dp (its gradient rows gathered after the replicas' reduction), ZeRO-1
+run llref4 1 $LL --microbatches 4
+run ll2d2 4 $LL --tp 2 --dp 2 --zero 1
+if msg=$(close ll2d2.jsonl llref4.jsonl 1e-5); then ok "Llama T=2 x D=2 ZeRO-1: losses within 1e-5 of one process ($msg)"
+else bad "Llama T=2 D=2" "too far from one process ($msg)"; fi
 
 # bits at T = 2: run to run, over a pipeline split, ZeRO-1 on or off
 run tp2again 2 --tp 2
@@ -141,6 +148,8 @@ if full_tier; then
     same f3d tp2d2 && ok "T=2 x D=2 x P=2 ZeRO-1: the bits of T=2 x D=2" || bad "3D" "differs from T=2 x D=2"
     run fll 4 $LL --tp 2 --stages 2
     same fll ll2 && ok "Llama T=2 x P=2: the bits of T=2 alone" || bad "Llama T=2 P=2" "differs"
+    run fllt 1 $LL --tie-embeddings 1 --dump-grads fllt.g.bin
+    run fllt2 4 $LL --tie-embeddings 1 --tp 2 --stages 2 --dump-grads fllt2.g.bin && against fllt2 fllt "tied Llama T=2 x P=2"
 else
     full_only "T=2 x P=2 under other schedules, chunks and recomputation; T x D x P = 8 ranks; Llama T=2 x P=2"
 fi
