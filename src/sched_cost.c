@@ -28,7 +28,9 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->w = calloc((size_t)P, sizeof(double));
     c->opt = calloc((size_t)P, sizeof(double));
     c->act = calloc((size_t)P, sizeof(double));
-    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act) { sched_costs_free(c); return PL_ENOMEM; }
+    c->nar = calloc((size_t)P, sizeof(double));
+    c->tp = 1;
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->nar) { sched_costs_free(c); return PL_ENOMEM; }
     return PL_OK;
 }
 
@@ -39,15 +41,17 @@ void sched_costs_free(sched_costs *c) {
     free(c->w);
     free(c->opt);
     free(c->act);
+    free(c->nar);
     memset(c, 0, sizeof *c);
 }
 
 int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
+    if (c->tp > 1) fprintf(f, "tp %d\n", c->tp);
     for (int s = 0; s < c->P; s++)
-        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
-                c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0);
+        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g R %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
+                c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0, c->nar ? c->nar[s] : 0.0);
     return ferror(f) ? -1 : 0;
 }
 
@@ -58,8 +62,8 @@ static int parse_cost(const char *tok, double *v) {
     return end != tok && *end == 0 && isfinite(*v) && *v >= 0 ? 0 : -1;
 }
 
-/* "stage S F x B x I x W x O x A x": any of them, in any order (O: the optimizer step, A: the
- * activation bytes of one micro-batch). */
+/* "stage S F x B x I x W x O x A x R x": any of them, in any order (O: the optimizer step, A:
+ * the activation bytes of one micro-batch, R: the TP all-reduces of one F). */
 static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t errlen) {
     char *tok = strtok(rest, " \t");
     char *end;
@@ -72,9 +76,11 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
         char *val = strtok(NULL, " \t");
         double v;
         double *dst = !strcmp(tok, "F") ? c->f : !strcmp(tok, "B") ? c->b : !strcmp(tok, "I") ? c->i
-                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act : NULL;
+                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act
+                      : !strcmp(tok, "R") ? c->nar : NULL;
         if (!dst || !val || parse_cost(val, &v) != 0) {
-            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes), got '%s %s'",
+            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes, R and a count), "
+                    "got '%s %s'",
                     line, tok, val ? val : "");
             return PL_EINVAL;
         }
@@ -105,6 +111,14 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
         } else if (!strcmp(key, "stage")) {
             if (!c->P) { set_err(err, errlen, "costs line %d: 'stage' before 'stages'", line); goto bad; }
             if (parse_stage(c, rest, line, err, errlen) != 0) goto bad;
+        } else if (!strcmp(key, "tp")) {
+            char *end;
+            long t = strtol(rest, &end, 10);
+            if (!c->P || end == rest || *end || t < 1 || t > 64) {
+                set_err(err, errlen, "costs line %d: bad 'tp' (1..64, after 'stages')", line);
+                goto bad;
+            }
+            c->tp = (int)t;
         } else if (!strcmp(key, "msg_bytes") || !strcmp(key, "latency_s") || !strcmp(key, "bytes_per_s")) {
             if (parse_cost(rest, &v) != 0) { set_err(err, errlen, "costs line %d: bad %s '%s'", line, key, rest); goto bad; }
             if (!strcmp(key, "msg_bytes")) msg = v;
@@ -128,6 +142,27 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
 bad:
     sched_costs_free(c);
     return PL_EINVAL;
+}
+
+int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen) {
+    *ar_s = 0.0;
+    if (T <= 1 || c->tp == T) return PL_OK;
+    if (c->tp > 1) {
+        set_err(err, errlen, "the costs were measured at --tp %d: predict --tp %d from a --tp 1 measurement (or one at "
+                "--tp %d)", c->tp, T, T);
+        return PL_EINVAL;
+    }
+    double ar = c->latency_s + (c->bytes_per_s > 0 ? (T - 1) * c->msg_bytes / c->bytes_per_s : 0.0);
+    for (int s = 0; s < c->P; s++) {
+        double x = c->nar ? c->nar[s] * ar : 0.0;
+        c->f[s] = c->f[s] / T + x;
+        c->i[s] = c->i[s] / T + x;
+        c->b[s] = c->b[s] / T + x;
+        c->w[s] /= T;
+    }
+    c->tp = T;
+    *ar_s = ar;
+    return PL_OK;
 }
 
 void sched_pred_free(sched_pred *p) {
