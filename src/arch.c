@@ -179,6 +179,7 @@ void model_init_tensor(const model_config *c, const param_tensor *t, unsigned lo
         memset(host + (size_t)c->V * c->C, 0, (size_t)(c->Vp - c->V) * c->C * sizeof(float));
 }
 
+/* The cut of a stage tensor out of the whole one, by its row's dimension codes (model.h). */
 void model_tp_slice(const model_config *full, int T, int t, const param_tensor *lt, tp_slice *s) {
     const arch_param *r = row_of(full, lt);
     int HS = full->C / full->NH, NHl = full->NH / T, NKVl = full->NKV >= T ? full->NKV / T : 1;
@@ -208,6 +209,7 @@ void model_tp_slice(const model_config *full, int T, int t, const param_tensor *
     }
 }
 
+/* Copy a slice between the whole tensor and the local one (host memory). */
 void model_tp_copy(const tp_slice *s, float *whole, float *local, int to_local) {
     size_t cols = (size_t)s->cols, k = 0;
     if (s->mode == TPS_REPL) {
@@ -235,12 +237,14 @@ static model_tp_hook tp_hook;
 static model_tp_host_hook tp_host_hook;
 static void *tp_hook_ctx;
 
+/* The TP group's reductions the blocks and the head call (one group per process). */
 void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx) {
     tp_hook = fn;
     tp_host_hook = host_fn;
     tp_hook_ctx = ctx;
 }
 
+/* A partial product summed over the TP ranks, or nothing without --tp. */
 int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase) {
     if (d->cfg->tp <= 1) return PL_OK;
     if (!tp_hook) {
@@ -250,6 +254,7 @@ int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase) {
     return tp_hook(tp_hook_ctx, buf, n, phase);
 }
 
+/* A host array reduced over the TP ranks (the vocabulary-parallel head). */
 int model_tp_host_reduce(float *host, size_t n, int op) {
     if (!tp_host_hook) {
         pl_error("tensor parallelism: no TP group installed for the head's reductions");
@@ -258,12 +263,14 @@ int model_tp_host_reduce(float *host, size_t n, int op) {
     return tp_host_hook(tp_hook_ctx, host, n, op);
 }
 
+/* This TP rank's rows of the (Vp, C) head matrix: an even share, the remainder spread. */
 void model_tp_vocab(const model_config *c, int *lo, int *n) {
     int T = c->tp > 1 ? c->tp : 1, t = c->tp > 1 ? c->tpr : 0;
     *lo = (int)((long long)t * c->Vp / T);
     *n = (int)((long long)(t + 1) * c->Vp / T) - *lo;
 }
 
+/* --tp T must divide the heads, the kv heads (or be a multiple of them) and the MLP. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen) {
     if (T <= 1) return PL_OK;
     const char *what = NULL;

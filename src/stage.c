@@ -498,7 +498,7 @@ static block_dims dims_of(const stage *st) {
  * reductions over the TP ranks (model_tp_host_reduce), the target's loss from the rank that
  * holds its column; full logits are never gathered. The backward: dL/d(norm output) is a
  * partial sum (summed like the blocks'), and the head matrix's gradient lands in this rank's
- * rows only (train.c sums the rows over the TP ranks at the step's end). */
+ * rows only (train.c gathers the rows over the TP ranks at the step's end). */
 static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dloss, double *loss_sum) {
     const backend *be = st->be;
     const model_arch *A = st->arch;

@@ -15,6 +15,7 @@
 #include "pipelm/common.h"
 #include "pipelm/tp.h"
 
+/* The group over comm: its size and this rank's index; nothing collective. */
 int tp_init(tp_group *g, MPI_Comm comm, const backend *be, int fail_step, int fail_wrank, char *err,
             size_t errlen) {
     memset(g, 0, sizeof *g);
@@ -28,12 +29,14 @@ int tp_init(tp_group *g, MPI_Comm comm, const backend *be, int fail_step, int fa
     return PL_OK;
 }
 
+/* The gather buffer. */
 void tp_free(tp_group *g) {
     free(g->all);
     g->all = NULL;
     g->cap = 0;
 }
 
+/* Zero the timers bench reads. */
 void tp_reset_timers(tp_group *g) {
     g->t_sum = 0.0;
     g->nsum = 0;
@@ -69,6 +72,7 @@ static int gather_parts(tp_group *g, const float *src, size_t n, const char *wha
 
 static const char *const phase_name[2] = {"forward", "backward (input part)"};
 
+/* The blocks' hook: gather the T parts of a backend buffer and add them in rank order. */
 int tp_sum(void *ctx, float *buf, size_t n, int phase) {
     tp_group *g = ctx;
     const backend *be = g->be;
@@ -104,6 +108,7 @@ int tp_sum(void *ctx, float *buf, size_t n, int phase) {
     return PL_OK;
 }
 
+/* The head's hook: a host array's sum (rank order) or maximum over the TP ranks. */
 int tp_host_reduce(void *ctx, float *host, size_t n, int op) {
     tp_group *g = ctx;
     double t0 = pl_now();
@@ -123,6 +128,7 @@ int tp_host_reduce(void *ctx, float *host, size_t n, int op) {
     return PL_OK;
 }
 
+/* Every TP rank's rows of the head's gradient to every rank (each row has one author). */
 int tp_head_rows(tp_group *g, const model_config *c, float *buf) {
     int lo, n;
     size_t C = (size_t)c->C, whole = (size_t)c->Vp * C;
@@ -181,6 +187,7 @@ static int kv_rows(const tp_group *g, const stage *st, const param_tensor *t, si
     return 1;
 }
 
+/* Shared kv heads: their rows' gradients packed, gathered, summed over the sharing ranks. */
 int tp_kv_grads(tp_group *g, stage *st) {
     if (st->cfg.NKV >= g->T) return PL_OK;
     size_t tot = 0, lo, n;
@@ -216,6 +223,7 @@ int tp_kv_grads(tp_group *g, stage *st) {
     return rc;
 }
 
+/* The squared norm of the shared kv rows inside the given ranges, per tensor. */
 int tp_kv_sumsq(const tp_group *g, const stage *st, const optim_range *r, int nr, double *kvsq) {
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
@@ -236,6 +244,7 @@ int tp_kv_sumsq(const tp_group *g, const stage *st, const optim_range *r, int nr
     return PL_OK;
 }
 
+/* Each tensor's norm share this TP rank owns (replicated: rank 0; shared kv rows: the first). */
 void tp_owned_sumsq(const tp_group *g, const stage *st, double *sq, const double *kvsq) {
     model_config full = whole_cfg(st);
     int share = st->cfg.NKV < g->T ? g->T / st->cfg.NKV : 1;
@@ -247,6 +256,7 @@ void tp_owned_sumsq(const tp_group *g, const stage *st, double *sq, const double
     }
 }
 
+/* Everything tp_whole_make allocated. */
 void tp_whole_free(tp_whole *w) {
     if (w->have_opt) optim_free(&w->opt);
     if (w->st.be) {
@@ -282,6 +292,7 @@ static int gather_into(tp_group *g, const stage *st, const float *src, size_t nl
     return be->unmap(h, dst, nwhole * sizeof(float), PL_MAP_WRITE);
 }
 
+/* The whole-shaped table and buffers, then the asked-for gathers. */
 int tp_whole_make(tp_group *g, const stage *st, const optim *opt, int what, int want_opt, int d, int D,
                   tp_whole *w, char *err, size_t errlen) {
     memset(w, 0, sizeof *w);
@@ -373,6 +384,7 @@ static int put_one(const tp_group *g, const stage *st, const tp_whole *w, float 
     return rc != PL_OK ? rc : r2;
 }
 
+/* This rank's slices of the whole copy back into the stage and the optimizer. */
 int tp_whole_put(const tp_group *g, tp_whole *w, stage *st, optim *opt, int what) {
     if (what & TPW_PARAMS) PL_TRY(put_one(g, st, w, w->st.params, st->params));
     if ((what & TPW_MOMENTS) && opt && w->have_opt) {

@@ -349,6 +349,7 @@ static int load_init(run *R, char *err, size_t errlen) {
     return rc;
 }
 
+/* --save-final / --dump-grads (run.h): the model file, whole, from TP rank 0's pipeline. */
 int train_save_model(run *R, const char *path, int grads) {
     const pl_options *o = R->o;
     tp_whole w;
