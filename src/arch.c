@@ -59,7 +59,7 @@ size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
     case AD_C: return C;
     case AD_QKV: return QKV;
     case AD_H: return H;
-    case AD_VP: return (size_t)c->Vp;
+    case AD_VP: return tp > 1 ? ((size_t)c->Vp + tp - 1) / tp + 1 : (size_t)c->Vp; /* --tp: a slice and a sink row */
     case AD_V: return (size_t)c->V;
     case AD_MAXT: return (size_t)c->maxT;
     case AD_NHT: return NH * T;
@@ -196,6 +196,16 @@ void model_tp_slice(const model_config *full, int T, int t, const param_tensor *
         s->lo[1] = full->NH * HS + kv0 * HS;
         s->lo[2] = (full->NH + full->NKV) * HS + kv0 * HS;
         s->n[1] = s->n[2] = NKVl * HS;
+    } else if (r->rows == AD_VP) { /* the token table / head matrix: a slice of the vocabulary rows */
+        int lo, n;
+        model_config lc = *full;
+        lc.tp = T;
+        lc.tpr = t;
+        model_tp_vocab(&lc, &lo, &n);
+        s->mode = TPS_ROWS;
+        s->nseg = 1;
+        s->lo[0] = lo;
+        s->n[0] = n;
     } else if (r->rows == AD_H) { /* the MLP's first products (and their biases) */
         s->mode = TPS_ROWS;
         s->nseg = 1;
@@ -263,11 +273,12 @@ int model_tp_host_reduce(float *host, size_t n, int op) {
     return tp_host_hook(tp_hook_ctx, host, n, op);
 }
 
-/* This TP rank's rows of the (Vp, C) head matrix: an even share, the remainder spread. */
+/* This TP rank's rows of the (Vp, C) token table / head matrix: ceil(Vp / T) each, the last
+ * rank's fewer (its local tensor padded with zero rows, then the sink row). */
 void model_tp_vocab(const model_config *c, int *lo, int *n) {
-    int T = c->tp > 1 ? c->tp : 1, t = c->tp > 1 ? c->tpr : 0;
-    *lo = (int)((long long)t * c->Vp / T);
-    *n = (int)((long long)(t + 1) * c->Vp / T) - *lo;
+    int T = c->tp > 1 ? c->tp : 1, t = c->tp > 1 ? c->tpr : 0, Rp = (c->Vp + T - 1) / T;
+    *lo = t * Rp < c->Vp ? t * Rp : c->Vp;
+    *n = c->Vp - *lo < Rp ? c->Vp - *lo : Rp;
 }
 
 /* --tp T must divide the heads, the kv heads (or be a multiple of them) and the MLP. */

@@ -584,7 +584,7 @@ static int check_tied_copies(run *R, int *same) {
     if (!model_is_tied(&R->cfg)) return PL_OK; /* an untied head: nothing to compare */
     if (R->P > 1 && R->st.has_embed && R->st.has_head) PL_TRY(tied_copies_local(R, same)); /* a V's rank 0 */
     else if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
-        size_t n = (size_t)R->cfg.Vp * R->cfg.C;
+        size_t n = arch_dim_value(&R->st.cfg, 0, AD_VP) * R->cfg.C; /* --tp: this rank's vocabulary slice */
         float *other = malloc(n * sizeof(float));
         int peer = R->st.has_embed ? 1 : 0; /* rank within the tied communicator */
         if (!other) return PL_ENOMEM;

@@ -409,6 +409,7 @@ void stage_free(stage *st) {
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
     free(st->host_losses);
     free(st->tp_logits);
+    if (st->tp_zero) be->free(st->tp_zero);
     free(st->tensors);
     free(st->bp);
     free(st->bg);
@@ -430,6 +431,7 @@ int stage_init_params(stage *st, unsigned long long seed) {
             whole = malloc(wt.numel * sizeof(float));
             if (!whole) { free(host); return PL_ENOMEM; }
             model_init_tensor(&full, &wt, seed, whole);
+            memset(host, 0, t->numel * sizeof(float)); /* padding and sink rows of a vocabulary slice */
             model_tp_copy(&sl, whole, host, 1);
             free(whole);
         } else {
@@ -493,12 +495,12 @@ static block_dims dims_of(const stage *st) {
 }
 
 /* --tp: the vocabulary-parallel head. Each TP rank multiplies by its slice of the head's rows
- * (model_tp_vocab; the matrix itself is replicated) and the softmax cross-entropy runs in
+ * (model_tp_vocab: the rank holds only those) and the softmax cross-entropy runs in
  * parallel on host copies of the local logits: the row maxima's and the exponential sums'
  * reductions over the TP ranks (model_tp_host_reduce), the target's loss from the rank that
  * holds its column; full logits are never gathered. The backward: dL/d(norm output) is a
  * partial sum (summed like the blocks'), and the head matrix's gradient lands in this rank's
- * rows only (train.c gathers the rows over the TP ranks at the step's end). */
+ * rows, the rank's own. */
 static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dloss, double *loss_sum) {
     const backend *be = st->be;
     const model_arch *A = st->arch;
@@ -511,7 +513,7 @@ static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dlo
     size_t nl = (size_t)N * R;
     if (!st->tp_logits && !(st->tp_logits = malloc((nl ? nl : 1) * sizeof(float)))) return PL_ENOMEM;
     float *h = st->tp_logits, *red = st->host_losses; /* red: one float per row, reused */
-    PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w + (size_t)lo * C, NULL, N, C, R)); // (N, R)
+    PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w, NULL, N, C, R)); // (N, R): the local rows
     PL_TRY(be->to_host(h, st->logits, nl * sizeof(float)));
     for (int i = 0; i < N; i++) {
         const float *r = h + (size_t)i * R;
@@ -554,10 +556,10 @@ static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dlo
         if (k >= 0 && k < Vl) r[k] -= dloss;
     }
     PL_TRY(be->from_host(st->logits, h, nl * sizeof(float)));
-    PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w + (size_t)lo * C, N, C, R)); // (N, C) partial
+    PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, R)); // (N, C) partial
     block_dims d = dims_of(st);
     PL_TRY(model_tp_sum(&d, dlnf, (size_t)N * C, TP_PHASE_BWD));
-    return be->matmul_bwd_weight(st->dhead_w + (size_t)lo * C, NULL, st->logits, lnf, N, C, R);
+    return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, R);
 }
 
 /* The last stage's head: logits = norm(x) head^T, the loss, and (dloss > 0) its backward to
@@ -585,6 +587,37 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, c->Vp);
 }
 
+/* --tp: the vocabulary-parallel embedding. Tokens outside this rank's slice of the token table
+ * are looked up in its sink row (zero); the other embedding rows (GPT-2's positions) are
+ * added by TP rank 0 only (the others read zeros); the T partial embeddings are summed. */
+static int embed_forward_tp(stage *st, act_slot *s, const int *tok) {
+    const backend *be = st->be;
+    const model_arch *A = st->arch;
+    int N = st->N, C = st->cfg.C, lo, n, sink = (int)arch_dim_value(&st->cfg, 0, AD_VP) - 1;
+    model_tp_vocab(&st->cfg, &lo, &n);
+    int *loc = malloc((size_t)N * sizeof(int));
+    if (!loc) return PL_ENOMEM;
+    for (int i = 0; i < N; i++) loc[i] = tok[i] >= lo && tok[i] < lo + n ? tok[i] - lo : sink;
+    int rc = be->from_host(s->tok, loc, (size_t)N * sizeof(int));
+    free(loc);
+    PL_TRY(rc);
+    block_ptrs ep = st->ep;
+    for (int i = 0; i < A->embed.n && st->cfg.tpr; i++) /* replicated rows: added once */
+        if (A->embed.rows[i].rows != AD_VP) {
+            size_t bytes = arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float);
+            if (!st->tp_zero) {
+                void *z = NULL;
+                PL_TRY(be->alloc(&z, bytes));
+                st->tp_zero = z;
+                PL_TRY(be->zero(st->tp_zero, bytes));
+            }
+            ep.t[i] = st->tp_zero;
+        }
+    block_dims d = dims_of(st);
+    PL_TRY(A->embed_forward(be, &d, ep.t, s->x_in, s->tok));
+    return model_tp_sum(&d, s->x_in, (size_t)N * C, TP_PHASE_FWD);
+}
+
 int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
                   float dloss, double *loss_sum, int *slot_out) {
     const backend *be = st->be;
@@ -603,7 +636,9 @@ int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const in
     s->mb = mb;
     if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
     block_dims d = dims_of(st);
-    if (st->has_embed) {
+    if (st->has_embed && st->cfg.tp > 1) {
+        PL_TRY(embed_forward_tp(st, s, tok));
+    } else if (st->has_embed) {
         PL_TRY(be->from_host(s->tok, tok, (size_t)N * sizeof(int)));
         PL_TRY(A->embed_forward(be, &d, st->ep.t, s->x_in, s->tok));                 // (N, C)
     } else {
@@ -655,7 +690,15 @@ static int head_weight(stage *st, act_slot *s) {
 /* The embeddings' gradient (first stage) from dL/d(x_in). */
 static int embed_weight(stage *st, act_slot *s, const float *dx) {
     block_dims d = dims_of(st);
-    return st->arch->embed_backward(st->be, &d, st->eg.t, dx, s->tok);
+    PL_TRY(st->arch->embed_backward(st->be, &d, st->eg.t, dx, s->tok));
+    if (st->cfg.tp <= 1) return PL_OK;
+    /* --tp: the tokens of other ranks' slices left their gradient in the sink row: zero it */
+    const model_arch *A = st->arch;
+    size_t rows = arch_dim_value(&st->cfg, 0, AD_VP), C = (size_t)st->cfg.C;
+    for (int i = 0; i < A->embed.n; i++)
+        if (A->embed.rows[i].rows == AD_VP)
+            PL_TRY(st->be->zero(st->eg.t[i] + (rows - 1) * C, C * sizeof(float)));
+    return PL_OK;
 }
 
 /* The data-parallel hook: is this weight part the step's last, and then tell it that block b's

@@ -128,45 +128,6 @@ int tp_host_reduce(void *ctx, float *host, size_t n, int op) {
     return PL_OK;
 }
 
-/* Every TP rank's rows of the head's gradient to every rank (each row has one author). */
-int tp_head_rows(tp_group *g, const model_config *c, float *buf) {
-    int lo, n;
-    size_t C = (size_t)c->C, whole = (size_t)c->Vp * C;
-    if (whole > INT_MAX) {
-        pl_error("the TP gather of the head's gradient: %zu floats exceed MPI's count", whole);
-        return PL_EINVAL;
-    }
-    int *cnt = malloc(2 * sizeof(int) * (size_t)g->T), *dsp = cnt ? cnt + g->T : NULL;
-    if (!cnt) return PL_ENOMEM;
-    model_config rc = *c;
-    for (int r = 0; r < g->T; r++) { /* every rank's slice of the rows */
-        rc.tpr = r;
-        model_tp_vocab(&rc, &lo, &n);
-        cnt[r] = (int)(n * C);
-        dsp[r] = (int)(lo * C);
-    }
-    double t0 = pl_now();
-    int rc2 = reserve(g, (whole + g->T - 1) / g->T); /* T parts of at least Vp C / T: the whole */
-    const backend *be = g->be;
-    void *h = NULL;
-    if (rc2 == PL_OK) rc2 = be->map(&h, buf, whole * sizeof(float), PL_MAP_READ);
-    if (rc2 == PL_OK) {
-        MPI_Request rq;
-        comm_what w = {"the TP gather of the head's gradient rows", -1, -1, comm_step};
-        PL_MPI_CHECK(MPI_Iallgatherv((float *)h + dsp[g->t], cnt[g->t], MPI_FLOAT, g->all, cnt, dsp, MPI_FLOAT,
-                                     g->comm, &rq));
-        rc2 = comm_wait(&rq, &w);
-        int r3 = be->unmap(h, buf, whole * sizeof(float), PL_MAP_READ);
-        if (rc2 == PL_OK) rc2 = r3;
-    }
-    if (rc2 == PL_OK) rc2 = be->from_host(buf, g->all, whole * sizeof(float));
-    free(cnt);
-    g->t_sum += pl_now() - t0;
-    g->nsum++;
-    g->floats += (double)whole;
-    return rc2;
-}
-
 /* The whole config of a stage's TP config. */
 static model_config whole_cfg(const stage *st) {
     model_config c = st->cfg;

@@ -566,35 +566,18 @@ static int maybe_evaluate(run *R, int step) {
     metrics_line(&R->mx, "{\"event\":\"val\",\"step\":%d,\"val_loss\":%.17g}", step, vl);
     return PL_OK;
 }
-/* --tp: the head matrix's gradient rows of every chunk holding the head, whole on every TP rank. */
-static int tp_head_grads(run *R) {
-    for (int c = 0; c < R->V; c++) {
-        stage *s = &R->stv[c];
-        if (s->has_head && tp_head_rows(&R->tp, &s->cfg, s->dhead_w) != PL_OK) {
-            pl_error("backend %s: the TP gather of the head's gradient failed", R->be->name);
-            return PL_EBACKEND;
-        }
-    }
-    return PL_OK;
-}
 /* One optimizer step: tied-gradient sum, norm and loss, clipping, AdamW on every tensor. */
 static int optimizer_step(run *R, int step, double loss_sum, double *loss, double *norm, double lr, step_news *nw) {
     stage *st = &R->st;
     const pl_options *o = R->o;
     /* dwte = embedding share + head share: added locally on one rank, summed across two */
     /* a V places both ends on rank 0: its tied sum is local (the communicator goes unused) */
-    /* --tp: the head matrix's gradient rows, one TP rank's each, gathered whole before the tied
-     * sum; an untied head's bucket may have started its replicas' reduction in the backward:
-     * then after the replicas' gathers */
-    int head_late = R->have_tp && R->have_dp && !model_is_tied(&R->cfg);
-    if (R->have_tp && !head_late) PL_TRY(tp_head_grads(R));
     PL_TRY(optim_tied_grads(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
     /* the replicas' sum: the blocks' buckets started during the backward, the tied wte now */
     /* --tp with kv heads shared by several TP ranks: their rows' gradients summed over them,
      * on whole gradients (the replicas' gathers done) */
     int kvrep = R->have_tp && st->cfg.NKV < R->Tp;
-    if (R->have_dp) PL_TRY(dp_finish(&R->dp, (step == 1 && o->dump_grads[0]) || kvrep || head_late));
-    if (head_late) PL_TRY(tp_head_grads(R));
+    if (R->have_dp) PL_TRY(dp_finish(&R->dp, (step == 1 && o->dump_grads[0]) || kvrep));
     if (kvrep) PL_TRY(tp_kv_grads(&R->tp, st));
     int bad;
     PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad, nw));

@@ -6,8 +6,8 @@
 #     within relative 1e-5, every gradient tensor of step 1 (--dump-grads, converted to
 #     safetensors) within 1e-5 of the tensor's largest magnitude; GPT-2 at T = 2 and 3, Llama
 #     with NKV = 2 at T = 2 (kv heads split) and T = 4 (kv heads replicated on 2 ranks each);
-#   - the embedding's and head's matrix is replicated, the head's product and softmax
-#     cross-entropy vocabulary-parallel (each rank's slice of the logits, never gathered);
+#   - the token table and head matrix vocabulary-parallel (each rank holds a slice of the rows
+#     and of the logits, never gathered; at T = 3 the last slice is shorter and padded);
 #   - bits: the same run after run, and across pipeline splits and ZeRO-1 at a fixed T;
 #   - checkpoints stay whole: a T = 2 save resumes at T = 1 and a T = 1 save at T = 2, the
 #     losses continuing within 1e-6 of the straight runs;
@@ -68,7 +68,7 @@ LL="--arch llama --n-kv-head 2"
 run llref 1 $LL --dump-grads llref.g.bin
 run ll2 2 $LL --tp 2 --dump-grads ll2.g.bin && against ll2 llref "Llama NKV=2 T=2"
 run ll4 4 $LL --tp 4 --dump-grads ll4.g.bin && against ll4 llref "Llama NKV=2 T=4 (kv heads replicated)"
-# Llama's untied head under --dp (its gradient rows gathered after the replicas' reduction), ZeRO-1
+# Llama's untied head under --dp, ZeRO-1
 run llref4 1 $LL --microbatches 4
 run ll2d2 4 $LL --tp 2 --dp 2 --zero 1
 if msg=$(close ll2d2.jsonl llref4.jsonl 1e-5); then ok "Llama T=2 x D=2 ZeRO-1: losses within 1e-5 of one process ($msg)"

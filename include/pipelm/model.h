@@ -206,7 +206,11 @@ void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx);
 int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase);
 /* The host reduction of the installed hook (a config with tp > 1 only). */
 int model_tp_host_reduce(float *host, size_t n, int op);
-/* The head's vocabulary slice of TP rank t of T: rows [*lo, *lo + *n) of the (Vp, C) matrix. */
+/* The vocabulary slice of TP rank tpr of tp (a stage config): rows [*lo, *lo + *n) of the
+ * (Vp, C) token table and head matrix, ceil(Vp / tp) rows each but the last's. The local
+ * tensor (AD_VP rows: ceil(Vp / tp) + 1) holds them first, zero padding, then a sink row: the
+ * embedding's lookup of a token outside the slice reads it (zero) and its gradient lands there
+ * (zeroed after the embedding's weight part). */
 void model_tp_vocab(const model_config *c, int *lo, int *n);
 /* The dimension checks of --tp T for a config: NH, H (and NKV unless T % NKV == 0) divisible
  * by T. PL_EINVAL with a message naming the setting. */

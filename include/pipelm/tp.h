@@ -62,10 +62,6 @@ int tp_sum(void *ctx, float *buf, size_t n, int phase);
 /* The head's hook (model.h's model_tp_host_hook): host[0..n) reduced over the TP ranks in rank
  * order, TP_HOST_SUM or TP_HOST_MAX; the same bits on every rank. */
 int tp_host_reduce(void *ctx, float *host, size_t n, int op);
-/* The vocabulary-parallel head's matrix gradient buf (backend, (Vp, C) of config c, tp > 1):
- * each TP rank computed its rows (model_tp_vocab); every rank gets every rank's rows
- * (MPI_Iallgatherv), so all hold the whole gradient, the same bits. */
-int tp_head_rows(tp_group *g, const model_config *c, float *buf);
 /* Zero the timers (the start of a timed part). */
 void tp_reset_timers(tp_group *g);
 /* Key/value heads replicated over T / NKV ranks: their rows' gradients summed over the ranks
