@@ -96,6 +96,20 @@ if run ck1 1 --ckpt-dir ck1 --ckpt-every 3; then
         && ok "T=1 checkpoint resumed at T=2: losses within 1e-6 of the T=1 run ($msg)" || bad "resume T=2" "$msg"; }
 fi
 
+# model files stay whole: a T=2 run's llm.c file initialises T=1 and T=2 alike, and its
+# safetensors export holds the llm.c file's tensors exactly
+run in1 1 --init tp2.bin
+run in2 2 --tp 2 --init tp2.bin
+if msg=$(close in2.jsonl in1.jsonl 1e-5); then ok "--init of a T=2 file at T=2 and T=1: losses within 1e-5 ($msg)"
+else bad "--init T=2" "$msg"; fi
+if mpirun_t 120 2 train $COMMON --tp 2 --save-final st2.safetensors > st2.out 2>&1 &&
+    "$PIPELM" convert --to hf tp2.bin tp2.safetensors > /dev/null 2>&1 &&
+    msg=$(python3 "$SRC/tests/grads_close.py" st2.safetensors tp2.safetensors 0); then
+    ok "T=2 --save-final FILE.safetensors: the llm.c file's tensors exactly ($msg)"
+else
+    bad "T=2 safetensors" "$(grep -m2 error st2.out) $msg"
+fi
+
 # refusals
 mpirun_t 60 3 train $COMMON --tp 2 > bad1.out 2>&1
 rc=$?
