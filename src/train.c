@@ -315,8 +315,7 @@ static int setup_tp(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     if (R->Tp <= 1) return PL_OK;
     PL_TRY(model_tp_check(&R->cfg, R->Tp, err, errlen));
-    const char *no = o->eval_mode == 2 ? "pipelm generate" : o->eval_mode ? "pipelm eval"
-                     : o->ckpt_async ? "--ckpt-async" : NULL;
+    const char *no = o->eval_mode == 2 ? "pipelm generate" : o->ckpt_async ? "--ckpt-async" : NULL;
     if (no) {
         snprintf(err, errlen, "--tp %d: %s does not run with tensor parallelism yet (use --tp 1)", R->Tp, no);
         return PL_EINVAL;

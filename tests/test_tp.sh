@@ -11,6 +11,7 @@
 #   - bits: the same run after run, and across pipeline splits and ZeRO-1 at a fixed T;
 #   - checkpoints stay whole: a T = 2 save resumes at T = 1 and a T = 1 save at T = 2, the
 #     losses continuing within 1e-6 of the straight runs;
+#   - pipelm eval at T = 2 x P = 2 gives one process's loss; model files stay whole;
 #   - refusals: a world size that does not fit T x D x P, a head count T does not divide;
 #   - a rank killed inside a TP all-reduce ends the job within seconds, named with the phase.
 # Every mpiexec runs under a timeout. Ranks are oversubscribed on small machines: shapes are tiny.
@@ -94,6 +95,17 @@ fi
 if run ck1 1 --ckpt-dir ck1 --ckpt-every 3; then
     run r12 2 --tp 2 --resume ck1/ckpt_00000003.h5 && { msg=$(close r12.jsonl ref.jsonl 1e-6) \
         && ok "T=1 checkpoint resumed at T=2: losses within 1e-6 of the T=1 run ($msg)" || bad "resume T=2" "$msg"; }
+fi
+
+# pipelm eval of a T=2 checkpoint at T=1 and T=2 x P=2: the same loss to the 6 decimals printed
+if [ -f ck2/ckpt_00000005.h5 ]; then
+    "$PIPELM" eval --preset tiny --seq-len 32 --batch 8 --resume ck2/ckpt_00000005.h5 > ev1.out 2>&1
+    mpirun_t 60 4 eval --preset tiny --seq-len 32 --batch 8 --tp 2 --stages 2 --resume ck2/ckpt_00000005.h5 > ev2.out 2>&1
+    l1=$(grep -o "eval | loss [0-9.]*" ev1.out); l2=$(grep -o "eval | loss [0-9.]*" ev2.out)
+    [ -n "$l1" ] && [ "$l1" = "$l2" ] && ok "pipelm eval --tp 2 --stages 2: the loss of one process ($l2)" \
+        || bad "eval --tp 2" "'$l1' against '$l2' $(grep -m2 error ev2.out)"
+else
+    bad "eval --tp 2" "no final checkpoint ck2/ckpt_00000005.h5"
 fi
 
 # model files stay whole: a T=2 run's llm.c file initialises T=1 and T=2 alike, and its
