@@ -602,17 +602,18 @@ static int embed_forward_tp(stage *st, act_slot *s, const int *tok) {
     free(loc);
     PL_TRY(rc);
     block_ptrs ep = st->ep;
-    for (int i = 0; i < A->embed.n && st->cfg.tpr; i++) /* replicated rows: added once */
-        if (A->embed.rows[i].rows != AD_VP) {
-            size_t bytes = arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float);
-            if (!st->tp_zero) {
-                void *z = NULL;
-                PL_TRY(be->alloc(&z, bytes));
-                st->tp_zero = z;
-                PL_TRY(be->zero(st->tp_zero, bytes));
-            }
-            ep.t[i] = st->tp_zero;
-        }
+    size_t bytes = 0; /* the largest replicated row: one zero buffer serves them all */
+    for (int i = 0; i < A->embed.n; i++)
+        if (A->embed.rows[i].rows != AD_VP && arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float) > bytes)
+            bytes = arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float);
+    if (st->cfg.tpr && bytes && !st->tp_zero) {
+        void *z = NULL;
+        PL_TRY(be->alloc(&z, bytes));
+        st->tp_zero = z;
+        PL_TRY(be->zero(st->tp_zero, bytes));
+    }
+    for (int i = 0; i < A->embed.n && st->cfg.tpr; i++) /* replicated rows: added once, by TP rank 0 */
+        if (A->embed.rows[i].rows != AD_VP) ep.t[i] = st->tp_zero;
     block_dims d = dims_of(st);
     PL_TRY(A->embed_forward(be, &d, ep.t, s->x_in, s->tok));
     return model_tp_sum(&d, s->x_in, (size_t)N * C, TP_PHASE_FWD);
