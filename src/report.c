@@ -617,8 +617,16 @@ static int check_tied_copies(run *R, int *same) {
 }
 /* The end of a run: the tied-copy check, the in-flight peaks, the "end" metrics line. */
 int report_finish(run *R, int first_step, int done_steps, double wall, double last_loss, int stopped) {
-    int tied_same = 1;
+    int tied_same = 1, tp_same = 1;
     PL_TRY(check_tied_copies(R, &tied_same));
+    if (R->have_tp) { /* --tp: the replicated tensors must have stayed the same bits on the T ranks */
+        char name[64];
+        PL_TRY(tp_check_replicas(&R->tp, &R->st, &tp_same, name, sizeof name));
+        if (!tp_same) pl_error("tensor parallel: the replicated tensor %s differs across the TP ranks", name);
+        PL_TRY(comm_allreduce(MPI_IN_PLACE, &tp_same, 1, MPI_INT, MPI_MIN, R->world, "the TP replica comparison"));
+        if (tp_same) pl_info("tensor parallel: the replicated tensors are bit-identical on the %d TP ranks of every "
+                             "stage\n", R->Tp);
+    }
     /* the engine's own accounting of activations held at once, per stage */
     int *peaks = calloc((size_t)R->P, sizeof(int));
     if (!peaks) return PL_ENOMEM;
@@ -639,7 +647,7 @@ int report_finish(run *R, int first_step, int done_steps, double wall, double la
     }
     free(peaks);
     PL_TRY(rc);
-    return tied_same ? PL_OK : PL_ENUM;
+    return tied_same && tp_same ? PL_OK : PL_ENUM;
 }
 /* Step lines, metrics and the progress bar (rank 0). */
 void report_step(run *R, int step, int first_step, int last_step, double loss, double lr, double norm,

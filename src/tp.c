@@ -13,6 +13,7 @@
 #include <string.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
+#include "pipelm/crc32c.h"
 #include "pipelm/tp.h"
 
 /* The group over comm: its size and this rank's index; nothing collective. */
@@ -215,6 +216,42 @@ void tp_owned_sumsq(const tp_group *g, const stage *st, double *sq, const double
         if (s.mode == TPS_REPL && g->t != 0) sq[i] = 0.0;
         else if (kvsq && g->t % share != 0) sq[i] -= kvsq[i]; /* the first sharing rank counts the kv rows */
     }
+}
+
+/* The replicated tensors' CRC-32C on every TP rank, compared: *same, and the first differing
+ * tensor's name (or ""). */
+int tp_check_replicas(tp_group *g, const stage *st, int *same, char *name, size_t len) {
+    int n = st->ntensors;
+    uint32_t *mine = calloc((size_t)n, sizeof *mine), *all = calloc((size_t)n * g->T, sizeof *all);
+    int rc = mine && all ? PL_OK : PL_ENOMEM;
+    model_config full = whole_cfg(st);
+    for (int i = 0; rc == PL_OK && i < n; i++) {
+        const param_tensor *t = &st->tensors[i];
+        tp_slice s;
+        model_tp_slice(&full, g->T, g->t, t, &s);
+        if (s.mode != TPS_REPL) continue;
+        void *h = NULL;
+        if ((rc = st->be->map(&h, st->params + t->offset, t->numel * sizeof(float), PL_MAP_READ)) != PL_OK) break;
+        mine[i] = crc32c(h, t->numel * sizeof(float));
+        rc = st->be->unmap(h, st->params + t->offset, t->numel * sizeof(float), PL_MAP_READ);
+    }
+    *same = 1;
+    name[0] = 0;
+    if (rc == PL_OK) {
+        MPI_Request rq;
+        comm_what w = {"the TP comparison of the replicated tensors", -1, -1, -1};
+        PL_MPI_CHECK(MPI_Iallgather(mine, n, MPI_UINT32_T, all, n, MPI_UINT32_T, g->comm, &rq));
+        rc = comm_wait(&rq, &w);
+    }
+    for (int r = 1; rc == PL_OK && r < g->T && *same; r++)
+        for (int i = 0; i < n && *same; i++)
+            if (all[(size_t)r * n + i] != all[i]) {
+                *same = 0;
+                snprintf(name, len, "%s", st->tensors[i].name);
+            }
+    free(mine);
+    free(all);
+    return rc;
 }
 
 /* Everything tp_whole_make allocated. */

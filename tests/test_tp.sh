@@ -60,6 +60,8 @@ run ref 1 --dump-grads ref.g.bin
 run tp2 2 --tp 2 --dump-grads tp2.g.bin && against tp2 ref "GPT-2 T=2"
 grep -q "tensor parallel: T=2 ranks per stage" tp2.out && grep -q "stage  replica  tp  rank  host" tp2.out \
     && ok "T=2: the stage table and the (stage, replica, tp) grid show T" || bad "T=2 table" "no T in the stage table"
+grep -q "the replicated tensors are bit-identical on the 2 TP ranks" tp2.out \
+    && ok "T=2: the replicated tensors stayed the same bits on both TP ranks" || bad "T=2 replicas" "no replica check"
 G3="--n-embd 48 --n-head 6"
 run ref3 1 $G3 --dump-grads ref3.g.bin
 run tp3 3 $G3 --tp 3 --dump-grads tp3.g.bin && against tp3 ref3 "GPT-2 T=3"

@@ -87,5 +87,9 @@ int tp_whole_make(tp_group *g, const stage *st, const optim *opt, int what, int 
  * both have them: what & TPW_MOMENTS). */
 int tp_whole_put(const tp_group *g, tp_whole *w, stage *st, optim *opt, int what);
 void tp_whole_free(tp_whole *w);
+/* Collective over the TP group: are the replicated tensors (norms, row-parallel biases, GPT-2's
+ * positions) the same bits on every TP rank (CRC-32C of each, compared)? *same, and the first
+ * that differs by name. The end of a run checks it, as the tied embedding's copies. */
+int tp_check_replicas(tp_group *g, const stage *st, int *same, char *name, size_t len);
 
 #endif
