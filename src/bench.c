@@ -156,9 +156,11 @@ static void bench_derive(const bench_result *br, bench_figures *f) {
 static void bench_print(const bench_result *br, const bench_figures *f) {
     int P = br->P, D = f->D, V = f->V;
     char chunks[48] = "";
+    char tp[48] = "";
     if (V > 1) snprintf(chunks, sizeof chunks, " (ranks) x %d chunks", V);
-    pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
-            P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B,
+    if (br->Tp > 1) snprintf(tp, sizeof tp, " x %d TP ranks", br->Tp);
+    pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
+            P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", tp, br->schedule, br->M, br->B,
             br->T, br->nsteps);
     pl_info("  throughput      %10.1f tokens/s\n", f->tokens_per_s);
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * f->med, 1e3 * f->mn, 1e3 * f->mx);
