@@ -702,23 +702,31 @@ typedef struct {
     step_news nw;
 } loop_state;
 
-/* D replicas x P stages from --dp / --stages and the world size, and the batch each replica
- * trains on; a layout that does not fit is refused with the ones that would. */
+/* The layouts W ranks can run with T in [t0, t1]: "--dp D --stages P, ..." (T = 1) or
+ * "--tp T --dp D --stages P, ...", for a refusal's advice. */
+static void layout_fits(int W, int t0, int t1, char *buf, size_t len) {
+    int off = 0;
+    buf[0] = 0;
+    for (int t = t0; t <= t1 && t <= W; t++)
+        for (int k = 1; W % t == 0 && k <= W / t && off < (int)len - 48; k++)
+            if ((W / t) % k == 0) {
+                if (t > 1) off += snprintf(buf + off, len - off, "%s--tp %d ", off ? ", " : "", t);
+                off += snprintf(buf + off, len - off, "%s--dp %d --stages %d", off && t == 1 ? ", " : "", k, W / t / k);
+            }
+}
+
+/* D replicas x P stages (x T TP ranks) from --dp / --stages / --tp and the world size, and the
+ * batch each replica trains on; a layout that does not fit is refused with the ones that would. */
 static int layout_grid(run *R, const pl_options *o) {
     int Tp = o->tp > 1 ? o->tp : 1, W = R->W / Tp, D = o->dp, P = o->stages;
+    char fits[512];
     if (Tp > 1 && (R->W % Tp || D < 0 || P < 0)) { /* --tp: T x D x P ranks, TP innermost */
-        if (R->wrank == 0) {
-            char fits[512] = "";
-            for (int t = 2, off = 0; t <= R->W && off < (int)sizeof fits - 48; t++)
-                for (int k = 1; R->W % t == 0 && k <= R->W / t && off < (int)sizeof fits - 48; k++)
-                    if ((R->W / t) % k == 0)
-                        off += snprintf(fits + off, sizeof fits - off, "%s--tp %d --dp %d --stages %d", off ? ", " : "",
-                                        t, k, R->W / t / k);
-            if (R->W % Tp)
-                pl_error("--tp %d does not fit %d ranks (T x D x P must be the world size); this job can run %s", Tp,
-                         R->W, fits[0] ? fits : "--tp 1");
-            else
-                pl_error("--tp %d with --dp auto or --stages auto is not supported yet: give --dp and --stages", Tp);
+        if (R->wrank == 0 && R->W % Tp) {
+            layout_fits(R->W, 2, R->W, fits, sizeof fits);
+            pl_error("--tp %d does not fit %d ranks (T x D x P must be the world size); this job can run %s", Tp,
+                     R->W, fits[0] ? fits : "--tp 1");
+        } else if (R->wrank == 0) {
+            pl_error("--tp %d with --dp auto or --stages auto is not supported yet: give --dp and --stages", Tp);
         }
         return PL_EINVAL;
     }
@@ -726,25 +734,15 @@ static int layout_grid(run *R, const pl_options *o) {
     if (!D && !P) D = 1;
     if (!D) D = P > 0 && W % P == 0 ? W / P : 0;
     if (!P) P = D > 0 && W % D == 0 ? W / D : 0;
-    if ((D < 1 || P < 1 || D * P != W) && Tp > 1) {
-        if (R->wrank == 0) {
-            char fits[512] = "";
-            for (int k = 1, off = 0; k <= W && off < (int)sizeof fits - 48; k++)
-                if (W % k == 0)
-                    off += snprintf(fits + off, sizeof fits - off, "%s--tp %d --dp %d --stages %d", off ? ", " : "", Tp, k,
-                                    W / k);
-            pl_error("--tp %d --dp %d --stages %d does not fit %d ranks (T x D x P must be the world size); this job can "
-                     "run %s", Tp, o->dp, o->stages, R->W, fits);
-        }
-        return PL_EINVAL;
-    }
     if (D < 1 || P < 1 || D * P != W) {
         if (R->wrank == 0) {
-            char fits[512] = "";
-            for (int k = 1, off = 0; k <= W && off < (int)sizeof fits - 32; k++)
-                if (W % k == 0) off += snprintf(fits + off, sizeof fits - off, "%s--dp %d --stages %d", off ? ", " : "", k, W / k);
-            pl_error("--dp %d --stages %d does not fit %d ranks (D x P must be the world size); this job can run %s",
-                     o->dp, o->stages, W, fits);
+            layout_fits(R->W, Tp, Tp, fits, sizeof fits);
+            if (Tp > 1)
+                pl_error("--tp %d --dp %d --stages %d does not fit %d ranks (T x D x P must be the world size); this job "
+                         "can run %s", Tp, o->dp, o->stages, R->W, fits);
+            else
+                pl_error("--dp %d --stages %d does not fit %d ranks (D x P must be the world size); this job can run %s",
+                         o->dp, o->stages, W, fits);
         }
         return PL_EINVAL;
     }
