@@ -49,6 +49,8 @@ static int complete(backend *b, int *nfilled, char *err, size_t errlen) {
                  b->name ? b->name : "(unnamed)");
         return PL_EINVAL;
     }
+    /* a device backend's decode product is its own matmul_fwd (a host-memory one takes the CPU's, as any op) */
+    if (!b->matmul_decode_fwd && !b->host_memory) b->matmul_decode_fwd = b->matmul_fwd;
 #define FILL_OP(op)                                                                                           \
     if (!b->op) {                                                                                             \
         if (!b->host_memory) {                                                                                \

@@ -1,6 +1,7 @@
 /*
- * backend_cpu.c — the CPU backend: OpenBLAS cblas_sgemm for every matrix product, C loops
- * parallelised with OpenMP for everything else.
+ * backend_cpu.c — the CPU backend: OpenBLAS cblas_sgemm for every matrix product of training,
+ * C loops parallelised with OpenMP for everything else; the decode kernels (matmul_decode_fwd,
+ * attention_kv_fwd) are in cpu_decode.c.
  *
  * Determinism: every loop that sums over rows (bias, LayerNorm and embedding gradients, the
  * squared norm) runs the rows in a fixed order inside one thread, and threads split the
@@ -25,6 +26,7 @@
 #include "pipelm/backend_math.h"
 #include "pipelm/blas.h"
 #include "pipelm/common.h"
+#include "pipelm/cpu_decode.h"
 
 /* Threads of this backend (OpenMP loops and OpenBLAS), set through its set_threads. */
 static int cpu_threads = 1;
@@ -524,49 +526,6 @@ static int cpu_set_threads(int n) {
 
 static int cpu_get_threads(void) { return cpu_threads; }
 
-/* One query head of one new row over the cache (attention_kv_fwd): the scores of keys
- * 0..len-1 (their maximum first), then the softmax-weighted sum of the values into o, each
- * sum in key order. */
-static void kv_fwd_head(float *o, const float *q, const float *kc, const float *vc, int len, int kvw, int hs) {
-    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < len; j++) {
-        const float *k = kc + (size_t)j * kvw;
-        float s = 0.0f;
-        for (int c = 0; c < hs; c++) s += q[c] * k[c];
-        if (s * scale > mx) mx = s * scale;
-    }
-    for (int c = 0; c < hs; c++) o[c] = 0.0f;
-    for (int j = 0; j < len; j++) {
-        const float *k = kc + (size_t)j * kvw, *v = vc + (size_t)j * kvw;
-        float s = 0.0f;
-        for (int c = 0; c < hs; c++) s += q[c] * k[c];
-        float w = expf(s * scale - mx);
-        sum += w;
-        for (int c = 0; c < hs; c++) o[c] += w * v[c];
-    }
-    for (int c = 0; c < hs; c++) o[c] /= sum;
-}
-
-/* The new rows' keys and values into the cache, then every (row, query head) pair in
- * parallel, each on one thread (the same bits for any thread count). */
-static int cpu_attention_kv_fwd(float *out, float *kc, float *vc, const float *qkv, int pos, int n, int NH, int NKV,
-                                int HS) {
-    if (NKV < 1 || NH % NKV || pos < 0 || n < 1)
-        return host_fail(PL_EBACKEND, "attention_kv_fwd: bad shape (NH=%d NKV=%d pos=%d n=%d)", NH, NKV, pos, n);
-    int W = (NH + 2 * NKV) * HS, KW = NKV * HS, G = NH / NKV;
-    for (int i = 0; i < n; i++) {
-        memcpy(kc + (size_t)(pos + i) * KW, qkv + (size_t)i * W + (size_t)NH * HS, sizeof(float) * KW);
-        memcpy(vc + (size_t)(pos + i) * KW, qkv + (size_t)i * W + (size_t)(NH + NKV) * HS, sizeof(float) * KW);
-    }
-    #pragma omp parallel for schedule(static)
-    for (int ih = 0; ih < n * NH; ih++) {
-        int i = ih / NH, h = ih % NH, g = h / G;
-        kv_fwd_head(out + (size_t)i * NH * HS + (size_t)h * HS, qkv + (size_t)i * W + (size_t)h * HS,
-                    kc + (size_t)g * HS, vc + (size_t)g * HS, pos + i + 1, KW, HS);
-    }
-    return 0;
-}
-
 const backend backend_cpu = {
     .name = "cpu",
     .host_memory = 1,
@@ -591,6 +550,7 @@ const backend backend_cpu = {
     .layernorm_bwd_input = cpu_layernorm_bwd_input,
     .layernorm_bwd_weight = cpu_layernorm_bwd_weight,
     .matmul_fwd = cpu_matmul_fwd,
+    .matmul_decode_fwd = cpu_matmul_decode_fwd,
     .matmul_bwd_input = cpu_matmul_bwd_input,
     .matmul_bwd_weight = cpu_matmul_bwd_weight,
     .gelu_fwd = cpu_gelu_fwd,

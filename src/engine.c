@@ -474,43 +474,81 @@ int engine_step(engine *e, long step, const int *inputs, const int *targets, flo
     return PL_OK;
 }
 
-/* Forward of every micro-batch through every stage, in (micro-batch, stage) order: each rank
- * meets its own stages in that order, so the blocking waits below cannot deadlock. */
+/* Evaluation: every forward input's receive, posted before the first forward (into the
+ * micro-batch's slice of recv_f). */
+static int eval_post_receives(engine *e) {
+    for (int c = 0; c < e->V; c++) {
+        stage *st = &e->st[c];
+        int s = stage_of(e, c);
+        size_t slice = (size_t)st->N * st->cfg.C;
+        for (int m = 0; m < e->M; m++) {
+            size_t k = (size_t)c * e->M + m;
+            e->rq_f[k] = e->sq_f[k] = MPI_REQUEST_NULL;
+            if (s == 0 || local_edge(e, s - 1)) continue; /* a local input is copied in by stage s - 1 */
+            void *h;
+            PL_TRY(view(e, HV_RF, c, m, e->recv_f[c] + m * slice, slice, &h));
+            PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, rank_of(e, s - 1), eval_tag(e, s, m), e->comm,
+                                   &e->rq_f[k]));
+        }
+    }
+    return PL_OK;
+}
+
+/* Evaluation: micro-batch m's output of chunk c to the next stage, without waiting: copied
+ * into the micro-batch's slice of recv_b (unused without a backward), so the activation slot
+ * is free for the next forward. */
+static int eval_send(engine *e, int c, int m, int slot) {
+    stage *st = &e->st[c];
+    int s = stage_of(e, c);
+    size_t slice = (size_t)st->N * st->cfg.C;
+    float *buf = e->recv_b[c] + m * slice;
+    void *h;
+    PL_TRY(st->be->copy(buf, stage_output(st, slot), slice * sizeof(float)));
+    PL_TRY(view(e, HV_SF, c, m, buf, slice, &h));
+    PL_MPI_CHECK(MPI_Isend(h, (int)slice, MPI_FLOAT, rank_of(e, s + 1), eval_tag(e, s + 1, m), e->comm,
+                           &e->sq_f[(size_t)c * e->M + m]));
+    return PL_OK;
+}
+
+/* Forward of every micro-batch through every stage, in (micro-batch, stage) order, as a
+ * pipeline: every receive is posted first and no send is waited for until the end, so while
+ * stage s + 1 computes micro-batch m, stage s computes m + 1 (each rank meets its own stages
+ * in that order and waits only for an input, so it cannot deadlock). */
 int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_sum) {
     double sum = 0.0;
+    PL_TRY(eval_post_receives(e));
     for (int m = 0; m < e->M; m++)
         for (int c = 0; c < e->V; c++) {
             stage *st = &e->st[c];
             int s = stage_of(e, c), slot, rows = st->N;
-            size_t slice = (size_t)st->N * st->cfg.C;
+            size_t slice = (size_t)st->N * st->cfg.C, k = (size_t)c * e->M + m;
             double l = 0.0;
-            MPI_Request rq = MPI_REQUEST_NULL;
-            comm_what w = {"evaluation forward input", rank_of(e, s > 0 ? s - 1 : 0), m, -1};
-            void *h;
-            if (s > 0 && !local_edge(e, s - 1)) { /* a local input was copied in just before */
-                PL_TRY(view(e, HV_RF, c, 0, e->recv_f[c], slice, &h));
-                PL_MPI_CHECK(MPI_Irecv(h, (int)slice, MPI_FLOAT, rank_of(e, s - 1), eval_tag(e, s, m), e->comm, &rq));
-                PL_TRY(comm_wait(&rq, &w));
-                PL_TRY(unview(e, HV_RF, c, 0, e->recv_f[c], slice));
+            if (e->rq_f[k] != MPI_REQUEST_NULL) {
+                comm_what w = {"evaluation forward input", rank_of(e, s - 1), m, -1};
+                PL_TRY(comm_wait(&e->rq_f[k], &w));
+                PL_TRY(unview(e, HV_RF, c, m, e->recv_f[c] + m * slice, slice));
             }
             PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
-                                 s > 0 ? e->recv_f[c] : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
+                                 s > 0 ? e->recv_f[c] + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                                  0.0f, &l, &slot));
             if (local_edge(e, s)) {
                 int cn = sched_place_chunk(e->sc->place, e->P, s + 1);
-                PL_TRY(st->be->copy(e->recv_f[cn], stage_output(st, slot), slice * sizeof(float)));
-            } else if (s < e->S - 1) {
-                w.what = "evaluation forward output";
-                w.peer = rank_of(e, s + 1);
-                PL_TRY(view(e, HV_SF, c, 0, stage_output(st, slot), slice, &h));
-                PL_MPI_CHECK(MPI_Isend(h, (int)slice, MPI_FLOAT, rank_of(e, s + 1), eval_tag(e, s + 1, m), e->comm,
-                                       &rq));
-                PL_TRY(comm_wait(&rq, &w));
-                PL_TRY(unview(e, HV_SF, c, 0, stage_output(st, slot), slice));
-            }
+                PL_TRY(st->be->copy(e->recv_f[cn] + m * slice, stage_output(st, slot), slice * sizeof(float)));
+            } else if (s < e->S - 1) PL_TRY(eval_send(e, c, m, slot));
             stage_release_all(st);
             sum += l;
         }
+    for (int c = 0; c < e->V; c++) {
+        int s = stage_of(e, c);
+        size_t slice = (size_t)e->st[c].N * e->st[c].cfg.C;
+        for (int m = 0; m < e->M; m++) {
+            size_t k = (size_t)c * e->M + m;
+            if (e->sq_f[k] == MPI_REQUEST_NULL) continue;
+            comm_what w = {"evaluation forward output", rank_of(e, s + 1), m, -1};
+            PL_TRY(comm_wait(&e->sq_f[k], &w));
+            PL_TRY(unview(e, HV_SF, c, m, e->recv_b[c] + m * slice, slice));
+        }
+    }
     *loss_sum = sum;
     return PL_OK;
 }

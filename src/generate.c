@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/eval.h"
@@ -55,10 +56,16 @@ typedef struct {
     unsigned char *cdone;            /* V: the chunk has passed the end item */
     double *t_first;                 /* per sequence: seconds to its first token */
     long items;
-    double t0, busy, t_end;
+    double t0, busy, busy_cpu, t_end; /* busy, busy_cpu: wall and thread CPU seconds in the stage's compute */
     FILE *lf;                        /* --logits-out (last stage) */
     const tokenizer *tk;
 } gen_state;
+
+/* This thread's CPU seconds: the compute time that other processes on the core do not inflate. */
+static double gen_cpu_now(void) {
+    struct timespec ts;
+    return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec + 1e-9 * ts.tv_nsec : 0.0;
+}
 
 /* The rank that owns global stage s (stage s on rank s mod P). */
 static int gen_owner(const gen_state *gs, int s) { return s % gs->P; }
@@ -76,6 +83,37 @@ static int gen_cand_cmp(const void *a, const void *b) {
     return x->i - y->i;
 }
 
+/* Sift c[i] down the heap c[0..n) whose root is the last in gen_cand_cmp's order. */
+static void gen_heap_down(gen_cand *c, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, m = i;
+        if (l < n && gen_cand_cmp(&c[l], &c[m]) > 0) m = l;
+        if (l + 1 < n && gen_cand_cmp(&c[l + 1], &c[m]) > 0) m = l + 1;
+        if (m == i) return;
+        gen_cand t = c[i];
+        c[i] = c[m];
+        c[m] = t;
+        i = m;
+    }
+}
+
+/* c[0..k) = the k first candidates of the row in gen_cand_cmp's order, sorted: with k < V a
+ * heap of k, not a sort of the whole vocabulary per token (the order is total, so it is the
+ * same prefix as the full sort's). */
+static void gen_top(const float *lg, int V, int k, gen_cand *c) {
+    for (int i = 0; i < k; i++) c[i] = (gen_cand){lg[i], i};
+    if (k < V) {
+        for (int i = k / 2 - 1; i >= 0; i--) gen_heap_down(c, k, i);
+        for (int i = k; i < V; i++) {
+            gen_cand x = {lg[i], i};
+            if (gen_cand_cmp(&x, &c[0]) >= 0) continue;
+            c[0] = x;
+            gen_heap_down(c, k, 0);
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, gen_cand_cmp);
+}
+
 /* Sample a token from one row of logits: argmax at temperature 0 (the lowest id among equal
  * maxima), else softmax(logits / T) over the top-k, cut to the smallest prefix whose
  * probability reaches top-p, drawn from the stream of (seed, sequence, position). */
@@ -85,9 +123,8 @@ static int gen_sample(const gen_opts *g, const float *lg, int V, unsigned long l
     for (int i = 1; i < V; i++)
         if (lg[i] > lg[best]) best = i;
     if (g->temperature <= 0) return best;
-    for (int i = 0; i < V; i++) c[i] = (gen_cand){lg[i], i};
-    qsort(c, (size_t)V, sizeof *c, gen_cand_cmp);
     int k = g->top_k > 0 && g->top_k < V ? g->top_k : V;
+    gen_top(lg, V, k, c);
     double z = 0, acc = 0;
     for (int i = 0; i < k; i++) z += exp(((double)c[i].l - c[0].l) / g->temperature);
     int n = k;
@@ -290,10 +327,11 @@ static int gen_step(gen_state *gs, int c, int *end) {
         out[H_STOP] = (float)((int)h[H_STOP] | signals_stop_pending());
     }
     if (!*end && nseg > 0) {
-        double t = pl_now();
+        double t = pl_now(), tc = gen_cpu_now();
         int rc = kv_stage_forward(&gs->kv[c], gs->seg, nseg, gs->tokrows, h + gs->hdr, out ? out + gs->hdr : NULL,
                                   gs->logits);
         gs->busy += pl_now() - t;
+        gs->busy_cpu += gen_cpu_now() - tc;
         if (rc != PL_OK) {
             pl_error("backend %s: generating (stage %d): %s", gs->R->be->name, s,
                      rc == PL_EINVAL ? "an item larger than the buffers" : gs->R->be->error());
@@ -443,11 +481,12 @@ static void gen_print(const gen_state *gs) {
 }
 
 /* The figures: time to first token, decode tokens/s, the bubble of every rank (1 - compute
- * time / wall time of the loop); printed by rank 0, --json in the benchmark. */
+ * time / wall time of the loop) and its compute's CPU time; printed by rank 0, --json in the
+ * benchmark. */
 static int gen_report(gen_state *gs) {
-    double mine[2] = {gs->busy, gs->t_end - gs->t0}, *all = malloc(sizeof(double) * 2 * gs->P);
+    double mine[3] = {gs->busy, gs->t_end - gs->t0, gs->busy_cpu}, *all = malloc(sizeof(double) * 3 * gs->P);
     if (!all) return PL_ENOMEM;
-    int rc = comm_gather(mine, 2, MPI_DOUBLE, all, 0, gs->R->comm, "the generation timers");
+    int rc = comm_gather(mine, 3, MPI_DOUBLE, all, 0, gs->R->comm, "the generation timers");
     if (rc != PL_OK || gs->rank != 0) { free(all); return rc; }
     long total = 0, dec = 0;
     double ttft = 0, wall = all[1], bub = 0, bmax = 0;
@@ -457,7 +496,7 @@ static int gen_report(gen_state *gs) {
         ttft += gs->t_first[q] / gs->g->nprompts;
     }
     for (int r = 0; r < gs->P; r++) {
-        double b = all[2 * r + 1] > 0 ? 1.0 - all[2 * r] / all[2 * r + 1] : 0;
+        double b = all[3 * r + 1] > 0 ? 1.0 - all[3 * r] / all[3 * r + 1] : 0;
         bub += b / gs->P;
         if (b > bmax) bmax = b;
     }
@@ -474,9 +513,14 @@ static int gen_report(gen_state *gs) {
         rc = pl_open_output(gs->g->bench_json, "--json", &f, err, sizeof err);
         if (rc == PL_OK) {
             fprintf(f, "{\"ranks\":%d,\"stages\":%d,\"prompts\":%d,\"groups\":%d,\"kv_cache\":%d,\"new_tokens\":%ld,"
-                    "\"wall_s\":%.6f,\"ttft_ms\":%.3f,\"decode_tok_s\":%.3f,\"tok_s\":%.3f,\"bubble\":%.4f}\n", gs->P,
-                    gs->S, gs->g->nprompts, gs->G, gs->g->kv_cache, total, wall, ttft * 1e3, dec_s,
-                    total / (wall > 0 ? wall : 1e-9), bub);
+                    "\"wall_s\":%.6f,\"ttft_ms\":%.3f,\"decode_tok_s\":%.3f,\"tok_s\":%.3f,\"bubble\":%.4f,"
+                    "\"bubble_ranks\":[", gs->P, gs->S, gs->g->nprompts, gs->G, gs->g->kv_cache, total, wall, ttft * 1e3,
+                    dec_s, total / (wall > 0 ? wall : 1e-9), bub);
+            for (int r = 0; r < gs->P; r++)
+                fprintf(f, "%s%.4f", r ? "," : "", all[3 * r + 1] > 0 ? 1.0 - all[3 * r] / all[3 * r + 1] : 0);
+            fputs("],\"cpu_s_ranks\":[", f);
+            for (int r = 0; r < gs->P; r++) fprintf(f, "%s%.6f", r ? "," : "", all[3 * r + 2]);
+            fputs("]}\n", f);
             rc = pl_close_output(f, gs->g->bench_json, "--json", err, sizeof err);
         }
         if (rc != PL_OK) pl_error("%s", err);

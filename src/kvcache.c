@@ -111,7 +111,7 @@ static int kv_head(kv_stage *kv, const block_dims *d0, const kv_seg *seg, int ns
     block_dims d = *d0;
     d.N = d.T = ns;
     PL_TRY(st->arch->head_norm_forward(be, &d, st->hp.t, kv->head.t, kv->hx));
-    PL_TRY(be->matmul_fwd(kv->logits, kv->head.t[st->arch->head_out], st->head_w, NULL, ns, c->C, c->Vp));
+    PL_TRY(be->matmul_decode_fwd(kv->logits, kv->head.t[st->arch->head_out], st->head_w, NULL, ns, c->C, c->Vp));
     return be->to_host(logits_host, kv->logits, sizeof(float) * ns * c->Vp);
 }
 

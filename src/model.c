@@ -360,18 +360,18 @@ static int gpt2_block_decode(const backend *be, const block_dims *d, float *cons
                              const kv_batch *kv, const float *x) {
     int N = d->N, C = d->C, NH = d->NH, HS = C / NH;
     PL_TRY(be->layernorm_fwd(a[GA_LN1], a[GA_LN1_MEAN], a[GA_LN1_RSTD], x, p[G_LN1W], p[G_LN1B], N, C));
-    PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, 3 * C));
+    PL_TRY(be->matmul_decode_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, 3 * C));
     for (int i = 0; i < kv->nseg; i++) {
         const kv_seg *s = &kv->seg[i];
         PL_TRY(be->attention_kv_fwd(a[GA_ATTY] + (size_t)s->row * C, s->k, s->v, a[GA_QKV] + (size_t)s->row * 3 * C,
                                     s->pos, s->n, NH, NH, HS));
     }
-    PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], p[G_ATTPROJB], N, C, C));
+    PL_TRY(be->matmul_decode_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], p[G_ATTPROJB], N, C, C));
     PL_TRY(be->residual_fwd(a[GA_RES2], a[GA_RES2], x, (size_t)N * C));
     PL_TRY(be->layernorm_fwd(a[GA_LN2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], a[GA_RES2], p[G_LN2W], p[G_LN2B], N, C));
-    PL_TRY(be->matmul_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, 4 * C));
+    PL_TRY(be->matmul_decode_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, 4 * C));
     PL_TRY(be->gelu_fwd(a[GA_FCH_GELU], a[GA_FCH], (size_t)N * 4 * C));
-    PL_TRY(be->matmul_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], p[G_FCPROJB], N, 4 * C, C));
+    PL_TRY(be->matmul_decode_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], p[G_FCPROJB], N, 4 * C, C));
     return be->residual_fwd(a[GA_RES3], a[GA_RES3], a[GA_RES2], (size_t)N * C);
 }
 

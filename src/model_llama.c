@@ -672,7 +672,7 @@ static int llama_block_decode(const backend *be, const block_dims *d, float *con
     int N = d->N, C = d->C, H = d->H, QKV = d->QKV, half = d->HS / 2;
     float eps = d->cfg->llama.norm_eps, *scr = d->x[LX_SCRATCH];
     PL_TRY(be->rmsnorm_fwd(a[LA_ATTNORM], a[LA_ATTNORM_RSTD], x, p[L_ATTNORM], N, C, eps));
-    PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));
+    PL_TRY(be->matmul_decode_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));
     for (int i = 0; i < kv->nseg; i++) {
         const kv_seg *s = &kv->seg[i];
         size_t r = (size_t)s->row;
@@ -681,13 +681,13 @@ static int llama_block_decode(const backend *be, const block_dims *d, float *con
         PL_TRY(be->attention_kv_fwd(a[LA_ATTY] + r * C, s->k, s->v, a[LA_QKV] + r * QKV, s->pos, s->n, d->NH, d->NKV,
                                     d->HS));
     }
-    PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, C, C));
+    PL_TRY(be->matmul_decode_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, C, C));
     PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
     PL_TRY(be->rmsnorm_fwd(a[LA_MLPNORM], a[LA_MLPNORM_RSTD], a[LA_RES2], p[L_MLPNORM], N, C, eps));
-    PL_TRY(be->matmul_fwd(a[LA_UP], a[LA_MLPNORM], p[L_FCW], NULL, N, C, H));
-    PL_TRY(be->matmul_fwd(a[LA_GATE], a[LA_MLPNORM], p[L_FC2W], NULL, N, C, H));
+    PL_TRY(be->matmul_decode_fwd(a[LA_UP], a[LA_MLPNORM], p[L_FCW], NULL, N, C, H));
+    PL_TRY(be->matmul_decode_fwd(a[LA_GATE], a[LA_MLPNORM], p[L_FC2W], NULL, N, C, H));
     PL_TRY(be->swiglu_fwd(a[LA_PROD], a[LA_UP], a[LA_GATE], (size_t)N * H));
-    PL_TRY(be->matmul_fwd(a[LA_RES3], a[LA_PROD], p[L_FCPROJW], NULL, N, H, C));
+    PL_TRY(be->matmul_decode_fwd(a[LA_RES3], a[LA_PROD], p[L_FCPROJW], NULL, N, H, C));
     return be->residual_fwd(a[LA_RES3], a[LA_RES3], a[LA_RES2], (size_t)N * C);
 }
 

@@ -324,18 +324,17 @@ static int pingpong(run *R, size_t bytes, char *buf, double *half_rtt) {
  * message's latency and bandwidth between ranks 0 and 1, for `pipelm schedule --costs`. */
 static int report_costs(run *R) {
     int V = R->V, S = R->S;
-    double *mine = malloc(sizeof(double) * 7 * V), *all = R->rank == 0 ? malloc(sizeof(double) * 7 * S) : NULL;
+    double *mine = malloc(sizeof(double) * 6 * V), *all = R->rank == 0 ? malloc(sizeof(double) * 6 * S) : NULL;
     const sched_op ops[4] = {SCHED_F, SCHED_B, SCHED_I, SCHED_W};
     if (!mine || (R->rank == 0 && !all)) { free(mine); free(all); return PL_ENOMEM; }
     for (int c = 0; c < V; c++) { /* chunk c: the rank's optimizer step shared out evenly */
         const double *t = R->eng.t_opc + (size_t)c * SCHED_NOPS;
         const long *n = R->eng.n_opc + (size_t)c * SCHED_NOPS;
-        for (int k = 0; k < 4; k++) mine[c * 7 + k] = n[ops[k]] ? t[ops[k]] / n[ops[k]] : 0.0;
-        mine[c * 7 + 4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps / V : 0.0;
-        mine[c * 7 + 5] = (double)stage_act_bytes_per_slot(&R->stv[c]);
-        mine[c * 7 + 6] = 2.0 * R->stv[c].nb; /* TP all-reduces of one forward (and input part): 2 a block */
+        for (int k = 0; k < 4; k++) mine[c * 6 + k] = n[ops[k]] ? t[ops[k]] / n[ops[k]] : 0.0;
+        mine[c * 6 + 4] = R->tm_steps ? R->tm[TM_OPT] / R->tm_steps / V : 0.0;
+        mine[c * 6 + 5] = (double)stage_act_bytes_per_slot(&R->stv[c]);
     }
-    int grc = comm_gather(mine, 7 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
+    int grc = comm_gather(mine, 6 * V, MPI_DOUBLE, all, 0, R->comm, "the gather of action costs");
     free(mine);
     if (grc != PL_OK) { free(all); return grc; }
     size_t bytes = (size_t)R->st.N * R->cfg.C * sizeof(float);
@@ -345,19 +344,20 @@ static int report_costs(run *R) {
     if (R->P > 1 && rc == PL_OK && (rc = pingpong(R, 8, buf, &lat)) == PL_OK) rc = pingpong(R, bytes, buf, &big);
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
-        sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL,
-                         NULL, R->Tp};
-        double *cols = malloc(sizeof(double) * 7 * S);
+        sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL, NULL,
+                         1, R->Tp};
+        double *cols = malloc(sizeof(double) * 6 * S);
         if (!cols) rc = PL_ENOMEM;
-        /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A R */
-        for (int k = 0; cols && k < 7; k++)
+        /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
+        for (int k = 0; cols && k < 6; k++)
             for (int r = 0; r < R->P; r++)
                 for (int ch = 0; ch < V; ch++)
-                    cols[k * S + sched_place_stage(R->sc.place, R->P, r, ch)] = all[(size_t)r * 7 * V + ch * 7 + k];
+                    cols[k * S + sched_place_stage(R->sc.place, R->P, r, ch)] = all[(size_t)r * 6 * V + ch * 6 + k];
         if (cols) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
-            c.nar = cols + 6 * S;
+            c.blocks = R->sp.blocks; /* global stage order */
+            c.dp = R->D;
             FILE *f = NULL;
             char e[4400];
             int wrc = pl_open_output(R->o->costs_out, "--costs-out", &f, e, sizeof e);

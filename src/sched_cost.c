@@ -28,9 +28,11 @@ int sched_costs_alloc(sched_costs *c, int P) {
     c->w = calloc((size_t)P, sizeof(double));
     c->opt = calloc((size_t)P, sizeof(double));
     c->act = calloc((size_t)P, sizeof(double));
-    c->nar = calloc((size_t)P, sizeof(double));
+    c->blocks = malloc((size_t)P * sizeof(int));
+    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->blocks) { sched_costs_free(c); return PL_ENOMEM; }
+    for (int s = 0; s < P; s++) c->blocks[s] = -1;
+    c->dp = 1;
     c->tp = 1;
-    if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->nar) { sched_costs_free(c); return PL_ENOMEM; }
     return PL_OK;
 }
 
@@ -41,7 +43,7 @@ void sched_costs_free(sched_costs *c) {
     free(c->w);
     free(c->opt);
     free(c->act);
-    free(c->nar);
+    free(c->blocks);
     memset(c, 0, sizeof *c);
 }
 
@@ -49,9 +51,13 @@ int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
     if (c->tp > 1) fprintf(f, "tp %d\n", c->tp);
-    for (int s = 0; s < c->P; s++)
-        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g R %.9g\n", s, c->f[s], c->b[s], c->i[s], c->w[s],
-                c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0, c->nar ? c->nar[s] : 0.0);
+    if (c->dp > 1) fprintf(f, "dp %d\n", c->dp);
+    for (int s = 0; s < c->P; s++) {
+        fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g", s, c->f[s], c->b[s], c->i[s], c->w[s],
+                c->opt ? c->opt[s] : 0.0, c->act ? c->act[s] : 0.0);
+        if (c->blocks && c->blocks[s] >= 0) fprintf(f, " N %d", c->blocks[s]);
+        fputc('\n', f);
+    }
     return ferror(f) ? -1 : 0;
 }
 
@@ -62,8 +68,8 @@ static int parse_cost(const char *tok, double *v) {
     return end != tok && *end == 0 && isfinite(*v) && *v >= 0 ? 0 : -1;
 }
 
-/* "stage S F x B x I x W x O x A x R x": any of them, in any order (O: the optimizer step, A:
- * the activation bytes of one micro-batch, R: the TP all-reduces of one F). */
+/* "stage S F x B x I x W x O x A x N n": any of them, in any order (O: the optimizer step, A:
+ * the activation bytes of one micro-batch, N: the blocks the stage held). */
 static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t errlen) {
     char *tok = strtok(rest, " \t");
     char *end;
@@ -75,12 +81,19 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
     while ((tok = strtok(NULL, " \t")) != NULL) {
         char *val = strtok(NULL, " \t");
         double v;
+        if (!strcmp(tok, "N")) {
+            long n = val ? strtol(val, &end, 10) : -1;
+            if (!val || *end || n < 0 || n > (1 << 20)) {
+                set_err(err, errlen, "costs line %d: N needs a block count, got '%s'", line, val ? val : "");
+                return PL_EINVAL;
+            }
+            c->blocks[s] = (int)n;
+            continue;
+        }
         double *dst = !strcmp(tok, "F") ? c->f : !strcmp(tok, "B") ? c->b : !strcmp(tok, "I") ? c->i
-                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act
-                      : !strcmp(tok, "R") ? c->nar : NULL;
+                      : !strcmp(tok, "W") ? c->w : !strcmp(tok, "O") ? c->opt : !strcmp(tok, "A") ? c->act : NULL;
         if (!dst || !val || parse_cost(val, &v) != 0) {
-            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes, R and a count), "
-                    "got '%s %s'",
+            set_err(err, errlen, "costs line %d: expected F|B|I|W|O followed by seconds (or A and bytes, N and blocks), got '%s %s'",
                     line, tok, val ? val : "");
             return PL_EINVAL;
         }
@@ -91,7 +104,7 @@ static int parse_stage(sched_costs *c, char *rest, int line, char *err, size_t e
 
 int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
     char buf[512];
-    int line = 0, P = 0;
+    int line = 0, P = 0, dp = 1;
     double msg = 0, lat = 0, bw = 0;
     memset(c, 0, sizeof *c);
     while (fgets(buf, sizeof buf, f)) {
@@ -119,6 +132,11 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
                 goto bad;
             }
             c->tp = (int)t;
+        } else if (!strcmp(key, "dp")) {
+            char *end;
+            long d = strtol(rest, &end, 10);
+            if (end == rest || *end || d < 1 || d > (1 << 20)) { set_err(err, errlen, "costs line %d: bad dp '%s'", line, rest); goto bad; }
+            dp = (int)d;
         } else if (!strcmp(key, "msg_bytes") || !strcmp(key, "latency_s") || !strcmp(key, "bytes_per_s")) {
             if (parse_cost(rest, &v) != 0) { set_err(err, errlen, "costs line %d: bad %s '%s'", line, key, rest); goto bad; }
             if (!strcmp(key, "msg_bytes")) msg = v;
@@ -131,6 +149,7 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
     }
     if (!c->P) { set_err(err, errlen, "costs: no 'stages' line"); return PL_EINVAL; }
     c->msg_bytes = msg;
+    c->dp = dp;
     c->latency_s = lat;
     c->bytes_per_s = bw;
     for (int s = 0; s < c->P; s++) { /* fill what one kind of run could not measure */
@@ -154,7 +173,7 @@ int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen
     }
     double ar = c->latency_s + (c->bytes_per_s > 0 ? (T - 1) * c->msg_bytes / c->bytes_per_s : 0.0);
     for (int s = 0; s < c->P; s++) {
-        double x = c->nar ? c->nar[s] * ar : 0.0;
+        double x = c->blocks && c->blocks[s] > 0 ? 2.0 * c->blocks[s] * ar : 0.0; /* 2 all-reduces a block */
         c->f[s] = c->f[s] / T + x;
         c->i[s] = c->i[s] / T + x;
         c->b[s] = c->b[s] / T + x;

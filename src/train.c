@@ -226,10 +226,11 @@ static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_
     fclose(f);
     PL_TRY(rc);
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
-    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L};
+    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1};
     tune_cand *t = NULL;
     int n = 0, tried = 0;
-    rc = tune_search(&q, &c, &t, &n, &tried, err, errlen);
+    const sched_costs *cs[TUNE_NMODES] = {&c, NULL, NULL};
+    rc = tune_search(&q, cs, &t, &n, &tried, err, errlen);
     sched_costs_free(&c);
     if (rc == PL_OK) {
         snprintf(buf, len, "%s", t[0].schedule);
@@ -391,7 +392,7 @@ static int split_count(const run *R, char *err, size_t errlen) {
  * only once every rank's set-up has succeeded (a rank that failed before it would leave its
  * replicas blocked in the dup). */
 static int setup_dp(run *R, char *err, size_t errlen) {
-    if (R->D <= 1) return PL_OK;
+    if (R->D <= 1 || R->o->eval_mode) return PL_OK; /* eval: replicas only all-reduce the loss */
     PL_TRY(dp_init(&R->dp, &R->st, &R->opt, R->dpc, R->o->zero, R->M, err, errlen));
     R->have_dp = 1;
     for (int c = 0; R->V > 1 && c < R->V; c++) dp_hook(&R->dp, &R->stv[c], R->M);
@@ -422,7 +423,7 @@ static int setup(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
     }
-    PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen));
+    if (!o->eval_mode) PL_TRY(optim_init(&R->opt, &R->st, &o->hp, err, errlen)); /* eval, generate: no moments */
     PL_TRY(train_ckpt_async_check(R, err, errlen)); /* --ckpt-async: MPI's thread level, the snapshot's memory */
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     /* --fail-rank names a world rank */

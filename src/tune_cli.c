@@ -16,16 +16,20 @@
 
 typedef struct {
     const char *costs, *json;
+    const char *costs_mode[TUNE_NMODES]; /* --costs-selective, --costs-full ([TUNE_NONE] unused) */
     int top, verify;
+    int measure;               /* --measure M0: the costs measured here first, M0 micro-batches */
+    char measured[TUNE_NMODES][128]; /* the files --measure wrote (none, -, full) */
     tune_query q;
     char extra[2048];          /* the train options after --, for every command */
+    model_config cfg;          /* their model, when they give one (q.cfg points here) */
 } tune_args;
 
 /* `pipelm tune --help`. */
 static void tune_usage(void) {
     printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
-           "       [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
-           "       [--verify K] [-- TRAIN OPTIONS]\n"
+           "       [--ranks W] [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
+           "       [--costs-selective FILE] [--costs-full FILE] [--measure M0] [--verify K] [-- TRAIN OPTIONS]\n"
            "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
            "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
            "activations fit --mem-cap-gb per rank (default: this node's memory / P), with the predicted\n"
@@ -33,9 +37,20 @@ static void tune_usage(void) {
            "M0 (required): the M the costs were measured with at batch B (each action is scaled by M0 / M).\n"
            "--n-layer L: the model's blocks (default: the TRAIN OPTIONS' model, if any): layouts with more\n"
            "than L + 2 stages (P x V) cannot be split and are left out.\n"
+           "--costs-selective / --costs-full FILE: costs measured with bench --recompute selective / full (same\n"
+           "layout, M0 and batch): the recompute modes are searched too, for every stage at once and per stage\n"
+           "(the stage holding the most activations on the fullest rank first) until the cap is met.\n"
+           "With a model in the TRAIN OPTIONS and a costs file that names each stage's blocks (N), the split\n"
+           "that rebalances the measured speeds (seconds per FLOP of each stage) is searched too (--split).\n"
+           "--ranks W: search every D x P = W too (--dp D; needs the model and a costs file with N): the\n"
+           "micro-batches scaled to batch / (D M) sequences, another P re-split at the stages' mean measured\n"
+           "speed, the gradient all-reduce as a ring over D at the measured bandwidth, none of it hidden.\n"
            "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
+           "--measure M0 (under mpiexec -n P, instead of --costs): measures the costs here first, pipelm bench\n"
+           "with the TRAIN OPTIONS, --batch B, 1f1b and M0 micro-batches, 5 steps after 3, without and with --recompute\n"
+           "full (so both are searched), then searches.\n"
            "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
-           "after --, and prints measured beside predicted. Not searched yet: --split, --recompute, --dp.\n");
+           "after --, and prints measured beside predicted.\n");
 }
 
 /* An int option value >= lo, else -1. */
@@ -54,16 +69,20 @@ static int train_argv(char *buf, char **argv, int max) {
     return argc;
 }
 
-/* The blocks of the model the train options extra describe (preset, --n-layer, config file); 0
- * where they do not say (a model file's --init) or do not parse (--verify reports that). */
-static int train_options_layers(const char *extra) {
+/* The model the train options extra describe (preset, its flags, a config file) into *cfg and
+ * its sequence length *T; 0 where they do not say (a model file's --init) or do not parse
+ * (--verify reports that). */
+static int train_options_model(const char *extra, model_config *cfg, int *T) {
     char buf[2048], err[1024], *argv[128];
     snprintf(buf, sizeof buf, "%s", extra);
     int argc = train_argv(buf, argv, 127);
     pl_options o;
     config_defaults(&o);
-    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0]) return 0;
-    return o.n_layer;
+    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0] ||
+        config_model(&o, config_vocab(&o), cfg, err, sizeof err) != PL_OK)
+        return 0;
+    *T = o.seq_len > 0 ? o.seq_len : o.max_seq_len;
+    return 1;
 }
 
 /* Parse the command line; 0 to go on, else the exit status (+1: --help). */
@@ -83,11 +102,15 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         const char *v = argv[++i];
         int bad = 0;
         if (!strcmp(o, "--costs")) a->costs = v;
+        else if (!strcmp(o, "--costs-selective")) a->costs_mode[TUNE_SELECTIVE] = v;
+        else if (!strcmp(o, "--costs-full")) a->costs_mode[TUNE_FULL] = v;
         else if (!strcmp(o, "--json")) a->json = v;
         else if (!strcmp(o, "--stages")) bad = (a->q.P = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--ranks")) bad = (a->q.ranks = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--top")) bad = (a->top = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
+        else if (!strcmp(o, "--measure")) bad = (a->measure = a->q.costs_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--max-microbatches")) bad = (a->q.max_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--costs-microbatches")) bad = (a->q.costs_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--n-layer")) bad = (a->q.n_layer = int_arg(v, 1)) < 0;
@@ -95,34 +118,68 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         else { pl_error("tune: unknown option '%s' (see pipelm tune --help; train options go after --)", o); return 3; }
         if (bad) { pl_error("tune: %s %s: not a valid value", o, v); return 3; }
     }
-    if (!a->costs) { pl_error("tune: --costs FILE is required (pipelm bench --costs-out writes one)"); return 3; }
+    if (!a->costs && !a->measure) {
+        pl_error("tune: --costs FILE (pipelm bench --costs-out writes one) or --measure M0 is required");
+        return 3;
+    }
+    if (a->costs && a->measure) { pl_error("tune: --costs and --measure: give one of them"); return 3; }
     if (a->q.costs_M < 1) {
         pl_error("tune: --costs-microbatches M0 is required: the micro-batch count the costs were measured with "
                  "(with --batch, it sizes every action for the other M)");
         return 3;
     }
-    if (a->q.P < 1) { pl_error("tune: --stages P is required outside mpiexec -n P"); return 3; }
-    if (a->verify && a->q.P != world) {
-        pl_error("tune: --verify runs the candidates here: start it with mpiexec -n %d (this job has %d)", a->q.P, world);
+    if (a->q.ranks > 0 && a->q.P > 0 && a->q.P != a->q.ranks) {
+        pl_error("tune: --ranks %d searches every D x P = %d: leave --stages out", a->q.ranks, a->q.ranks);
         return 3;
     }
-    if (!a->q.n_layer && a->extra[0]) a->q.n_layer = train_options_layers(a->extra);
+    if (a->q.ranks > 0) a->q.P = a->q.ranks;
+    if (a->q.P < 1) { pl_error("tune: --stages P (or --ranks W) is required outside mpiexec -n P"); return 3; }
+    if ((a->verify || a->measure) && a->q.P != world) {
+        pl_error("tune: --%s runs here: start it with mpiexec -n %d (this job has %d)", a->verify ? "verify" : "measure",
+                 a->q.P, world);
+        return 3;
+    }
+    if (a->extra[0] && train_options_model(a->extra, &a->cfg, &a->q.T)) {
+        a->q.cfg = &a->cfg;
+        if (!a->q.n_layer) a->q.n_layer = a->cfg.L;
+    }
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
     a->q.mem_cap_mb = gb > 0 ? gb * 1024.0 : pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / a->q.P : -1;
     return 0;
 }
 
-/* Read the costs file; PL_OK or the failure, reported. */
-static int read_costs(const char *path, sched_costs *c) {
-    char err[1024];
-    FILE *f = NULL;
-    if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
-        pl_error("tune: %s", err);
+/* Read the costs file on rank 0 and parse it on every rank (the text broadcast: the file
+ * need not be on every node); PL_OK or the failure, reported by rank 0, on every rank. */
+static int read_costs(const char *path, sched_costs *c, MPI_Comm comm) {
+    char err[1024] = "";
+    long len = -1;
+    char *text = NULL;
+    if (pl_rank == 0) {
+        FILE *f = NULL;
+        if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) == PL_OK) {
+            text = malloc((1 << 24) + 1);
+            len = text ? (long)fread(text, 1, 1 << 24, f) : -1;
+            if (text && ferror(f)) len = -1, snprintf(err, sizeof err, "costs file %s: cannot read it", path);
+            fclose(f);
+        }
+    }
+    MPI_Bcast(&len, 1, MPI_LONG, 0, comm);
+    if (len < 0) {
+        if (pl_rank == 0) pl_error("tune: %s", err[0] ? err : "out of memory");
+        free(text);
         return PL_EIO;
     }
-    int rc = sched_costs_read(f, c, err, sizeof err);
-    fclose(f);
-    if (rc != PL_OK) pl_error("tune: %s: %s", path, err);
+    if (pl_rank != 0) text = malloc((size_t)len + 1);
+    int have = text != NULL, all = 0;
+    MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (!all) { if (pl_rank == 0) pl_error("tune: out of memory"); free(text); return PL_ENOMEM; }
+    MPI_Bcast(text, (int)len, MPI_CHAR, 0, comm);
+    text[len] = 0;
+    FILE *f = fmemopen(text, (size_t)len + 1, "r");
+    int rc = f ? sched_costs_read(f, c, err, sizeof err) : PL_ENOMEM;
+    if (f) fclose(f);
+    free(text);
+    if (rc != PL_OK && pl_rank == 0) pl_error("tune: %s: %s", path, f ? err : "out of memory");
     return rc;
 }
 
@@ -132,31 +189,39 @@ static void print_best(const tune_args *a, const tune_cand *t, int n, int tried,
             tried, a->q.P, a->q.batch, secs, n, a->q.mem_cap_mb, n < a->top ? n : a->top);
     pl_info("  %4s  %12s  %7s  %12s  %s\n", "#", "predicted ms", "bubble", "peak act MB", "command");
     for (int i = 0; i < n && i < a->top; i++) {
-        char cmd[256];
+        char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         pl_info("  %4d  %12.3f  %6.1f%%  %12.2f  mpiexec -n %d pipelm train %s%s%s\n", i + 1, 1e3 * t[i].step_s,
                 100 * t[i].bubble, t[i].peak_mem_mb, a->q.P, cmd, a->extra[0] ? " " : "", a->extra);
     }
 }
 
-/* Benchmark candidate t here (every rank: the same arguments); *ms the median step, or -1. */
-static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, double *ms) {
-    char cmd[2600], js[64] = "";
-    tune_command(t, cmd, sizeof cmd);
-    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --batch %d --steps 3 --warmup 1 %s", a->q.batch, a->extra);
+/* A file name of this job's, the same on every rank (rank 0's pid): TMPDIR/pipelm-tune-ID-what. */
+static void job_file(const char *what, MPI_Comm comm, char *buf, size_t len) {
     long id = (long)getpid();
     MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
-    snprintf(js, sizeof js, "/tmp/pipelm-tune-%ld.json", id);
-    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --json %s", js);
-    char *argv[128];
-    int argc = train_argv(cmd, argv, 127);
+    const char *dir = getenv("TMPDIR");
+    snprintf(buf, len, "%s/pipelm-tune-%ld-%s", dir && dir[0] ? dir : "/tmp", id, what);
+}
+
+/* Run `pipelm bench` here (every rank: the same arguments) with the layout arguments, --batch,
+ * steps timed steps after warmup more, the train options and more (NULL or more arguments,
+ * such as --costs-out FILE); *ms the median step, or -1. */
+static int bench_here(const tune_args *a, const char *layout, int steps, int warmup, const char *more, MPI_Comm comm,
+                      double *ms) {
+    char cmd[3200], js[256];
+    job_file("bench.json", comm, js, sizeof js);
+    snprintf(cmd, sizeof cmd, "%s --batch %d --steps %d --warmup %d %s %s --json %s", layout, a->q.batch, steps,
+             warmup, a->extra, more ? more : "", js);
+    char *argv[160];
+    int argc = train_argv(cmd, argv, 159);
     pl_options o;
     config_defaults(&o);
-    o.hp.total_steps = 3, o.warmup = 1, o.log_every = 1000000, o.progress = 0;
+    o.hp.total_steps = steps, o.warmup = warmup, o.log_every = 1000000, o.progress = 0;
     char err[1024];
     *ms = -1;
     if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || config_validate(&o, err, sizeof err) != PL_OK) {
-        if (pl_rank == 0) pl_error("tune --verify: %s", err);
+        if (pl_rank == 0) pl_error("tune: pipelm bench %s: %s", layout, err);
         return PL_EINVAL;
     }
     o.bench = 1;
@@ -169,9 +234,35 @@ static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, dou
         if (f) fclose(f);
         const char *p = strstr(buf, "\"median\":");
         if (p) *ms = strtod(p + 9, NULL);
-        unlink(js);
     }
+    if (pl_rank == 0) unlink(js);
     return rc;
+}
+
+/* Benchmark candidate t here; *ms the median step, or -1. */
+static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, double *ms) {
+    char cmd[1024];
+    tune_command(t, cmd, sizeof cmd);
+    return bench_here(a, cmd, 3, 1, NULL, comm, ms);
+}
+
+/* --measure: the costs of 1f1b with M0 micro-batches, without and with --recompute full, into
+ * a->measured (a->costs and a->costs_mode[TUNE_FULL] point there). */
+static int measure_costs(tune_args *a, MPI_Comm comm) {
+    static const int modes[2] = {TUNE_NONE, TUNE_FULL};
+    for (int k = 0; k < 2; k++) {
+        int m = modes[k];
+        char layout[128], more[300];
+        double ms;
+        job_file(m == TUNE_NONE ? "costs-none.txt" : "costs-full.txt", comm, a->measured[m], sizeof a->measured[m]);
+        snprintf(layout, sizeof layout, "--schedule 1f1b --microbatches %d%s", a->measure,
+                 m == TUNE_FULL ? " --recompute full" : "");
+        snprintf(more, sizeof more, "--costs-out %s", a->measured[m]);
+        PL_TRY(bench_here(a, layout, 5, 3, more, comm, &ms)); /* 3 warm-up steps: the first runs are cold */
+        if (pl_rank == 0) pl_info("tune --measure: %s: %.3f ms per step, costs in %s\n", layout, ms, a->measured[m]);
+    }
+    a->costs = a->measured[TUNE_NONE], a->costs_mode[TUNE_FULL] = a->measured[TUNE_FULL];
+    return PL_OK;
 }
 
 /* `pipelm tune` (tune.h). */
@@ -181,14 +272,23 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
     tune_args a;
     int x = tune_parse(argc, argv, first, world, &a);
     if (x) return x == 1 ? 0 : 2;
-    sched_costs c;
-    if (read_costs(a.costs, &c) != PL_OK) return 2;
+    sched_costs cm[TUNE_NMODES];
+    const sched_costs *c[TUNE_NMODES] = {NULL, NULL, NULL};
+    int rc = a.measure ? measure_costs(&a, comm) : PL_OK;
+    for (int m = 0; m < TUNE_NMODES && rc == PL_OK; m++) {
+        const char *path = m == TUNE_NONE ? a.costs : a.costs_mode[m];
+        if (path && (rc = read_costs(path, &cm[m], comm)) == PL_OK) c[m] = &cm[m];
+    }
+    for (int m = 0; m < TUNE_NMODES; m++)
+        if (a.measured[m][0] && pl_rank == 0) unlink(a.measured[m]);
     tune_cand *t = NULL;
     int n = 0, tried = 0;
     char err[1024];
     double t0 = pl_now();
-    int rc = tune_search(&a.q, &c, &t, &n, &tried, err, sizeof err);
-    sched_costs_free(&c);
+    if (rc == PL_OK) rc = tune_search(&a.q, c, &t, &n, &tried, err, sizeof err);
+    else snprintf(err, sizeof err, "tune: a costs file could not be read (above)");
+    for (int m = 0; m < TUNE_NMODES; m++)
+        if (c[m]) sched_costs_free(&cm[m]);
     if (rc != PL_OK) { if (pl_rank == 0) pl_error("%s", err); free(t); return rc == PL_EINVAL ? 2 : 1; }
     if (pl_rank == 0) print_best(&a, t, n, tried, pl_now() - t0);
     if (a.json && pl_rank == 0) {
@@ -202,7 +302,7 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
     for (int i = 0; rc == PL_OK && i < a.verify && i < n; i++) {
         double ms;
         rc = verify_one(&a, &t[i], comm, &ms);
-        char cmd[256];
+        char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         if (rc == PL_OK && pl_rank == 0)
             pl_info("verify %d: %s: measured %.3f ms per step, predicted %.3f ms (%+.1f%%)\n", i + 1, cmd, ms,

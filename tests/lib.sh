@@ -29,6 +29,24 @@ mpirun_t() {
     timeout -k 5 "$secs" "$MPIEXEC" -n "$np" "$PIPELM" "$@"
 }
 
+# need_torch: PY (Debian's python3, which ./jobs/setup.sh --test gives torch, numpy and h5py)
+# and TORCH=1; where it cannot import torch and numpy, the test fails: the references are how
+# pipelm's numbers are proven, so their absence is not a skip. PIPELM_TEST_NO_TORCH=1 (a
+# machine set up without --test) runs the rest with TORCH=0 and says what is left out.
+need_torch() {
+    PY=/usr/bin/python3
+    TORCH=1
+    if [ -x "$PY" ] && "$PY" -c 'import torch, numpy' > /dev/null 2>&1; then return 0; fi
+    TORCH=0
+    if [ "${PIPELM_TEST_NO_TORCH:-0}" = 1 ]; then
+        echo "note: $PY cannot import torch/numpy (PIPELM_TEST_NO_TORCH=1): the torch checks are left out"
+        return 0
+    fi
+    echo "FAIL: $PY cannot import torch and numpy, which the reference checks need: ./jobs/setup.sh --test installs" \
+        "them (or set PIPELM_TEST_NO_TORCH=1 to run without them)"
+    exit 1
+}
+
 # losses FILE: the step losses of a metrics file, one per line, exactly as written.
 losses() { grep '"event":"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 

@@ -326,7 +326,7 @@ JobRequeue=1
 InactiveLimit=0
 KillWait=10
 MinJobAge=600
-SlurmdTimeout=60
+SlurmdTimeout=${SLURM_CLUSTER_SLURMD_TIMEOUT:-60}
 ${node_lines}PartitionName=debug Nodes=$part_nodes Default=YES MaxTime=INFINITE State=UP
 EOF
     : > "$dir/plugstack.conf"

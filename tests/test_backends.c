@@ -158,7 +158,8 @@ static void norm_case(int norm) {
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) be->free(g[i]);
 }
 
-/* The three matmuls, fwd with and without bias, bwd_weight accumulating into dW and db. */
+/* The three matmuls, fwd with and without bias, bwd_weight accumulating into dW and db; the
+ * decode product (matmul_decode_fwd) with bias. */
 static void matmul_case(int N, int C, int OC) {
     size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
     float *x = hrand(ni, -1, 1), *w = hrand(nw, -1, 1), *b = hrand(OC, -1, 1), *dout = hrand(no, -1, 1);
@@ -179,6 +180,9 @@ static void matmul_case(int N, int C, int OC) {
     compare("matmul_bwd_input", g_dx, dx, NULL, ni, 1);
     compare("matmul_bwd_weight dW+=", g_dw, dw, dw0, nw, 1);
     compare("matmul_bwd_weight db+=", g_db, db, db0, OC, 0); /* a column sum: fp32 in every precision */
+    CPU_OK(cpu->matmul_decode_fwd(out, x, w, b, N, C, OC)); /* decoding's product (cuda: its matmul_fwd) */
+    OK(be->matmul_decode_fwd(g_out, g_x, g_w, g_b, N, C, OC));
+    compare("matmul_decode_fwd+bias", g_out, out, NULL, no, !be->host_memory); /* host backends: the CPU's, fp32 */
     float *h[] = {x, w, b, dout, out, out2, dx, dw, db, dw0, db0};
     float *g[] = {g_x, g_w, g_b, g_dout, g_out, g_out2, g_dx, g_dw, g_db};
     for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
@@ -364,7 +368,7 @@ START_TEST(test_encoder) { rng_seed(2); FOR_TARGETS(encoder_case()); }
 END_TEST
 START_TEST(test_norms) { rng_seed(3); FOR_TARGETS(norm_case(0); norm_case(1)); }
 END_TEST
-START_TEST(test_matmul) { rng_seed(4); FOR_TARGETS(matmul_case(37, 24, 61); matmul_case(130, 96, 200)); }
+START_TEST(test_matmul) { rng_seed(4); FOR_TARGETS(matmul_case(37, 24, 61); matmul_case(130, 96, 200); matmul_case(3, 40, 50)); }
 END_TEST
 START_TEST(test_elementwise) { rng_seed(5); FOR_TARGETS(elementwise_case(); rope_case()); }
 END_TEST

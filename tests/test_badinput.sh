@@ -114,7 +114,9 @@ refused "--init with a NaN weight" 60 2 "model file wnan.bin: tensor h.3.qkv_w h
 # ---- checkpoints: attributes out of range, edited, missing; latest outside or garbage ----
 mpirun_t 120 1 train $C --steps 2 --ckpt-dir ck --ckpt-every 2 > ck.out 2>&1 || bad "save a checkpoint" "$(tail -n 2 ck.out)"
 CK=ck/ckpt_00000002.h5
-if $PY -c "import h5py, numpy" 2>/dev/null && [ -f $CK ]; then
+if ! $PY -c "import h5py, numpy" 2>/dev/null; then
+    bad "checkpoint attribute edits" "$PY cannot import h5py and numpy (./jobs/setup.sh --test installs them)"
+elif [ -f $CK ]; then
     # edit COPY GROUP ATTR PYTHON-VALUE [drop-crc]: a copy of the checkpoint with one attribute set
     edit() {
         cp $CK "$1"
@@ -177,7 +179,7 @@ with h5py.File("nan.h5", "r+") as f:
 EOF
     refused "checkpoint tensor NaN (valid CRC)" 60 2 "tensor h.2.ln1_b) holds a non-finite value" $R --resume nan.h5
 else
-    echo "skip - checkpoint attribute edits (no h5py/numpy or no checkpoint)"
+    bad "checkpoint attribute edits" "no checkpoint $CK to edit"
 fi
 # resuming with other data settings is refused naming the setting and both values
 refused "resume with another --markov-branch" 60 1 "saved with --markov-branch 4 but this run has --markov-branch 3" \

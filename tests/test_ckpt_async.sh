@@ -26,7 +26,7 @@ $PY -c 'import h5py, numpy' 2> /dev/null || have_h5py=0
 # same NAME A B: the two files are the same save
 same() {
     local out
-    if [ $have_h5py = 0 ]; then echo "skip - $1 (no h5py)"; return 0; fi
+    if [ $have_h5py = 0 ]; then bad "$1" "$PY cannot import h5py and numpy (./jobs/setup.sh --test installs them)"; return 1; fi
     if out=$($SAME "$2" "$3" 2>&1) && "$PIPELM" inspect "$3" > /dev/null 2>&1; then ok "$1"
     else bad "$1" "$(printf '%s' "$out" | head -c 400)"; fi
 }

@@ -139,9 +139,9 @@ secs=$(( $(date +%s) - t0 ))
 
 # bench: the unhidden reduction wait and the optimizer state per rank, halved by ZeRO-1
 mpirun_t 120 2 bench --preset tiny --steps 2 --warmup 1 --batch 8 --seq-len 32 --microbatches 2 --dp 2 \
-    --json b0.json > b0.out 2>&1 || bad "bench --dp 2" "exit $?"
+    --json b0.json > b0.out 2>&1 || bad "bench --dp 2" "exit $? $(tail -n 4 b0.out)"
 mpirun_t 120 2 bench --preset tiny --steps 2 --warmup 1 --batch 8 --seq-len 32 --microbatches 2 --dp 2 --zero 1 \
-    --json b1.json > b1.out 2>&1 || bad "bench --dp 2 --zero 1" "exit $?"
+    --json b1.json > b1.out 2>&1 || bad "bench --dp 2 --zero 1" "exit $? $(tail -n 4 b1.out)"
 m0=$(sed 's/.*"optimizer_state_mb":\([0-9.]*\).*/\1/' b0.json)
 m1=$(sed 's/.*"optimizer_state_mb":\([0-9.]*\).*/\1/' b1.json)
 if grep -q '"dp":2' b0.json && grep -q '"dp_wait_ms"' b0.json && grep -q '"dp_pending_mb"' b0.json && \

@@ -30,6 +30,9 @@ mpirun_t 120 2 eval $C --resume ck --microbatches 4 --batches 3 --json ck.json >
 mpirun_t 120 2 eval $C --init w.bin --microbatches 4 --batches 3 --chunks-per-rank 2 --schedule interleaved-1f1b \
     --json ch.json > ch.out 2>&1
 [ "$(json_key ch.json loss)" = "$want" ] && ok "eval with --chunks-per-rank 2: the same bits" || bad "chunks" "$(tail -3 ch.out)"
+mpirun_t 120 2 eval $C --init w.bin --microbatches 4 --batches 3 --schedule zb-v --json zv.json > zv.out 2>&1
+[ "$(json_key zv.json loss)" = "$want" ] && ok "eval with zb-v's V placement (a stage's input copied on its rank): the same bits" \
+    || bad "zb-v" "$(tail -3 zv.out)"
 
 # D = 2: the trainer with --dp 2 against eval with --dp 2 on 2 and 4 ranks
 mpirun_t 120 2 train $C --steps 2 --microbatches 2 --dp 2 --val-batches 2 --metrics d.jsonl --save-final wd.bin \

@@ -27,6 +27,8 @@ since() { echo $(($(date +%s) - $1)); }
 # 1. injected failures: every point, plain and with every collective-using option
 for at in before during after save; do
     for extra in plain full; do
+        # the full tier only: the collective-using options at every point but the save (read below)
+        if [ $extra = full ] && [ $at != save ] && ! full_tier; then full_only "failure $at step 3 (full)"; continue; fi
         opts="--steps 6 --fail-rank 1 --fail-step 3 --fail-at $at --ckpt-dir $WORK/ck_${at}_${extra}"
         [ $at = save ] && opts="$opts --ckpt-every 1"
         [ $extra = full ] && opts="$opts --trace $WORK/t.json --metrics $WORK/m_$at.jsonl --timers-every 1"

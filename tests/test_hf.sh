@@ -8,11 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 SRC=$(cd "$SRC" && pwd)
-PY=/usr/bin/python3
-if ! [ -x "$PY" ] || ! "$PY" -c 'import torch, numpy' > /dev/null 2>&1; then
-    echo "note: $PY cannot import torch/numpy: the file-writer checks are skipped"
-    TORCH=0
-else TORCH=1; fi
+need_torch
 cd "$WORK"
 # the plain tier runs 1 and 3 ranks; the full tier adds 2 ranks and the GPT-2 F16 reference
 if full_tier; then RANKS="1 2 3"; else RANKS="1 3"; fi

@@ -7,12 +7,7 @@
 # runs under a timeout.
 . "$(dirname "$0")/lib.sh"
 SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
-PY=/usr/bin/python3
-TORCH=1
-if ! [ -x "$PY" ] || ! "$PY" -c 'import torch, numpy' > /dev/null 2>&1; then
-    TORCH=0
-    echo "note: $PY cannot import torch/numpy: the torch reference and the file checks that need it are skipped"
-fi
+need_torch
 cd "$WORK"
 STEPS=4
 COMMON="--preset llama-tiny --steps $STEPS --batch 8 --seq-len 32 --microbatches 4 --eval-every 0 --progress 0 --log-every 100"

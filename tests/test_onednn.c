@@ -801,25 +801,30 @@ static void init_cache(int on) {
     ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "onednn init bf16 weight-cache=%d: %s", on, err);
 }
 
-/* fwd and bwd_input on w with the cache on (out1, dinp1) and off (out0, dinp0): the same bits. */
+/* fwd and bwd_input on w with the cache on (out1, dinp1), making want_made copies, and on a
+ * fresh allocation holding w's values (out0, dinp0): never weights, so converted per call as with
+ * the cache off. The same bits. The cache is not switched off here, so that its copies carry
+ * over to the next call (switching it off drops them). */
 static void products_same(const char *what, const float *inp, const float *w, const float *dout, int N, int C,
                           int OC, long want_made) {
     float *o1 = falloc((size_t)N * OC), *o0 = falloc((size_t)N * OC), *d1 = falloc((size_t)N * C),
-          *d0 = falloc((size_t)N * C);
+          *d0 = falloc((size_t)N * C), *wc = falloc((size_t)OC * C);
+    memcpy(wc, w, (size_t)OC * C * sizeof(float));
     init_cache(1);
     long m0 = made();
     OK(dn->matmul_fwd(o1, inp, w, NULL, N, C, OC));
     OK(dn->matmul_bwd_input(d1, dout, w, N, C, OC));
     ck_assert_msg(made() - m0 == want_made, "%s: %ld copies made, want %ld", what, made() - m0, want_made);
-    init_cache(0);
-    OK(dn->matmul_fwd(o0, inp, w, NULL, N, C, OC));
-    OK(dn->matmul_bwd_input(d0, dout, w, N, C, OC));
+    m0 = made();
+    OK(dn->matmul_fwd(o0, inp, wc, NULL, N, C, OC));
+    OK(dn->matmul_bwd_input(d0, dout, wc, N, C, OC));
+    ck_assert_msg(made() == m0, "%s: a copy made of a buffer that is not weights", what);
     char buf[96];
-    snprintf(buf, sizeof buf, "%s: matmul_fwd, cache on and off", what);
+    snprintf(buf, sizeof buf, "%s: matmul_fwd, cached and converted per call", what);
     check_same(buf, o1, o0, (size_t)N * OC);
-    snprintf(buf, sizeof buf, "%s: matmul_bwd_input, cache on and off", what);
+    snprintf(buf, sizeof buf, "%s: matmul_bwd_input, cached and converted per call", what);
     check_same(buf, d1, d0, (size_t)N * C);
-    dn->free(o1); dn->free(o0); dn->free(d1); dn->free(d0);
+    dn->free(o1); dn->free(o0); dn->free(d1); dn->free(d0); dn->free(wc);
 }
 
 START_TEST(test_wcache_bf16) {
@@ -848,6 +853,14 @@ START_TEST(test_wcache_bf16) {
         write_kind(k, w, 500, g, m, v);
         products_same(what, inp, w, dout, N, C, OC, 1);
     }
+    /* and the same bits as weight-cache=0 itself */
+    float *off = falloc((size_t)N * OC), *on = falloc((size_t)N * OC);
+    init_cache(0);
+    OK(dn->matmul_fwd(off, inp, w, NULL, N, C, OC));
+    init_cache(1);
+    OK(dn->matmul_fwd(on, inp, w, NULL, N, C, OC));
+    check_same("matmul_fwd, weight-cache=1 and weight-cache=0", on, off, (size_t)N * OC);
+    dn->free(off); dn->free(on);
     dn->free(inp); dn->free(dout); dn->free(w); dn->free(g); dn->free(m); dn->free(v);
     use_prec(PL_PREC_FP32);
 }

@@ -1,8 +1,10 @@
 /*
  * test_ops.c: Check tests for the CPU compute backend (src/backend_cpu.c), one test case per
  * op family: sgemm, encoder, layernorm, matmul, attention, GELU, the elementwise ops and
- * sumsq, cross-entropy, AdamW, thread-count determinism, and the Llama ops (RMSNorm, RoPE,
- * grouped-query attention, SwiGLU).
+ * sumsq, cross-entropy, AdamW, thread-count determinism, the Llama ops (RMSNorm, RoPE,
+ * grouped-query attention, SwiGLU), and the decode kernels (src/cpu_decode.c: matmul_decode_fwd
+ * and attention_kv_fwd against double references, and bit for bit the same with AVX-512 and
+ * the portable C, for any row count and thread count).
  *
  * Forward ops are compared with double-precision references written out here. Backward ops
  * are compared with double-precision central finite differences through the float forward
@@ -32,6 +34,7 @@
 
 #include "pipelm/backend.h"
 #include "pipelm/common.h"
+#include "pipelm/cpu_decode.h"
 
 #define TOL_FWD 1e-5
 #define TOL_GRAD 1e-2
@@ -1270,6 +1273,100 @@ START_TEST(test_backend_failures) {
 }
 END_TEST
 
+// ----------------------------------------------------------------------------
+// 12. decode kernels (cpu_decode.c)
+
+/* out with the AVX-512 code (where the CPU has it) and with the portable C: the same bits. */
+static void decode_both(float *vec, float *port, size_t n, void (*run)(float *, void *), void *ctx) {
+    cpu_decode_force_portable(0);
+    run(vec, ctx);
+    cpu_decode_force_portable(1);
+    run(port, ctx);
+    cpu_decode_force_portable(0);
+    ck_assert_msg(memcmp(vec, port, sizeof(float) * n) == 0, "decode kernel: AVX-512 and portable C differ");
+}
+
+typedef struct { const float *inp, *w, *b; int N, C, OC; } mmd_ctx;
+static void mmd_run(float *out, void *p) {
+    mmd_ctx *c = p;
+    ck_assert_int_eq(be->matmul_decode_fwd(out, c->inp, c->w, c->b, c->N, c->C, c->OC), 0);
+}
+
+/* matmul_decode_fwd: the double reference within TOL_FWD; AVX-512 = portable; each row the
+ * same bits alone (N = 1) as among N rows; 1 and 2 threads alike. Shapes with tails of the
+ * 16 lanes, the 4 x 4 tiles and the 16-row blocks. */
+START_TEST(test_matmul_decode) {
+    static const int shapes[][3] = {{1, 16, 4}, {3, 17, 5}, {4, 64, 8}, {5, 15, 33}, {17, 70, 9}, {33, 512, 7}};
+    rng_seed(21);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int N = shapes[k][0], C = shapes[k][1], OC = shapes[k][2];
+        float *inp = falloc((size_t)N * C), *w = falloc((size_t)OC * C), *b = falloc(OC);
+        float *out = falloc((size_t)N * OC), *port = falloc((size_t)N * OC), *row = falloc(OC);
+        fill_rand(inp, (size_t)N * C, -1, 1);
+        fill_rand(w, (size_t)OC * C, -1, 1);
+        fill_rand(b, OC, -1, 1);
+        mmd_ctx ctx = {inp, w, k % 2 ? b : NULL, N, C, OC};
+        decode_both(out, port, (size_t)N * OC, mmd_run, &ctx);
+        double *ref = dalloc((size_t)N * OC);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) {
+                double s = ctx.b ? b[o] : 0.0;
+                for (int c = 0; c < C; c++) s += (double)inp[(size_t)i * C + c] * w[(size_t)o * C + c];
+                ref[(size_t)i * OC + o] = s;
+            }
+        char what[80];
+        snprintf(what, sizeof what, "matmul_decode_fwd N=%d C=%d OC=%d", N, C, OC);
+        check_close(what, out, ref, (size_t)N * OC, TOL_FWD);
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq(be->matmul_decode_fwd(row, inp + (size_t)i * C, w, ctx.b, 1, C, OC), 0);
+            ck_assert_msg(memcmp(row, out + (size_t)i * OC, sizeof(float) * OC) == 0, "%s: row %d alone differs",
+                          what, i);
+        }
+        be->set_threads(1);
+        mmd_run(port, &ctx);
+        be->set_threads(default_threads);
+        ck_assert_msg(memcmp(port, out, sizeof(float) * N * OC) == 0, "%s: 1 and %d threads differ", what,
+                      default_threads);
+        free(ref);
+        be->free(inp); be->free(w); be->free(b); be->free(out); be->free(port); be->free(row);
+    }
+}
+END_TEST
+
+typedef struct { const float *qkv; float *kc, *vc; int T, split, NH, NKV, HS; } kvd_ctx;
+static void kvd_run(float *out, void *p) {
+    kvd_ctx *c = p;
+    int W = (c->NH + 2 * c->NKV) * c->HS;
+    ck_assert_int_eq(be->attention_kv_fwd(out, c->kc, c->vc, c->qkv, 0, c->split, c->NH, c->NKV, c->HS), 0);
+    ck_assert_int_eq(be->attention_kv_fwd(out + (size_t)c->split * c->NH * c->HS, c->kc, c->vc,
+                                          c->qkv + (size_t)c->split * W, c->split, c->T - c->split, c->NH, c->NKV,
+                                          c->HS), 0);
+}
+
+/* attention_kv_fwd (a prefill of `split` rows, then the rest): the causal attention's double
+ * reference within TOL_FWD, AVX-512 = portable, including a sequence longer than the
+ * kernel's 256 kept scores and head sizes off the 16 lanes. */
+START_TEST(test_attention_kv) {
+    static const int cases[][5] = {{9, 4, 4, 2, 16}, {7, 3, 3, 1, 20}, {300, 290, 2, 2, 8}, {40, 1, 4, 4, 64}};
+    rng_seed(22);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int T = cases[k][0], split = cases[k][1], NH = cases[k][2], NKV = cases[k][3], HS = cases[k][4];
+        size_t nq = (size_t)T * (NH + 2 * NKV) * HS, no = (size_t)T * NH * HS, nk = (size_t)T * NKV * HS;
+        float *qkv = falloc(nq), *out = falloc(no), *port = falloc(no), *kc = falloc(nk), *vc = falloc(nk);
+        fill_rand(qkv, nq, -1.5, 1.5);
+        kvd_ctx ctx = {qkv, kc, vc, T, split, NH, NKV, HS};
+        decode_both(out, port, no, kvd_run, &ctx);
+        double *ref = dalloc(no), *ratt = dalloc((size_t)NH * T * T);
+        attention_gqa_ref(ref, ratt, qkv, 1, T, NH, NKV, HS);
+        char what[80];
+        snprintf(what, sizeof what, "attention_kv_fwd T=%d NH=%d NKV=%d HS=%d", T, NH, NKV, HS);
+        check_close(what, out, ref, no, TOL_FWD);
+        free(ref); free(ratt);
+        be->free(qkv); be->free(out); be->free(port); be->free(kc); be->free(vc);
+    }
+}
+END_TEST
+
 static Suite *ops_suite(void) {
     Suite *su = suite_create("ops");
     struct { const char *name; const TTest *test; } cases[] = {
@@ -1290,6 +1387,8 @@ static Suite *ops_suite(void) {
         {"swiglu", test_swiglu},
         {"llama threads", test_llama_threads},
         {"backend failures", test_backend_failures},
+        {"matmul decode", test_matmul_decode},
+        {"attention kv", test_attention_kv},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -86,10 +86,9 @@ else
     bad "trace without events" "$(cat nox.out)"
 fi
 
-# ---- real files from a 2-rank run (the trace only where pipelm has --trace) --------------
+# ---- real files from a 2-rank run ---------------------------------------------------------
 if [ -x "$PIPELM" ]; then
-    targs=()
-    "$PIPELM" train --help 2> /dev/null | grep -q -- --trace && targs=(--trace run_trace.json)
+    targs=(--trace run_trace.json)
     if mpirun_t 120 2 train --preset tiny --steps 12 --batch 8 --seq-len 32 --microbatches 2 --eval-every 6 \
         --progress 0 --metrics run.jsonl "${targs[@]}" > run.out 2>&1; then
         if "$PLOT" loss run.jsonl run_loss.png > run_loss.out 2>&1 && is_png run_loss.png; then
@@ -97,9 +96,7 @@ if [ -x "$PIPELM" ]; then
         else
             bad "loss plot of a real run" "$(tail -n 3 run_loss.out)"
         fi
-        if [ ${#targs[@]} -eq 0 ]; then
-            echo "skip - timeline of a real run: pipelm has no --trace yet"
-        elif "$PLOT" timeline run_trace.json run_tl.png > run_tl.out 2>&1 && is_png run_tl.png; then
+        if "$PLOT" timeline run_trace.json run_tl.png > run_tl.out 2>&1 && is_png run_tl.png; then
             ok "timeline of a real run"
         else
             bad "timeline of a real run" "$(tail -n 3 run_tl.out)"
@@ -108,6 +105,6 @@ if [ -x "$PIPELM" ]; then
         bad "2-rank run for real inputs" "exit status $? ($(tail -n 3 run.out | tr '\n' ' '))"
     fi
 else
-    echo "skip - real inputs: no pipelm binary at $PIPELM"
+    bad "real inputs" "no pipelm binary at $PIPELM"
 fi
 finish

@@ -27,54 +27,7 @@ fi
 cd "$WORK" || exit 1
 T_END=$(($(date +%s) + ${DEADLINE_S:-280}))
 
-# ---- helpers ------------------------------------------------------------------------------
-CLUSTER=""
-cleanup() {
-    [ -z "$CLUSTER" ] || "$TOP/tests/slurm_cluster.sh" stop "$CLUSTER"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# left SECS: SECS, or fewer if the test deadline comes first (at least 1)
-left() {
-    local r=$((T_END - $(date +%s)))
-    [ "$r" -lt "$1" ] || r=$1
-    [ "$r" -ge 1 ] || r=1
-    echo "$r"
-}
-# wait_until SECS CMD...: poll CMD every half second; false on timeout
-wait_until() {
-    local end=$(($(date +%s) + $(left "$1")))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -lt $end ] || return 1
-        sleep 0.5
-    done
-}
-gone() { [ -z "$(squeue -h -j "$1" -o %i 2> /dev/null)" ]; }
-running() { [ "$(squeue -h -j "$1" -o %T 2> /dev/null)" = RUNNING ]; }
-has_step() { [ -f "$1" ] && grep -q '"event":"step"' "$1"; }
-# field JOB NAME: a field of `scontrol show job` (JobState, ExitCode, Restarts, ...)
-field() { scontrol -o show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-# submit NAME ARGS...: sbatch a job named NAME logging to $WORK/NAME.out; prints the job id
-submit() {
-    local name=$1
-    shift
-    sbatch --parsable -J "$name" -o "$WORK/$name.out" -D "$WORK" -t 5 "$@" | cut -d';' -f1
-}
-# wait_job ID SECS WHAT: wait until the job has left the queue; on timeout cancel it, say so
-wait_job() {
-    if wait_until "$2" gone "$1"; then return 0; fi
-    bad "$3" "job $1 still $(squeue -h -j "$1" -o %T) after $2 s; cancelled"
-    scancel "$1" 2> /dev/null
-    return 1
-}
-# step numbers of a metrics file: first, last, and the "end" line's count
-first_step() { grep -m1 '"event":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-last_step() { grep '"event":"step"' "$1" | tail -n 1 | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-end_steps() { grep '"event":"end"' "$1" | sed 's/.*"steps":\([0-9]*\).*/\1/'; }
-export PIPELM_RUNS=$WORK/runs
+. "$TOP/tests/slurm_lib.sh"
 
 # ---- 1. dry runs and the fail-fast, no cluster -----------------------------------------------
 out=$(env -u SLURM_JOB_ID "$TOP/jobs/train.sbatch" --preset tiny 2>&1)
@@ -118,8 +71,6 @@ CLUSTER=$SLURM_CLUSTER_DIR
 ok "Slurm cluster up ($(sinfo -h -o '%n %T %c CPUs'))"
 
 # ---- 2. a tiny training job ----------------------------------------------------------------------
-CKPT=0
-"$PIPELM" train --help 2> /dev/null | grep -q -- --ckpt-dir && CKPT=1
 job=$(submit train -n 2 --oversubscribe --export=ALL,PIPELM="$PIPELM" "$TOP/jobs/train.sbatch" \
     --preset tiny --steps 30 --ckpt-every 10 --log-every 10 --progress 0)
 if [ -z "$job" ]; then
@@ -140,17 +91,13 @@ elif wait_job "$job" 150 "tiny training job"; then
         bad "srun line" "$(grep '^+ srun' train.out)"
     [ "$(losses "$run/metrics.jsonl" | wc -l)" -eq 30 ] && [ "$(end_steps "$run/metrics.jsonl")" = 30 ] &&
         ok "metrics: 30 step lines and an end line" || bad "metrics" "$(tail -n 2 "$run/metrics.jsonl" 2>&1)"
-    if [ $CKPT = 1 ]; then
-        latest=$(cat "$run/ckpt/latest" 2> /dev/null)
-        nck=$(find "$run/ckpt" -name 'ckpt_*.h5' 2> /dev/null | wc -l)
-        if [ -n "$latest" ] && [ -f "$run/ckpt/$(basename "$latest")" ] && [ "$nck" -ge 3 ] &&
-            [ -f "$run/ckpt/ckpt_00000030.h5" ]; then
-            ok "checkpoints: $nck files, latest = $(basename "$latest")"
-        else
-            bad "checkpoint directory" "latest='$latest', files: $(ls "$run/ckpt" 2>&1 | tr '\n' ' ')"
-        fi
+    latest=$(cat "$run/ckpt/latest" 2> /dev/null)
+    nck=$(find "$run/ckpt" -name 'ckpt_*.h5' 2> /dev/null | wc -l)
+    if [ -n "$latest" ] && [ -f "$run/ckpt/$(basename "$latest")" ] && [ "$nck" -ge 3 ] &&
+        [ -f "$run/ckpt/ckpt_00000030.h5" ]; then
+        ok "checkpoints: $nck files, latest = $(basename "$latest")"
     else
-        echo "skip - checkpoint directory: pipelm has no --ckpt-dir yet"
+        bad "checkpoint directory" "latest='$latest', files: $(ls "$run/ckpt" 2>&1 | tr '\n' ' ')"
     fi
 fi
 
@@ -230,30 +177,30 @@ check_resumed() {
         ok "$name: all $steps steps done" || bad "$name: final step" "$(tail -n 2 "$run/metrics.restart1.jsonl" 2>&1)"
 }
 
-job=$(submit stub -n 2 --oversubscribe --export=ALL,PIPELM="$WORK/stub/pipelm" "$TOP/jobs/train.sbatch" --steps 60)
-if [ -n "$job" ] && preempt stub "$job" 90; then
-    check_resumed stub "$job" 60
-fi
+# the stand-in's requeue repeats what section 4 checks with pipelm itself: the full tier only
+if full_tier; then
+    job=$(submit stub -n 2 --oversubscribe --export=ALL,PIPELM="$WORK/stub/pipelm" "$TOP/jobs/train.sbatch" --steps 60)
+    if [ -n "$job" ] && preempt stub "$job" 90; then
+        check_resumed stub "$job" 60
+    fi
+else full_only "preemption of the stand-in pipelm"; fi
 
 # ---- 4. preemption of the real pipelm --------------------------------------------------------------
-if [ $CKPT = 1 ]; then
-    STEPS=150
-    job=$(submit preempt -n 2 --oversubscribe --export=ALL,PIPELM="$PIPELM" "$TOP/jobs/train.sbatch" \
-        --preset tiny --steps $STEPS --batch 8 --seq-len 32 --ckpt-every 50 --log-every 25 --progress 0)
-    if [ -n "$job" ] && preempt preempt "$job" 200; then
-        check_resumed preempt "$job" $STEPS
-        run=$WORK/runs/preempt-$job
-        saved=$(last_step "$run/metrics.jsonl")
-        [ -n "$saved" ] && [ -f "$run/ckpt/$(printf 'ckpt_%08d.h5' "$saved")" ] &&
-            ok "preempt: checkpoint of step $saved saved on the stop" ||
-            bad "preempt: checkpoint of the stop step '$saved'" "$(ls "$run/ckpt" 2>&1 | tr '\n' ' ')"
-    fi
-else
-    echo "skip - preemption of the real pipelm: its train --help has no --ckpt-dir yet"
+STEPS=150
+job=$(submit preempt -n 2 --oversubscribe --export=ALL,PIPELM="$PIPELM" "$TOP/jobs/train.sbatch" \
+    --preset tiny --steps $STEPS --batch 8 --seq-len 32 --ckpt-every 50 --log-every 25 --progress 0)
+if [ -n "$job" ] && preempt preempt "$job" 200; then
+    check_resumed preempt "$job" $STEPS
+    run=$WORK/runs/preempt-$job
+    saved=$(last_step "$run/metrics.jsonl")
+    [ -n "$saved" ] && [ -f "$run/ckpt/$(printf 'ckpt_%08d.h5' "$saved")" ] &&
+        ok "preempt: checkpoint of step $saved saved on the stop" ||
+        bad "preempt: checkpoint of the stop step '$saved'" "$(ls "$run/ckpt" 2>&1 | tr '\n' ' ')"
 fi
 
 # ---- 5. a small bench sweep ---------------------------------------------------------------------
-if "$PIPELM" bench --help 2>&1 | grep -q -- --warmup; then
+# the full tier only: section 1 checks jobs/bench.sbatch by its dry run
+if full_tier; then
     job=$(PIPELM_STAGES="1 2" PIPELM_MICROBATCHES=2 PIPELM_BENCH_STEPS=2 PIPELM_BENCH_WARMUP=1 \
         submit bench -n 2 --oversubscribe --export=ALL,PIPELM="$PIPELM" "$TOP/jobs/bench.sbatch" \
         --preset tiny --batch 4 --seq-len 32)
@@ -269,6 +216,6 @@ if "$PIPELM" bench --help 2>&1 | grep -q -- --warmup; then
         fi
     fi
 else
-    echo "skip - bench sweep: pipelm bench has no --warmup yet"
+    full_only "bench sweep under Slurm"
 fi
 finish

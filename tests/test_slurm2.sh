@@ -1,10 +1,9 @@
 #!/bin/bash
 # test_slurm2.sh — jobs/train.sbatch across two Slurm nodes on one machine: two slurmds, each in
 # a network namespace of its own, joined by veth pairs on a bridge that also holds slurmctld's
-# address (tests/slurm_cluster.sh start --nodes 2). With pipelm's --dp, the job is D x P = 2 x 2
+# address (tests/slurm_cluster.sh start --nodes 2). The job is D x P = 2 x 2
 # on 2 nodes x 2 tasks: ranks 0-1 (the two replicas of stage 0) on node1, ranks 2-3 (stage 1)
-# on node2, so the pipeline's traffic crosses the nodes; without --dp (an older pipelm) it is a
-# 4-stage pipeline, stages 0-1 on node1 and 2-3 on node2. Checked:
+# on node2, so the pipeline's traffic crosses the nodes. Checked:
 #   1. a straight job completes, with its ranks placed as above, and its losses equal (as
 #      printed, every step) those of the same run with mpiexec on this machine;
 #   2. MPI traffic between the nodes crossed the veths: their byte counters grew by at least
@@ -12,15 +11,23 @@
 #   3. preemption across the nodes: SIGUSR1 to the batch shell, every rank on both nodes saves a
 #      checkpoint, exit 75, requeue, resume on both nodes, finish, and the losses of the two
 #      starts together equal the straight run's;
-#   4. (with --dp) a jobs/bench.sbatch sweep over D = 1 2 on the two nodes, into one CSV;
+#   4. a jobs/bench.sbatch sweep over D = 1 2 on the two nodes, into one CSV;
+#   6. a node lost mid-run: a --dp auto --stages auto job on both nodes (submitted -N 1-2
+#      --no-kill), node2's slurmd and ranks killed after the first checkpoint; Slurm keeps
+#      the job on node1, train.sbatch starts pipelm again there (2 ranks, the layout pipelm
+#      picks) from the newest checkpoint, it finishes, and its losses are within 1e-5 of the
+#      straight run's (4 ranks locally);
 #   5. the cluster's teardown leaves no namespace, veth, bridge, daemon or job process behind.
 # And, not a check, a control: a short job of the same shape without UCX_TLS, whose counters
 # show that UCX then takes shared memory between the namespaces.
 # Skipped (77) only where the machine lacks a part: the Slurm or munge packages, root, or the
 # right to make network namespaces. The cluster starts and stops inside the test, under a trap
 # that stops it on every exit; every wait is bounded, and all of them end at a deadline
-# (DEADLINE_S, default 240 s).
+# (DEADLINE_S, default 360 s).
 . "$(dirname "$0")/lib.sh"
+# two nodes, their namespaces and a requeue take about 40 s: the full tier only (test_slurm.sh
+# keeps a job, its preemption and requeue on one node in the plain tier)
+if ! full_tier; then full_only "two Slurm nodes in network namespaces"; finish; exit; fi
 TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 [ -x "$PIPELM" ] || PIPELM=$TOP/build/pipelm
 for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged mungekey ip nsenter unshare; do
@@ -42,67 +49,17 @@ fi
 ip netns del "$probe"
 [ -x "$PIPELM" ] || { echo "FAIL: no pipelm binary at $PIPELM"; exit 1; }
 cd "$WORK" || exit 1
-T_END=$(($(date +%s) + ${DEADLINE_S:-240}))
+T_END=$(($(date +%s) + ${DEADLINE_S:-360}))
 
-# ---- helpers (as in test_slurm.sh) ------------------------------------------------------------
-CLUSTER=""
-cleanup() {
-    [ -z "$CLUSTER" ] || "$TOP/tests/slurm_cluster.sh" stop "$CLUSTER"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# left SECS: SECS, or fewer if the test deadline comes first (at least 1)
-left() {
-    local r=$((T_END - $(date +%s)))
-    [ "$r" -lt "$1" ] || r=$1
-    [ "$r" -ge 1 ] || r=1
-    echo "$r"
-}
-# wait_until SECS CMD...: poll CMD every half second; false on timeout
-wait_until() {
-    local end=$(($(date +%s) + $(left "$1")))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -lt $end ] || return 1
-        sleep 0.5
-    done
-}
-gone() { [ -z "$(timeout 10 squeue -h -j "$1" -o %i 2> /dev/null)" ]; }
-running() { [ "$(timeout 10 squeue -h -j "$1" -o %T 2> /dev/null)" = RUNNING ]; }
-has_step() { [ -f "$1" ] && grep -q '"event":"step"' "$1"; }
-field() { timeout 10 scontrol -o show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
-# submit NAME ARGS...: sbatch a job named NAME logging to $WORK/NAME.out; prints the job id
-submit() {
-    local name=$1
-    shift
-    timeout 20 sbatch --parsable -J "$name" -o "$WORK/$name.out" -D "$WORK" -t 5 "$@" | cut -d';' -f1
-}
-wait_job() {
-    if wait_until "$2" gone "$1"; then return 0; fi
-    bad "$3" "job $1 still $(timeout 10 squeue -h -j "$1" -o %T) after $2 s; cancelled"
-    timeout 10 scancel "$1" 2> /dev/null
-    return 1
-}
-first_step() { grep -m1 '"event":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-last_step() { grep '"event":"step"' "$1" | tail -n 1 | sed 's/.*"step":\([0-9]*\).*/\1/'; }
-end_steps() { grep '"event":"end"' "$1" | sed 's/.*"steps":\([0-9]*\).*/\1/'; }
-export PIPELM_RUNS=$WORK/runs
+. "$TOP/tests/slurm_lib.sh"
 
 # ---- the run: D x P, shape, and the bytes the pipeline must move --------------------------------
 # tiny preset (C = 64, given explicitly: the byte bound below uses it), a small batch
 B=8 T=32 C=64 M=2 STEPS=40
-if grep -q -- '--dp ' <<< "$("$PIPELM" train --help 2>&1)"; then
-    D=2
-else
-    D=1
-    echo "note - this pipelm has no --dp: running D x P = 1 x 4 (4 stages, 2 per node) instead of 2 x 2"
-fi
-P=$((4 / D))
+D=2 P=2
 FLAGS=(--preset tiny --n-embd "$C" --batch "$B" --seq-len "$T" --microbatches "$M" --steps "$STEPS"
     --log-every 10 --progress 0 --eval-every 0)
-[ $D = 1 ] || FLAGS=(--dp "$D" "${FLAGS[@]}")
+FLAGS=(--dp "$D" "${FLAGS[@]}")
 # With rank r on stage r / D and 2 ranks per node, stages 0..P/2-1 are on node1 and the rest on
 # node2: one stage boundary lies between the nodes. Every step sends across it the activations
 # of the whole batch forward (B x T x C floats, whichever replica carries which sequences) and
@@ -120,7 +77,8 @@ fi
 ok "one-node reference: mpiexec -n 4, D x P = $D x $P, $STEPS steps"
 
 # ---- the cluster ----------------------------------------------------------------------------------
-if ! env_out=$(timeout 60 "$TOP/tests/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
+# a lost node (section 6) is declared down after SlurmdTimeout: 15 s here, not Slurm's 300
+if ! env_out=$(SLURM_CLUSTER_SLURMD_TIMEOUT=15 timeout 60 "$TOP/tests/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
     bad "start the two-node Slurm cluster" "$(tail -n 15 cluster.err)"
     finish
     exit
@@ -185,11 +143,7 @@ cross_check() {
 # placement_check NAME LOG: Slurm's layout line and pipelm's own view of it in the job log
 placement_check() {
     local name=$1 log=$2 want got
-    if [ $D = 2 ]; then
-        want="node1: ranks 0-1 = stage 0; node2: ranks 2-3 = stage 1"
-    else
-        want="node1: ranks 0-1 = stages 0-1; node2: ranks 2-3 = stages 2-3"
-    fi
+    want="node1: ranks 0-1 = stage 0; node2: ranks 2-3 = stage 1"
     grep -qF "layout (block distribution): $want" "$log" &&
         ok "$name: train.sbatch placed the ranks: $want" ||
         bad "$name: layout line" "$(grep 'layout' "$log")"
@@ -197,15 +151,13 @@ placement_check() {
     grep -q "^layout: 2 ranks on this node" "$log" &&
         ok "$name: MPI sees 2 ranks per node, not 4" ||
         bad "$name: ranks per node" "$(grep '^layout:' "$log")"
-    # with --dp, rank 0 prints each (stage, replica)'s rank and host: stage 0 on node1, 1 on node2
-    if [ $D = 2 ]; then
-        got=$(awk '/stage +replica +rank +host/ {t = 1; next}
-                   t && NF == 4 && $1 ~ /^[0-9]+$/ {printf "%s/%s/%s/%s ", $1, $2, $3, $4; next}
-                   t {t = 0}' "$log" | head -c 200)
-        [ "$got" = "0/0/0/node1 0/1/1/node1 1/0/2/node2 1/1/3/node2 " ] &&
-            ok "$name: pipelm's table: both replicas of stage 0 on node1, of stage 1 on node2" ||
-            bad "$name: pipelm's (stage, replica) -> host table" "'$got'"
-    fi
+    # rank 0 prints each (stage, replica)'s rank and host: stage 0 on node1, 1 on node2
+    got=$(awk '/stage +replica +rank +host/ {t = 1; next}
+               t && NF == 4 && $1 ~ /^[0-9]+$/ {printf "%s/%s/%s/%s ", $1, $2, $3, $4; next}
+               t {t = 0}' "$log" | head -c 200)
+    [ "$got" = "0/0/0/node1 0/1/1/node1 1/0/2/node2 1/1/3/node2 " ] &&
+        ok "$name: pipelm's table: both replicas of stage 0 on node1, of stage 1 on node2" ||
+        bad "$name: pipelm's (stage, replica) -> host table" "'$got'"
 }
 # job_losses JOB NAME: the step losses of every start of the job, in order
 job_losses() {
@@ -276,21 +228,19 @@ else
 fi
 
 # ---- 4. a bench sweep over D across the two nodes (jobs/bench.sbatch) --------------------------
-if [ $D = 2 ]; then
-    job=$(PIPELM_STAGES=2 PIPELM_DP="1 2" PIPELM_MICROBATCHES=2 PIPELM_SCHEDULES=1f1b PIPELM_BENCH_PEAK=0 \
-        PIPELM_BENCH_STEPS=2 PIPELM_BENCH_WARMUP=1 submit bench -N 2 --ntasks-per-node=2 --export="$JOBENV" \
-        "$TOP/jobs/bench.sbatch" --preset tiny --n-embd $C --batch $B --seq-len $T)
-    if [ -n "$job" ] && wait_job "$job" 60 "bench sweep over D"; then
-        csv=$WORK/runs/bench-$job/bench.csv
-        head=$(head -n 1 "$csv" 2> /dev/null)
-        rows=$(tail -n +2 "$csv" 2> /dev/null | grep -cE '^1f1b,2,2,([0-9.]+,){5}(1|2)$')
-        if [ "$head" = "schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical,dp" ] &&
-            [ "$rows" -eq 2 ] && [ "$(field "$job" ExitCode)" = 0:0 ] &&
-            grep -q "^layout: 2 ranks on this node" "$WORK/runs/bench-$job/log/1f1b-p2-d2-m2.out"; then
-            ok "bench sweep over D: P=2 x D=1 and x D=2 (on both nodes) in one CSV with a dp column"
-        else
-            bad "bench sweep over D" "$rows rows; $(cat "$csv" 2>&1); $(tail -n 5 bench.out)"
-        fi
+job=$(PIPELM_STAGES=2 PIPELM_DP="1 2" PIPELM_MICROBATCHES=2 PIPELM_SCHEDULES=1f1b PIPELM_BENCH_PEAK=0 \
+    PIPELM_BENCH_STEPS=2 PIPELM_BENCH_WARMUP=1 submit bench -N 2 --ntasks-per-node=2 --export="$JOBENV" \
+    "$TOP/jobs/bench.sbatch" --preset tiny --n-embd $C --batch $B --seq-len $T)
+if [ -n "$job" ] && wait_job "$job" 60 "bench sweep over D"; then
+    csv=$WORK/runs/bench-$job/bench.csv
+    head=$(head -n 1 "$csv" 2> /dev/null)
+    rows=$(tail -n +2 "$csv" 2> /dev/null | grep -cE '^1f1b,2,2,([0-9.]+,){5}(1|2)$')
+    if [ "$head" = "schedule,stages,microbatches,tokens_per_s,step_ms_median,mfu,bubble_measured,bubble_theoretical,dp" ] &&
+        [ "$rows" -eq 2 ] && [ "$(field "$job" ExitCode)" = 0:0 ] &&
+        grep -q "^layout: 2 ranks on this node" "$WORK/runs/bench-$job/log/1f1b-p2-d2-m2.out"; then
+        ok "bench sweep over D: P=2 x D=1 and x D=2 (on both nodes) in one CSV with a dp column"
+    else
+        bad "bench sweep over D" "$rows rows; $(cat "$csv" 2>&1); $(tail -n 5 bench.out)"
     fi
 fi
 
@@ -310,6 +260,48 @@ if [ -n "$job" ] && wait_job "$job" 60 "control job"; then
     echo "note - control without UCX_TLS ($(field "$job" JobState)): node1 -> node2 >= $((l1b - l1a - root)) B," \
         "node2 -> node1 >= $((l2b - l2a - root)) B in $CSTEPS steps, where the pipeline moves >= $((BOUND / STEPS * CSTEPS)) B" \
         "each way: UCX used shared memory between the namespaces"
+fi
+
+# ---- 6. a node lost mid-run: the job goes on with what is left ----------------------------------
+EL=(--preset tiny --n-embd "$C" --batch "$B" --seq-len "$T" --microbatches "$M" --steps 200 --log-every 10
+    --progress 0 --eval-every 0 --dp auto --stages auto --ckpt-every 20)
+timeout -k 5 120 "$MPIEXEC" -n 4 "$PIPELM" train "${EL[@]}" --ckpt-dir el_ref_ck --metrics el_ref.jsonl > el_ref.out 2>&1 ||
+    bad "elastic: the straight run" "$(tail -n 3 el_ref.out)"
+job=$(submit elastic -N 1-2 --ntasks-per-node=2 --no-kill --export="$JOBENV" "$TOP/jobs/train.sbatch" "${EL[@]}")
+run=$WORK/runs/elastic-$job
+NS2=$(sed -n 's/^netns //p' "$CLUSTER/net" | grep -- '-node2$')
+if [ -z "$job" ]; then bad "elastic: sbatch" "no job id"
+elif ! wait_until 120 eval "running $job && [ -s $run/ckpt/latest ]"; then
+    bad "elastic: job $job never saved a checkpoint on two nodes" "$(tail -n 5 elastic.out)"
+    timeout 10 scancel "$job"
+else
+    saved=$(sed 's/^ckpt_0*\([0-9][0-9]*\)\.h5$/\1/' "$run/ckpt/latest")
+    t_kill=$(date +%s)
+    # the node dies: its slurmd, its slurmstepd and its ranks, everything in its namespace
+    kill -KILL $(ip netns pids "$NS2") 2> /dev/null
+    if wait_job "$job" 240 "elastic job after the node loss"; then
+        secs=$(($(date +%s) - t_kill))
+        state="$(field "$job" JobState) $(field "$job" ExitCode)"
+        grep -q "node(s) lost: this job now holds 1 node(s) (node1) of the 2" elastic.out &&
+            grep -q "restart 1 on 1 node(s), 2 tasks: resuming from ckpt_" elastic.out && [ "$state" = "COMPLETED 0:0" ] &&
+            ok "elastic: node2 lost after the step-$saved checkpoint; job $job went on on node1 with 2 ranks and completed in $secs s" ||
+            bad "elastic: restart on node1" "$state; $(grep 'train.sbatch' elastic.out | tail -n 4 | tr '\n' ' ')"
+        first=$(first_step "$run/metrics.restart1.jsonl" 2> /dev/null)
+        grep '^layout: D x P' elastic.out | tail -n 1 | grep -q 'on 2 ranks' && [ -n "$first" ] && [ "$first" -le $((saved + 1)) ] &&
+            [ "$(end_steps "$run/metrics.restart1.jsonl")" = 200 ] &&
+            ok "elastic: the restart resumed at step $first ($(grep '^layout: D x P' elastic.out | tail -n 1 | cut -d: -f2 | cut -d'(' -f1)) and ran to step 200" ||
+            bad "elastic: resume" "first step '$first' after the step-$saved checkpoint; $(grep '^layout: D x P' elastic.out | tr '\n' ' ')"
+        if python3 - el_ref.jsonl "$run/metrics.jsonl" "$run/metrics.restart1.jsonl" > el_cmp.out 2>&1 <<'PY'
+import json, sys
+def L(f): return {d["step"]: d["loss"] for d in map(json.loads, open(f)) if d.get("event") == "step"}
+ref, starts = L(sys.argv[1]), [L(f) for f in sys.argv[2:]]
+worst = max(abs(l[s] - ref[s]) / abs(ref[s]) for l in starts for s in l)
+assert worst <= 1e-5 and all(s in ref for l in starts for s in l) and max(starts[1]) == max(ref), worst
+print("%.2g" % worst)
+PY
+        then ok "elastic: both starts' losses within $(cat el_cmp.out) (relative) of the straight 4-rank run's (limit 1e-5)"
+        else bad "elastic: losses" "$(tail -n 3 el_cmp.out)"; fi
+    fi
 fi
 
 # ---- 5. teardown leaves nothing -------------------------------------------------------------------

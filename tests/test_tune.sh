@@ -77,6 +77,106 @@ import json, sys
 c = json.load(open("l2.json"))["candidates"]
 assert c and all(x["chunks_per_rank"] == 1 for x in c), c' && ok "--n-layer 2 on 4 ranks: only one-chunk layouts" \
     || bad "--n-layer" "$(cat l2.out)"
+# recompute: costs measured with --recompute full (planted: stage 0 holds 16x the activations of
+# the others; full recompute keeps an eighth and adds an F to each B and I). Under a 5 MB cap no
+# layout fits without recompute on stage 0: the first pick recomputes stage 0 only, and its
+# prediction is that of `pipelm schedule --costs` on the mixed costs, independently
+python3 - <<'PY'
+def write(path, full=False):
+    with open(path, "w") as f:
+        f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e9\n")
+        for s in range(4):
+            F, B, I, W = 0.004, 0.008, 0.004, 0.004
+            a = 4194304 if s == 0 else 262144
+            if full: B += F; I += F; a = a / 8
+            f.write("stage %d F %g B %g I %g W %g O 0.002 A %g\n" % (s, F, B, I, W, a))
+write("h.txt"); write("hf.txt", True)
+PY
+"$PIPELM" tune --costs h.txt --costs-full hf.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0048828125 \
+    --json h.json > h.out 2>&1 || bad "tune --costs-full" "exit $? $(cat h.out)"
+"$PIPELM" tune --costs h.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.0048828125 --json h0.json \
+    > h0.out 2>&1
+pick=$(python3 -c '
+import json
+c = json.load(open("h.json"))["candidates"][0]
+print(c["schedule"], c["microbatches"], c["chunks_per_rank"], c["recompute"], c["predicted_ms"], c["peak_mem_mb"])')
+set -- $pick
+if [ "${4:-}" = "full,none,none,none" ] && [ "${3:-}" = 1 ]; then
+    python3 - "$4" <<'PY'
+import sys
+modes = sys.argv[1].split(",")
+none, full = open("h.txt").read().split("\n"), open("hf.txt").read().split("\n")
+with open("hm.txt", "w") as f:
+    for a, b in zip(none, full):
+        f.write((b if a.startswith("stage ") and modes[int(a.split()[1])] == "full" else a) + "\n")
+PY
+    "$PIPELM" schedule --stages 4 --microbatches "$2" --schedule "$1" --grid no --costs hm.txt > hm.out 2>&1
+    step=$(sed -n 's/^predicted from .*: step \([0-9.]*\) ms.*/\1/p' hm.out)
+    awk -v a="$step" -v b="$5" -v m="$6" 'BEGIN { exit !(a > 0 && a - b < 0.006 && b - a < 0.006 && m <= 5) }' &&
+        grep -q -- "--recompute full,none,none,none" h.out &&
+        python3 -c '
+import json
+c = json.load(open("h.json"))["candidates"]
+assert all(x["peak_mem_mb"] <= 5 + 1e-9 for x in c)
+u = [x["predicted_ms"] for x in c if x["recompute"] == "full" and x["schedule"] == "'"$1"'" and x["microbatches"] == '"$2"']
+assert u and min(u) > '"$5"', u' &&
+        ok "--costs-full: stage 0 alone recomputed ($1, M=$2: $5 ms, as schedule --costs predicts $step ms; faster than all stages)" ||
+        bad "--costs-full prediction" "tuner $5 ms, schedule --costs '$step' ms, peak $6 MB"
+else bad "--costs-full first pick" "$pick; $(head -n 6 h.out)"; fi
+grep -q "no layout of the .* tried fits" h0.out && ok "without --costs-full nothing fits that cap" || bad "cap without recompute" "$(head -n 4 h0.out)"
+# the split: costs naming each stage's blocks (N 2 on 4 stages of an 8-block tiny model), stage 2
+# twice as slow per FLOP. With the model given (the train options), the tuner offers the split
+# that gives stage 2 fewer blocks, predicted faster than the measured split for the same
+# layout, and pipelm train runs its command
+python3 - <<'PY'
+with open("s.txt", "w") as f:
+    f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e9\n")
+    for s in range(4):
+        slow = 2.0 if s == 2 else 1.0
+        f.write("stage %d F %g B %g O 0.002 A 1048576 N 2\n" % (s, 0.004 * slow, 0.008 * slow))
+PY
+"$PIPELM" tune --costs s.txt --stages 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json s.json \
+    -- --preset tiny --n-layer 8 > s.out 2>&1 || bad "tune with the split" "exit $? $(tail -n 3 s.out)"
+sp=$(python3 -c '
+import json
+c = [x for x in json.load(open("s.json"))["candidates"] if x["schedule"] == "1f1b" and x["microbatches"] == 8]
+old = [x for x in c if x["split"] == ""][0]
+new = [x for x in c if x["split"]][0]
+n = [int(b) for b in new["split"].split(",")]
+assert n[2] < 2 and sum(n) == 8 and new["predicted_ms"] < old["predicted_ms"], (old, new)
+assert new["command"].endswith(" --split " + new["split"] + " --preset tiny --n-layer 8"), new
+print(new["split"], "%.1f" % new["predicted_ms"], "%.1f" % old["predicted_ms"])' 2> s.err)
+if [ -n "$sp" ] && set -- $sp && mpirun_t 120 4 train --preset tiny --n-layer 8 --batch 8 --microbatches 8 --steps 1 \
+        --schedule 1f1b --split "$1" --progress 0 > s_run.out 2>&1; then
+    ok "split rebalanced for the slow stage 2: --split $1 (1f1b, M=8: $2 ms against $3 ms with 2,2,2,2); train runs it"
+else bad "split search" "'$sp' $(tail -n 2 s.err) $(tail -n 2 s_run.out)"; fi
+# --ranks 4: every D x P = 4. Four equal stages of 2 blocks measured on one replica; on a fast
+# network (1e10 B/s) a replicated layout wins (4 replicas of the whole model, 1f1b with M=2, is
+# 2 x the model's F + B plus the optimizer: 104 ms and the ring's 0.1 ms); on a slow one (1e6 B/s,
+# the all-reduce of the fp32 gradients takes seconds) the pipeline of one replica does
+for bw in 1e10 1e6; do
+    python3 - $bw <<'PY'
+import sys
+with open("d.txt", "w") as f:
+    f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s %s\n" % sys.argv[1])
+    for s in range(4):
+        f.write("stage %d F 0.004 B 0.008 O 0.002 A 1048576 N 2\n" % s)
+PY
+    "$PIPELM" tune --costs d.txt --ranks 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json d$bw.json \
+        -- --preset tiny --n-layer 8 > d$bw.out 2>&1 || bad "tune --ranks 4 ($bw B/s)" "exit $? $(tail -n 2 d$bw.out)"
+done
+if python3 - <<'PY'
+import json
+fast = json.load(open("d1e10.json"))["candidates"]
+slow = json.load(open("d1e6.json"))["candidates"]
+assert fast[0]["dp"] > 1 and (" --dp %d " % fast[0]["dp"]) in fast[0]["command"], fast[0]
+assert slow[0]["dp"] == 1 and " --dp " not in slow[0]["command"], slow[0]
+one = [c for c in fast if c["dp"] == 4 and c["schedule"] == "1f1b" and c["microbatches"] == 2][0]
+assert 104.0 <= one["predicted_ms"] <= 104.5, one
+assert set(c["dp"] for c in fast) == {1, 2, 4}, set(c["dp"] for c in fast)
+PY
+then ok "--ranks 4: replicas on a fast network ($(head -n 3 d1e10.out | tail -n 1 | sed 's/.*pipelm train //' | cut -c1-60)), one pipeline on a slow one"
+else bad "--ranks search" "$(sed -n 3p d1e10.out) / $(sed -n 3p d1e6.out)"; fi
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&
@@ -84,6 +184,22 @@ if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --micro
         --seq-len 16 > v.out 2>&1 && grep -q "^verify 1: --schedule .*: measured [0-9.]* ms per step, predicted" v.out; then
     ok "--verify: $(grep '^verify 1' v.out)"
 else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
+# --measure: the costs measured in the job itself (without and with --recompute full), then the
+# search; its temporary files removed
+if TMPDIR=$WORK mpirun_t 180 2 tune --measure 2 --ranks 2 --batch 4 --top 2 --json me.json -- --preset tiny \
+        --n-layer 2 --seq-len 16 \
+        > me.out 2>&1 && [ "$(grep -c '^tune --measure: --schedule 1f1b --microbatches 2.*costs in' me.out)" = 2 ] &&
+        grep -q "^tune: .* layouts tried for P=2, batch 4" me.out && [ -z "$(ls "$WORK"/pipelm-tune-* 2> /dev/null)" ]; then
+    ok "--measure: $(grep -c 'recompute full' me.out) recompute line(s), $(grep '^tune: ' me.out | cut -c1-60)"
+else bad "--measure" "$(grep -i 'error\|tune' me.out | tail -n 4)"; fi
+# a --dp 2 candidate of that search runs as its command says
+dpc=$(python3 -c '
+import json
+c = [x for x in json.load(open("me.json"))["candidates"] if x["dp"] == 2]
+print(c[0]["command"].replace("pipelm train ", "", 1) if c else "")' 2> /dev/null)
+if [ -n "$dpc" ] && mpirun_t 120 2 train $dpc --batch 4 --steps 1 --progress 0 > dpc.out 2>&1 &&
+        grep -q "data parallel: 2 replicas" dpc.out; then ok "a --dp 2 candidate runs: $dpc"
+else bad "--dp candidate" "'$dpc' $(tail -n 2 dpc.out 2> /dev/null)"; fi
 # train --schedule auto takes the tuner's first pick for the same costs
 first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
 if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \

@@ -125,6 +125,11 @@ PL_COMPUTE_OP(int, swiglu_bwd, (float *dup, float *dgate, const float *dout, con
               size_t n), (dup, dgate, dout, up, gate, n), ELEMENTWISE)
 
 /* ---- compute: decoding with a KV cache (kvcache.h) ---- */
+/* matmul_fwd for the few rows of a decode step; each output row depends on its own input
+ * row only (not on N or the thread count). A device backend without it gets its own
+ * matmul_fwd (backend_complete); a host-memory one the CPU's, as for any op. */
+PL_COMPUTE_OP(int, matmul_decode_fwd, (float *out, const float *inp, const float *w, const float *b, int N, int C,
+              int OC), (out, inp, w, b, N, C, OC), MATMUL)
 /* Attention of n new rows of one sequence over its cache: the k and v parts of qkv
  * (n, (NH + 2 NKV) HS, laid out as attention_gqa_fwd's) are written to rows pos..pos+n-1 of kc
  * and vc ((maxT, NKV HS) each), then row i's query head h attends to cache rows 0..pos+i of kv

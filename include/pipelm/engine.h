@@ -65,7 +65,9 @@ trace *engine_take_trace(engine *e);
  * gradients accumulate; on the last stage *loss_sum = sum of token losses in micro-batch
  * order (else 0). dloss = 1/(B*T). */
 int engine_step(engine *e, long step, const int *inputs, const int *targets, float dloss, double *loss_sum);
-/* Forward only (evaluation) over one batch, blocking point-to-point; *loss_sum on the last stage. */
+/* Forward only (evaluation) over one batch, the micro-batches pipelined through the stages
+ * (every receive posted first, sends waited for at the end); *loss_sum on the last stage, in
+ * micro-batch order. */
 int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_sum);
 
 #endif

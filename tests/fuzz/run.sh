@@ -5,7 +5,7 @@
 #   tests/fuzz/run.sh [TARGET...]           fuzz each target FUZZ_SECONDS (default 60) seconds
 #   tests/fuzz/run.sh --replay [TARGET...]  only run every committed corpus input once
 #   tests/fuzz/run.sh --build [TARGET...]   only build
-# Targets: llmc tokens ini cli sched ckpt config safetensors (default: all). Environment: FUZZ_SECONDS,
+# Targets: llmc tokens ini cli sched ckpt config safetensors costs (default: all). Environment: FUZZ_SECONDS,
 # FUZZ_BUILD (build directory, default ./build-fuzz at the top of the tree), FUZZ_CC (clang),
 # FUZZ_JOBS (parallel compiles, default 2), FUZZ_ARGS (more libFuzzer flags).
 # Fails (non-zero) if any target crashes, hangs (-timeout=10), leaks, runs out of memory
@@ -16,7 +16,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 mode=fuzz
 case "${1:-}" in --replay) mode=replay; shift ;; --build) mode=build; shift ;; esac
-all="llmc tokens ini cli sched ckpt config safetensors"
+all="llmc tokens ini cli sched ckpt config safetensors costs"
 targets=${*:-$all}
 out=${FUZZ_BUILD:-$top/build-fuzz}
 secs=${FUZZ_SECONDS:-60}

@@ -109,6 +109,18 @@ put("sched", "big-mb", "0F999999999,0B999999999\n")
 put("sched", "empty-rows", "\n\n0F0,0B0\n")
 put("sched", "empty", "")
 
+# ---- schedule costs files (bench --costs-out): valid ones with blocks (N) and replicas (dp),
+# and near-valid ones
+put("costs", "p2-blocks", "stages 2\nmsg_bytes 32768\nlatency_s 5e-07\nbytes_per_s 8e9\n"
+    "stage 0 F 0.0016 B 0.0027 O 0.00066 A 1348096 N 2\nstage 1 F 0.0016 B 0.0025 O 0.0025 A 1414144 N 2\n")
+put("costs", "p4-dp2", "stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e9\ndp 2\n"
+    "stage 0 F 0.004 B 0.008 I 0.004 W 0.004 O 0.002 A 1048576 N 1\nstage 1 F 0.004 B 0.008 O 0.002 A 1048576 N 1\n"
+    "stage 2 F 0.008 B 0.016 O 0.002 A 1048576 N 1\nstage 3 F 0.004 B 0.008 O 0.002 A 1048576 N 1\n")
+put("costs", "p1", "# comment\nstages 1\nstage 0 F 1 B 2\n")
+put("costs", "zeros", "stages 3\nstage 0 I 0.1 W 0.1\nstage 1 F 0 B 0 N 0\nstage 2 F 1e-9 N 7\n")
+put("costs", "bad-n", "stages 2\nstage 0 F 1 N -1\n")
+put("costs", "bad-dp", "stages 2\ndp 0\n")
+
 # ---- checkpoint attribute recipes (see fuzz_ckpt.c): 3 group bytes, then one control byte
 # per attribute (0 keeps it); no bytes at all = a valid checkpoint's attributes
 NATTR = 37
