@@ -49,18 +49,23 @@ void arch_names(const char *sep, char *buf, size_t len) {
 }
 
 size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
-    size_t C = c->C, HS = c->NH ? C / c->NH : 0, QKV = (size_t)(c->NH + 2 * c->NKV) * HS;
+    size_t C = c->C, HS = c->NH ? C / c->NH : 0;
+    /* --tp: a stage's config holds its rank's slice of the heads and of the MLP (tp.h) */
+    int tp = c->tp > 1 ? c->tp : 1;
+    size_t NH = (size_t)c->NH / tp, NKV = c->NKV >= tp ? (size_t)c->NKV / tp : 1, H = (size_t)c->H / tp;
+    size_t QKV = (NH + 2 * NKV) * HS, wide = H > QKV ? H : QKV;
     switch (d) {
     case AD_NONE: case AD_1: return 1;
     case AD_C: return C;
     case AD_QKV: return QKV;
-    case AD_H: return (size_t)c->H;
-    case AD_VP: return (size_t)c->Vp;
+    case AD_H: return H;
+    case AD_VP: return tp > 1 ? ((size_t)c->Vp + tp - 1) / tp + 1 : (size_t)c->Vp; /* --tp: a slice and a sink row */
     case AD_V: return (size_t)c->V;
     case AD_MAXT: return (size_t)c->maxT;
-    case AD_NHT: return (size_t)c->NH * T;
+    case AD_NHT: return NH * T;
     case AD_HALF_HS: return HS / 2;
-    case AD_WIDE: return (size_t)c->H > QKV ? (size_t)c->H : QKV;
+    case AD_WIDE: return tp > 1 && C > wide ? C : wide;
+    case AD_CA: return NH * HS;
     }
     return 0;
 }
@@ -172,6 +177,122 @@ void model_init_tensor(const model_config *c, const param_tensor *t, unsigned lo
     for (size_t k = 0; k < t->numel; k++) host[k] = std * rng_normal(&g);
     if (r->rows == AD_VP) /* padded vocabulary rows are zero */
         memset(host + (size_t)c->V * c->C, 0, (size_t)(c->Vp - c->V) * c->C * sizeof(float));
+}
+
+/* The cut of a stage tensor out of the whole one, by its row's dimension codes (model.h). */
+void model_tp_slice(const model_config *full, int T, int t, const param_tensor *lt, tp_slice *s) {
+    const arch_param *r = row_of(full, lt);
+    int HS = full->C / full->NH, NHl = full->NH / T, NKVl = full->NKV >= T ? full->NKV / T : 1;
+    int kv0 = full->NKV >= T ? t * NKVl : t / (T / full->NKV); /* this rank's first kv head */
+    memset(s, 0, sizeof *s);
+    s->rows = (int)arch_dim_value(full, 0, r->rows);
+    s->cols = (int)arch_dim_value(full, 0, r->cols);
+    if (T <= 1) return;
+    if (r->rows == AD_QKV) { /* q | k | v, this rank's heads of each */
+        s->mode = TPS_ROWS;
+        s->nseg = 3;
+        s->lo[0] = t * NHl * HS;
+        s->n[0] = NHl * HS;
+        s->lo[1] = full->NH * HS + kv0 * HS;
+        s->lo[2] = (full->NH + full->NKV) * HS + kv0 * HS;
+        s->n[1] = s->n[2] = NKVl * HS;
+    } else if (r->rows == AD_VP) { /* the token table / head matrix: a slice of the vocabulary rows */
+        int lo, n;
+        model_config lc = *full;
+        lc.tp = T;
+        lc.tpr = t;
+        model_tp_vocab(&lc, &lo, &n);
+        s->mode = TPS_ROWS;
+        s->nseg = 1;
+        s->lo[0] = lo;
+        s->n[0] = n;
+    } else if (r->rows == AD_H) { /* the MLP's first products (and their biases) */
+        s->mode = TPS_ROWS;
+        s->nseg = 1;
+        s->n[0] = full->H / T;
+        s->lo[0] = t * s->n[0];
+    } else if (r->cols == AD_CA || r->cols == AD_H) { /* row-parallel: a slice of the input columns */
+        s->mode = TPS_COLS;
+        s->nseg = 1;
+        s->n[0] = s->cols / T;
+        s->lo[0] = t * s->n[0];
+    }
+}
+
+/* Copy a slice between the whole tensor and the local one (host memory). */
+void model_tp_copy(const tp_slice *s, float *whole, float *local, int to_local) {
+    size_t cols = (size_t)s->cols, k = 0;
+    if (s->mode == TPS_REPL) {
+        size_t n = (size_t)s->rows * cols;
+        if (to_local) memcpy(local, whole, n * sizeof(float));
+        else memcpy(whole, local, n * sizeof(float));
+    } else if (s->mode == TPS_ROWS) {
+        for (int g = 0; g < s->nseg; g++) {
+            float *w = whole + (size_t)s->lo[g] * cols;
+            size_t n = (size_t)s->n[g] * cols;
+            if (to_local) memcpy(local + k, w, n * sizeof(float));
+            else memcpy(w, local + k, n * sizeof(float));
+            k += n;
+        }
+    } else {
+        for (int i = 0; i < s->rows; i++) {
+            float *w = whole + (size_t)i * cols + s->lo[0], *l = local + (size_t)i * s->n[0];
+            if (to_local) memcpy(l, w, (size_t)s->n[0] * sizeof(float));
+            else memcpy(w, l, (size_t)s->n[0] * sizeof(float));
+        }
+    }
+}
+
+static model_tp_hook tp_hook;
+static model_tp_host_hook tp_host_hook;
+static void *tp_hook_ctx;
+
+/* The TP group's reductions the blocks and the head call (one group per process). */
+void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx) {
+    tp_hook = fn;
+    tp_host_hook = host_fn;
+    tp_hook_ctx = ctx;
+}
+
+/* A partial product summed over the TP ranks, or nothing without --tp. */
+int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase) {
+    if (d->cfg->tp <= 1) return PL_OK;
+    if (!tp_hook) {
+        pl_error("tensor parallelism: no TP group installed for the blocks' sums");
+        return PL_EINVAL;
+    }
+    return tp_hook(tp_hook_ctx, buf, n, phase);
+}
+
+/* A host array reduced over the TP ranks (the vocabulary-parallel head). */
+int model_tp_host_reduce(float *host, size_t n, int op) {
+    if (!tp_host_hook) {
+        pl_error("tensor parallelism: no TP group installed for the head's reductions");
+        return PL_EINVAL;
+    }
+    return tp_host_hook(tp_hook_ctx, host, n, op);
+}
+
+/* This TP rank's rows of the (Vp, C) token table / head matrix: ceil(Vp / T) each, the last
+ * rank's fewer (its local tensor padded with zero rows, then the sink row). */
+void model_tp_vocab(const model_config *c, int *lo, int *n) {
+    int T = c->tp > 1 ? c->tp : 1, t = c->tp > 1 ? c->tpr : 0, Rp = (c->Vp + T - 1) / T;
+    *lo = t * Rp < c->Vp ? t * Rp : c->Vp;
+    *n = c->Vp - *lo < Rp ? c->Vp - *lo : Rp;
+}
+
+/* --tp T must divide the heads, the kv heads (or be a multiple of them) and the MLP. */
+int model_tp_check(const model_config *c, int T, char *err, size_t errlen) {
+    if (T <= 1) return PL_OK;
+    const char *what = NULL;
+    int v = 0;
+    if (c->NH % T) { what = "the head count (--n-head)"; v = c->NH; }
+    else if (c->NKV % T && T % c->NKV) { what = "the key/value head count (--n-kv-head; or T a multiple of it)"; v = c->NKV; }
+    else if (c->H % T) { what = "the MLP hidden size"; v = c->H; }
+    if (!what) return PL_OK;
+    snprintf(err, errlen, "--tp %d does not divide %s %d: tensor parallelism slices heads and the MLP evenly "
+             "(choose a --tp that divides it)", T, what, v);
+    return PL_EINVAL;
 }
 
 /* Floats of a part's rows (skip_tied: leave out rows tied to another; only_2d: matrices only;

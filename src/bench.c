@@ -147,7 +147,7 @@ static void bench_derive(const bench_result *br, bench_figures *f) {
     }
     f->D = br->D > 1 ? br->D : 1;
     f->V = br->V > 1 ? br->V : 1;
-    f->peak *= f->D; /* every replica's ranks compute: the peak of all W = D P ranks */
+    f->peak *= f->D * (br->Tp > 1 ? br->Tp : 1); /* every replica's and TP rank's: the peak of all W = T D P ranks */
     f->mfu = f->peak > 0 ? f->tflops * 1e3 / f->peak : 0;
     f->bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
 }
@@ -156,9 +156,11 @@ static void bench_derive(const bench_result *br, bench_figures *f) {
 static void bench_print(const bench_result *br, const bench_figures *f) {
     int P = br->P, D = f->D, V = f->V;
     char chunks[48] = "";
+    char tp[48] = "";
     if (V > 1) snprintf(chunks, sizeof chunks, " (ranks) x %d chunks", V);
-    pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
-            P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", br->schedule, br->M, br->B,
+    if (br->Tp > 1) snprintf(tp, sizeof tp, " x %d TP ranks", br->Tp);
+    pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
+            P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", tp, br->schedule, br->M, br->B,
             br->T, br->nsteps);
     pl_info("  throughput      %10.1f tokens/s\n", f->tokens_per_s);
     pl_info("  step time       %10.1f ms median (min %.1f, max %.1f)\n", 1e3 * f->med, 1e3 * f->mn, 1e3 * f->mx);
@@ -186,6 +188,11 @@ static void bench_print(const bench_result *br, const bench_figures *f) {
                 br->zero ? "" : "\n");
         if (br->zero) pl_info("; ZeRO-1 parameter all-gather %.2f ms per step\n", s[14]);
     }
+    for (int r = 0; br->Tp > 1 && r < P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        pl_info("  stage %d: TP all-reduce %.2f ms per step, %.1f %% of the step (T=%d; TP rank 0's)\n", r, s[15],
+                s[3] > 0 ? 100 * s[15] / s[3] : 0.0, br->Tp);
+    }
 }
 
 /* The results as one JSON object. */
@@ -203,11 +210,13 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
         fprintf(f, "%s{\"rank\":%d,\"blocks\":%d,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"optimizer_ms\":%.3f,"
                    "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
                    "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
-                   "\"inflight_bound\":%d,\"act_mb_peak\":%.3f,\"dp_pending_mb\":%.3f,\"zero_gather_ms\":%.3f}",
+                   "\"inflight_bound\":%d,\"act_mb_peak\":%.3f,\"dp_pending_mb\":%.3f,\"zero_gather_ms\":%.3f,"
+                   "\"tp_allreduce_ms\":%.3f,\"tp_allreduce_share\":%.6f}",
                 r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
-                s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14]);
+                s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14], s[15], s[3] > 0 ? s[15] / s[3] : 0.0);
     }
-    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d", g->D, br->zero, g->V);
+    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d,\"tp\":%d", g->D, br->zero, g->V,
+            br->Tp > 1 ? br->Tp : 1);
     fprintf(f, "%s%s}\n", br->extra_json ? "," : "", br->extra_json ? br->extra_json : "");
 }
 
@@ -215,17 +224,18 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
 static void bench_csv(FILE *f, const bench_result *br, const bench_figures *g) {
     fprintf(f, "schedule,stages,microbatches,batch,seq_len,tokens_per_s,step_ms_min,step_ms_median,step_ms_max,"
                "tflops,mfu,peak_gflops,bubble_measured,bubble_theoretical,dp,zero,dp_wait_ms_max,optimizer_state_mb_max,"
-               "chunks_per_rank,act_mb_peak_max\n");
-    double dw = 0, om = 0, am = 0;
+               "chunks_per_rank,act_mb_peak_max,tp,tp_allreduce_ms_max\n");
+    double dw = 0, om = 0, am = 0, tw = 0;
     for (int r = 0; r < br->P; r++) {
         const double *s = br->stage_stats + BENCH_NSTAT * r;
         if (s[8] > dw) dw = s[8];
         if (s[9] > om) om = s[9];
         if (s[12] > am) am = s[12];
+        if (s[15] > tw) tw = s[15];
     }
-    fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f\n", br->schedule,
+    fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f,%.6f,%.6f,%d,%d,%.3f,%.3f,%d,%.3f,%d,%.3f\n", br->schedule,
             br->P, br->M, br->B, br->T, g->tokens_per_s, 1e3 * g->mn, 1e3 * g->med, 1e3 * g->mx, g->tflops, g->mfu,
-            g->peak, g->bubble, br->bubble_theoretical, g->D, br->zero, dw, om, g->V, am);
+            g->peak, g->bubble, br->bubble_theoretical, g->D, br->zero, dw, om, g->V, am, br->Tp > 1 ? br->Tp : 1, tw);
 }
 
 /* Write one output file of the report through write (flag names it in messages). */

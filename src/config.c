@@ -123,6 +123,8 @@ static const opt_desc options[] = {
           "replicas whose stage fits the memory, batch and model); rank r runs stage r / D of replica r % D"),
     O_INT("stages", stages, "pipeline stages P (0: world size / --dp; auto: as --dp auto chooses); with both, D x P "
           "must be the world size"),
+    O_INT("tp", tp, "tensor-parallel ranks T per stage (Megatron: heads and MLP sliced, 4 all-reduces per block; "
+          "innermost: the T ranks of a stage are neighbouring ranks, T x D x P = the world size)"),
     O_INT("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -168,7 +170,7 @@ static const opt_desc options[] = {
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
     O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
-          "checkpoint's collective HDF5 calls)"),
+          "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
     O_DBL("stop-grace", stop_grace, "seconds a stop signal waits for a step that cannot end before the job is aborted "
@@ -241,6 +243,7 @@ void config_defaults(pl_options *o) {
     o->progress = 1;
     o->fail_rank = -1;
     o->slow_rank = -1;
+    o->tp = 1;
     snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
     env_aliases(o);
@@ -965,7 +968,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->dp >= -1, "--dp must be >= 0 or auto (got %d)", o->dp);
     REQUIRE(o->stages >= -1, "--stages must be >= 0 or auto (got %d)", o->stages);
     REQUIRE(o->chunks >= 0 && o->chunks <= 64, "--chunks-per-rank must be 0 to 64 (got %d)", o->chunks);
-    REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
+    REQUIRE(o->tp >= 1 && o->tp <= 64, "--tp must be 1 to 64 (got %d)", o->tp);
+        REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
     REQUIRE(o->bind == 0 || o->bind == 1, "--bind must be 0 or 1 (got %d)", o->bind);
     REQUIRE(o->blas_auto == 0 || o->blas_auto == 1, "--blas-auto must be 0 or 1 (got %d)", o->blas_auto);
@@ -981,8 +985,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
     REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
-                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0,
-            "--fail-at must be before, during, after, save, nan or stall (got '%s')", o->fail_at);
+                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0,
+            "--fail-at must be before, during, after, save, nan, stall or tp (got '%s')", o->fail_at);
     REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
             "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
             "zb-v or dualpipev, or auto (got '%s')", o->schedule);

@@ -20,6 +20,7 @@
 #include "pipelm/metrics.h"
 #include "pipelm/pipelm.h"
 #include "pipelm/run.h"
+#include "pipelm/tp.h"
 #include "pipelm/train.h"
 
 /* Match one argument against the table: the option's index, or -1; *val points at an
@@ -99,7 +100,20 @@ int eval_load_resume(run *R) {
     }
     ckpt_meta m;
     double bytes = 0;
-    rc = ckpt_load(path, &R->st, NULL, &m, R->world, &bytes, err, sizeof err);
+    tp_whole w; /* --tp: read whole, keep this rank's slices */
+    if (R->have_tp) {
+        rc = tp_whole_make(&R->tp, &R->st, NULL, 0, 0, 0, 1, &w, err, sizeof err);
+        if (rc != PL_OK) pl_error("%s", err);
+        if ((rc = comm_agree(R->world, rc, NULL)) != PL_OK) return rc; /* before the collective load */
+    }
+    rc = ckpt_load(path, R->have_tp ? &w.st : &R->st, NULL, &m, R->world, &bytes, err, sizeof err);
+    if (R->have_tp) {
+        if (rc == PL_OK && tp_whole_put(&R->tp, &w, &R->st, NULL, TPW_PARAMS) != PL_OK) {
+            snprintf(err, sizeof err, "backend %s: cutting the weights into the TP slices failed", R->be->name);
+            rc = PL_EBACKEND;
+        }
+        tp_whole_free(&w);
+    }
     if (rc != PL_OK) {
         if (err[0] && R->wrank == 0) pl_error("evaluating %s: %s", path, err);
         return rc;

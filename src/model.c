@@ -42,7 +42,7 @@ static const arch_param gpt2_block[] = {
     {"ln1_b", P_LN1B, AD_C, AD_NONE, 0, INIT_ZERO, 3, AD_C, 1, "h.%d.ln_1.bias", -1},
     {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1, "~h.%d.attn.c_attn.weight", -1},
     {"qkv_b", P_QKVB, AD_QKV, AD_NONE, 0, INIT_ZERO, 5, AD_QKV, 1, "h.%d.attn.c_attn.bias", -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, "~h.%d.attn.c_proj.weight", -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_CA, 1, INIT_RESID, 6, AD_C, 1, "~h.%d.attn.c_proj.weight", -1},
     {"attproj_b", P_ATTPROJB, AD_C, AD_NONE, 0, INIT_ZERO, 7, AD_C, 1, "h.%d.attn.c_proj.bias", -1},
     {"ln2_w", P_LN2W, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1, "h.%d.ln_2.weight", -1},
     {"ln2_b", P_LN2B, AD_C, AD_NONE, 0, INIT_ZERO, 9, AD_C, 1, "h.%d.ln_2.bias", -1},
@@ -157,59 +157,67 @@ static void gpt2_describe(const model_config *c, char *buf, size_t len) {
     snprintf(buf, len, "V=%d (padded %d) C=%d L=%d NH=%d maxT=%d", c->V, c->Vp, c->C, c->L, c->NH, c->maxT);
 }
 
-/* x = x + attproj(attn(qkv(ln1(x))));  x = x + fcproj(gelu(fc(ln2(x)))). */
+/* x = x + attproj(attn(qkv(ln1(x))));  x = x + fcproj(gelu(fc(ln2(x)))). With --tp each rank
+ * holds a slice of the heads (qkv, attention) and of the MLP (fc): the two output products
+ * give partial sums, summed over the ranks (model_tp_sum) with the bias added once. */
 static int gpt2_block_forward(const backend *be, const block_dims *d, float *const *p, float *const *a,
                               const float *x) {
-    int N = d->N, C = d->C;
+    int N = d->N, C = d->C, H = d->H, CA = d->NH * d->HS;
     PL_TRY(be->layernorm_fwd(a[GA_LN1], a[GA_LN1_MEAN], a[GA_LN1_RSTD], x, p[G_LN1W], p[G_LN1B], N, C));
-    PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, 3 * C));          // (N, 3C)
-    PL_TRY(be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, C / d->NH)); // (N, C)
-    PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], p[G_ATTPROJB], N, C, C));    // (N, C)
+    PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, d->QKV));          // (N, 3C)
+    PL_TRY(be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->HS)); // (N, C)
+    PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], d->cfg->tpr ? NULL : p[G_ATTPROJB], N, CA, C)); // (N, C)
+    PL_TRY(model_tp_sum(d, a[GA_RES2], (size_t)N * C, TP_PHASE_FWD));
     PL_TRY(be->residual_fwd(a[GA_RES2], a[GA_RES2], x, (size_t)N * C));
     PL_TRY(be->layernorm_fwd(a[GA_LN2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], a[GA_RES2], p[G_LN2W], p[G_LN2B], N, C));
-    PL_TRY(be->matmul_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, 4 * C));             // (N, 4C)
-    PL_TRY(be->gelu_fwd(a[GA_FCH_GELU], a[GA_FCH], (size_t)N * 4 * C));
-    PL_TRY(be->matmul_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], p[G_FCPROJB], N, 4 * C, C)); // (N, C)
+    PL_TRY(be->matmul_fwd(a[GA_FCH], a[GA_LN2], p[G_FCW], p[G_FCB], N, C, H));                 // (N, 4C)
+    PL_TRY(be->gelu_fwd(a[GA_FCH_GELU], a[GA_FCH], (size_t)N * H));
+    PL_TRY(be->matmul_fwd(a[GA_RES3], a[GA_FCH_GELU], p[G_FCPROJW], d->cfg->tpr ? NULL : p[G_FCPROJB], N, H, C)); // (N, C)
+    PL_TRY(model_tp_sum(d, a[GA_RES3], (size_t)N * C, TP_PHASE_FWD));
     return be->residual_fwd(a[GA_RES3], a[GA_RES3], a[GA_RES2], (size_t)N * C);
 }
 
 /* dL/dx through the block, dres updated in place, in reverse op order; every weight op's
- * output gradient lands in dd (the residual gradients are copied: dres moves on). */
+ * output gradient lands in dd (the residual gradients are copied: dres moves on). With --tp
+ * the gradients of the two norms' outputs are partial sums until summed over the ranks. */
 static int gpt2_block_backward_input(const backend *be, const block_dims *d, float *const *p, float *const *a,
                                      const float *x, float *dres, float *const *dd) {
-    int N = d->N, C = d->C;
+    int N = d->N, C = d->C, H = d->H, CA = d->NH * d->HS;
     size_t nc = (size_t)N * C * sizeof(float);
     /* res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
     PL_TRY(be->copy(dd[GD_FCPROJ], dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd[GD_FC], dres, p[G_FCPROJW], N, 4 * C, C));       // (N, 4C)
-    PL_TRY(be->gelu_bwd(dd[GD_FC], a[GA_FCH], dd[GD_FC], (size_t)N * 4 * C));
-    PL_TRY(be->matmul_bwd_input(dd[GD_LN2], dd[GD_FC], p[G_FCW], N, C, 4 * C));     // (N, C)
+    PL_TRY(be->matmul_bwd_input(dd[GD_FC], dres, p[G_FCPROJW], N, H, C));           // (N, 4C)
+    PL_TRY(be->gelu_bwd(dd[GD_FC], a[GA_FCH], dd[GD_FC], (size_t)N * H));
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN2], dd[GD_FC], p[G_FCW], N, C, H));         // (N, C)
+    PL_TRY(model_tp_sum(d, dd[GD_LN2], (size_t)N * C, TP_PHASE_BWD));
     PL_TRY(be->layernorm_bwd_input(dres, dd[GD_LN2], a[GA_RES2], p[G_LN2W], a[GA_LN2_MEAN], a[GA_LN2_RSTD], N, C));
     /* res2 = x + attproj(attn(qkv(ln1(x)))) */
     PL_TRY(be->copy(dd[GD_ATTPROJ], dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dres, p[G_ATTPROJW], N, C, C));         // (N, C) d(atty)
-    PL_TRY(be->attention_gqa_bwd(dd[GD_QKV], dd[GD_LN1], a[GA_QKV], a[GA_ATT], d->B, d->T, d->NH, d->NH, C / d->NH));
-    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dd[GD_QKV], p[G_QKVW], N, C, 3 * C));   // (N, C)
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dres, p[G_ATTPROJW], N, CA, C));        // (N, C) d(atty)
+    PL_TRY(be->attention_gqa_bwd(dd[GD_QKV], dd[GD_LN1], a[GA_QKV], a[GA_ATT], d->B, d->T, d->NH, d->NH, d->HS));
+    PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dd[GD_QKV], p[G_QKVW], N, C, d->QKV));  // (N, C)
+    PL_TRY(model_tp_sum(d, dd[GD_LN1], (size_t)N * C, TP_PHASE_BWD));
     return be->layernorm_bwd_input(dres, dd[GD_LN1], x, p[G_LN1W], a[GA_LN1_MEAN], a[GA_LN1_RSTD], N, C);
 }
 
-/* dW += dY^T X and the bias / LayerNorm sums of the block, in the input part's op order. */
+/* dW += dY^T X and the bias / LayerNorm sums of the block, in the input part's op order.
+ * With --tp a row-parallel product's bias gradient is the same on every rank (dY is whole). */
 static int gpt2_block_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
                                       const float *x, float *const *dd) {
-    int N = d->N, C = d->C;
-    PL_TRY(be->matmul_bwd_weight(g[G_FCPROJW], g[G_FCPROJB], dd[GD_FCPROJ], a[GA_FCH_GELU], N, 4 * C, C));
-    PL_TRY(be->matmul_bwd_weight(g[G_FCW], g[G_FCB], dd[GD_FC], a[GA_LN2], N, C, 4 * C));
+    int N = d->N, C = d->C, H = d->H, CA = d->NH * d->HS;
+    PL_TRY(be->matmul_bwd_weight(g[G_FCPROJW], g[G_FCPROJB], dd[GD_FCPROJ], a[GA_FCH_GELU], N, H, C));
+    PL_TRY(be->matmul_bwd_weight(g[G_FCW], g[G_FCB], dd[GD_FC], a[GA_LN2], N, C, H));
     PL_TRY(be->layernorm_bwd_weight(g[G_LN2W], g[G_LN2B], dd[GD_LN2], a[GA_RES2], a[GA_LN2_MEAN], a[GA_LN2_RSTD], N,
                                     C));
-    PL_TRY(be->matmul_bwd_weight(g[G_ATTPROJW], g[G_ATTPROJB], dd[GD_ATTPROJ], a[GA_ATTY], N, C, C));
-    PL_TRY(be->matmul_bwd_weight(g[G_QKVW], g[G_QKVB], dd[GD_QKV], a[GA_LN1], N, C, 3 * C));
+    PL_TRY(be->matmul_bwd_weight(g[G_ATTPROJW], g[G_ATTPROJB], dd[GD_ATTPROJ], a[GA_ATTY], N, CA, C));
+    PL_TRY(be->matmul_bwd_weight(g[G_QKVW], g[G_QKVB], dd[GD_QKV], a[GA_LN1], N, C, d->QKV));
     return be->layernorm_bwd_weight(g[G_LN1W], g[G_LN1B], dd[GD_LN1], x, a[GA_LN1_MEAN], a[GA_LN1_RSTD], N, C);
 }
 
 /* Selective recomputation dropped the probabilities: recompute them (the output is rewritten
  * with the bits it had). */
 static int gpt2_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
-    return be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->C / d->NH);
+    return be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->HS);
 }
 
 /* x = wte[tok] + wpe[pos], and its gradient. */

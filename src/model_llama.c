@@ -50,7 +50,7 @@ static const arch_param llama_block[] = {
     {"qkv_w", P_QKVW, AD_QKV, AD_C, 1, INIT_NORMAL, 4, AD_QKV, 1,
      "^model.layers.%d.self_attn.q_proj.weight|^model.layers.%d.self_attn.k_proj.weight|"
      "model.layers.%d.self_attn.v_proj.weight", -1},
-    {"attproj_w", P_ATTPROJW, AD_C, AD_C, 1, INIT_RESID, 6, AD_C, 1, "model.layers.%d.self_attn.o_proj.weight", -1},
+    {"attproj_w", P_ATTPROJW, AD_C, AD_CA, 1, INIT_RESID, 6, AD_C, 1, "model.layers.%d.self_attn.o_proj.weight", -1},
     {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 8, AD_C, 1,
      "model.layers.%d.post_attention_layernorm.weight", -1},
     /* up: fcw's first half; gate: its second half */
@@ -354,13 +354,15 @@ static int llama_block_forward(const backend *be, const block_dims *d, float *co
     PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));                  // (N, QKV)
     PL_TRY(be->rope_fwd(a[LA_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS)); // (N, C)
-    PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, C, C));
+    PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, d->NH * d->HS, C));
+    PL_TRY(model_tp_sum(d, a[LA_RES2], (size_t)N * C, TP_PHASE_FWD)); // --tp: partial sums
     PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
     PL_TRY(be->rmsnorm_fwd(a[LA_MLPNORM], a[LA_MLPNORM_RSTD], a[LA_RES2], p[L_MLPNORM], N, C, eps));
     PL_TRY(be->matmul_fwd(a[LA_UP], a[LA_MLPNORM], p[L_FCW], NULL, N, C, H));                // up (N, H)
     PL_TRY(be->matmul_fwd(a[LA_GATE], a[LA_MLPNORM], p[L_FC2W], NULL, N, C, H));             // gate (N, H)
     PL_TRY(be->swiglu_fwd(a[LA_PROD], a[LA_UP], a[LA_GATE], (size_t)N * H));
     PL_TRY(be->matmul_fwd(a[LA_RES3], a[LA_PROD], p[L_FCPROJW], NULL, N, H, C));
+    PL_TRY(model_tp_sum(d, a[LA_RES3], (size_t)N * C, TP_PHASE_FWD));
     return be->residual_fwd(a[LA_RES3], a[LA_RES3], a[LA_RES2], (size_t)N * C);
 }
 
@@ -378,13 +380,15 @@ static int llama_block_backward_input(const backend *be, const block_dims *d, fl
     PL_TRY(be->matmul_bwd_input(dd[LD_MLPNORM], dd[LD_UP], p[L_FCW], N, C, H));      // (N, C)
     PL_TRY(be->matmul_bwd_input(scr, dd[LD_GATE], p[L_FC2W], N, C, H));              // (N, C)
     PL_TRY(be->add_inplace(dd[LD_MLPNORM], scr, (size_t)N * C));
+    PL_TRY(model_tp_sum(d, dd[LD_MLPNORM], (size_t)N * C, TP_PHASE_BWD));
     PL_TRY(be->rmsnorm_bwd_input(dres, dd[LD_MLPNORM], a[LA_RES2], p[L_MLPNORM], a[LA_MLPNORM_RSTD], N, C));
     /* res2 = x + attproj(attn(rope(qkv(rms1(x))))) */
     PL_TRY(be->copy(dd[LD_ATTPROJ], dres, nc));
-    PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dres, p[L_ATTPROJW], N, C, C));      // d(atty)
+    PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dres, p[L_ATTPROJW], N, d->NH * d->HS, C));  // d(atty)
     PL_TRY(be->attention_gqa_bwd(scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->B, d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->rope_bwd(dd[LD_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dd[LD_QKV], p[L_QKVW], N, C, QKV));  // (N, C)
+    PL_TRY(model_tp_sum(d, dd[LD_ATTNORM], (size_t)N * C, TP_PHASE_BWD));
     return be->rmsnorm_bwd_input(dres, dd[LD_ATTNORM], x, p[L_ATTNORM], a[LA_ATTNORM_RSTD], N, C);
 }
 
@@ -396,7 +400,7 @@ static int llama_block_backward_weight(const backend *be, const block_dims *d, f
     PL_TRY(be->matmul_bwd_weight(g[L_FCW], NULL, dd[LD_UP], a[LA_MLPNORM], N, C, H));
     PL_TRY(be->matmul_bwd_weight(g[L_FC2W], NULL, dd[LD_GATE], a[LA_MLPNORM], N, C, H));
     PL_TRY(be->rmsnorm_bwd_weight(g[L_MLPNORM], dd[LD_MLPNORM], a[LA_RES2], a[LA_MLPNORM_RSTD], N, C));
-    PL_TRY(be->matmul_bwd_weight(g[L_ATTPROJW], NULL, dd[LD_ATTPROJ], a[LA_ATTY], N, C, C));
+    PL_TRY(be->matmul_bwd_weight(g[L_ATTPROJW], NULL, dd[LD_ATTPROJ], a[LA_ATTY], N, d->NH * d->HS, C));
     PL_TRY(be->matmul_bwd_weight(g[L_QKVW], NULL, dd[LD_QKV], a[LA_ATTNORM], N, C, QKV));
     return be->rmsnorm_bwd_weight(g[L_ATTNORM], dd[LD_ATTNORM], x, a[LA_ATTNORM_RSTD], N, C);
 }

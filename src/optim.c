@@ -159,7 +159,7 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks) {
     PL_TRY(stage_tied_grads_local(st));
     if (!model_is_tied(&st->cfg)) return PL_OK; /* no head row reads an embedding (an untied Llama) */
     if (nranks <= 1 || !(st->has_embed || st->has_head)) return PL_OK;
-    size_t n = (size_t)st->cfg.Vp * st->cfg.C;
+    size_t n = arch_dim_value(&st->cfg, 0, AD_VP) * st->cfg.C; /* --tp: this rank's vocabulary slice */
     void *host = NULL;
     PL_TRY(be->map(&host, st->dwte, n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
     int rc = comm_allreduce(MPI_IN_PLACE, host, (int)n, MPI_FLOAT, MPI_SUM, tied,

@@ -101,7 +101,7 @@ static void print_schedule_summary(const sched *s) {
 }
 
 /* Predict the step with the measured costs in `path` (PL_OK, or the failure, reported). */
-static int predict_with_costs(const sched *s, const char *path) {
+static int predict_with_costs(const sched *s, const char *path, int tp) {
     char err[1024];
     FILE *f = NULL;
     if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
@@ -112,6 +112,16 @@ static int predict_with_costs(const sched *s, const char *path) {
     int rc = sched_costs_read(f, &c, err, sizeof err);
     fclose(f);
     if (rc != PL_OK) { pl_error("schedule: %s: %s", path, err); return rc; }
+    double ar = 0.0;
+    if ((rc = sched_costs_tp(&c, tp, &ar, err, sizeof err)) != PL_OK) {
+        pl_error("schedule: %s: %s", path, err);
+        sched_costs_free(&c);
+        return rc;
+    }
+    if (ar > 0 || tp > 1)
+        pl_info("--tp %d: F, B, I, W divided by %d, each F and I with its stage's TP all-reduces at %.1f us each "
+                "(%.0f bytes)%s\n", tp, tp, 1e6 * ar, c.msg_bytes,
+                c.bytes_per_s > 0 ? "" : "; the costs have no message bandwidth (one stage): all-reduces counted at 0");
     sched_pred pr;
     if ((rc = sched_predict(s, &c, &pr, err, sizeof err)) != PL_OK) {
         pl_error("schedule: %s: %s", path, err);
@@ -195,7 +205,7 @@ static double schedule_default_mem_gb(void) {
 /* `pipelm schedule --help`. */
 static void schedule_usage(void) {
     printf("usage: pipelm schedule --stages P --microbatches M [--schedule NAME] [--chunks-per-rank V]\n"
-           "       [--csv OUT.csv] [--load IN.csv] [--costs FILE] [--grid auto|yes|no]\n"
+           "       [--csv OUT.csv] [--load IN.csv] [--costs FILE [--tp T]] [--grid auto|yes|no]\n"
            "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
            "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
            "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
@@ -209,6 +219,8 @@ static void schedule_usage(void) {
     printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
            "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
            "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
+           "--tp T with --costs: predict T tensor-parallel ranks per stage from costs measured at --tp 1\n"
+           "(F, B, I, W divided by T plus each stage's TP all-reduces at the file's message costs).\n"
            "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n"
            "--mem-limit-gb X: refuse (exit 2) a build estimated above X GiB before it starts (default:\n"
            "half the machine's memory, at most 8; about %.0f bytes per stage and micro-batch).\n"
@@ -242,12 +254,13 @@ typedef struct {
     int P, M, V;
     const char *name, *csv, *in, *costs, *grid;
     double mem_gb;
+    int tp;                     /* --tp: predict T ranks per stage from --costs */
 } schedule_args;
 
 /* Parse the options of `pipelm schedule`; *stop = 1 when the command ends here (--help, or a
  * malformed command line), with the exit status returned. */
 static int schedule_parse(int argc, char **argv, int first, int rank, schedule_args *sa, int *stop) {
-    *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb()};
+    *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb(), 1};
     *stop = 1;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
@@ -276,6 +289,10 @@ static int schedule_parse(int argc, char **argv, int first, int rank, schedule_a
         else if (strcmp(a, "--csv") == 0) sa->csv = v;
         else if (strcmp(a, "--load") == 0) sa->in = v;
         else if (strcmp(a, "--costs") == 0) sa->costs = v;
+        else if (strcmp(a, "--tp") == 0) {
+            sa->tp = (int)strtol(v, &end, 10);
+            if (*end || sa->tp < 1 || sa->tp > 64) sa->tp = -1;
+        }
         else if (strcmp(a, "--grid") == 0) sa->grid = v;
         else if (strcmp(a, "--mem-limit-gb") == 0) {
             sa->mem_gb = strtod(v, &end);
@@ -307,6 +324,10 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
         pl_error("schedule: --mem-limit-gb must be a positive number of GiB");
         return 2;
     }
+    if (sa.tp < 1 || (sa.tp > 1 && !costs)) {
+        pl_error("schedule: --tp must be 1 to 64 and goes with --costs FILE");
+        return 2;
+    }
     sched s;
     char err[1024];
     /* the output first: never an input, never a device or FIFO (found before any work) */
@@ -336,7 +357,7 @@ static int schedule_main(int argc, char **argv, int first, int rank) {
     if (strcmp(grid, "yes") == 0 || (strcmp(grid, "auto") == 0 && !big)) sched_print_grid(&s, pl_out ? pl_out : stdout);
     else print_schedule_summary(&s);
     pl_info("simulated in %.2f s\n", pl_now() - t0);
-    if (costs && predict_with_costs(&s, costs) != PL_OK) {
+    if (costs && predict_with_costs(&s, costs, sa.tp) != PL_OK) {
         sched_free(&s);
         return 1;
     }

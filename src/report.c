@@ -31,17 +31,25 @@ static double act_mb(const run *R, int s, int mode) {
 }
 
 int report_grid(run *R) {
-    if (R->D <= 1) return PL_OK;
+    if (R->D <= 1 && R->Tp <= 1) return PL_OK;
     char host[64] = "";
     gethostname(host, sizeof host - 1);
     char (*all)[64] = R->wrank == 0 ? calloc((size_t)R->W, 64) : NULL;
     if (R->wrank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(host, 64, MPI_CHAR, all, 0, R->world, "the gather of host names"));
     if (R->wrank == 0) {
-        pl_info("data parallel: %d replicas x %d stages = %d ranks, batch %d = %d x %d sequences per replica%s\n",
-                R->D, R->P, R->W, R->Bg, R->D, R->B, R->o->zero ? ", AdamW moments sharded (ZeRO-1)" : "");
-        pl_info("  stage  replica  rank  host\n");
-        for (int r = 0; r < R->W; r++) pl_info("  %5d  %7d  %4d  %s\n", r / R->D, r % R->D, r, all[r]);
+        if (R->Tp > 1) { /* --tp: world rank r is TP rank r % T of stage r / T / D, replica r / T % D */
+            pl_info("tensor parallel: %d TP ranks x %d replicas x %d stages = %d ranks (TP innermost)\n", R->Tp, R->D,
+                    R->P, R->W);
+            pl_info("  stage  replica  tp  rank  host\n");
+            for (int r = 0; r < R->W; r++)
+                pl_info("  %5d  %7d  %2d  %4d  %s\n", r / R->Tp / R->D, r / R->Tp % R->D, r % R->Tp, r, all[r]);
+        } else {
+            pl_info("data parallel: %d replicas x %d stages = %d ranks, batch %d = %d x %d sequences per replica%s\n",
+                    R->D, R->P, R->W, R->Bg, R->D, R->B, R->o->zero ? ", AdamW moments sharded (ZeRO-1)" : "");
+            pl_info("  stage  replica  rank  host\n");
+            for (int r = 0; r < R->W; r++) pl_info("  %5d  %7d  %4d  %s\n", r / R->D, r % R->D, r, all[r]);
+        }
     }
     free(all);
     return PL_OK;
@@ -74,7 +82,12 @@ void report_stage_table(run *R) {
     else
         pl_info("pipeline: %d stage%s, schedule %s, %d micro-batch%s of %d x %d tokens, split %s\n",
                 R->P, R->P > 1 ? "s" : "", R->sc.name, R->M, R->M > 1 ? "es" : "", Bm, R->T, R->o->split);
-    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute\n");
+    if (R->Tp > 1)
+        pl_info("tensor parallel: T=%d ranks per stage, each %d of %d heads and %d of %d MLP columns (params and "
+                "GFLOP below are the stage's, all T together)\n", R->Tp, R->cfg.NH / R->Tp, R->cfg.NH, R->cfg.H / R->Tp,
+                R->cfg.H);
+    pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute%s\n",
+            R->Tp > 1 ? "  T" : "");
     for (int s = 0; s < sp->P; s++) {
         char parts[32];
         snprintf(parts, sizeof parts, "%s%s", s == 0 ? "E" : "", s == sp->P - 1 ? "H" : "");
@@ -84,9 +97,11 @@ void report_stage_table(run *R) {
         double gf = 3.0 * split_stage_flops(sp, &R->cfg, s, R->T) * Bm * R->T / 1e9;
         static const char *const rc_name[] = {"none", "selective", "full"};
         int mode = R->rc_modes ? R->rc_modes[s] : 0;
-        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s\n", s, sched_stage_rank(&R->sc, s), blocks, parts,
+        char tcol[16] = "";
+        if (R->Tp > 1) snprintf(tcol, sizeof tcol, "%*s  %d", 9 - (int)strlen(rc_name[mode]), "", R->Tp); /* rc names <= 9 */
+        pl_info("  %5d  %4d  %-8s  %-5s  %12zu   %13.3f  %9.1f  %9d  %s%s\n", s, sched_stage_rank(&R->sc, s), blocks, parts,
                 split_stage_params(sp, &R->cfg, s), gf, act_mb(R, s, mode), sched_max_inflight_stage(&R->sc, s),
-                rc_name[mode]);
+                rc_name[mode], tcol);
     }
     if (R->V > 1) { /* a rank's chunks are not all at their peaks at once */
         char line[1024];
@@ -111,7 +126,7 @@ static int first_nonfinite_tensor(const stage *st, int grads) {
  * V chunks)": the one way messages name a world rank's place, so --dp runs never mix stage and
  * rank numbers. */
 static void place_name(const run *R, int wrank, char *buf, size_t len) {
-    int prank = wrank / R->D, d = wrank % R->D;
+    int prank = wrank / R->Tp / R->D, d = wrank / R->Tp % R->D; /* --tp: TP innermost */
     if (R->V > 1 && R->D > 1)
         snprintf(buf, len, "pipeline rank %d (its %d chunks) of replica %d (rank %d)", prank, R->V, d, wrank);
     else if (R->V > 1) snprintf(buf, len, "rank %d (its %d chunks)", wrank, R->V);
@@ -156,7 +171,7 @@ void report_nonfinite(run *R, int step, const step_news *nw, double loss, double
                      "value, first in %s, %s; stopping all ranks", step, loss, norm, at, names[ps],
                      nonfinite_cause(all[3 * ps + 2]));
         } else if (nw->fwd_stage >= 0) {
-            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : sched_stage_rank(&R->sc, nw->fwd_stage) * R->D, at,
+            place_name(R, nw->fwd_wrank >= 0 ? nw->fwd_wrank : sched_stage_rank(&R->sc, nw->fwd_stage) * R->D * R->Tp, at,
                        sizeof at);
             pl_error("step %d: non-finite loss %g / gradient norm %g: it first appears in the forward of global "
                      "stage %d on %s, micro-batch %d, whose weights are finite everywhere: the activations "
@@ -330,7 +345,7 @@ static int report_costs(run *R) {
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
         sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL, NULL,
-                         1};
+                         1, R->Tp};
         double *cols = malloc(sizeof(double) * 6 * S);
         if (!cols) rc = PL_ENOMEM;
         /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
@@ -506,6 +521,7 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[12] = R->eng.act_bytes_peak / 1048576.0;
     mine[13] = R->have_dp ? R->dp.pending_floats * sizeof(float) / 1048576.0 / k : 0.0;
     mine[14] = R->have_dp ? 1e3 * R->dp.t_gather / k : 0.0;
+    mine[15] = R->have_tp ? 1e3 * R->tp.t_sum / k : 0.0;
     static char split_json[16384];
     split_json[0] = split_text[0] = 0;
     if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
@@ -513,10 +529,11 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, BENCH_NSTAT, MPI_DOUBLE, all, 0, R->comm, "the gather of benchmark figures"));
     int rc = PL_OK;
-    if (R->rank == 0) {
+    if (R->rank == 0 && R->t == 0) { /* --tp: TP rank 0's pipeline reports */
         bench_result br;
         memset(&br, 0, sizeof br);
         br.P = R->P;
+        br.Tp = R->Tp;
         br.V = R->V;
         br.M = R->M;
         br.B = R->Bg;
@@ -538,8 +555,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         br.extra_json = split_json[0] ? split_json : NULL;
         rc = bench_report(&br, R->o->json, R->o->csv);
         if (split_text[0]) pl_info("%s", split_text);
-        free(all);
     }
+    free(all);
     PL_TRY(comm_agree(R->comm, rc, NULL));
     if (R->profiled) PL_TRY(report_op_classes(R, k));
     return R->o->costs_out[0] ? report_costs(R) : PL_OK;
@@ -567,7 +584,7 @@ static int check_tied_copies(run *R, int *same) {
     if (!model_is_tied(&R->cfg)) return PL_OK; /* an untied head: nothing to compare */
     if (R->P > 1 && R->st.has_embed && R->st.has_head) PL_TRY(tied_copies_local(R, same)); /* a V's rank 0 */
     else if (R->P > 1 && (R->st.has_embed || R->st.has_head)) {
-        size_t n = (size_t)R->cfg.Vp * R->cfg.C;
+        size_t n = arch_dim_value(&R->st.cfg, 0, AD_VP) * R->cfg.C; /* --tp: this rank's vocabulary slice */
         float *other = malloc(n * sizeof(float));
         int peer = R->st.has_embed ? 1 : 0; /* rank within the tied communicator */
         if (!other) return PL_ENOMEM;
@@ -600,8 +617,16 @@ static int check_tied_copies(run *R, int *same) {
 }
 /* The end of a run: the tied-copy check, the in-flight peaks, the "end" metrics line. */
 int report_finish(run *R, int first_step, int done_steps, double wall, double last_loss, int stopped) {
-    int tied_same = 1;
+    int tied_same = 1, tp_same = 1;
     PL_TRY(check_tied_copies(R, &tied_same));
+    if (R->have_tp) { /* --tp: the replicated tensors must have stayed the same bits on the T ranks */
+        char name[64];
+        PL_TRY(tp_check_replicas(&R->tp, &R->st, &tp_same, name, sizeof name));
+        if (!tp_same) pl_error("tensor parallel: the replicated tensor %s differs across the TP ranks", name);
+        PL_TRY(comm_allreduce(MPI_IN_PLACE, &tp_same, 1, MPI_INT, MPI_MIN, R->world, "the TP replica comparison"));
+        if (tp_same) pl_info("tensor parallel: the replicated tensors are bit-identical on the %d TP ranks of every "
+                             "stage\n", R->Tp);
+    }
     /* the engine's own accounting of activations held at once, per stage */
     int *peaks = calloc((size_t)R->P, sizeof(int));
     if (!peaks) return PL_ENOMEM;
@@ -622,7 +647,7 @@ int report_finish(run *R, int first_step, int done_steps, double wall, double la
     }
     free(peaks);
     PL_TRY(rc);
-    return tied_same ? PL_OK : PL_ENUM;
+    return tied_same && tp_same ? PL_OK : PL_ENUM;
 }
 /* Step lines, metrics and the progress bar (rank 0). */
 void report_step(run *R, int step, int first_step, int last_step, double loss, double lr, double norm,

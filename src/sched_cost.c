@@ -32,6 +32,7 @@ int sched_costs_alloc(sched_costs *c, int P) {
     if (!c->f || !c->b || !c->i || !c->w || !c->opt || !c->act || !c->blocks) { sched_costs_free(c); return PL_ENOMEM; }
     for (int s = 0; s < P; s++) c->blocks[s] = -1;
     c->dp = 1;
+    c->tp = 1;
     return PL_OK;
 }
 
@@ -49,6 +50,7 @@ void sched_costs_free(sched_costs *c) {
 int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
+    if (c->tp > 1) fprintf(f, "tp %d\n", c->tp);
     if (c->dp > 1) fprintf(f, "dp %d\n", c->dp);
     for (int s = 0; s < c->P; s++) {
         fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g", s, c->f[s], c->b[s], c->i[s], c->w[s],
@@ -122,6 +124,14 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
         } else if (!strcmp(key, "stage")) {
             if (!c->P) { set_err(err, errlen, "costs line %d: 'stage' before 'stages'", line); goto bad; }
             if (parse_stage(c, rest, line, err, errlen) != 0) goto bad;
+        } else if (!strcmp(key, "tp")) {
+            char *end;
+            long t = strtol(rest, &end, 10);
+            if (!c->P || end == rest || *end || t < 1 || t > 64) {
+                set_err(err, errlen, "costs line %d: bad 'tp' (1..64, after 'stages')", line);
+                goto bad;
+            }
+            c->tp = (int)t;
         } else if (!strcmp(key, "dp")) {
             char *end;
             long d = strtol(rest, &end, 10);
@@ -151,6 +161,27 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
 bad:
     sched_costs_free(c);
     return PL_EINVAL;
+}
+
+int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen) {
+    *ar_s = 0.0;
+    if (T <= 1 || c->tp == T) return PL_OK;
+    if (c->tp > 1) {
+        set_err(err, errlen, "the costs were measured at --tp %d: predict --tp %d from a --tp 1 measurement (or one at "
+                "--tp %d)", c->tp, T, T);
+        return PL_EINVAL;
+    }
+    double ar = c->latency_s + (c->bytes_per_s > 0 ? (T - 1) * c->msg_bytes / c->bytes_per_s : 0.0);
+    for (int s = 0; s < c->P; s++) {
+        double x = c->blocks && c->blocks[s] > 0 ? 2.0 * c->blocks[s] * ar : 0.0; /* 2 all-reduces a block */
+        c->f[s] = c->f[s] / T + x;
+        c->i[s] = c->i[s] / T + x;
+        c->b[s] = c->b[s] / T + x;
+        c->w[s] /= T;
+    }
+    c->tp = T;
+    *ar_s = ar;
+    return PL_OK;
 }
 
 void sched_pred_free(sched_pred *p) {

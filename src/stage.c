@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/arch.h"
+#include "pipelm/backend_math.h"
 #include "pipelm/common.h"
 #include "pipelm/stage.h"
 
@@ -407,6 +408,8 @@ void stage_free(stage *st) {
                     st->scr_arena, st->tgt};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) be->free(bufs[k]);
     free(st->host_losses);
+    free(st->tp_logits);
+    if (st->tp_zero) be->free(st->tp_zero);
     free(st->tensors);
     free(st->bp);
     free(st->bg);
@@ -416,9 +419,24 @@ void stage_free(stage *st) {
 int stage_init_params(stage *st, unsigned long long seed) {
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
-        float *host = malloc(t->numel * sizeof(float));
+        float *host = malloc(t->numel * sizeof(float)), *whole = NULL;
         if (!host) return PL_ENOMEM;
-        model_init_tensor(&st->cfg, t, seed, host);
+        if (st->cfg.tp > 1) { /* --tp: this rank's slice of the whole tensor's values */
+            model_config full = st->cfg;
+            full.tp = full.tpr = 0;
+            tp_slice sl;
+            model_tp_slice(&full, st->cfg.tp, st->cfg.tpr, t, &sl);
+            param_tensor wt = *t;
+            wt.numel = (size_t)sl.rows * sl.cols;
+            whole = malloc(wt.numel * sizeof(float));
+            if (!whole) { free(host); return PL_ENOMEM; }
+            model_init_tensor(&full, &wt, seed, whole);
+            memset(host, 0, t->numel * sizeof(float)); /* padding and sink rows of a vocabulary slice */
+            model_tp_copy(&sl, whole, host, 1);
+            free(whole);
+        } else {
+            model_init_tensor(&st->cfg, t, seed, host);
+        }
         int rc = st->be->from_host(st->params + t->offset, host, t->numel * sizeof(float));
         free(host);
         PL_TRY(rc);
@@ -467,11 +485,81 @@ float *stage_output(stage *st, int slot) {
 
 float *stage_dinput(stage *st) { return st->dres; }
 
+/* The sizes a block's math works on: with --tp this rank's heads and MLP slice (arch.c). */
 static block_dims dims_of(const stage *st) {
     const model_config *c = &st->cfg;
-    block_dims d = {st->Bm, st->T, c->C, c->NH, st->N, c->NKV, c->C / c->NH, c->H,
-                    (int)arch_dim_value(c, st->T, AD_QKV), c, st->scr.t};
+    int HS = c->C / c->NH, NH = (int)arch_dim_value(c, 1, AD_NHT), QKV = (int)arch_dim_value(c, st->T, AD_QKV);
+    block_dims d = {st->Bm, st->T, c->C, NH, st->N, (QKV / HS - NH) / 2, HS, (int)arch_dim_value(c, 1, AD_H),
+                    QKV, c, st->scr.t};
     return d;
+}
+
+/* --tp: the vocabulary-parallel head. Each TP rank multiplies by its slice of the head's rows
+ * (model_tp_vocab: the rank holds only those) and the softmax cross-entropy runs in
+ * parallel on host copies of the local logits: the row maxima's and the exponential sums'
+ * reductions over the TP ranks (model_tp_host_reduce), the target's loss from the rank that
+ * holds its column; full logits are never gathered. The backward: dL/d(norm output) is a
+ * partial sum (summed like the blocks'), and the head matrix's gradient lands in this rank's
+ * rows, the rank's own. */
+static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dloss, double *loss_sum) {
+    const backend *be = st->be;
+    const model_arch *A = st->arch;
+    const model_config *c = &st->cfg;
+    int N = st->N, C = c->C, lo, R;
+    model_tp_vocab(c, &lo, &R);
+    int Vl = c->V - lo < R ? c->V - lo : R; /* the real (not padded) columns of the slice */
+    if (Vl < 0) Vl = 0;
+    float *lnf = s->head.t[A->head_out], *dlnf = s->head.t[A->head_dout];
+    size_t nl = (size_t)N * R;
+    if (!st->tp_logits && !(st->tp_logits = malloc((nl ? nl : 1) * sizeof(float)))) return PL_ENOMEM;
+    float *h = st->tp_logits, *red = st->host_losses; /* red: one float per row, reused */
+    PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w, NULL, N, C, R)); // (N, R): the local rows
+    PL_TRY(be->to_host(h, st->logits, nl * sizeof(float)));
+    for (int i = 0; i < N; i++) {
+        const float *r = h + (size_t)i * R;
+        float mx = -INFINITY;
+        for (int j = 0; j < Vl; j++) mx = r[j] > mx ? r[j] : mx;
+        red[i] = mx;
+    }
+    PL_TRY(model_tp_host_reduce(red, (size_t)N, TP_HOST_MAX));
+    float *mx = malloc((size_t)N * sizeof(float));
+    if (!mx) return PL_ENOMEM;
+    memcpy(mx, red, (size_t)N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        float *r = h + (size_t)i * R, sum = 0.0f;
+        for (int j = 0; j < Vl; j++) { r[j] = exp_fast(r[j] - mx[i]); sum += r[j]; }
+        for (int j = Vl; j < R; j++) r[j] = 0.0f;
+        red[i] = sum;
+    }
+    int rc = model_tp_host_reduce(red, (size_t)N, TP_HOST_SUM);
+    for (int i = 0; rc == PL_OK && i < N; i++) {
+        float *r = h + (size_t)i * R, inv = 1.0f / red[i];
+        for (int j = 0; j < Vl; j++) r[j] *= inv;
+        int k = targets[i] - lo;
+        mx[i] = k >= 0 && k < Vl ? -logf(r[k]) : 0.0f; /* the target's rank holds its loss */
+    }
+    if (rc == PL_OK) {
+        memcpy(red, mx, (size_t)N * sizeof(float));
+        rc = model_tp_host_reduce(red, (size_t)N, TP_HOST_SUM); /* one rank's value and zeros: exact */
+    }
+    free(mx);
+    PL_TRY(rc);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += red[i];
+    *loss_sum = sum;
+    PL_TRY(be->from_host(st->losses, red, (size_t)N * sizeof(float)));
+    if (dloss <= 0.0f) return PL_OK;
+    for (int i = 0; i < N; i++) { /* dlogits = (p - onehot(y)) dloss on this rank's columns */
+        float *r = h + (size_t)i * R;
+        for (int j = 0; j < Vl; j++) r[j] *= dloss;
+        int k = targets[i] - lo;
+        if (k >= 0 && k < Vl) r[k] -= dloss;
+    }
+    PL_TRY(be->from_host(st->logits, h, nl * sizeof(float)));
+    PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, R)); // (N, C) partial
+    block_dims d = dims_of(st);
+    PL_TRY(model_tp_sum(&d, dlnf, (size_t)N * C, TP_PHASE_BWD));
+    return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, R);
 }
 
 /* The last stage's head: logits = norm(x) head^T, the loss, and (dloss > 0) its backward to
@@ -484,6 +572,7 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     block_dims d = dims_of(st);
     float *lnf = s->head.t[A->head_out], *dlnf = s->head.t[A->head_dout];
     PL_TRY(A->head_norm_forward(be, &d, st->hp.t, s->head.t, x));
+    if (c->tp > 1) return head_forward_tp(st, s, targets, dloss, loss_sum);
     PL_TRY(be->matmul_fwd(st->logits, lnf, st->head_w, NULL, N, C, c->Vp));       // (N, Vp)
     PL_TRY(be->from_host(st->tgt, targets, (size_t)N * sizeof(int)));
     PL_TRY(be->crossentropy_fwd(st->losses, st->logits, st->tgt, N, c->V, c->Vp)); // (N)
@@ -496,6 +585,38 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     PL_TRY(be->crossentropy_bwd(st->logits, st->tgt, dloss, N, c->V, c->Vp));
     PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, c->Vp));        // (N, C)
     return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, c->Vp);
+}
+
+/* --tp: the vocabulary-parallel embedding. Tokens outside this rank's slice of the token table
+ * are looked up in its sink row (zero); the other embedding rows (GPT-2's positions) are
+ * added by TP rank 0 only (the others read zeros); the T partial embeddings are summed. */
+static int embed_forward_tp(stage *st, act_slot *s, const int *tok) {
+    const backend *be = st->be;
+    const model_arch *A = st->arch;
+    int N = st->N, C = st->cfg.C, lo, n, sink = (int)arch_dim_value(&st->cfg, 0, AD_VP) - 1;
+    model_tp_vocab(&st->cfg, &lo, &n);
+    int *loc = malloc((size_t)N * sizeof(int));
+    if (!loc) return PL_ENOMEM;
+    for (int i = 0; i < N; i++) loc[i] = tok[i] >= lo && tok[i] < lo + n ? tok[i] - lo : sink;
+    int rc = be->from_host(s->tok, loc, (size_t)N * sizeof(int));
+    free(loc);
+    PL_TRY(rc);
+    block_ptrs ep = st->ep;
+    size_t bytes = 0; /* the largest replicated row: one zero buffer serves them all */
+    for (int i = 0; i < A->embed.n; i++)
+        if (A->embed.rows[i].rows != AD_VP && arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float) > bytes)
+            bytes = arch_param_numel(&st->cfg, &A->embed.rows[i], 0) * sizeof(float);
+    if (st->cfg.tpr && bytes && !st->tp_zero) {
+        void *z = NULL;
+        PL_TRY(be->alloc(&z, bytes));
+        st->tp_zero = z;
+        PL_TRY(be->zero(st->tp_zero, bytes));
+    }
+    for (int i = 0; i < A->embed.n && st->cfg.tpr; i++) /* replicated rows: added once, by TP rank 0 */
+        if (A->embed.rows[i].rows != AD_VP) ep.t[i] = st->tp_zero;
+    block_dims d = dims_of(st);
+    PL_TRY(A->embed_forward(be, &d, ep.t, s->x_in, s->tok));
+    return model_tp_sum(&d, s->x_in, (size_t)N * C, TP_PHASE_FWD);
 }
 
 int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,
@@ -516,7 +637,9 @@ int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const in
     s->mb = mb;
     if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
     block_dims d = dims_of(st);
-    if (st->has_embed) {
+    if (st->has_embed && st->cfg.tp > 1) {
+        PL_TRY(embed_forward_tp(st, s, tok));
+    } else if (st->has_embed) {
         PL_TRY(be->from_host(s->tok, tok, (size_t)N * sizeof(int)));
         PL_TRY(A->embed_forward(be, &d, st->ep.t, s->x_in, s->tok));                 // (N, C)
     } else {
@@ -568,7 +691,15 @@ static int head_weight(stage *st, act_slot *s) {
 /* The embeddings' gradient (first stage) from dL/d(x_in). */
 static int embed_weight(stage *st, act_slot *s, const float *dx) {
     block_dims d = dims_of(st);
-    return st->arch->embed_backward(st->be, &d, st->eg.t, dx, s->tok);
+    PL_TRY(st->arch->embed_backward(st->be, &d, st->eg.t, dx, s->tok));
+    if (st->cfg.tp <= 1) return PL_OK;
+    /* --tp: the tokens of other ranks' slices left their gradient in the sink row: zero it */
+    const model_arch *A = st->arch;
+    size_t rows = arch_dim_value(&st->cfg, 0, AD_VP), C = (size_t)st->cfg.C;
+    for (int i = 0; i < A->embed.n; i++)
+        if (A->embed.rows[i].rows == AD_VP)
+            PL_TRY(st->be->zero(st->eg.t[i] + (rows - 1) * C, C * sizeof(float)));
+    return PL_OK;
 }
 
 /* The data-parallel hook: is this weight part the step's last, and then tell it that block b's

@@ -31,6 +31,7 @@
 #include "pipelm/sched.h"
 #include "pipelm/signals.h"
 #include "pipelm/split.h"
+#include "pipelm/tp.h"
 #include "pipelm/trace.h"
 #include "pipelm/run.h"
 #include "pipelm/safetensors.h"
@@ -295,16 +296,80 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     R->stv = V > 1 ? calloc((size_t)V, sizeof(stage)) : &R->st;
     if (!R->rc_modes || !R->stv) return PL_ENOMEM;
     PL_TRY(recompute_modes(R, err, errlen));
+    model_config lc = R->cfg; /* --tp: the stages hold this rank's slice of the blocks */
+    if (R->Tp > 1) { lc.tp = R->Tp; lc.tpr = R->t; }
     for (int c = 0; c < V; c++) {
         int s = sched_place_stage(R->sc.place, P, R->rank, c), nslots = sched_max_inflight_stage(&R->sc, s);
         stage *st = &R->stv[c];
-        PL_TRY(stage_init(st, &R->cfg, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0, s == S - 1,
+        PL_TRY(stage_init(st, &lc, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0, s == S - 1,
                           R->B / R->M, R->T, nslots > 0 ? nslots : 1, R->be, err, errlen));
         if (sched_defers_weights_stage(&R->sc, s)) PL_TRY(stage_init_deferred(st, err, errlen));
         PL_TRY(stage_init_recompute(st, R->rc_modes[s], err, errlen));
     }
     if (V > 1) PL_TRY(stage_init_holder(&R->st, R->stv, V, err, errlen));
     return PL_OK;
+}
+
+/* --tp: the model must slice evenly, and what does not run with it yet is refused; the group
+ * (nothing collective) and the blocks' sum hook. */
+static int setup_tp(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (R->Tp <= 1) return PL_OK;
+    PL_TRY(model_tp_check(&R->cfg, R->Tp, err, errlen));
+    const char *no = o->eval_mode == 2 ? "pipelm generate" : o->ckpt_async ? "--ckpt-async" : NULL;
+    if (no) {
+        snprintf(err, errlen, "--tp %d: %s does not run with tensor parallelism yet (use --tp 1)", R->Tp, no);
+        return PL_EINVAL;
+    }
+    int fail = o->fail_rank == R->wrank && strcmp(o->fail_at, "tp") == 0 ? o->fail_step : -1;
+    PL_TRY(tp_init(&R->tp, R->tpc, R->be, fail, R->wrank, err, errlen));
+    R->have_tp = 1;
+    model_set_tp_hook(tp_sum, tp_host_reduce, &R->tp);
+    return PL_OK;
+}
+
+/* --init's weights (a Hugging Face model or an llm.c file); with --tp read whole into a
+ * copy of the stage and cut (nothing collective: every TP rank reads the file). */
+static int load_init(run *R, char *err, size_t errlen) {
+    const char *path = R->o->init;
+    tp_whole w;
+    stage *into = &R->st;
+    if (R->have_tp) {
+        PL_TRY(tp_whole_make(&R->tp, &R->st, NULL, 0, 0, 0, 1, &w, err, errlen));
+        into = &w.st;
+    }
+    int rc = hf_is_model(path) ? hf_load_stage(path, into, err, errlen) : llmc_load_stage(path, into, err, errlen);
+    if (R->have_tp) {
+        if (rc == PL_OK && tp_whole_put(&R->tp, &w, &R->st, NULL, TPW_PARAMS) != PL_OK) {
+            snprintf(err, errlen, "backend %s: cutting the --init weights into the TP slices failed", R->be->name);
+            rc = PL_EBACKEND;
+        }
+        tp_whole_free(&w);
+    }
+    return rc;
+}
+
+/* --save-final / --dump-grads (run.h): the model file, whole, from TP rank 0's pipeline. */
+int train_save_model(run *R, const char *path, int grads) {
+    const pl_options *o = R->o;
+    tp_whole w;
+    stage *from = &R->st;
+    int rc = PL_OK;
+    if (R->have_tp) {
+        char err[512] = "";
+        rc = tp_whole_make(&R->tp, &R->st, NULL, grads ? TPW_GRADS : TPW_PARAMS, 0, 0, 1, &w, err, sizeof err);
+        if (rc != PL_OK) pl_error("%s", err);
+        from = &w.st;
+    }
+    if (rc == PL_OK && R->t == 0) /* TP rank 0's pipeline writes the whole tensors */
+        rc = !grads && hf_is_safetensors_name(path)
+                 ? hf_save(path, from, strcmp(o->save_dtype, "bf16") == 0 ? ST_BF16 : ST_F32, 0, R->comm)
+                 : llmc_save(path, from, grads, R->comm);
+    if (R->have_tp) {
+        if (from == &w.st) tp_whole_free(&w);
+        rc = comm_agree(R->tpc, rc, NULL);
+    }
+    return rc;
 }
 
 /* A --split of block counts must give one per stage; the advice names the world size that
@@ -347,13 +412,13 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(setup_backend(R, err, errlen));
     const backend *be = R->be;
     PL_TRY(resolve_config(R, err, errlen));
+    PL_TRY(setup_tp(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
-    if (o->init[0] && hf_is_model(o->init)) PL_TRY(hf_load_stage(o->init, &R->st, err, errlen));
-    else if (o->init[0]) PL_TRY(llmc_load_stage(o->init, &R->st, err, errlen));
+    if (o->init[0]) PL_TRY(load_init(R, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
         return PL_EBACKEND;
@@ -393,6 +458,28 @@ static int setup(run *R, char *err, size_t errlen) {
     if (R->wrank == 0 && o->metrics[0]) PL_TRY(metrics_open(&R->mx, o->metrics, err, errlen));
     return PL_OK;
 }
+/* --tp: each tensor's squared norm becomes the share this TP rank owns (tp.h); replicated kv
+ * heads' rows are measured over the same ranges as the rest (a replica's pieces with --dp). */
+static int tp_norm_shares(run *R, double *sq) {
+    stage *st = &R->st;
+    double *kv = NULL;
+    int rc = PL_OK;
+    if (st->cfg.NKV < R->Tp) {
+        int nr = R->have_dp ? R->dp.nb : 1;
+        optim_range *r = calloc((size_t)nr, sizeof *r);
+        kv = calloc((size_t)st->ntensors, sizeof *kv);
+        if (!r || !kv) rc = PL_ENOMEM;
+        for (int k = 0; rc == PL_OK && k < nr; k++) {
+            r[k].lo = R->have_dp ? R->dp.b[k].lo + R->dp.b[k].plo : 0;
+            r[k].n = R->have_dp ? R->dp.b[k].pn : st->nparams;
+        }
+        if (rc == PL_OK) rc = tp_kv_sumsq(&R->tp, st, r, nr, kv);
+        free(r);
+    }
+    if (rc == PL_OK) tp_owned_sumsq(&R->tp, st, sq, kv);
+    free(kv);
+    return rc;
+}
 /* Squared gradient norms per part (slot 0 embeddings, 1+l block l, L+1 final norm), the loss
  * sum in slot L+2, then per rank its stop signal and its first non-finite forward (1 + mb),
  * summed over ranks: every slot has one owner, so the sums are exact. */
@@ -406,6 +493,11 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
         free(v); free(g); free(sq);
         return rc;
     }
+    if (R->have_tp) rc = tp_norm_shares(R, sq);
+    if (rc != PL_OK) {
+        free(v); free(g); free(sq);
+        return rc;
+    }
     for (int i = 0; i < st->ntensors; i++) {
         const param_tensor *t = &st->tensors[i];
         if (t->tied_copy) continue; /* the tied copy counts once, from its owner */
@@ -413,7 +505,7 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
         v[slot] += sq[i];
     }
     free(sq);
-    if (st->has_head) v[L + 2] = loss_sum;
+    if (st->has_head && R->t == 0) v[L + 2] = loss_sum; /* --tp: every TP rank computed the same loss */
     v[L + 3 + R->wrank] = signals_stop_pending();
     v[L + 3 + W + R->wrank] = R->eng.first_bad_fwd + 1; /* 1 + s M + mb */
     rc = comm_allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the gradient norm and loss");
@@ -455,7 +547,7 @@ int train_evaluate(run *R, int nbatches, double *val_loss) {
         PL_TRY(engine_eval(&R->eng, R->inputs, R->targets, &l));
         sum += l;
     }
-    double in = R->st.has_head ? sum : 0.0, out = 0.0;
+    double in = R->st.has_head && R->t == 0 ? sum : 0.0, out = 0.0; /* --tp: TP rank 0's */
     PL_TRY(comm_allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the validation loss"));
     *val_loss = out / ((double)nbatches * R->Bg * R->T);
     return PL_OK;
@@ -482,7 +574,11 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     /* a V places both ends on rank 0: its tied sum is local (the communicator goes unused) */
     PL_TRY(optim_tied_grads(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
     /* the replicas' sum: the blocks' buckets started during the backward, the tied wte now */
-    if (R->have_dp) PL_TRY(dp_finish(&R->dp, step == 1 && o->dump_grads[0]));
+    /* --tp with kv heads shared by several TP ranks: their rows' gradients summed over them,
+     * on whole gradients (the replicas' gathers done) */
+    int kvrep = R->have_tp && st->cfg.NKV < R->Tp;
+    if (R->have_dp) PL_TRY(dp_finish(&R->dp, (step == 1 && o->dump_grads[0]) || kvrep));
+    if (kvrep) PL_TRY(tp_kv_grads(&R->tp, st));
     int bad;
     PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad, nw));
     if (bad >= 0 || !isfinite(*loss)) {
@@ -500,7 +596,7 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
                      step, *loss, lnV, limit);
         return PL_ENUM;
     }
-    if (step == 1 && o->dump_grads[0] && R->d == 0) PL_TRY(llmc_save(o->dump_grads, st, 1, R->comm));
+    if (step == 1 && o->dump_grads[0] && R->d == 0) PL_TRY(train_save_model(R, o->dump_grads, 1));
     int rc = R->have_dp ? dp_optim_step(&R->dp, step, lr, *norm) : optim_step(&R->opt, step, lr, *norm);
     if (rc != PL_OK) pl_error("backend %s: the optimizer step: %s", st->be->name, stage_error(st));
     return rc;
@@ -607,21 +703,47 @@ typedef struct {
     step_news nw;
 } loop_state;
 
-/* D replicas x P stages from --dp / --stages and the world size, and the batch each replica
- * trains on; a layout that does not fit is refused with the ones that would. */
+/* The layouts W ranks can run with T in [t0, t1]: "--dp D --stages P, ..." (T = 1) or
+ * "--tp T --dp D --stages P, ...", for a refusal's advice. */
+static void layout_fits(int W, int t0, int t1, char *buf, size_t len) {
+    int off = 0;
+    buf[0] = 0;
+    for (int t = t0; t <= t1 && t <= W; t++)
+        for (int k = 1; W % t == 0 && k <= W / t && off < (int)len - 48; k++)
+            if ((W / t) % k == 0) {
+                if (t > 1) off += snprintf(buf + off, len - off, "%s--tp %d ", off ? ", " : "", t);
+                off += snprintf(buf + off, len - off, "%s--dp %d --stages %d", off && t == 1 ? ", " : "", k, W / t / k);
+            }
+}
+
+/* D replicas x P stages (x T TP ranks) from --dp / --stages / --tp and the world size, and the
+ * batch each replica trains on; a layout that does not fit is refused with the ones that would. */
 static int layout_grid(run *R, const pl_options *o) {
-    int W = R->W, D = o->dp, P = o->stages;
+    int Tp = o->tp > 1 ? o->tp : 1, W = R->W / Tp, D = o->dp, P = o->stages;
+    char fits[512];
+    if (Tp > 1 && (R->W % Tp || D < 0 || P < 0)) { /* --tp: T x D x P ranks, TP innermost */
+        if (R->wrank == 0 && R->W % Tp) {
+            layout_fits(R->W, 2, R->W, fits, sizeof fits);
+            pl_error("--tp %d does not fit %d ranks (T x D x P must be the world size); this job can run %s", Tp,
+                     R->W, fits[0] ? fits : "--tp 1");
+        } else if (R->wrank == 0) {
+            pl_error("--tp %d with --dp auto or --stages auto is not supported yet: give --dp and --stages", Tp);
+        }
+        return PL_EINVAL;
+    }
     if ((D < 0 || P < 0) && train_layout_auto(R, o, &D, &P) != PL_OK) return PL_EINVAL; /* auto: from what the job has */
     if (!D && !P) D = 1;
     if (!D) D = P > 0 && W % P == 0 ? W / P : 0;
     if (!P) P = D > 0 && W % D == 0 ? W / D : 0;
     if (D < 1 || P < 1 || D * P != W) {
         if (R->wrank == 0) {
-            char fits[512] = "";
-            for (int k = 1, off = 0; k <= W && off < (int)sizeof fits - 32; k++)
-                if (W % k == 0) off += snprintf(fits + off, sizeof fits - off, "%s--dp %d --stages %d", off ? ", " : "", k, W / k);
-            pl_error("--dp %d --stages %d does not fit %d ranks (D x P must be the world size); this job can run %s",
-                     o->dp, o->stages, W, fits);
+            layout_fits(R->W, Tp, Tp, fits, sizeof fits);
+            if (Tp > 1)
+                pl_error("--tp %d --dp %d --stages %d does not fit %d ranks (T x D x P must be the world size); this job "
+                         "can run %s", Tp, o->dp, o->stages, R->W, fits);
+            else
+                pl_error("--dp %d --stages %d does not fit %d ranks (D x P must be the world size); this job can run %s",
+                         o->dp, o->stages, W, fits);
         }
         return PL_EINVAL;
     }
@@ -634,6 +756,7 @@ static int layout_grid(run *R, const pl_options *o) {
     if (o->zero && D < 2 && R->wrank == 0) pl_note("--zero 1 with one replica: nothing to shard");
     R->D = D;
     R->P = P;
+    R->Tp = Tp;
     R->B = R->Bg / D;
     return PL_OK;
 }
@@ -643,7 +766,8 @@ static int layout_grid(run *R, const pl_options *o) {
 static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) {
     R->o = o;
     R->world = R->comm = comm;
-    R->tied = R->dpc = MPI_COMM_NULL;
+    R->tied = R->dpc = R->tpc = MPI_COMM_NULL;
+    R->Tp = 1;
     MPI_Comm_rank(comm, &R->wrank);
     MPI_Comm_size(comm, &R->W);
     R->Bg = o->batch;
@@ -657,12 +781,16 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
         return PL_EINVAL;
     }
     /* pipeline outermost: rank r is stage r / D of replica r % D, so a stage's replicas are
-     * neighbours (their all-reduce stays on a node) and the pipeline crosses nodes */
-    R->rank = R->wrank / R->D;
-    R->d = R->wrank % R->D;
-    if (R->D > 1) {
-        PL_MPI_CHECK(MPI_Comm_split(comm, R->d, R->rank, &R->comm));
-        PL_MPI_CHECK(MPI_Comm_split(comm, R->rank, R->d, &R->dpc));
+     * neighbours (their all-reduce stays on a node) and the pipeline crosses nodes; with --tp
+     * T, TP innermost: world rank w is TP rank w % T of rank w / T of that grid */
+    int g = R->wrank / R->Tp;
+    R->t = R->wrank % R->Tp;
+    R->rank = g / R->D;
+    R->d = g % R->D;
+    if (R->D > 1 || R->Tp > 1) {
+        PL_MPI_CHECK(MPI_Comm_split(comm, R->d * R->Tp + R->t, R->rank, &R->comm));
+        if (R->D > 1) PL_MPI_CHECK(MPI_Comm_split(comm, R->rank * R->Tp + R->t, R->d, &R->dpc));
+        if (R->Tp > 1) PL_MPI_CHECK(MPI_Comm_split(comm, g, R->t, &R->tpc));
     }
     PL_TRY(set_threads(R));
     comm_watchdog_s = o->watchdog;
@@ -675,7 +803,7 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     L->grace = o->stop_grace;
     comm_stop_grace_s = L->grace > 0 ? L->grace : 60.0;
     signals_install(); /* from here on a stop request ends the run cleanly */
-    int color = (R->rank == 0 || R->rank == R->P - 1) ? R->d : MPI_UNDEFINED;
+    int color = (R->rank == 0 || R->rank == R->P - 1) ? R->d * R->Tp + R->t : MPI_UNDEFINED;
     PL_MPI_CHECK(MPI_Comm_split(comm, color, R->rank, &R->tied));
     return PL_OK;
 }
@@ -707,6 +835,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         if (o->bench && step == o->warmup + 1) { /* the timed part starts now */
             memset(R->tm, 0, sizeof R->tm);
             if (R->have_dp) dp_reset_timers(&R->dp);
+            if (R->have_tp) tp_reset_timers(&R->tp);
             R->tm_steps = 0;
             backend_prof_reset();
             engine_reset_costs(&R->eng);
@@ -745,11 +874,7 @@ static int end_run(run *R, loop_state *L, int *agreed) {
      * written only warns, so it can never cost the weights */
     int save_rc = PL_OK;
     if (o->save_final[0] && !L->stopped) { /* every replica holds the same weights: replica 0 writes */
-        if (R->d == 0)
-            save_rc = hf_is_safetensors_name(o->save_final)
-                          ? hf_save(o->save_final, &R->st, strcmp(o->save_dtype, "bf16") == 0 ? ST_BF16 : ST_F32, 0,
-                                    R->comm)
-                          : llmc_save(o->save_final, &R->st, 0, R->comm);
+        if (R->d == 0) save_rc = train_save_model(R, o->save_final, 0);
         if (R->D > 1) save_rc = comm_agree(R->dpc, save_rc, NULL); /* replica 0's outcome, on every replica */
         if (save_rc == PL_OK) pl_info("saved final weights to %s\n", o->save_final);
         else if (R->wrank == 0) pl_error("--save-final %s was not written (message above)", o->save_final);
@@ -792,6 +917,8 @@ static void teardown(run *R, int agreed) {
     if (R->have_dp) dp_free(&R->dp, agreed);
     if (R->W > 1 && R->comm != R->world && R->comm != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->comm);
     if (R->dpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->dpc);
+    if (R->tpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->tpc);
+    if (R->have_tp) { model_set_tp_hook(NULL, NULL, NULL); tp_free(&R->tp); R->have_tp = 0; }
     free(R->gin);
     free(R->gtg);
     R->inputs = R->targets = NULL;

@@ -81,15 +81,24 @@ int train_save_checkpoint(run *R, int step) {
     /* ZeRO-1: the moments whole for the file (each replica writes a share of the tensors) */
     int rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK;
     rc = comm_agree(R->world, rc, NULL);
+    /* --tp: the TP ranks' slices gathered whole; each rank writes a share of the tensors */
+    tp_whole w;
+    int have_w = 0;
+    if (rc == PL_OK && R->have_tp) {
+        rc = tp_whole_make(&R->tp, &R->st, &R->opt, TPW_PARAMS | TPW_MOMENTS, 1, R->d, R->D, &w, err, sizeof err);
+        have_w = rc == PL_OK;
+        rc = comm_agree(R->world, rc, NULL);
+    }
     if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint save (collective HDF5)", ckpt_deadline_s(R));
     const pl_options *o = R->o;
     if (rc == PL_OK && o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0)
         sleep(3600); /* test-only: a rank that hangs where the peers block inside HDF5 */
     comm_deadline_enter();
     if (rc == PL_OK)
-        rc = ckpt_save(R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, R->world, path, sizeof path, &bytes, err,
-                       sizeof err);
+        rc = ckpt_save(R->o->ckpt_dir, have_w ? &w.st : &R->st, have_w ? &w.opt : &R->opt, &m, R->o->ckpt_keep,
+                       R->world, path, sizeof path, &bytes, err, sizeof err);
     comm_deadline_disarm();
+    if (have_w) tp_whole_free(&w);
     if (R->have_dp) {
         int r2 = dp_moments_pieces(&R->dp);
         if (rc == PL_OK) rc = r2;
@@ -119,11 +128,26 @@ int train_resume_checkpoint(run *R, int *first_step) {
     ckpt_meta m;
     double bytes = 0, t0 = pl_now();
     rc = R->have_dp ? dp_moments_full(&R->dp, 0) : PL_OK; /* ZeRO-1: read whole, keep the pieces */
+    tp_whole w; /* --tp: read whole, keep this rank's slices */
+    int have_w = 0;
+    if (rc == PL_OK && R->have_tp) {
+        rc = tp_whole_make(&R->tp, &R->st, &R->opt, 0, 1, R->d, R->D, &w, err, sizeof err);
+        have_w = rc == PL_OK;
+    }
     rc = comm_agree(R->world, rc, NULL);
     if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint load (collective HDF5)", ckpt_deadline_s(R));
     comm_deadline_enter();
-    if (rc == PL_OK) rc = ckpt_load(path, &R->st, &R->opt, &m, R->world, &bytes, err, sizeof err);
+    if (rc == PL_OK)
+        rc = ckpt_load(path, have_w ? &w.st : &R->st, have_w ? &w.opt : &R->opt, &m, R->world, &bytes, err, sizeof err);
     comm_deadline_disarm();
+    if (have_w) {
+        if (rc == PL_OK && tp_whole_put(&R->tp, &w, &R->st, &R->opt, TPW_PARAMS | TPW_MOMENTS) != PL_OK) {
+            snprintf(err, sizeof err, "backend %s: cutting the checkpoint's tensors into the TP slices failed",
+                     R->be->name);
+            rc = PL_EBACKEND;
+        }
+        tp_whole_free(&w);
+    }
     if (R->have_dp) {
         int r2 = dp_moments_pieces(&R->dp);
         if (rc == PL_OK) rc = r2;

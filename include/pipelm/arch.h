@@ -35,7 +35,8 @@ typedef enum {
     AD_MAXT,     /* max sequence length */
     AD_NHT,      /* NH T: attention probabilities per token */
     AD_HALF_HS,  /* half a head (a rotary table row) */
-    AD_WIDE,     /* max(H, QKV) */
+    AD_WIDE,     /* max(H, QKV) (with --tp: of the slices, and at least C) */
+    AD_CA,       /* the attention's width NH HS = C (with --tp: this rank's heads, C / T) */
 } arch_dim;
 
 /* Initial-value rules of a parameter row (model_init_tensor). */

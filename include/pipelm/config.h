@@ -49,6 +49,7 @@ typedef struct {
     char split[512], schedule[32], schedule_csv[PL_PATH];
     int chunks;           /* model chunks per pipeline rank (virtual stages) */
     int dp, stages, zero; /* data-parallel replicas, pipeline stages, ZeRO-1 (train.c checks them against the world) */
+    int tp;               /* tensor-parallel ranks per stage (tp.h; 1: none) */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */

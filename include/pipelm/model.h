@@ -44,6 +44,9 @@ typedef struct {
     llama_config llama;    /* Llama's own settings (model_llama.c) */
     int tie_embed;         /* 1: the head's matrix is the token embedding (Llama 3.2's
                             * tie_word_embeddings); GPT-2 ties by its table and leaves it 0 */
+    int tp, tpr;           /* tensor parallelism (tp.h): a stage's config on TP rank tpr of tp > 1 ranks
+                            * has its blocks' sliced dimensions (AD_QKV, AD_H, AD_CA, AD_NHT local);
+                            * 0 (every other config, the whole model): none */
 } model_config;
 
 /* Parameter kinds, global across architectures: checkpoint leaf names and the key of each
@@ -93,7 +96,8 @@ typedef struct {
  * architecture asks for (its scratch rows: Llama's rotary tables and block scratch). */
 typedef struct {
     int B, T, C, NH, N;
-    int NKV, HS, H, QKV;            /* QKV = (NH + 2 NKV) HS, the fused projection's width */
+    int NKV, HS, H, QKV;            /* QKV = (NH + 2 NKV) HS, the fused projection's width; with
+                                     * --tp (cfg->tp > 1) NH, NKV, H, QKV are this rank's slice */
     const model_config *cfg;
     float *const *x;                /* the stage's scratch rows, by the architecture's enum */
 } block_dims;
@@ -170,6 +174,48 @@ int model_head_row_tied(const model_config *c, int row);
 int model_is_tied(const model_config *c);
 /* The architecture's name ("gpt2", "llama") of an id. */
 const char *model_arch_name(int arch);
+/* Tensor parallelism (arch.c): how a stage tensor on TP rank t of T is cut from the whole
+ * tensor. TPS_ROWS: its rows are the whole tensor's row ranges [lo[k], lo[k] + n[k]) in
+ * order (column-parallel products: qkv by heads, q | k | v each, the MLP's first products);
+ * TPS_COLS: every row's columns [lo[0], lo[0] + n[0]) (row-parallel products); TPS_REPL: the
+ * whole tensor (norms, biases of row-parallel products, embeddings, head). rows, cols: the
+ * whole tensor's shape. */
+enum { TPS_REPL = 0, TPS_ROWS = 1, TPS_COLS = 2 };
+typedef struct {
+    int mode, nseg;
+    int lo[3], n[3];
+    int rows, cols;
+} tp_slice;
+/* The cut of stage tensor t (laid out from a config with tp > 1) out of the whole model's
+ * (full: tp 0); kv heads fewer than the ranks are replicated (rank t holds kv head
+ * t / (T / NKV)). */
+void model_tp_slice(const model_config *full, int T, int t, const param_tensor *lt, tp_slice *s);
+/* Copy between a whole tensor's floats and a slice's: to_local = 1 cuts local from whole,
+ * 0 puts local back into whole (host memory both). */
+void model_tp_copy(const tp_slice *s, float *whole, float *local, int to_local);
+/* A block's TP sum of a partial product, in place (the hook tp.c installs: a process holds
+ * one TP group), or nothing without --tp (cfg->tp <= 1); phase: where, for messages. A
+ * row-parallel product's bias is added by TP rank 0 only (cfg->tpr), before the sum. */
+enum { TP_PHASE_FWD = 0, TP_PHASE_BWD = 1 };
+typedef int (*model_tp_hook)(void *ctx, float *buf, size_t n, int phase);
+/* The vocabulary-parallel head's reductions of host arrays (n per-row values): op 0 the sum
+ * in rank order, 1 the maximum. */
+enum { TP_HOST_SUM = 0, TP_HOST_MAX = 1 };
+typedef int (*model_tp_host_hook)(void *ctx, float *host, size_t n, int op);
+void model_set_tp_hook(model_tp_hook fn, model_tp_host_hook host_fn, void *ctx);
+int model_tp_sum(const block_dims *d, float *buf, size_t n, int phase);
+/* The host reduction of the installed hook (a config with tp > 1 only). */
+int model_tp_host_reduce(float *host, size_t n, int op);
+/* The vocabulary slice of TP rank tpr of tp (a stage config): rows [*lo, *lo + *n) of the
+ * (Vp, C) token table and head matrix, ceil(Vp / tp) rows each but the last's. The local
+ * tensor (AD_VP rows: ceil(Vp / tp) + 1) holds them first, zero padding, then a sink row: the
+ * embedding's lookup of a token outside the slice reads it (zero) and its gradient lands there
+ * (zeroed after the embedding's weight part). */
+void model_tp_vocab(const model_config *c, int *lo, int *n);
+/* The dimension checks of --tp T for a config: NH, H (and NKV unless T % NKV == 0) divisible
+ * by T. PL_EINVAL with a message naming the setting. */
+int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
+
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);
 

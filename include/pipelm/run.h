@@ -19,6 +19,7 @@
 #include "pipelm/sched.h"
 #include "pipelm/split.h"
 #include "pipelm/stage.h"
+#include "pipelm/tp.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
@@ -32,6 +33,10 @@ typedef struct {
     int wrank, W, D, d, Bg;     /* world rank and size, replicas, this replica, the global batch */
     dp_reducer dp;
     int have_dp;
+    MPI_Comm tpc;               /* --tp: the Tp ranks of this (stage, replica), rank = t */
+    int Tp, t;                  /* tensor-parallel ranks per stage (1: none), this rank's index */
+    tp_group tp;
+    int have_tp;
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;
@@ -65,6 +70,11 @@ typedef struct {
     int fwd_stage, fwd_mb;     /* lowest stage whose forward gave a non-finite value, or -1 */
     int fwd_wrank;             /* the world rank that ran that forward, or -1 */
 } step_news;
+
+/* train.c (collective over the replica's pipeline and, with --tp, its TP groups): write an
+ * llm.c model file (or, by its name, safetensors) of the weights (grads = 1: of the
+ * gradients, llm.c only) from replica d's ranks; with --tp gathered whole first. */
+int train_save_model(run *R, const char *path, int grads);
 
 /* report.c */
 void report_stage_table(run *R);

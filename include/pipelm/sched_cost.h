@@ -26,6 +26,7 @@ typedef struct {
     int *blocks;                /* the transformer blocks each stage held when measured (P; key N),
                                    -1 where unknown */
     int dp;                     /* the data-parallel replicas of the measured run (key dp; 1) */
+    int tp;                     /* the --tp the actions were measured at (key tp; 1 when absent) */
 } sched_costs;
 
 typedef struct {
@@ -45,6 +46,12 @@ void sched_costs_free(sched_costs *c);
  * write error). A missing I or W is taken as half of B, a missing B as I + W. */
 int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen);
 int sched_costs_write(const sched_costs *c, FILE *f);
+/* Tensor parallelism: costs measured at tp 1 made T ranks' (each stage's F, B, I, W divided
+ * by T, and two TP all-reduces a block (the stage's N) added to each F and I (and B), each
+ * costing latency_s + (T - 1) msg_bytes / bytes_per_s: a rank receives the T - 1 other parts);
+ * costs measured at T are kept. *ar_s: the seconds of one all-reduce (0 when kept). PL_EINVAL
+ * with err for costs measured at another T > 1. */
+int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen);
 /* Play the schedule with these costs (its P must be the costs' P). PL_OK, or PL_EINVAL
  * (PL_ENOMEM) with err. */
 int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen);

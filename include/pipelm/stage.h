@@ -91,6 +91,8 @@ typedef struct stage {
     int *tgt;                    /* (N) */
     float *losses;               /* (N) */
     float *host_losses;          /* (N) host copy */
+    float *tp_logits;            /* --tp: (N, this rank's vocabulary slice) host copy for the parallel softmax */
+    float *tp_zero;              /* --tp, TP ranks > 0: zeros read for the replicated embedding rows (backend) */
     int shares_params;           /* params/grads are a holder's (stage_init_holder), not freed here */
     int holds_chunks;            /* a holder: parameters only, dwte_head borrowed from the head chunk */
 } stage;
