@@ -200,8 +200,8 @@ print(c[0]["command"].replace("pipelm train ", "", 1) if c else "")' 2> /dev/nul
 if [ -n "$dpc" ] && mpirun_t 120 2 train $dpc --batch 4 --steps 1 --progress 0 > dpc.out 2>&1 &&
         grep -q "data parallel: 2 replicas" dpc.out; then ok "a --dp 2 candidate runs: $dpc"
 else bad "--dp candidate" "'$dpc' $(tail -n 2 dpc.out 2> /dev/null)"; fi
-# train --schedule auto takes the tuner's first pick for the same costs
-first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
+# train --schedule auto takes the tuner's first pick for the same costs and the same model (2 blocks: at most 4 stages)
+first=$("$PIPELM" tune --costs m.txt --stages 2 --batch 4 --costs-microbatches 2 --n-layer 2 2>&1 | sed -n 's/^ *1  .* pipelm train \(.*\)$/\1/p')
 if mpirun_t 120 2 train --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 1 --progress 0 \
         --schedule auto --costs-in m.txt > auto.out 2>&1; then
     S=$(echo "$first" | sed 's/--schedule \([^ ]*\).*/\1/') M=$(echo "$first" | sed 's/.*--microbatches \([0-9]*\).*/\1/')
