@@ -28,7 +28,8 @@ g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_
     -x c++ -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend_cuda.cu}" -o "$out/backend_cuda.o"
 # the registry with the cuda backend only (not the build's config.h: it may name others)
 mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"
-for f in src/backend_cpu.c src/backend_host.c src/blas.c; do
+# the host sources the backends need (the CPU backend takes its decode kernels from cpu_decode.c)
+for f in src/backend_cpu.c src/backend_host.c src/blas.c src/cpu_decode.c; do
     mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done
@@ -38,7 +39,7 @@ for t in test_cuda test_backends; do
 done
 mkdir "$out/lib" && mv "$out"/*.o "$out/lib/"
 for t in test_cuda test_backends; do
-    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/blas.o" "$out/lib/$t.test.o" \
+    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/blas.o" "$out/lib/cpu_decode.o" "$out/lib/$t.test.o" \
         $blas_libs $(pkg-config --libs check) -lstdc++ -lm
 done
 set +x
