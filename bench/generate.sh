@@ -33,7 +33,12 @@ for n in (8, 16):
     open('$W/p%d.txt' % n, 'w').write(''.join(','.join(str(random.randrange(10000)) for _ in range(16)) + '\n' for _ in range(n)))
 open('$W/p1.txt', 'w').write('1,2,3,4,5,6,7,8\n')"
 # line NAME JSON: one labelled result line (also kept for the summary)
-line() { echo "{\"run\":\"$1\",\"load\":\"$(uptime | sed 's/.*load average: //')\",\"result\":$2}" | tee -a "$W/all.jsonl"; }
+# (a run that printed no JSON, such as torch's without NumPy, is reported as failed and left
+# out of the summary)
+line() {
+    if [ -z "$2" ]; then echo "{\"run\":\"$1\",\"failed\":\"no result (its error is above)\"}"; return; fi
+    echo "{\"run\":\"$1\",\"load\":\"$(uptime | sed 's/.*load average: //')\",\"result\":$2}" | tee -a "$W/all.jsonl"
+}
 # run NAME RANKS ARGS...: one benchmark, its JSON line labelled
 run() {
     local n=$1 r=$2

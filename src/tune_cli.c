@@ -44,8 +44,11 @@ static void tune_usage(void) {
            "that rebalances the measured speeds (seconds per FLOP of each stage) is searched too (--split).\n"
            "--ranks W: search every D x P = W too (--dp D; needs the model and a costs file with N): the\n"
            "micro-batches scaled to batch / (D M) sequences, another P re-split at the stages' mean measured\n"
-           "speed, the gradient all-reduce as a ring over D at the measured bandwidth, none of it hidden.\n"
-           "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb).\n"
+           "speed, the gradient all-reduce as a ring over D at the measured bandwidth, none of it hidden;\n"
+           "and every T x D x P = W with --tp T (the T that divide the model's heads and MLP): from a tp 1 costs\n"
+           "file each action / T plus 2 TP all-reduces a block, the optimizer step / T, the activations\n"
+           "(10 + 24/T) / 34 of the measured (a costs file measured at --tp T0 > 1 searches T0 only).\n"
+           "--json FILE writes every candidate, best first (command, predicted_ms, bubble, peak_mem_mb, ..., dp, tp).\n"
            "--measure M0 (under mpiexec -n P, instead of --costs): measures the costs here first, pipelm bench\n"
            "with the TRAIN OPTIONS, --batch B, 1f1b and M0 micro-batches, 5 steps after 3, without and with --recompute\n"
            "full (so both are searched), then searches.\n"
@@ -192,7 +195,8 @@ static void print_best(const tune_args *a, const tune_cand *t, int n, int tried,
         char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         pl_info("  %4d  %12.3f  %6.1f%%  %12.2f  mpiexec -n %d pipelm train %s%s%s\n", i + 1, 1e3 * t[i].step_s,
-                100 * t[i].bubble, t[i].peak_mem_mb, a->q.P, cmd, a->extra[0] ? " " : "", a->extra);
+                100 * t[i].bubble, t[i].peak_mem_mb, a->q.ranks > 0 ? a->q.ranks : a->q.P * t[i].Tp * t[i].D, cmd,
+                a->extra[0] ? " " : "", a->extra);
     }
 }
 

@@ -177,6 +177,57 @@ assert set(c["dp"] for c in fast) == {1, 2, 4}, set(c["dp"] for c in fast)
 PY
 then ok "--ranks 4: replicas on a fast network ($(head -n 3 d1e10.out | tail -n 1 | sed 's/.*pipelm train //' | cut -c1-60)), one pipeline on a slow one"
 else bad "--ranks search" "$(sed -n 3p d1e10.out) / $(sed -n 3p d1e6.out)"; fi
+# --ranks 4 searches T x D x P = 4 too (--tp T: the T that divide the model's heads and MLP).
+# The same four stages of 2 blocks, with an optimizer step of 50 ms each. On a fast network
+# (1e10 B/s), under a cap of 2 MB of activations a rank, only --tp 4 fits: a TP rank holds
+# (10 + 24/4)/34 of its stage's activations (1.85 MB of the whole model's 4 MB, one micro-batch
+# in flight at P = 1), where every pipeline holds at least 2.6 MB and every replica 4 MB. Its
+# step, by hand: per micro-batch the whole model's F + B / 4 (12 ms) plus 2 all-reduces a block
+# in F and in B (32), each 2e-5 s + 3 x 65536 B / 1e10 B/s; the optimizer step / 4, where the
+# whole model's is the four stages' 200 ms less the tied table's second copy on stage 3 (GPT-2
+# tiny at 8 blocks: 420480 parameters against the stages' 436864). On a slow network (1e6 B/s:
+# 0.2 s an all-reduce) and no cap, no TP layout is in the top five.
+python3 - <<'PY'
+with open("tp.txt", "w") as f:
+    f.write("stages 4\nmsg_bytes 65536\nlatency_s 2e-5\nbytes_per_s 1e10\n")
+    for s in range(4):
+        f.write("stage %d F 0.004 B 0.008 O 0.05 A 1048576 N 2\n" % s)
+PY
+sed 's/^bytes_per_s .*/bytes_per_s 1e6/' tp.txt > tp_slow.txt
+"$PIPELM" tune --costs tp.txt --ranks 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 0.001953125 --json tp_fast.json \
+    -- --preset tiny --n-layer 8 > tp_fast.out 2>&1 || bad "tune --ranks 4 --tp (fast, 2 MB)" "exit $? $(tail -n 2 tp_fast.out)"
+"$PIPELM" tune --costs tp_slow.txt --ranks 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json tp_slow.json \
+    -- --preset tiny --n-layer 8 > tp_slow.out 2>&1 || bad "tune --ranks 4 --tp (slow)" "exit $? $(tail -n 2 tp_slow.out)"
+"$PIPELM" tune --costs tp.txt --ranks 4 --batch 8 --costs-microbatches 8 --mem-cap-gb 100 --json tp_all.json \
+    -- --preset tiny --n-layer 8 > tp_all.out 2>&1 || bad "tune --ranks 4 --tp (fast, no cap)" "exit $? $(tail -n 2 tp_all.out)"
+if tph=$(python3 - <<'PY'
+import json
+fast = json.load(open("tp_fast.json"))["candidates"]
+slow = json.load(open("tp_slow.json"))["candidates"]
+every = json.load(open("tp_all.json"))["candidates"]
+assert set(c["tp"] for c in every) == {1, 2, 4}, set(c["tp"] for c in every)
+assert set((c["tp"], c["dp"]) for c in every) == {(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)}
+assert fast and all(c["tp"] == 4 and c["peak_mem_mb"] <= 2.0 for c in fast), fast
+f = fast[0]
+assert f["dp"] == 1 and f["schedule"] == "1f1b" and f["microbatches"] == 8, f
+assert f["command"].startswith("pipelm train --schedule 1f1b --microbatches 8 --tp 4 "), f
+C, V, T, L = 64, 256, 64, 8
+block = 12 * C * C + 13 * C
+whole = V * C + T * C + L * block + 2 * C
+stages = whole + V * C
+ar = 2e-5 + 3 * 65536 / 1e10
+want = 1e3 * (8 * (0.012 + 32 * ar) + 0.2 * whole / stages / 4)
+assert abs(f["predicted_ms"] - want) < 0.002, (f, want)
+assert all(c["tp"] == 1 for c in slow[:5]), slow[:5]
+print("%.3f ms (by hand %.3f)" % (f["predicted_ms"], want))
+PY
+); then ok "--ranks 4: --tp 4 the only fit under 2 MB, its step $tph; T x D = 1x1..4x1 searched; no TP in the top five on a slow network"
+else bad "--tp search" "$(sed -n 3p tp_fast.out) / $(sed -n 3p tp_slow.out)"; fi
+tpc=$(python3 -c '
+import json
+print(json.load(open("tp_fast.json"))["candidates"][0]["command"].replace("pipelm train ", "", 1))' 2> /dev/null)
+if [ -n "$tpc" ] && mpirun_t 120 4 train $tpc --batch 8 --steps 1 --progress 0 > tpc.out 2>&1; then ok "the --tp pick runs: $tpc"
+else bad "--tp candidate" "'$tpc' $(tail -n 2 tpc.out 2> /dev/null)"; fi
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&
