@@ -170,7 +170,7 @@ static const opt_desc options[] = {
     O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
     O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
     O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
-          "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce)"),
+          "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
     O_DBL("stop-grace", stop_grace, "seconds a stop signal waits for a step that cannot end before the job is aborted "
@@ -985,8 +985,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
     REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
                 strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
-                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0,
-            "--fail-at must be before, during, after, save, nan, stall or tp (got '%s')", o->fail_at);
+                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0 ||
+                strcmp(o->fail_at, "tp-kill") == 0,
+            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->fail_at);
     REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
             "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
             "zb-v or dualpipev, or auto (got '%s')", o->schedule);

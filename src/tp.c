@@ -9,6 +9,7 @@
 #endif
 #include <limits.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/comm.h"
@@ -79,6 +80,17 @@ int tp_sum(void *ctx, float *buf, size_t n, int phase) {
     const backend *be = g->be;
     const char *what = phase == TP_PHASE_BWD ? "the TP all-reduce of the backward (input part)"
                                              : "the TP all-reduce of the forward";
+    if (g->fail_step >= 1 && comm_step == g->fail_step && g->fail_kill) { /* test-only: --fail-at tp-kill */
+        /* the gather posted, so the peers are inside this all-reduce with this rank; then the
+         * rank dies as a crashed process or a lost node does, with nothing flushed or sent */
+        MPI_Request rq;
+        PL_TRY(reserve(g, n));
+        PL_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_FLOAT, g->all, (int)n, MPI_FLOAT, g->comm, &rq));
+        fprintf(stderr, "pipelm: rank %d: note: --fail-at tp-kill: killing this rank (SIGKILL) inside the TP all-reduce "
+                "of the %s, step %ld\n", g->fail_wrank, phase_name[phase == TP_PHASE_BWD], comm_step);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
     if (g->fail_step >= 1 && comm_step == g->fail_step) { /* test-only: --fail-at tp */
         pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at tp) inside a TP all-reduce of the %s, "
                  "step %ld", g->fail_wrank, g->fail_step, phase_name[phase == TP_PHASE_BWD], comm_step);

@@ -321,8 +321,10 @@ static int setup_tp(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "--tp %d: %s does not run with tensor parallelism yet (use --tp 1)", R->Tp, no);
         return PL_EINVAL;
     }
-    int fail = o->fail_rank == R->wrank && strcmp(o->fail_at, "tp") == 0 ? o->fail_step : -1;
+    int kill = strcmp(o->fail_at, "tp-kill") == 0;
+    int fail = o->fail_rank == R->wrank && (kill || strcmp(o->fail_at, "tp") == 0) ? o->fail_step : -1;
     PL_TRY(tp_init(&R->tp, R->tpc, R->be, fail, R->wrank, err, errlen));
+    R->tp.fail_kill = kill;
     R->have_tp = 1;
     model_set_tp_hook(tp_sum, tp_host_reduce, &R->tp);
     return PL_OK;

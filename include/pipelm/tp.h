@@ -40,6 +40,7 @@ typedef struct {
     double floats;          /* floats summed (one part each) */
     int fail_step;          /* test-only (--fail-at tp): fail inside the first sum of this step; -1 none */
     int fail_wrank;         /* the world rank named in the message */
+    int fail_kill;          /* test-only (--fail-at tp-kill): instead, SIGKILL this rank inside that sum */
 } tp_group;
 
 /* What tp_whole_make gathers. */
