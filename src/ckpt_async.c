@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "pipelm/ckpt_async.h"
 #include "pipelm/ckpt_internal.h"
 #include "pipelm/common.h"
@@ -35,6 +36,13 @@ struct ckpt_async {
     pthread_t thread;
     int running;                /* started and not joined */
     atomic_int done;            /* the writer has returned */
+    /* a deferred snapshot (ckpt_async_begin's defer): the writer copies from the live stage
+     * first; the training thread waits for copied before it changes what is copied */
+    const stage *live_st;
+    const optim *live_opt;
+    int copied;                 /* under mu: the snapshot holds the save's values */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
     /* the save the writer runs, and what it returns */
     char dir[PL_PATH];
     ckpt_meta meta;
@@ -88,6 +96,8 @@ int ckpt_async_init(ckpt_async **out, MPI_Comm comm, char *err, size_t errlen) {
         return PL_EMPI;
     }
     atomic_init(&a->done, 0);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
     *out = a;
     return PL_OK;
 }
@@ -184,8 +194,25 @@ static void *writer_main(void *arg) {
     ckpt_write_piece = 4u << 20; /* MPI-IO writes of 4 MiB: the training thread's MPI calls get in between */
     const char *e = getenv("PIPELM_CKPT_ASYNC_PIECE"); /* test-only: bytes per write */
     if (e && atol(e) > 0) ckpt_write_piece = (size_t)atol(e);
-    a->rc = ckpt_save(a->dir, &a->snap, &a->sopt, &a->meta, a->keep, a->comm, a->path, sizeof a->path, &a->bytes,
-                      a->err, sizeof a->err);
+    if (a->live_st) { /* deferred: copy first (host memory), then let the optimizer go on */
+        const char *d = getenv("PIPELM_CKPT_ASYNC_COPY_DELAY_MS"); /* test-only: a slow copy */
+        long ms = d ? atol(d) : 0;
+        if (ms > 0) {
+            struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        a->rc = snapshot_copy(a, a->live_st, a->live_opt, a->err, sizeof a->err);
+        pthread_mutex_lock(&a->mu);
+        a->copied = 1;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        /* every rank defers alike (train_ckpt.c): the writers agree on their copies first, so
+         * a failed one ends every rank's save and none waits in ckpt_save for it */
+        a->rc = ckpt_agree(a->comm, a->rc, a->err, sizeof a->err);
+    }
+    if (a->rc == PL_OK)
+        a->rc = ckpt_save(a->dir, &a->snap, &a->sopt, &a->meta, a->keep, a->comm, a->path, sizeof a->path, &a->bytes,
+                          a->err, sizeof a->err);
     a->t_end = pl_now();
     atomic_store(&a->done, 1);
     return NULL;
@@ -193,7 +220,7 @@ static void *writer_main(void *arg) {
 
 /* Snapshot, then start the writer (no MPI here: the writers' calls are collective). */
 int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep,
-                     double *snap_s, char *err, size_t errlen) {
+                     int defer, double *snap_s, char *err, size_t errlen) {
     double t0 = pl_now();
     *snap_s = 0.0;
     if (a->running) {
@@ -205,7 +232,9 @@ int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, cons
         snprintf(err, errlen, "--ckpt-async: the stage's tensor table changed between saves");
         return PL_ESTATE;
     }
-    PL_TRY(snapshot_copy(a, st, opt, err, errlen));
+    defer = defer && st->be->host_memory;
+    if (!defer) PL_TRY(snapshot_copy(a, st, opt, err, errlen));
+    a->live_st = defer ? st : NULL, a->live_opt = defer ? opt : NULL, a->copied = !defer;
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     a->meta = *meta;
     a->sopt.h = opt->h;
@@ -222,6 +251,19 @@ int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, cons
     a->running = 1;
     *snap_s = pl_now() - t0;
     return PL_OK;
+}
+
+/* Before the training thread changes the parameters or moments (the optimizer step): a
+ * deferred snapshot still being copied is waited for; *wait_s the seconds waited. */
+void ckpt_async_fence(ckpt_async *a, double *wait_s) {
+    *wait_s = 0.0;
+    if (!a || !a->running || !a->live_st) return;
+    double t0 = pl_now();
+    pthread_mutex_lock(&a->mu);
+    while (!a->copied) pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    a->live_st = NULL, a->live_opt = NULL; /* the writer read them before it set copied */
+    *wait_s = pl_now() - t0;
 }
 
 /* A writer started and not joined? */
@@ -245,6 +287,7 @@ int ckpt_async_join(ckpt_async *a, char *path, size_t pathlen, double *bytes, do
     }
     pthread_join(a->thread, NULL);
     a->running = 0;
+    a->live_st = NULL, a->live_opt = NULL;
     snprintf(path, pathlen, "%s", a->path);
     *bytes = a->bytes;
     *write_s = a->t_end - a->t_begin;
@@ -258,6 +301,8 @@ void ckpt_async_free(ckpt_async *a, int agreed) {
     if (a->running) return; /* on the way to MPI_Abort: the writer may still read its state */
     if (agreed && a->comm != MPI_COMM_NULL) MPI_Comm_free(&a->comm);
     for (int s = 0; s < 3; s++) free(a->buf[s]);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
     free(a->tensors);
     free(a->written);
     free(a);

@@ -16,6 +16,7 @@
 #include "pipelm/bench.h"
 #include "pipelm/blas.h"
 #include "pipelm/ckpt.h"
+#include "pipelm/ckpt_async.h"
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/config.h"
@@ -599,6 +600,11 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
         return PL_ENUM;
     }
     if (step == 1 && o->dump_grads[0] && R->d == 0) PL_TRY(train_save_model(R, o->dump_grads, 1));
+    if (R->ca) { /* --ckpt-async: the writer's copy of these values is complete before they change */
+        double w;
+        ckpt_async_fence(R->ca, &w);
+        R->ca_fence += w;
+    }
     int rc = R->have_dp ? dp_optim_step(&R->dp, step, lr, *norm) : optim_step(&R->opt, step, lr, *norm);
     if (rc != PL_OK) pl_error("backend %s: the optimizer step: %s", st->be->name, stage_error(st));
     return rc;

@@ -51,10 +51,10 @@ static double ckpt_deadline_s(const run *R) {
  * the previous write when asynchronous; the longest of any rank), write_ms the time to the
  * published file (rank 0's). */
 static void ckpt_metrics_line(run *R, int step, double bytes, double blocked_s, double write_s, double wait_s,
-                              double snap_s, int async) {
+                              double snap_s, double fence_s, int async) {
     metrics_line(&R->mx, "{\"event\":\"ckpt\",\"step\":%d,\"bytes\":%.0f,\"blocked_ms\":%.3f,\"write_ms\":%.3f,"
-                 "\"mode\":\"%s\",\"wait_ms\":%.3f,\"snapshot_ms\":%.3f}", step, bytes, blocked_s * 1e3,
-                 write_s * 1e3, async ? "async" : "sync", wait_s * 1e3, snap_s * 1e3);
+                 "\"mode\":\"%s\",\"wait_ms\":%.3f,\"snapshot_ms\":%.3f,\"fence_ms\":%.3f}", step, bytes,
+                 blocked_s * 1e3, write_s * 1e3, async ? "async" : "sync", wait_s * 1e3, snap_s * 1e3, fence_s * 1e3);
 }
 static int save_async(run *R, int step);
 
@@ -112,7 +112,7 @@ int train_save_checkpoint(run *R, int step) {
     }
     pl_info("checkpoint %s: step %d, %.1f MB in %.2f s (%.1f MB/s)\n", path, step, bytes / 1e6, t1 - t0,
             bytes / 1e6 / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
-    ckpt_metrics_line(R, step, bytes, t1 - t0, t1 - t0, 0.0, 0.0, 0);
+    ckpt_metrics_line(R, step, bytes, t1 - t0, t1 - t0, 0.0, 0.0, 0.0, 0);
     return PL_OK;
 }
 /* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
@@ -267,8 +267,9 @@ static int finish_write(run *R) {
     int step = (int)ckpt_async_step(R->ca);
     int rc = ckpt_async_join(R->ca, path, sizeof path, &bytes, &write_s, err, sizeof err);
     /* the metrics give the longest hold of any rank (every rank is here: the callers are collective) */
-    double held[3] = {R->ca_blocked, R->ca_wait, R->ca_snap}, most[3];
-    int r2 = comm_allreduce(held, most, 3, MPI_DOUBLE, MPI_MAX, R->world, "the checkpoint's times");
+    /* the fence's wait for a deferred snapshot held training too (inside the next step) */
+    double held[4] = {R->ca_blocked + R->ca_fence, R->ca_wait, R->ca_snap, R->ca_fence}, most[4];
+    int r2 = comm_allreduce(held, most, 4, MPI_DOUBLE, MPI_MAX, R->world, "the checkpoint's times");
     if (r2 != PL_OK) return r2;
     if (rc != PL_OK) {
         if (err[0]) pl_error("checkpoint at step %d (written in the background): %s", step, err);
@@ -278,7 +279,7 @@ static int finish_write(run *R) {
     pl_info("checkpoint %s: step %d, %.1f MB written in the background in %.2f s (%.1f MB/s); training was held "
             "%.3f s\n", path, step, bytes / 1e6, write_s, bytes / 1e6 / (write_s > 0 ? write_s : 1e-9),
             most[0]);
-    ckpt_metrics_line(R, step, bytes, most[0], write_s, most[1], most[2], 1);
+    ckpt_metrics_line(R, step, bytes, most[0], write_s, most[1], most[2], most[3], 1);
     return PL_OK;
 }
 
@@ -299,7 +300,10 @@ static int save_async(run *R, int step) {
     trace_event(R->eng.tr, "checkpoint snapshot", "ckpt", -1, t0, t0);
     rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK; /* ZeRO-1: whole moments, as for a synchronous save */
     rc = comm_agree(R->world, rc, NULL);
-    if (rc == PL_OK) rc = ckpt_async_begin(R->ca, R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, &snap_s, err,
+    /* the copy is left to the writer (made before the next optimizer step: train.c's fence)
+     * unless ZeRO-1's whole moments must go back to their shards now */
+    int defer = !(R->have_dp && R->o->zero);
+    if (rc == PL_OK) rc = ckpt_async_begin(R->ca, R->o->ckpt_dir, &R->st, &R->opt, &m, R->o->ckpt_keep, defer, &snap_s, err,
                                            sizeof err);
     if (rc != PL_OK && err[0]) pl_error("checkpoint at step %d: %s", step, err);
     if (R->have_dp) {
@@ -319,6 +323,7 @@ static int save_async(run *R, int step) {
     R->ca_blocked = t1 - t0;
     R->ca_wait = wait_s;
     R->ca_snap = snap_s;
+    R->ca_fence = 0.0;
     return PL_OK;
 }
 

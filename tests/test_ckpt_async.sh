@@ -73,6 +73,20 @@ for np in $nps; do
     else bad "$np rank(s): losses / latest / metrics" "$(grep '"ckpt"' a$np.jsonl s$np.jsonl | head -4)"; fi
 done
 
+# the copy into the snapshot left to the writer (no ZeRO-1): made 400 ms late on purpose
+# (PIPELM_CKPT_ASYNC_COPY_DELAY_MS), the next step's optimizer waits for it (fence_ms), and the
+# file is still the synchronous save's, the values of the saved step
+mpirun_t 120 2 train $C --steps 4 --ckpt-every 2 --ckpt-dir fs > fs.out 2>&1
+r1=$?
+PIPELM_CKPT_ASYNC_COPY_DELAY_MS=400 mpirun_t 120 2 train $C --steps 4 --ckpt-every 2 --ckpt-dir fa --ckpt-async 1 \
+    --metrics fa.jsonl > fa.out 2>&1
+r2=$?
+fence=$(sed -n 's/.*"event":"ckpt","step":2,.*"fence_ms":\([0-9.]*\).*/\1/p' fa.jsonl)
+if [ $r1 = 0 ] && [ $r2 = 0 ] && [ -n "$fence" ] && awk -v f="$fence" 'BEGIN { exit !(f > 100) }'; then
+    same "a deferred snapshot copied 400 ms late: the optimizer waited ${fence} ms for it; the file is the sync save's" \
+        fs/ckpt_00000002.h5 fa/ckpt_00000002.h5
+else bad "deferred snapshot" "rc $r1/$r2, fence_ms '$fence': $(grep '"ckpt"' fa.jsonl | head -2)"; fi
+
 # ---- b. a resume from an async checkpoint is bit-identical ---------------------------------
 mpirun_t 120 2 train $C --steps 6 --save-final straight.bin --metrics st.jsonl > st.out 2>&1
 mpirun_t 120 2 train $C --steps 6 --ckpt-every 2 --ckpt-dir r --ckpt-async 1 > r1.out 2>&1

@@ -1,7 +1,9 @@
 /*
  * ckpt_async.h — asynchronous checkpoints (--ckpt-async): at a save each rank copies what it
  * writes of the file (its share of the parameters and of both AdamW moments) into a host
- * snapshot through the backend's to_host (so a device backend stages it), and a background
+ * snapshot through the backend's to_host (so a device backend stages it), or, deferred, the
+ * writer thread makes that copy from host memory before the next optimizer step (which waits
+ * for it: ckpt_async_fence), and a background
  * writer thread runs the ordinary atomic save (ckpt_save: the same file, checksums and
  * verification, published by rank 0's rename and DIR/latest only once every rank agreed)
  * from that snapshot, on a communicator of its own (an MPI_Comm_dup of the job's: its
@@ -38,9 +40,15 @@ int ckpt_async_prepare(ckpt_async *a, const stage *st, const optim *opt, char *e
  * ZeRO-1, as for ckpt_save) into the snapshot (allocated at the first call, kept for the
  * next) and start the writer on it: ckpt_save(dir, ..., meta, keep). Not collective, but
  * every rank must call it at the same save (the writers' calls are collective). No writer
- * may be running (ckpt_async_busy). *snap_s: the seconds the copy took. */
+ * may be running (ckpt_async_busy). *snap_s: the seconds the copy took. defer (honoured for a
+ * host-memory backend, and given alike on every rank): the writer thread makes the copy
+ * itself before it writes, while training goes on; the caller must then call
+ * ckpt_async_fence before it changes st's parameters or opt's moments. */
 int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep,
-                     double *snap_s, char *err, size_t errlen);
+                     int defer, double *snap_s, char *err, size_t errlen);
+/* Wait until a deferred snapshot has been copied (at once if there is none, or it is done);
+ * the seconds waited in *wait_s. Call it before the optimizer step. */
+void ckpt_async_fence(ckpt_async *a, double *wait_s);
 /* 1 while a writer has been started and not joined. */
 int ckpt_async_busy(const ckpt_async *a);
 /* 1 once the running writer has returned (it can be joined without waiting). */

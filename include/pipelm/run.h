@@ -62,6 +62,7 @@ typedef struct {
     int nan_injected;           /* the step at which --fail-at nan wrote a NaN here, or 0 */
     struct ckpt_async *ca;      /* --ckpt-async's writer (ckpt_async.h), or NULL */
     double ca_blocked, ca_wait, ca_snap; /* the write in flight: seconds training was held, of it waiting, snapshot */
+    double ca_fence;             /* and the optimizer's wait for its deferred snapshot (ckpt_async_fence) */
 } run;
 
 /* What one step's all-reduce tells every rank besides the norm and the loss. */
