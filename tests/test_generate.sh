@@ -5,7 +5,8 @@
 # (--kv-cache 0; logits within 1e-5); GPT-2 and Llama agree with an independent PyTorch decode
 # (tests/torch_generate.py: 20 tokens, logits within 1e-4); seeded sampling is reproducible and
 # the same on every P; the end-of-text id stops a sequence; llm.c tokenizer files (versions 1
-# and 2) decode to text; bad input is refused by name.
+# and 2) decode to text; the oneDNN backend (fp32, bf16) decodes as the cpu one does; bad input
+# is refused by name.
 . "$(dirname "$0")/lib.sh"
 top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$WORK"
@@ -42,6 +43,27 @@ for M in w wl; do
         END { printf "%g\n", m; exit !(n == 48 && m <= 1e-5) }' cl_$M.lg nc_$M.lg > d_$M.txt
     then ok "$M: the cached decode = recomputing the prefix every step (logits within $(cat d_$M.txt))"
     else bad "$M no cache" "$(cat d_$M.txt) $(paste -d' ' ref_$M.tok nc_$M.tok | head -2)"; fi
+done
+
+# the oneDNN backend, fp32 and bf16: for each, the same tokens on 1 and 2 ranks; fp32's logits
+# within 1e-4 of the cpu backend's and its greedy tokens the same; bf16's logits within 0.1 of
+# them (its products of few rows, decode's, take the CPU's fp32 kernel, matmul_decode_fwd, so
+# on this small model they come out far closer than that)
+# lgdiff A B: the largest difference of two --logits-out files of 4 prompts x 12 tokens
+lgdiff() {
+    awk -F, 'NR == FNR { for (i = 4; i <= NF; i++) a[$1 "," $2 "," i] = $i; next }
+        { for (i = 4; i <= NF; i++) { d = $i - a[$1 "," $2 "," i]; if (d < 0) d = -d; if (d > m) m = d }; n++ }
+        END { printf "%g\n", m; exit !(n == 48) }' "$1" "$2"
+}
+for prec in fp32 bf16; do
+    gen dn1_$prec 1 --init w.bin --backend onednn --precision $prec --logits-out dn1_$prec.lg
+    gen dn2_$prec 2 --init w.bin --backend onednn --precision $prec
+    tol=$([ $prec = fp32 ] && echo 1e-4 || echo 0.1)
+    d=$(lgdiff cl_w.lg dn1_$prec.lg)
+    if cmp -s dn1_$prec.tok dn2_$prec.tok && awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d != "" && d <= t) }' &&
+        { [ $prec = bf16 ] || cmp -s ref_w.tok dn1_$prec.tok; }; then
+        ok "onednn $prec: the same tokens on 1 and 2 ranks; logits within $d of the cpu backend's (limit $tol)"
+    else bad "onednn $prec" "logits differ by '$d' (limit $tol); $(paste -d' ' dn1_$prec.tok dn2_$prec.tok | head -2)"; fi
 done
 
 # seeded sampling: reproducible, and the same on every P (a stream per sequence and position)
