@@ -125,6 +125,10 @@ static const opt_desc options[] = {
           "must be the world size"),
     O_INT("tp", tp, "tensor-parallel ranks T per stage (Megatron: heads and MLP sliced, 4 all-reduces per block; "
           "innermost: the T ranks of a stage are neighbouring ranks, T x D x P = the world size)"),
+    O_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
+             "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
+             "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
+             "and schedule at fixed --tp; 16 bytes a parameter more; host-memory backends)"),
     O_INT("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -230,6 +234,7 @@ void config_defaults(pl_options *o) {
     strcpy(o->backend, "auto");
     strcpy(o->precision, "fp32");
     strcpy(o->recompute, "none");
+    strcpy(o->grad_accum, "float");
     strcpy(o->arch, "gpt2");
     o->multiple_of = 256;
     o->norm_eps = 1e-5;

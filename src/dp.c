@@ -12,6 +12,7 @@
 #include "pipelm/comm.h"
 #include "pipelm/common.h"
 #include "pipelm/dp.h"
+#include "pipelm/exact.h"
 
 /* Piece j of a bucket of n floats over D replicas: [j n / D, (j + 1) n / D). */
 static size_t piece_lo(size_t n, int D, int j) { return n * (size_t)j / (size_t)D; }
@@ -62,8 +63,11 @@ static int start_bucket(dp_reducer *r, int k) {
     void *host = NULL;
     PL_TRY(be->map(&host, r->st->grads + b->lo, b->n * sizeof(float), PL_MAP_READ | PL_MAP_WRITE));
     b->host = host;
-    int mrc = MPI_Ialltoallv(b->host, b->scnt, b->dsp, MPI_FLOAT, b->recv, b->rcnt, b->rdsp, MPI_FLOAT, r->comm,
-                             &b->rq);
+    int mrc = r->exact /* the fixed-point sums (exact.h); the rounded floats come back into host */
+              ? MPI_Ialltoallv(r->st->acc + b->lo, b->scnt, b->dsp, exact_mpi_type(), b->xrecv, b->rcnt, b->rdsp,
+                               exact_mpi_type(), r->comm, &b->rq)
+              : MPI_Ialltoallv(b->host, b->scnt, b->dsp, MPI_FLOAT, b->recv, b->rcnt, b->rdsp, MPI_FLOAT, r->comm,
+                               &b->rq);
     if (mrc != MPI_SUCCESS) {
         pl_error("MPI_Ialltoallv of a gradient bucket (%zu floats) failed", b->n);
         return PL_EMPI;
@@ -83,7 +87,15 @@ static int reduce_bucket(dp_reducer *r, int k, int full) {
      * to itself), element i before out[i] is written */
     const float **t = r->terms;
     for (int j = 0; j < r->D; j++) t[j] = j == r->d ? out : b->recv + (size_t)j * pn;
-    if (r->D == 2) {
+    if (r->exact) { /* integer sums: any order gives the same; each rounded once */
+        const pl_fx *own = r->st->acc + b->lo + b->plo;
+        for (size_t i = 0; i < pn; i++) {
+            pl_fx x = own[i];
+            for (int j = 0; j < r->D; j++)
+                if (j != r->d) x = exact_add(x, b->xrecv[(size_t)j * pn + i]);
+            out[i] = exact_to_float(x);
+        }
+    } else if (r->D == 2) {
         const float *t0 = t[0], *t1 = t[1];
         for (size_t i = 0; i < pn; i++) out[i] = t0[i] + t1[i];
     } else {
@@ -193,6 +205,7 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
     r->opt = opt;
     r->zero = zero;
     r->gcomm = MPI_COMM_NULL;
+    r->exact = st->exact;
     MPI_Comm_size(comm, &r->D);
     MPI_Comm_rank(comm, &r->d);
     if (MPI_Comm_dup(comm, &r->gcomm) != MPI_SUCCESS) {
@@ -214,6 +227,10 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
         b->plo = piece_lo(b->n, r->D, r->d);
         b->pn = piece_n(b->n, r->D, r->d);
         b->recv = malloc(sizeof(float) * (b->pn * (size_t)r->D + 1));
+        if (r->exact && !(b->xrecv = malloc(sizeof(pl_fx) * (b->pn * (size_t)r->D + 1)))) {
+            snprintf(err, errlen, "out of memory for the exact gradient reduction's buffers");
+            return PL_ENOMEM;
+        }
         b->cnt = malloc(sizeof(int) * 5 * (size_t)r->D);
         if (b->cnt) {
             b->dsp = b->cnt + r->D;
@@ -264,6 +281,7 @@ void dp_free(dp_reducer *r, int free_comm) {
         if (r->b[k].host) r->st->be->unmap(r->b[k].host, r->st->grads + r->b[k].lo, r->b[k].n * sizeof(float),
                                            PL_MAP_READ | PL_MAP_WRITE);
         free(r->b[k].recv);
+        free(r->b[k].xrecv);
         free(r->b[k].cnt);
     }
     free(r->b);

@@ -168,6 +168,15 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks) {
     return rc != PL_OK ? rc : rc2;
 }
 
+int optim_tied_grads_exact(optim *o, MPI_Comm tied, int nranks) {
+    stage *st = o->st;
+    stage_tied_exact_local(st);
+    if (!model_is_tied(&st->cfg) || nranks <= 1 || !(st->has_embed || st->has_head)) return PL_OK;
+    size_t n = arch_dim_value(&st->cfg, 0, AD_VP) * st->cfg.C; /* --tp: this rank's vocabulary slice */
+    return comm_allreduce(MPI_IN_PLACE, st->acc + (st->dwte - st->grads), (int)n, exact_mpi_type(), exact_mpi_sum(),
+                          tied, "the exact all-reduce of the tied embedding's gradient");
+}
+
 int optim_grad_sumsq(const optim *o, double *sq) {
     const stage *st = o->st;
     for (int i = 0; i < st->ntensors; i++) {

@@ -111,6 +111,10 @@ void report_stage_table(run *R) {
         pl_info("  in-flight micro-batches per rank, all its chunks together: %s\n", line);
     }
     pl_info("  (E = embeddings, H = final norm + LM head + loss; blocks are layer numbers)\n");
+    if (R->exact)
+        pl_info("gradient sums: exact (--grad-accum exact): each micro-batch's gradient in 128-bit fixed point, "
+                "summed as integers, rounded once; 16 bytes a parameter more (%.1f MB on rank 0)\n",
+                (double)R->st.nparams * sizeof(pl_fx) / 1048576.0);
 }
 /* Index of this stage's first tensor whose values (grads: its gradient) are not finite, or -1. */
 static int first_nonfinite_tensor(const stage *st, int grads) {

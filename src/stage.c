@@ -460,7 +460,40 @@ int stage_zero_grads(stage *st) {
     for (int i = 0; i < A->nscratch; i++)
         if (A->scratch[i].use == SCR_SINK && st->scr.t[i])
             PL_TRY(st->be->zero(st->scr.t[i], scratch_floats(st, &A->scratch[i]) * sizeof(float)));
+    if (st->exact) memset(st->acc, 0, st->nparams * sizeof(pl_fx));
     return PL_OK;
+}
+
+/* Exact mode: the gradients of block b (b >= 0) or of the tensors outside the blocks (b < 0)
+ * into the accumulator, zeroed again (see stage.h). Host memory: grads is readable here. */
+static void fold_part(stage *st, int b) {
+    if (!st->exact) return;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        if (b >= 0 ? t->layer == st->l0 + b : t->layer < 0)
+            exact_fold(st->acc + t->offset, st->grads + t->offset, t->numel);
+    }
+}
+
+/* Exact mode: the head matrix's gradient of one micro-batch (in dhead_w: dwte_head when tied)
+ * into the sums of the head matrix the stage holds (its own copy, or the embedding's). */
+static void fold_head(stage *st) {
+    if (!st->exact) return;
+    const model_arch *A = st->arch;
+    size_t n = arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0);
+    exact_fold(st->acc + (st->hg.t[A->head_matrix] - st->grads), st->dhead_w, n);
+}
+
+void stage_tied_exact_local(stage *st) {
+    if (!st->exact || !st->has_head || !st->dwte_head || !st->has_embed) return;
+    const model_arch *A = st->arch;
+    size_t n = arch_param_numel(&st->cfg, &A->head.rows[A->head_matrix], 0);
+    pl_fx *to = st->acc + (st->hg.t[A->head_matrix] - st->grads);
+    for (int i = 0; i < st->ntensors; i++)
+        if (st->tensors[i].tied_copy)
+            for (size_t j = 0; j < n; j++) to[j] = exact_add(to[j], st->acc[st->tensors[i].offset + j]);
+    for (int i = 0; i < st->ntensors; i++)
+        if (st->tensors[i].tied_copy) memcpy(st->acc + st->tensors[i].offset, to, n * sizeof(pl_fx));
 }
 
 int stage_slot_of(const stage *st, int mb) {
@@ -559,7 +592,9 @@ static int head_forward_tp(stage *st, act_slot *s, const int *targets, float dlo
     PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, R)); // (N, C) partial
     block_dims d = dims_of(st);
     PL_TRY(model_tp_sum(&d, dlnf, (size_t)N * C, TP_PHASE_BWD));
-    return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, R);
+    PL_TRY(be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, R));
+    fold_head(st);
+    return PL_OK;
 }
 
 /* The last stage's head: logits = norm(x) head^T, the loss, and (dloss > 0) its backward to
@@ -584,7 +619,9 @@ static int head_forward(stage *st, act_slot *s, const float *x, const int *targe
     /* the head's backward, now that dL/dlogits is known: keep only dL/d(norm output) */
     PL_TRY(be->crossentropy_bwd(st->logits, st->tgt, dloss, N, c->V, c->Vp));
     PL_TRY(be->matmul_bwd_input(dlnf, st->logits, st->head_w, N, C, c->Vp));        // (N, C)
-    return be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, c->Vp);
+    PL_TRY(be->matmul_bwd_weight(st->dhead_w, NULL, st->logits, lnf, N, C, c->Vp));
+    fold_head(st);
+    return PL_OK;
 }
 
 /* --tp: the vocabulary-parallel embedding. Tokens outside this rank's slice of the token table
@@ -756,9 +793,11 @@ int stage_backward_weight(stage *st, int slot) {
         const float *x = block_in(st, s, b);
         if (st->recompute == STAGE_RECOMPUTE_FULL) PL_TRY(recompute_block(st, s, b, x)); /* others kept what W reads */
         PL_TRY(st->arch->block_backward_weight(st->be, &d, st->bg[b].t, s->blocks[b].t, x, s->dd->blocks[b].t));
+        fold_part(st, b);
         PL_TRY(grad_final(st, b));
     }
     if (st->has_embed) PL_TRY(embed_weight(st, s, s->dd->embed));
+    fold_part(st, -1);
     PL_TRY(grad_final(st, -1));
     st->w_pending--;
     return release(st, s);
@@ -779,9 +818,11 @@ int stage_backward(stage *st, int slot, const float *dout) {
         PL_TRY(recompute_block(st, s, b, x));
         PL_TRY(st->arch->block_backward_input(be, &d, st->bp[b].t, s->blocks[b].t, x, st->dres, dd));
         PL_TRY(st->arch->block_backward_weight(be, &d, st->bg[b].t, s->blocks[b].t, x, dd));
+        fold_part(st, b);
         PL_TRY(grad_final(st, b));
     }
     if (st->has_embed) PL_TRY(embed_weight(st, s, st->dres));
+    fold_part(st, -1);
     PL_TRY(grad_final(st, -1));
     return release(st, s);
 }

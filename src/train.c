@@ -22,6 +22,7 @@
 #include "pipelm/config.h"
 #include "pipelm/data.h"
 #include "pipelm/engine.h"
+#include "pipelm/exact.h"
 #include "pipelm/eval.h"
 #include "pipelm/files.h"
 #include "pipelm/hf.h"
@@ -311,6 +312,38 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* --grad-accum exact (exact.h): refused where it cannot hold, else the accumulator of the
+ * rank's parameters (the holder's, each chunk a slice of it). */
+static int setup_exact(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (strcmp(o->grad_accum, "exact") != 0 || o->eval_mode) return PL_OK;
+    const char *why = R->Tp > 1 && R->cfg.NKV < R->Tp ? "kv heads shared by several TP ranks (--n-kv-head below --tp)"
+                      : 2LL * R->D * R->M > EXACT_MAX_ADDENDS ? "more than 65536 micro-batches a step over the replicas"
+                      : NULL;
+    if (!R->be->host_memory) {
+        snprintf(err, errlen, "--grad-accum exact: backend %s keeps the gradients in device memory; the exact sums "
+                 "run on host-memory backends (cpu, onednn)", R->be->name);
+        return PL_EINVAL;
+    }
+    if (why) {
+        snprintf(err, errlen, "--grad-accum exact does not support %s", why);
+        return PL_EINVAL;
+    }
+    R->exact = 1;
+    R->st.acc = calloc(R->st.nparams ? R->st.nparams : 1, sizeof(pl_fx));
+    if (!R->st.acc) {
+        snprintf(err, errlen, "--grad-accum exact: out of memory for %zu fixed-point sums (16 bytes each)",
+                 R->st.nparams);
+        return PL_ENOMEM;
+    }
+    R->st.exact = 1;
+    for (int c = 0; c < R->V; c++) {
+        R->stv[c].exact = 1;
+        R->stv[c].acc = R->st.acc + (R->stv[c].grads - R->st.grads);
+    }
+    return PL_OK;
+}
+
 /* --tp: the model must slice evenly, and what does not run with it yet is refused; the group
  * (nothing collective) and the blocks' sum hook. */
 static int setup_tp(run *R, char *err, size_t errlen) {
@@ -421,6 +454,7 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
+    PL_TRY(setup_exact(R, err, errlen));
     if (o->init[0]) PL_TRY(load_init(R, err, errlen));
     else if (stage_init_params(&R->st, (unsigned long long)o->seed) != PL_OK) {
         snprintf(err, errlen, "backend %s: setting the initial weights: %s", be->name, stage_error(&R->st));
@@ -483,12 +517,40 @@ static int tp_norm_shares(run *R, double *sq) {
     free(kv);
     return rc;
 }
+/* --grad-accum exact: this rank's share of the squared gradient norm (each element's square in
+ * fixed point, over the ranges the float path measures: the replica's pieces of the tensors
+ * this TP rank owns, a tied copy once) and of the loss sum (each micro-batch's in fixed
+ * point), as limbs whose sums over the ranks are exact (exact.h): x[0..4], x[5..9]. */
+static int exact_shares(run *R, double *x) {
+    stage *st = &R->st;
+    double *own = malloc(sizeof(double) * (size_t)(st->ntensors ? st->ntensors : 1));
+    if (!own) return PL_ENOMEM;
+    for (int i = 0; i < st->ntensors; i++) own[i] = 1.0;
+    if (R->have_tp) tp_owned_sumsq(&R->tp, st, own, NULL); /* zero where another TP rank counts it */
+    pl_fx sq = 0, loss = 0;
+    int nr = R->have_dp ? R->dp.nb : 1;
+    for (int i = 0; i < st->ntensors; i++) {
+        const param_tensor *t = &st->tensors[i];
+        if (t->tied_copy || own[i] == 0.0) continue;
+        for (int k = 0; k < nr; k++) {
+            size_t lo = R->have_dp ? R->dp.b[k].lo + R->dp.b[k].plo : 0, xlo, xn;
+            if (optim_overlap(t, lo, R->have_dp ? R->dp.b[k].pn : st->nparams, &xlo, &xn))
+                sq = exact_add(sq, exact_sumsq(st->grads + xlo, xn));
+        }
+    }
+    free(own);
+    if (st->has_head && R->t == 0)
+        for (int m = 0; m < R->M; m++) loss = exact_add(loss, exact_fx_double(R->eng.mb_loss[m]));
+    exact_to_limbs(sq, x);
+    exact_to_limbs(loss, x + EXACT_NLIMB + 1);
+    return PL_OK;
+}
 /* Squared gradient norms per part (slot 0 embeddings, 1+l block l, L+1 final norm), the loss
  * sum in slot L+2, then per rank its stop signal and its first non-finite forward (1 + mb),
  * summed over ranks: every slot has one owner, so the sums are exact. */
 static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss, int *bad_slot, step_news *nw) {
     stage *st = &R->st;
-    int L = R->cfg.L, W = R->W, n = L + 3 + 2 * W;
+    int L = R->cfg.L, W = R->W, n = L + 3 + 2 * W + (R->exact ? 2 * (EXACT_NLIMB + 1) : 0);
     double *v = calloc(n, sizeof(double)), *g = calloc(n, sizeof(double)), *sq = calloc(st->ntensors, sizeof(double));
     int rc = !(v && g && sq) ? PL_ENOMEM : R->have_dp ? dp_grad_sumsq(&R->dp, sq) : optim_grad_sumsq(&R->opt, sq);
     if (rc != PL_OK) {
@@ -511,6 +573,10 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     if (st->has_head && R->t == 0) v[L + 2] = loss_sum; /* --tp: every TP rank computed the same loss */
     v[L + 3 + R->wrank] = signals_stop_pending();
     v[L + 3 + W + R->wrank] = R->eng.first_bad_fwd + 1; /* 1 + s M + mb */
+    if (R->exact && (rc = exact_shares(R, v + L + 3 + 2 * W)) != PL_OK) {
+        free(v); free(g);
+        return rc;
+    }
     rc = comm_allreduce(v, g, n, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the gradient norm and loss");
     double total = 0.0;
     *bad_slot = -1;
@@ -520,6 +586,11 @@ static int reduce_norm_loss(run *R, double loss_sum, double *norm, double *loss,
     }
     *norm = sqrt(total);
     *loss = g[L + 2] / ((double)R->Bg * R->T);
+    if (R->exact) { /* the same sums, in an order that does not matter */
+        const double *x = g + L + 3 + 2 * W;
+        *norm = sqrt(exact_fx_to_double(exact_from_limbs(x)));
+        *loss = exact_fx_to_double(exact_from_limbs(x + EXACT_NLIMB + 1)) / ((double)R->Bg * R->T);
+    }
     nw->stop_sig = 0;
     nw->stop_rank = nw->fwd_stage = nw->fwd_mb = nw->fwd_wrank = -1;
     for (int r = W - 1; r >= 0; r--) { /* world rank r runs stage r / D */
@@ -569,13 +640,22 @@ static int maybe_evaluate(run *R, int step) {
     metrics_line(&R->mx, "{\"event\":\"val\",\"step\":%d,\"val_loss\":%.17g}", step, vl);
     return PL_OK;
 }
+/* --grad-accum exact: the tied embedding's sum on the fixed-point sums, then, without replicas,
+ * every gradient rounded once from its sum (with them, dp.c rounds each replica's pieces). */
+static int exact_grads(run *R) {
+    stage *st = &R->st;
+    PL_TRY(optim_tied_grads_exact(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
+    if (!R->have_dp) exact_round(st->grads, st->acc, st->nparams);
+    return PL_OK;
+}
 /* One optimizer step: tied-gradient sum, norm and loss, clipping, AdamW on every tensor. */
 static int optimizer_step(run *R, int step, double loss_sum, double *loss, double *norm, double lr, step_news *nw) {
     stage *st = &R->st;
     const pl_options *o = R->o;
     /* dwte = embedding share + head share: added locally on one rank, summed across two */
     /* a V places both ends on rank 0: its tied sum is local (the communicator goes unused) */
-    PL_TRY(optim_tied_grads(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
+    if (!R->exact) PL_TRY(optim_tied_grads(&R->opt, R->tied, last_rank(R) == 0 ? 1 : R->P));
+    else PL_TRY(exact_grads(R)); /* the fixed-point sums' tied sum; rounded here, or by the replicas' reduction */
     /* the replicas' sum: the blocks' buckets started during the backward, the tied wte now */
     /* --tp with kv heads shared by several TP ranks: their rows' gradients summed over them,
      * on whole gradients (the replicas' gathers done) */
@@ -584,9 +664,10 @@ static int optimizer_step(run *R, int step, double loss_sum, double *loss, doubl
     if (kvrep) PL_TRY(tp_kv_grads(&R->tp, st));
     int bad;
     PL_TRY(reduce_norm_loss(R, loss_sum, norm, loss, &bad, nw));
-    if (bad >= 0 || !isfinite(*loss)) {
+    if (bad >= 0 || !isfinite(*loss) || !isfinite(*norm)) {
         char where[128] = "the loss";
         if (bad >= 0) report_norm_slot(R, bad, where, sizeof where);
+        else if (isfinite(*loss)) snprintf(where, sizeof where, "the gradient norm (beyond --grad-accum exact's range)");
         report_nonfinite(R, step, nw, *loss, *norm, where);
         return PL_ENUM;
     }
@@ -932,6 +1013,9 @@ static void teardown(run *R, int agreed) {
     R->inputs = R->targets = NULL;
     engine_free(&R->eng);
     optim_free(&R->opt);
+    free(R->st.acc); /* --grad-accum exact's sums (the chunks' are slices of it) */
+    R->st.acc = NULL;
+    if (agreed) exact_mpi_free();
     for (int c = 0; R->stv && R->stv != &R->st && c < R->V; c++) stage_free(&R->stv[c]);
     if (R->stv != &R->st) free(R->stv);
     R->stv = NULL;

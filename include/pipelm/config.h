@@ -51,6 +51,7 @@ typedef struct {
     int dp, stages, zero; /* data-parallel replicas, pipeline stages, ZeRO-1 (train.c checks them against the world) */
     int tp;               /* tensor-parallel ranks per stage (tp.h; 1: none) */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
+    char grad_accum[8];   /* float (a float sum in each rank's order) | exact (exact.h: fixed-point, any order) */
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */
     char precision[8];   /* fp32 | bf16 (checked as it is parsed) */

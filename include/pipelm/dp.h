@@ -44,6 +44,7 @@ typedef struct {
     int state;             /* DP_IDLE.. */
     float *host;           /* host view of grads[lo, lo + n) while reducing */
     float *recv;           /* D pieces of this replica's piece size */
+    pl_fx *xrecv;          /* exact mode: the same of the fixed-point sums (the float recv unused) */
     int *cnt, *dsp;        /* D each: every replica's piece (size, offset in the bucket) */
     int *rcnt, *rdsp;      /* D each: what this replica receives from each (pn, j pn; nothing
                             * from itself) */
@@ -65,6 +66,9 @@ typedef struct {
                             * their order on a communicator, so each kind has its own */
     int D, d;              /* replicas, this one's index */
     int zero;              /* ZeRO-1: moments sharded, parameters all-gathered */
+    int exact;             /* --grad-accum exact: the scatter carries the stage's fixed-point sums
+                            * (st->acc), each replica sums its piece as integers and rounds it once
+                            * into the gradients; the gathers move those floats as before */
     stage *st;
     optim *opt;
     int nb;

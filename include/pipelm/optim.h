@@ -67,6 +67,9 @@ float *optim_buffer(const optim *o, int which);
  * summed with MPI over `tied` (the first and last ranks) otherwise. Collective on tied when
  * nranks > 1 and the stage holds either end. */
 int optim_tied_grads(optim *o, MPI_Comm tied, int nranks);
+/* The same on the exact mode's accumulators (stage.h's acc; an exact MPI sum), before they
+ * are rounded to the gradients. */
+int optim_tied_grads_exact(optim *o, MPI_Comm tied, int nranks);
 /* Squared gradient norm of each tensor into sq[i] (the tensor table's order). */
 int optim_grad_sumsq(const optim *o, double *sq);
 /* Scale the gradients to grad_clip given the global norm the caller computed (over all

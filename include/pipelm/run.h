@@ -37,6 +37,7 @@ typedef struct {
     int Tp, t;                  /* tensor-parallel ranks per stage (1: none), this rank's index */
     tp_group tp;
     int have_tp;
+    int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;

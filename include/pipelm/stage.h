@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
+#include "pipelm/exact.h"
 #include "pipelm/arch.h"
 #include "pipelm/model.h"
 
@@ -85,6 +86,13 @@ typedef struct stage {
     int (*on_grad_final)(void *ctx, const struct stage *st, int layer);
     void *grad_ctx;
     int w_final, w_done;
+    /* --grad-accum exact (exact.h; host-memory backends): every weight part and every head
+     * backward accumulates into zeroed gradients, and right after the ops of a block (or of the
+     * tensors outside the blocks, or of the head matrix) those floats are folded into acc
+     * (nparams fixed-point sums, a chunk's a slice of its holder's) and zeroed again, before
+     * on_grad_final fires. The caller rounds acc into grads once at the step's end. */
+    int exact;
+    pl_fx *acc;
     /* scratch shared by every slot */
     float *dres;                 /* (N, C) the residual stream's gradient */
     float *logits;               /* (N, Vp) */
@@ -158,8 +166,12 @@ void stage_release_all(stage *st);
  * both ends, copied on a last stage (the two ranks then sum with MPI_Allreduce). Float
  * addition of two values is commutative, so both paths give the same bits. */
 int stage_tied_grads_local(stage *st);
-/* Zero all gradients (start of a step). */
+/* Zero all gradients (start of a step), and in exact mode the accumulator. */
 int stage_zero_grads(stage *st);
+/* Exact mode: stage_tied_grads_local on the accumulator. The head's share was folded into the
+ * head matrix's own sums as it was computed; on a stage (or holder) with both ends, the
+ * embedding's sums take each tied copy's, and the copies take the total. */
+void stage_tied_exact_local(stage *st);
 /* The backend's message after a failed call, prefixed with what the stage was doing. */
 const char *stage_error(const stage *st);
 
