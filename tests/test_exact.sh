@@ -3,7 +3,7 @@
 # gradient in 128-bit fixed point, summed as integers over micro-batches, replicas and the
 # tied embedding's two ends, rounded to fp32 once; the loss and the gradient norm summed the
 # same way. So a step's result does not depend on the layout at a fixed --tp:
-#   - bits (losses in the metrics file, final weights): T = 2 x D = 2 (4 ranks, M = 2) and
+#   - bits (losses and gradient norms in the metrics file, final weights): T = 2 x D = 2 (4 ranks, M = 2) and
 #     T = 2 x P = 2 against T = 2 alone with M = 4; D = 2 against one process (1f1b), under a
 #     zero-bubble schedule with P = 2 and ZeRO-1, zb-v, interleaved chunks with full
 #     recomputation, and Llama D = 2 with ZeRO-1;
@@ -36,15 +36,17 @@ run() {
         return 1
     fi
 }
-# same A B: the same final weights and the same losses, to the last digit written
+# norms FILE: the step gradient norms of a metrics file, exactly as written
+norms() { grep '"event":"step"' "$1" | sed 's/.*"grad_norm":\([^,]*\),.*/\1/'; }
+# same A B: the same final weights, losses and gradient norms, to the last digit written
 same() {
     [ -s "$1.bin" ] && cmp -s "$1.bin" "$2.bin" && [ -n "$(losses "$1.jsonl")" ] &&
-        [ "$(losses "$1.jsonl")" = "$(losses "$2.jsonl")" ]
+        [ "$(losses "$1.jsonl")" = "$(losses "$2.jsonl")" ] && [ "$(norms "$1.jsonl")" = "$(norms "$2.jsonl")" ]
 }
 # check NAME A B: same A B, or a failure naming what differs
 check() {
     if same "$2" "$3"; then ok "$1"
-    else bad "$1" "$2 and $3 differ (weights $(md5sum < "$2.bin" | cut -c1-8) vs $(md5sum < "$3.bin" | cut -c1-8))"; fi
+    else bad "$1" "$2 and $3 differ: weights, losses or norms (weights $(md5sum < "$2.bin" | cut -c1-8) vs $(md5sum < "$3.bin" | cut -c1-8))"; fi
 }
 EX="--grad-accum exact"
 
