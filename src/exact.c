@@ -9,13 +9,25 @@
 #include <math.h>
 #include "pipelm/exact.h"
 
+_Static_assert(EXACT_FRAC == 90, "exact_to_float's scale table assumes units of 2^-90");
+
 #define EXACT_BOUND ((pl_fx)1 << 110) /* a rank's loss or norm sum: W ranks of them stay < 2^127 */
 
 float exact_to_float(pl_fx v) {
     if (v == EXACT_POISON) return NAN;
-    /* the integer rounded once to fp32 (libgcc's conversion, to nearest even), then scaled by
-     * a power of two: exact, as a nonzero sum is at least 2^-90, far from fp32's subnormals */
-    return ldexpf((float)v, -EXACT_FRAC);
+    /* the integer rounded once to fp32 (to nearest even), then scaled by a power of two:
+     * exact, as a nonzero sum is at least 2^-90, far from fp32's subnormals. Under 2^62 one
+     * int64 conversion; above, shifted to under 2^62 with the bits shifted out kept as a
+     * sticky lowest bit (38 or more bits below fp32's last one), which rounds the same */
+    unsigned __int128 a = v < 0 ? -(unsigned __int128)v : (unsigned __int128)v;
+    int k = 0;
+    while ((a >> k) >= ((unsigned __int128)1 << 62)) k += 32;
+    if (k > 64) return NAN; /* at or above 2^126: beyond EXACT_MAX_ADDENDS's bound, never a sum */
+    uint64_t w = (uint64_t)(a >> k);
+    if (k && (a & (((unsigned __int128)1 << k) - 1))) w |= 1;
+    static const float scale[3] = {0x1p-90f, 0x1p-58f, 0x1p-26f}; /* 2^(k - 90), k = 0, 32, 64 */
+    float f = (float)(int64_t)w * scale[k / 32];
+    return v < 0 ? -f : f;
 }
 
 void exact_fold(pl_fx *acc, float *src, size_t n) {
@@ -64,11 +76,15 @@ double exact_fx_to_double(pl_fx v) {
 pl_fx exact_sumsq(const float *x, size_t n) {
     pl_fx s = 0;
     for (size_t i = 0; i < n; i++) {
-        if (x[i] == 0.0f) continue;
-        pl_fx q = exact_fx_double((double)x[i] * (double)x[i]); /* the square is exact in double */
-        if (q == EXACT_POISON || (s += q) >= EXACT_BOUND) return EXACT_POISON;
+        double q = (double)x[i] * (double)x[i]; /* the square is exact in double */
+        if (q < 0x1p-2) { /* in units of 2^-64 below 2^62: rounded to nearest even as exact_fx_double would */
+            s += (pl_fx)llrint(q * 0x1p64);
+            continue;
+        }
+        pl_fx v = exact_fx_double(q); /* also NaN (poison) */
+        if (v == EXACT_POISON || (s += v) >= EXACT_BOUND) return EXACT_POISON;
     }
-    return s;
+    return s >= EXACT_BOUND ? EXACT_POISON : s;
 }
 
 void exact_to_limbs(pl_fx v, double *limb) {
