@@ -10,7 +10,8 @@
 #   - the control: the float mode (default) at D = 2 is NOT one process's bits, so the
 #     comparisons above can see an order of summation;
 #   - the exact mode against the float mode: every step's loss within relative 1e-5;
-#   - the float mode's bits are today's (the default run's md5), and a bad value is refused.
+#   - the float mode's bits are today's (the default run's md5); a bad value, and TP with kv
+#     heads shared by several TP ranks, are refused by name.
 # Every run uses one thread a rank (the products' bits depend on the thread count). Every
 # mpiexec runs under a timeout; 4 ranks on a small machine oversubscribe it: shapes are tiny.
 . "$(dirname "$0")/lib.sh"
@@ -90,5 +91,7 @@ sum=$(md5sum < w.bin | cut -c1-32)
     || bad "default bits" "md5 $sum, want fa6c475aa23698144a5957fdce7a073d"
 expect "a bad --grad-accum is refused by name" 2 "bad value 'fixed' for --grad-accum (expected float or exact)" \
     "$PIPELM" train --preset tiny --steps 1 --grad-accum fixed
+expect "--tp with kv heads shared by TP ranks is refused by name in exact mode" 2 "does not support kv heads shared" \
+    mpirun_t 60 4 train --preset llama-tiny --n-head 8 --n-embd 64 --n-kv-head 2 --tp 4 --grad-accum exact --steps 1
 
 finish
