@@ -162,8 +162,10 @@ int ckpt_async_prepare(ckpt_async *a, const stage *st, const optim *opt, char *e
     return PL_OK;
 }
 
-/* Copy every written tensor of the three buffers into the snapshot, through the backend. */
-static int snapshot_copy(ckpt_async *a, const stage *st, const optim *opt, char *err, size_t errlen) {
+/* Copy every written tensor of the three buffers into the snapshot, through the backend, or
+ * (host: the writer thread's deferred copy of a host-memory backend's buffers) with memcpy,
+ * so that the writer never enters the backend, nor its op profiler's counters. */
+static int snapshot_copy(ckpt_async *a, const stage *st, const optim *opt, int host, char *err, size_t errlen) {
     static const int which[3] = {OPTIM_PARAMS, OPTIM_M, OPTIM_V};
     const backend *be = st->be;
     for (int s = 0; s < 3; s++) {
@@ -171,6 +173,10 @@ static int snapshot_copy(ckpt_async *a, const stage *st, const optim *opt, char 
         for (int j = 0; j < st->ntensors; j++) {
             const param_tensor *t = &st->tensors[j];
             if (!a->written[j]) continue;
+            if (host) {
+                memcpy(a->buf[s] + a->tensors[j].offset, src + t->offset, t->numel * sizeof(float));
+                continue;
+            }
             if (be->to_host(a->buf[s] + a->tensors[j].offset, src + t->offset, t->numel * sizeof(float)) != PL_OK) {
                 const char *why = be->error ? be->error() : "";
                 snprintf(err, errlen, "--ckpt-async: backend %s: copying tensor %d into the snapshot failed: %s",
@@ -201,7 +207,7 @@ static void *writer_main(void *arg) {
             struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
         }
-        a->rc = snapshot_copy(a, a->live_st, a->live_opt, a->err, sizeof a->err);
+        a->rc = snapshot_copy(a, a->live_st, a->live_opt, 1, a->err, sizeof a->err);
         pthread_mutex_lock(&a->mu);
         a->copied = 1;
         pthread_cond_broadcast(&a->cv);
@@ -233,7 +239,7 @@ int ckpt_async_begin(ckpt_async *a, const char *dir, stage *st, optim *opt, cons
         return PL_ESTATE;
     }
     defer = defer && st->be->host_memory;
-    if (!defer) PL_TRY(snapshot_copy(a, st, opt, err, errlen));
+    if (!defer) PL_TRY(snapshot_copy(a, st, opt, 0, err, errlen));
     a->live_st = defer ? st : NULL, a->live_opt = defer ? opt : NULL, a->copied = !defer;
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     a->meta = *meta;
