@@ -88,6 +88,13 @@ else bad "T=2 D=2" "too far from one process ($msg)"; fi
 run tp2z2 4 --tp 2 --dp 2 --microbatches 1 --zero 1
 same tp2d2 tp2z2 && ok "T=2 x D=2: ZeRO-1 bit-identical to unsharded" || bad "T=2 ZeRO-1" "differs from unsharded"
 
+# bf16 on the oneDNN backend: T = 2 against one process in bf16 (the sliced products round
+# their bf16 inputs alike, but the row-parallel sums add fp32 partial products: not the bits;
+# measured 2e-5 relative)
+run bf1 1 --backend onednn --precision bf16 --threads 1 && run bf2 2 --tp 2 --backend onednn --precision bf16 --threads 1 &&
+    if msg=$(close bf2.jsonl bf1.jsonl 1e-3); then ok "bf16 (onednn): T=2 losses within 1e-3 of one process ($msg)"
+    else bad "bf16 T=2" "too far from one process ($msg)"; fi
+
 # checkpoints: T = 2 -> T = 1 and T = 1 -> T = 2 from step 3
 if run ck2 2 --tp 2 --ckpt-dir ck2 --ckpt-every 3; then
     same ck2 tp2 && ok "a checkpointed T=2 run is the straight run" || bad "ck2" "saving changed the run"
