@@ -18,6 +18,7 @@ typedef struct {
     const char *costs, *json;
     const char *costs_mode[TUNE_NMODES]; /* --costs-selective, --costs-full ([TUNE_NONE] unused) */
     int top, verify;
+    int verify_steps, verify_warmup; /* --verify's timed and warm-up steps per candidate */
     int measure;               /* --measure M0: the costs measured here first, M0 micro-batches */
     char measured[TUNE_NMODES][128]; /* the files --measure wrote (none, -, full) */
     tune_query q;
@@ -29,7 +30,8 @@ typedef struct {
 static void tune_usage(void) {
     printf("usage: [mpiexec -n P] pipelm tune --costs FILE [--stages P] [--batch B] [--mem-cap-gb X]\n"
            "       [--ranks W] [--max-microbatches M] [--costs-microbatches M0] [--n-layer L] [--top N] [--json FILE]\n"
-           "       [--costs-selective FILE] [--costs-full FILE] [--measure M0] [--verify K] [-- TRAIN OPTIONS]\n"
+           "       [--costs-selective FILE] [--costs-full FILE] [--measure M0] [--verify K]\n"
+           "       [--verify-steps N] [--verify-warmup N] [-- TRAIN OPTIONS]\n"
            "Searches schedule x micro-batches M (the divisors of B) x chunks per rank V for P ranks with\n"
            "the measured costs of FILE (pipelm bench --costs-out) and prints the --top (5) fastest whose\n"
            "activations fit --mem-cap-gb per rank (default: this node's memory / P), with the predicted\n"
@@ -52,8 +54,9 @@ static void tune_usage(void) {
            "--measure M0 (under mpiexec -n P, instead of --costs): measures the costs here first, pipelm bench\n"
            "with the TRAIN OPTIONS, --batch B, 1f1b and M0 micro-batches, 5 steps after 3, without and with --recompute\n"
            "full (so both are searched), then searches.\n"
-           "--verify K (under mpiexec -n P) benchmarks the top K here, 3 steps each, with the TRAIN OPTIONS\n"
-           "after --, and prints measured beside predicted.\n");
+           "--verify K (under mpiexec -n P) benchmarks the top K here, --verify-steps (3) timed steps after\n"
+           "--verify-warmup (1) each, with the TRAIN OPTIONS after --, and prints measured (the median step)\n"
+           "beside predicted; give more steps where a 5%% difference matters on a noisy machine.\n");
 }
 
 /* An int option value >= lo, else -1. */
@@ -91,7 +94,7 @@ static int train_options_model(const char *extra, model_config *cfg, int *T) {
 /* Parse the command line; 0 to go on, else the exit status (+1: --help). */
 static int tune_parse(int argc, char **argv, int first, int world, tune_args *a) {
     memset(a, 0, sizeof *a);
-    a->top = 5, a->q.P = world > 1 ? world : 0, a->q.batch = 16, a->q.mem_cap_mb = -1;
+    a->top = 5, a->verify_steps = 3, a->verify_warmup = 1, a->q.P = world > 1 ? world : 0, a->q.batch = 16, a->q.mem_cap_mb = -1;
     double gb = -1;
     for (int i = first; i < argc; i++) {
         const char *o = argv[i];
@@ -113,6 +116,8 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
         else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--top")) bad = (a->top = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
+        else if (!strcmp(o, "--verify-steps")) bad = (a->verify_steps = int_arg(v, 1)) < 0;
+        else if (!strcmp(o, "--verify-warmup")) bad = (a->verify_warmup = int_arg(v, 0)) < 0;
         else if (!strcmp(o, "--measure")) bad = (a->measure = a->q.costs_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--max-microbatches")) bad = (a->q.max_M = int_arg(v, 1)) < 0;
         else if (!strcmp(o, "--costs-microbatches")) bad = (a->q.costs_M = int_arg(v, 1)) < 0;
@@ -247,7 +252,7 @@ static int bench_here(const tune_args *a, const char *layout, int steps, int war
 static int verify_one(const tune_args *a, const tune_cand *t, MPI_Comm comm, double *ms) {
     char cmd[1024];
     tune_command(t, cmd, sizeof cmd);
-    return bench_here(a, cmd, 3, 1, NULL, comm, ms);
+    return bench_here(a, cmd, a->verify_steps, a->verify_warmup, NULL, comm, ms);
 }
 
 /* --measure: the costs of 1f1b with M0 micro-batches, without and with --recompute full, into

@@ -231,7 +231,7 @@ else bad "--tp candidate" "'$tpc' $(tail -n 2 tpc.out 2> /dev/null)"; fi
 # --verify: measured beside predicted, on a costs file this machine measured
 if mpirun_t 120 2 bench --preset tiny --n-layer 2 --batch 4 --seq-len 16 --microbatches 2 --steps 2 --warmup 1 \
         --costs-out m.txt > m.out 2>&1 &&
-        mpirun_t 180 2 tune --costs m.txt --batch 4 --costs-microbatches 2 --top 3 --verify 1 -- --preset tiny --n-layer 2 \
+        mpirun_t 180 2 tune --costs m.txt --batch 4 --costs-microbatches 2 --top 3 --verify 1 --verify-steps 4 --verify-warmup 2 -- --preset tiny --n-layer 2 \
         --seq-len 16 > v.out 2>&1 && grep -q "^verify 1: --schedule .*: measured [0-9.]* ms per step, predicted" v.out; then
     ok "--verify: $(grep '^verify 1' v.out)"
 else bad "--verify" "$(tail -n 5 m.out v.out)"; fi
