@@ -47,6 +47,27 @@ need_torch() {
     exit 1
 }
 
+# close A B [TOL]: every step loss of metrics file A within relative TOL (default 1e-5) of the
+# same step's in B; prints the steps compared and the largest difference.
+close() {
+    awk -v tol="${3:-1e-5}" -F'"step":' '/"event":"step"/ { split($2, a, ","); l = $0; sub(/.*"loss":/, "", l); sub(/,.*/, "", l);
+                                       if (FILENAME == ARGV[1]) A[a[1]] = l; else B[a[1]] = l }
+        END { for (s in A) { if (!(s in B)) exit 1; d = A[s] - B[s]; if (d < 0) d = -d; r = d / (B[s] < 0 ? -B[s] : B[s]);
+                             if (r > m) m = r; k++ }
+              printf "%d steps, max relative difference %.3g\n", k, m; exit !(k > 0 && m <= tol) }' "$1" "$2"
+}
+# run TAG NP ARGS...: `pipelm train $COMMON ARGS` on NP ranks (the test sets COMMON) into
+# TAG.jsonl (metrics), TAG.bin (final weights) and TAG.out; a non-zero exit fails the test.
+run() {
+    local tag=$1 np=$2
+    shift 2
+    mpirun_t 180 "$np" train $COMMON --metrics "$tag.jsonl" --save-final "$tag.bin" "$@" > "$tag.out" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "$tag" "exit status $rc ($(grep -m2 error "$tag.out" | tr '\n' ' '))"
+        return 1
+    fi
+}
 # losses FILE: the step losses of a metrics file, one per line, exactly as written.
 losses() { grep '"event":"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 

@@ -18,25 +18,6 @@
 cd "$WORK"
 COMMON="--preset tiny --steps 3 --batch 8 --seq-len 32 --eval-every 0 --progress 0 --log-every 100 --threads 1"
 
-# close A B: every step loss of metrics A within relative 1e-5 of the same step's in B
-close() {
-    awk -F'"step":' '/"event":"step"/ { split($2, a, ","); l = $0; sub(/.*"loss":/, "", l); sub(/,.*/, "", l);
-                                       if (FILENAME == ARGV[1]) A[a[1]] = l; else B[a[1]] = l }
-        END { for (s in A) { if (!(s in B)) exit 1; d = A[s] - B[s]; if (d < 0) d = -d; r = d / (B[s] < 0 ? -B[s] : B[s]);
-                             if (r > m) m = r; k++ }
-              printf "%d steps, max relative difference %.3g\n", k, m; exit !(k > 0 && m <= 1e-5) }' "$1" "$2"
-}
-# run TAG NP ARGS...: a training run into TAG.jsonl / TAG.bin / TAG.out; fails the test on a non-zero exit
-run() {
-    local tag=$1 np=$2
-    shift 2
-    mpirun_t 180 "$np" train $COMMON --metrics "$tag.jsonl" --save-final "$tag.bin" "$@" > "$tag.out" 2>&1
-    local rc=$?
-    if [ $rc -ne 0 ]; then
-        bad "$tag" "exit status $rc ($(grep -m2 error "$tag.out" | tr '\n' ' '))"
-        return 1
-    fi
-}
 # norms FILE: the step gradient norms of a metrics file, exactly as written
 norms() { grep '"event":"step"' "$1" | sed 's/.*"grad_norm":\([^,]*\),.*/\1/'; }
 # same A B: the same final weights, losses and gradient norms, to the last digit written

@@ -20,25 +20,6 @@ SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$WORK"
 COMMON="--preset tiny --steps 5 --batch 8 --seq-len 32 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"
 
-# close A B TOL: every step loss of metrics A within relative TOL of the same step's in B
-close() {
-    awk -v tol="$3" -F'"step":' '/"event":"step"/ { split($2, a, ","); l = $0; sub(/.*"loss":/, "", l); sub(/,.*/, "", l);
-                                       if (FILENAME == ARGV[1]) A[a[1]] = l; else B[a[1]] = l }
-        END { for (s in A) { if (!(s in B)) exit 1; d = A[s] - B[s]; if (d < 0) d = -d; r = d / (B[s] < 0 ? -B[s] : B[s]);
-                             if (r > m) m = r; k++ }
-              printf "%d steps, max relative difference %.3g\n", k, m; exit !(k > 0 && m <= tol) }' "$1" "$2"
-}
-# run TAG NP ARGS...: a training run into TAG.jsonl / TAG.bin / TAG.out; fails the test on a non-zero exit
-run() {
-    local tag=$1 np=$2
-    shift 2
-    mpirun_t 180 "$np" train $COMMON --metrics "$tag.jsonl" --save-final "$tag.bin" "$@" > "$tag.out" 2>&1
-    local rc=$?
-    if [ $rc -ne 0 ]; then
-        bad "$tag" "exit status $rc ($(grep -m2 error "$tag.out" | tr '\n' ' '))"
-        return 1
-    fi
-}
 same() { cmp -s "$1.bin" "$2.bin" && [ "$(losses "$1.jsonl")" = "$(losses "$2.jsonl")" ]; }
 # grads TAG REF: step 1's gradients of TAG within 1e-5 of REF's, tensor by tensor
 grads() {
