@@ -316,5 +316,14 @@ int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *e
     }
     out->bubble = out->makespan_s > 0 ? 1.0 - busy / (P * out->makespan_s) : 0.0;
     predict_opt_and_memory(s, c, S, out);
+    /* every cost is finite, but their sums and products need not be (1e308 s, a 1e-300 B/s link) */
+    int finite = isfinite(out->step_s) && isfinite(out->bubble);
+    for (int r = 0; r < P; r++) finite = finite && isfinite(out->act_peak[r]) && isfinite(out->wait_s[r]);
+    if (!finite) {
+        set_err(err, errlen, "the costs overflow: the predicted step or memory is not a finite number "
+                "(a time, size or rate in the costs file is out of range)");
+        sched_pred_free(out);
+        return PL_EINVAL;
+    }
     return PL_OK;
 }

@@ -537,6 +537,20 @@ START_TEST(test_costs_predict) {
     ck_assert_msg(strstr(err, "2 stages") != NULL, "%s", err);
     sched_free(&s);
     sched_costs_free(&c);
+    /* finite costs whose sums are not (two 1e308 s forwards; a 1e308-byte message on a
+     * 1e-300 B/s link): refused, not an infinite step (fuzz_costs found the first) */
+    const char *big[] = {"stages 2\nstage 0 F 1e308 B 1 O 0\nstage 1 F 1e308 B 1 O 0\n",
+                         "stages 2\nmsg_bytes 1e308\nbytes_per_s 1e-300\nstage 0 F 1 B 1\nstage 1 F 1 B 1\n"};
+    for (int k = 0; k < 2; k++) {
+        f = fmemopen((void *)big[k], strlen(big[k]), "r");
+        ck_assert_msg(sched_costs_read(f, &c, err, sizeof err) == 0, "%s", err);
+        fclose(f);
+        ck_assert_int_eq(sched_build("1f1b", 2, 2, &s, err, sizeof err), 0);
+        ck_assert_int_ne(sched_predict(&s, &c, &p, err, sizeof err), 0);
+        ck_assert_msg(strstr(err, "overflow") != NULL, "%s", err);
+        sched_free(&s);
+        sched_costs_free(&c);
+    }
     /* activation bytes (A): 1f1b and zb-h1 on 2 ranks hold 2 micro-batches on rank 0 and 1 on rank 1;
      * interleaved-1f1b with 2 chunks, per-stage bytes 1, 10, 100, 1000 (rank 0 holds stages 0
      * and 2), gpipe all M; a per-rank file on a chunked schedule gives each chunk 1/V */
