@@ -19,7 +19,7 @@
 extern const backend backend_onednn;
 #endif
 #ifdef HAVE_CUDA
-extern const backend backend_cuda;
+#include "pipelm/backend_cuda_load.h" /* backend_cuda_lazy: loads pipelm_cuda.so on init */
 #endif
 
 /* NULL-terminated table of the backends built into this binary, the reference first. */
@@ -29,7 +29,7 @@ static const backend *const built[] = {
     &backend_onednn,
 #endif
 #ifdef HAVE_CUDA
-    &backend_cuda,
+    &backend_cuda_lazy,
 #endif
     NULL,
 };

@@ -64,6 +64,7 @@
 #endif
 #include "pipelm/backend.h"
 #include "pipelm/backend_math.h"
+#include "pipelm/backend_cuda_opts.h"
 
 /* pipelm/common.h's status codes (that header includes mpi.h, which must stay out of nvcc's
  * view); tests/test_cuda.c checks that they agree. */
@@ -974,19 +975,9 @@ static void cu_finalize(void) {
     S.inited = 0;
 }
 
-/* The settings of this backend (--backend-opt), each with the environment variable it
- * replaces as its alias. */
-static const backend_opt_decl cu_opts[] = {
-    {"share", "1: more ranks on a node than GPUs share them (rank r uses device r % count)", "0", "0|1",
-     "PIPELM_CUDA_SHARE"},
-    {"sync", "1: synchronise after every op, so a failing kernel is named by its own op (slow)", "0", "0|1",
-     "PIPELM_CUDA_SYNC"},
-    {"tf32", "1: fp32 products may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)", "0", "0|1",
-     "PIPELM_CUDA_TF32"},
-    {"flash", "1: causal attention by the fused kernels (no T x T products; hs <= 128, T > hs), 0: cuBLAS "
-              "products and the softmax kernel", "1", "0|1", "PIPELM_CUDA_FLASH"},
-    {NULL, NULL, NULL, NULL, NULL},
-};
+/* The settings of this backend (--backend-opt): backend_cuda_opts.h's, which the loader
+ * (backend_cuda_load.c) declares too before this file is loaded. */
+#define cu_opts backend_cuda_opts
 
 /* The device count, or a clean refusal: no driver, no device. */
 static int cu_count_devices(int *n, char *err, size_t errlen) {

@@ -29,7 +29,7 @@ g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_
 # the registry with the cuda backend only (not the build's config.h: it may name others)
 mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"
 # the host sources the backends need (the CPU backend takes its decode kernels from cpu_decode.c)
-for f in src/backend_cpu.c src/backend_host.c src/blas.c src/cpu_decode.c; do
+for f in src/backend_cpu.c src/backend_host.c src/blas.c src/cpu_decode.c src/backend_cuda_load.c; do
     mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done

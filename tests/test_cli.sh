@@ -92,4 +92,27 @@ cmp -s w0.bin w1.bin && ok "--init / --save-final round trip byte-identical (a s
 expect "--steps 0 refused" 2 "steps must be >= 1" run train --steps 0
 expect "init dims conflict" 2 "conflicts with" run train --init w0.bin --n-embd 32 --steps 1
 
+# the CUDA backend, where it is built, is a module loaded by --backend cuda only: a run on the
+# CPU does not load it (no cuBLAS among the process's mappings), a missing module is named
+# with its path, and without a GPU the run is refused with the runtime's reason (exit 2)
+if run train --help 2>&1 | grep -q -- "--backend S .*| cuda"; then
+    run train --steps 3 --progress 0 > cpu.out 2>&1 &
+    for i in $(seq 1 200); do
+        q=$(pgrep -n -f "pipelm train --steps 3 --progress 0") && [ -r /proc/$q/maps ] && break
+        sleep 0.01
+    done
+    if [ -n "${q:-}" ] && ! grep -q "cublas\|cudart" /proc/$q/maps 2> /dev/null; then
+        ok "a CPU run does not map the CUDA libraries"
+    else bad "CPU run maps CUDA" "$(grep -o 'lib[a-zA-Z]*cu[a-z]*\.so[.0-9]*' /proc/${q:-self}/maps 2>/dev/null | sort -u | head -3)"; fi
+    wait
+    expect "--backend cuda: a missing module named by its path" 2 "module could not be loaded: tried /nonexistent/pipelm_cuda.so (absent)" \
+        env PIPELM_CUDA_MODULE=/nonexistent/pipelm_cuda.so timeout 60 "$PIPELM" train --backend cuda --steps 1
+    if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+        echo "# a GPU is visible: the no-device refusal is not checked"
+    else
+        expect "--backend cuda without a GPU: refused with the runtime's reason" 2 "backend cuda cannot run here: no CUDA device" \
+            run train --backend cuda --steps 1
+    fi
+fi
+
 finish

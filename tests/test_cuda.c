@@ -197,7 +197,21 @@ static void check_same_dev(const char *what, const float *d, const float *h, siz
 // 0. without a device: registry, calls before init, the init message
 
 START_TEST(test_nodevice) {
-    ck_assert_ptr_eq(backend_find("cuda"), gpu);
+    /* the registry's "cuda" is the loader (backend_cuda_load.h): the backend's name and
+     * settings before anything is loaded, and, in a program linked with the backend, that
+     * table once its init has run (below) */
+    const backend *reg = backend_find("cuda");
+    ck_assert_ptr_nonnull(reg);
+    ck_assert_str_eq(reg->name, "cuda");
+    ck_assert_int_eq(reg->host_memory, 0);
+    for (int i = 0;; i++) {
+        ck_assert_msg(!reg->opts[i].key == !gpu->opts[i].key, "setting %d: loader and backend differ", i);
+        if (!gpu->opts[i].key) break;
+        ck_assert_str_eq(reg->opts[i].key, gpu->opts[i].key);
+        ck_assert_str_eq(reg->opts[i].def, gpu->opts[i].def);
+        ck_assert_str_eq(reg->opts[i].choices, gpu->opts[i].choices);
+        ck_assert_str_eq(reg->opts[i].env, gpu->opts[i].env);
+    }
     ck_assert_msg(strstr(backend_list(), "cuda") != NULL, "backend_list() = '%s'", backend_list());
     ck_assert_str_eq(gpu->name, "cuda");
     ck_assert_int_eq(gpu->host_memory, 0);
@@ -226,6 +240,12 @@ START_TEST(test_nodevice) {
     char err[512] = "";
     ck_assert_int_ne(gpu->init(&bad, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "precision") != NULL, "init(precision 7): '%s'", err);
+    ck_assert_ptr_ne(reg->matmul_fwd, gpu->matmul_fwd);
+    err[0] = 0;
+    ck_assert_int_ne(reg->init(&bad, err, sizeof err), 0); /* through the loader: the same refusal */
+    ck_assert_msg(strstr(err, "precision") != NULL, "loader init(precision 7): '%s'", err);
+    ck_assert_ptr_eq(reg->matmul_fwd, gpu->matmul_fwd);
+    ck_assert_ptr_eq(reg->init, gpu->init);
     /* back to what main found: a device, or the message of its absence */
     backend_options o = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     err[0] = 0;
