@@ -62,7 +62,7 @@ size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
     case AD_VP: return tp > 1 ? ((size_t)c->Vp + tp - 1) / tp + 1 : (size_t)c->Vp; /* --tp: a slice and a sink row */
     case AD_V: return (size_t)c->V;
     case AD_MAXT: return (size_t)c->maxT;
-    case AD_NHT: return NH * T;
+    case AD_NHT: return NH * (c->att_cols > 0 && (size_t)c->att_cols < (size_t)T ? (size_t)c->att_cols : (size_t)T);
     case AD_HALF_HS: return HS / 2;
     case AD_WIDE: return tp > 1 && C > wide ? C : wide;
     case AD_CA: return NH * HS;

@@ -1437,10 +1437,15 @@ static int permute_in(void *dst, const float *src, int ld, int B, int T, int C, 
 }
 
 /* The fused kernels run when --backend-opt flash=1 (the default), hs <= 128 (the registers'
- * bound) and T > hs (the att buffer, B*NH*T*T floats, then holds lse and O: B*NH*T*(hs+1)). */
+ * bound) and T > hs; the att buffer then holds lse and O, B*NH*T*(hs+1) floats, and the stage
+ * allocates only that (cu_attention_cols). */
 static int flash_fits(int B, int T, int NH, int hs) {
     return S.flash && hs <= 128 && T > hs && (long long)B * NH <= 65535;
 }
+
+/* backend.h's attention_cols: where the fused kernels run, the att buffer holds lse and O,
+ * hs + 1 floats per (token, head), instead of the T x T probabilities. */
+static int cu_attention_cols(int B, int T, int NH, int HS) { return flash_fits(B, T, NH, HS) ? HS + 1 : T; }
 
 /* The forward's launch for one register bound HSM and input type TT. */
 template <int HSM, typename TT>
@@ -1843,6 +1848,7 @@ extern "C" const backend backend_cuda = {
     .set_threads = cu_set_threads,
     .get_threads = cu_get_threads,
     .opts = cu_opts,
+    .attention_cols = cu_attention_cols,
     .alloc = cu_alloc,
     .free = cu_free,
     .to_host = cu_to_host,

@@ -164,7 +164,9 @@ static int check_sizes(const model_config *cfg, int has_head, int Bm, int T, cha
     const char *what = NULL;
     if (N > STAGE_MAX_TENSOR / (W > 0 ? W : 1)) what = "the (tokens, MLP hidden) activations";
     else if (has_head && N > STAGE_MAX_TENSOR / cfg->Vp) what = "the (tokens, padded vocab) logits";
-    else if ((long long)Bm * cfg->NH > STAGE_MAX_TENSOR / ((long long)T * T)) what = "the (micro-batch, heads, T, T) attention";
+    else if ((long long)Bm * cfg->NH > STAGE_MAX_TENSOR / ((long long)T * (cfg->att_cols > 0 && cfg->att_cols < T ? cfg->att_cols : T)))
+        what = cfg->att_cols > 0 && cfg->att_cols < T ? "the (micro-batch, heads, T, head size + 1) attention output"
+                                                      : "the (micro-batch, heads, T, T) attention";
     if (!what) return PL_OK;
     snprintf(err, errlen, "micro-batch too large: %s of %d x %d = %lld tokens would exceed %lld floats "
              "(lower --batch/--microbatches ratio or --seq-len)", what, Bm, T, N, STAGE_MAX_TENSOR);
@@ -246,8 +248,12 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
                  l0, l1, cfg->L, Bm, T, cfg->maxT, nslots);
         return PL_EINVAL;
     }
-    PL_TRY(check_sizes(cfg, has_head, Bm, T, err, errlen));
-    st->cfg = *cfg;
+    /* the attention buffer as the backend needs it (a fused kernel's output, not T x T) */
+    model_config c = *cfg;
+    if (be->attention_cols)
+        c.att_cols = be->attention_cols(Bm, T, (int)arch_dim_value(cfg, 1, AD_NHT), cfg->NH ? cfg->C / cfg->NH : 0);
+    PL_TRY(check_sizes(&c, has_head, Bm, T, err, errlen));
+    st->cfg = c;
     st->arch = arch_of(cfg);
     st->l0 = l0;
     st->l1 = l1;

@@ -998,6 +998,39 @@ static size_t block_floats_by_formula(const model_config *c) {
  * carved bytes equal stage_act_bytes_per_slot, split_stage_act_bytes (no recomputation) and,
  * with N a multiple of 16 (no padding), the formula (input C, tokens 1, per block the kept
  * rows and NH T probabilities, head GPT-2 2C + 2, Llama 2C + 1). */
+/* A backend whose attention keeps hs + 1 floats a (token, head) (backend.h's attention_cols,
+ * the CUDA fused kernels' output and log-sum-exp) gets a stage whose attention buffer is that
+ * size, not T x T; a backend without it (every host backend) keeps T. */
+static int cols_hs1(int B, int T, int NH, int HS) { (void)B; (void)NH; return T > HS ? HS + 1 : T; }
+START_TEST(test_attention_cols) {
+    model_config cfg;
+    char err[256];
+    ck_assert_int_eq(gpt2_config_make(&cfg, 256, 64, 2, 4, 64, err, sizeof err), 0); /* HS = 16 */
+    backend fused = backend_cpu;
+    fused.attention_cols = cols_hs1;
+    stage a, b, c;
+    int B = 2, T = 40;
+    ck_assert_int_eq(stage_init(&a, &cfg, 0, 2, 1, 1, B, T, 1, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init(&b, &cfg, 0, 2, 1, 1, B, T, 1, &fused, err, sizeof err), 0);
+    ck_assert_int_eq(a.cfg.att_cols, 0);
+    ck_assert_int_eq(b.cfg.att_cols, 17);
+    ck_assert_uint_eq(arch_dim_value(&a.cfg, T, AD_NHT), (size_t)4 * T);
+    ck_assert_uint_eq(arch_dim_value(&b.cfg, T, AD_NHT), (size_t)4 * 17);
+    ck_assert_uint_eq(arch_dim_value(&b.cfg, 1, AD_NHT), 4); /* the head count, as stage.c reads it */
+    /* the att rows of the two blocks shrink by B T NH (T - 17) floats each */
+    size_t saved = (size_t)2 * B * T * 4 * (T - 17) * sizeof(float);
+    ck_assert_msg(stage_slot_bytes(&a) - stage_slot_bytes(&b) >= saved,
+                  "slot bytes %zu (T x T) and %zu (hs + 1): want at least %zu less", stage_slot_bytes(&a),
+                  stage_slot_bytes(&b), saved);
+    /* T <= HS: the backend keeps T, and the stage sizes T */
+    ck_assert_int_eq(stage_init(&c, &cfg, 0, 2, 1, 1, B, 12, 1, &fused, err, sizeof err), 0);
+    ck_assert_uint_eq(arch_dim_value(&c.cfg, 12, AD_NHT), (size_t)4 * 12);
+    stage_free(&a);
+    stage_free(&b);
+    stage_free(&c);
+}
+END_TEST
+
 START_TEST(test_act_bytes) {
     model_config cfgs[3];
     char err[512];
@@ -1078,6 +1111,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_stage_alloc_failure);
     tcase_add_test(tc, test_arch_tables);
     tcase_add_test(tc, test_act_bytes);
+    tcase_add_test(tc, test_attention_cols);
     tcase_add_test(tc, test_arch_find);
     suite_add_tcase(s, tc);
     return s;

@@ -79,6 +79,13 @@ typedef struct backend {
      * NULL; NULL: none. */
     const backend_opt_decl *opts;
 
+    /* Floats per (token, head) that attention_gqa_fwd leaves in its att buffer for the
+     * backward, for a micro-batch of B sequences of T tokens, NH heads of HS channels (NH the
+     * rank's own under --tp), called after init; NULL: T, the (T, T) causal probabilities. A
+     * backend with a fused attention keeps less (CUDA's: the output and the log-sum-exp,
+     * HS + 1 where its fused kernels run), and the stage sizes the buffer by it. */
+    int (*attention_cols)(int B, int T, int NH, int HS);
+
     /* The ops, one member each, in backend_ops.h's order: memory first, then compute. */
 #define PL_MEM_OP(ret, name, params, args, cls) ret(*name) params;
 #define PL_COMPUTE_OP(ret, name, params, args, cls) ret(*name) params;

@@ -47,6 +47,10 @@ typedef struct {
     int tp, tpr;           /* tensor parallelism (tp.h): a stage's config on TP rank tpr of tp > 1 ranks
                             * has its blocks' sliced dimensions (AD_QKV, AD_H, AD_CA, AD_NHT local);
                             * 0 (every other config, the whole model): none */
+    int att_cols;          /* a stage's config: floats per (token, head) of the attention buffer
+                            * (AD_NHT) when its backend keeps fewer than T there (backend.h's
+                            * attention_cols: a fused kernel's output and log-sum-exp, hs + 1);
+                            * 0 (every other config): T, the causal probabilities */
 } model_config;
 
 /* Parameter kinds, global across architectures: checkpoint leaf names and the key of each
