@@ -38,8 +38,13 @@ static const backend *load_table(void) {
     }
     /* an explicit module is the only one tried: a wrong path is not replaced by another */
     const char *env = getenv("PIPELM_CUDA_MODULE");
-    const char *paths[3] = {env && *env ? env : here[0] ? here : NULL, env && *env ? NULL : PIPELM_PKGLIBDIR "/" CUDA_MODULE,
-                            NULL};
+    const char *paths[3] = {NULL, NULL, NULL};
+    int np = 0;
+    if (env && *env) paths[np++] = env;
+    else {
+        if (here[0]) paths[np++] = here;
+        paths[np++] = PIPELM_PKGLIBDIR "/" CUDA_MODULE;
+    }
     size_t off = (size_t)snprintf(load_err, sizeof load_err, "the CUDA backend module could not be loaded: tried");
     for (int i = 0; paths[i]; i++) {
         const char *why = NULL;
