@@ -96,15 +96,26 @@ expect "init dims conflict" 2 "conflicts with" run train --init w0.bin --n-embd 
 # CPU does not load it (no cuBLAS among the process's mappings), a missing module is named
 # with its path, and without a GPU the run is refused with the runtime's reason (exit 2)
 if run train --help 2>&1 | grep -q -- "--backend S .*| cuda"; then
-    run train --steps 3 --progress 0 > cpu.out 2>&1 &
-    for i in $(seq 1 200); do
-        q=$(pgrep -n -f "pipelm train --steps 3 --progress 0") && [ -r /proc/$q/maps ] && break
+    # a run long enough to be found (it is stopped once its mappings are read)
+    run train --steps 100000 --progress 0 > cpu.out 2>&1 &
+    # once it has printed its banner (its libraries are all loaded), the process whose
+    # executable is pipelm (not the timeout around it)
+    q="" maps=""
+    for i in $(seq 1 1000); do
+        if grep -q "^model:" cpu.out 2> /dev/null; then
+            for p in $(pgrep -f "pipelm train --steps 100000 --progress 0"); do
+                [ "$(readlink -f /proc/$p/exe 2> /dev/null)" = "$(readlink -f "$PIPELM")" ] && q=$p
+            done
+            [ -n "$q" ] && maps=$(cat /proc/$q/maps 2> /dev/null)
+            break
+        fi
         sleep 0.01
     done
-    if [ -n "${q:-}" ] && ! grep -q "cublas\|cudart" /proc/$q/maps 2> /dev/null; then
-        ok "a CPU run does not map the CUDA libraries"
-    else bad "CPU run maps CUDA" "$(grep -o 'lib[a-zA-Z]*cu[a-z]*\.so[.0-9]*' /proc/${q:-self}/maps 2>/dev/null | sort -u | head -3)"; fi
+    [ -n "$q" ] && kill "$q" 2> /dev/null
     wait
+    if [ -z "$maps" ]; then bad "CPU run maps CUDA" "the run was not found"
+    elif ! grep -q "cublas\|cudart" <<< "$maps"; then ok "a CPU run does not map the CUDA libraries"
+    else bad "CPU run maps CUDA" "$(grep -o 'lib[a-zA-Z]*cu[a-z]*\.so[.0-9]*' <<< "$maps" | sort -u | head -3)"; fi
     expect "--backend cuda: a missing module named by its path" 2 "module could not be loaded: tried /nonexistent/pipelm_cuda.so (absent)" \
         env PIPELM_CUDA_MODULE=/nonexistent/pipelm_cuda.so timeout 60 "$PIPELM" train --backend cuda --steps 1
     if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
