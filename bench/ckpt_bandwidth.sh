@@ -3,7 +3,7 @@
 #
 #   bench/ckpt_bandwidth.sh [PRESET [RANKS...]]     (default: tutorial 2 4; presets tiny|tutorial|gpt2)
 #
-# For each rank count P: the test driver (tests/test_ckpt bench, built by `make check`) saves
+# For each rank count P: the test driver (tests/unit/test_ckpt bench, built by `make check`) saves
 # the preset's full state (parameters + both AdamW moments, split evenly over P stages) with
 # ckpt_save and loads it back with ckpt_load (REPS times; each save without pruning: keep 0,
 # the driver removes the previous file untimed); then bench/posix_write.c (compiled here with
@@ -23,9 +23,9 @@ REPS=${REPS:-3}
 PRESET=${1:-tutorial}
 shift || true
 RANKS=${*:-2 4}
-DRIVER=$BUILD/tests/test_ckpt
+DRIVER=$BUILD/tests/unit/test_ckpt
 if [ ! -x "$DRIVER" ]; then
-    echo "ckpt_bandwidth: $DRIVER not built (run: make -C $BUILD tests/test_ckpt)" >&2
+    echo "ckpt_bandwidth: $DRIVER not built (run: make -C $BUILD tests/unit/test_ckpt)" >&2
     exit 2
 fi
 DIR=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/ckpt_bench.XXXXXX")}

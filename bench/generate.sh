@@ -8,7 +8,7 @@
 #   2. the KV-cached decode of 256 tokens against recomputing the prefix at every step
 #      (--kv-cache 0), one prompt of 8 tokens, one rank, one thread, interleaved: on the
 #      tutorial model and on the tiny preset (max-seq-len 320, random weights);
-#   3. torch's cached greedy decode (tests/torch_generate.py --bench, one thread, float32) on
+#   3. torch's cached greedy decode (tests/reference/torch_generate.py --bench, one thread, float32) on
 #      the same model file beside pipelm's, one prompt, one rank, one thread.
 # Figures go to stdout as one JSON line per run, with `uptime` beside them, then a summary of
 # the medians and the ratios the issue sets targets for (P=2 >= 1.7x one rank; cached >= 20x
@@ -67,7 +67,7 @@ for rep in $(seq "$REPS"); do
 done
 for rep in $(seq "$REPS"); do
     run "pipelm_1prompt_$rep" 1 $I --prompt-file "$W/p1.txt" --max-new-tokens "$NEW"
-    line "torch_1prompt_$rep" "$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/torch_generate.py" --bench "$W/w.bin" \
+    line "torch_1prompt_$rep" "$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/reference/torch_generate.py" --bench "$W/w.bin" \
         --prompt 1,2,3,4,5,6,7,8 --steps "$NEW")"
 done
 echo "# $(uptime)"

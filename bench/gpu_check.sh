@@ -11,8 +11,8 @@
 # Steps (each logged with its elapsed time; a failure stops the script with the step named and
 # the tail of its log):
 #   1. unpack .debs into a private prefix (never into /), fix the .pc files and mpicc's paths;
-#   2. configure --with-cuda --with-cuda-arch=90 --without-onednn; make pipelm tests/test_cuda;
-#   3. tests/test_cuda with PIPELM_TEST_FULL=1 (every op against backend_cpu, the real-size
+#   2. configure --with-cuda --with-cuda-arch=90 --without-onednn; make pipelm tests/unit/test_cuda;
+#   3. tests/unit/test_cuda with PIPELM_TEST_FULL=1 (every op against backend_cpu, the real-size
 #      cases included; exit 77 = no GPU = a failure here); then, where compute-sanitizer exists,
 #      `--tool memcheck` over the same test and `--tool racecheck` over the cases whose kernels
 #      share memory (CK_RUN_CASE=layernorm, crossentropy, rmsnorm; their plain-tier shapes);
@@ -54,7 +54,7 @@
 # PyTorch: checks the script's logic only, its numbers mean nothing; the batch list is then
 # "262144 32 16": 262144 is refused by the size limit, 32 runs out of memory by
 # PIPELM_FAIL_ALLOC, 16 fits), GPU_CHECK_BUILD=DIR (use that configured build's pipelm and
-# tests/test_cuda instead of steps 1-2: the dry run of tests/test_gpu_check.sh), and, for that
+# tests/unit/test_cuda instead of steps 1-2: the dry run of tests/integration/test_gpu_check.sh), and, for that
 # test only, GPU_CHECK_KILL_AFTER=KEY (the script kills itself with SIGKILL once result KEY is
 # written).
 set -uo pipefail
@@ -164,14 +164,14 @@ die() {
     exit 1
 }
 
-# sanitize NAME SECONDS TOOL [VAR=VALUE...]: tests/test_cuda under compute-sanitizer's TOOL
+# sanitize NAME SECONDS TOOL [VAR=VALUE...]: tests/unit/test_cuda under compute-sanitizer's TOOL
 # (API errors are the test's own business: it provokes some); the result under NAME.
 sanitize() {
     local name=$1 own=$2 tool=$3 t rc=0
     shift 3
     t=$(tmo "$own" 30) || { res "$name" "skipped (time)"; return; }
     env "$@" timeout -k 5 "$t" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 99 \
-        --log-file "$D/$name.log" "$B/tests/test_cuda" >"$D/$name.out" 2>&1 || rc=$?
+        --log-file "$D/$name.log" "$B/tests/unit/test_cuda" >"$D/$name.out" 2>&1 || rc=$?
     local sum
     sum=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$D/$name.log" 2>/dev/null | tail -n 1 | sed 's/^=* *//')
     echo "$name: exit $rc: ${sum:-no summary}"
@@ -294,7 +294,7 @@ t=$(tmo 120) || die "out of time before configure"
     --without-isal --with-openblas=system CFLAGS="-g -O3" >configure.log 2>&1) || die "configure" "$B/config.log"
 tail -n 14 "$B/configure.log"
 t=$(tmo 300) || die "out of time before make"
-(cd "$B" && timeout -k 5 "$t" make -j"$(nproc)" pipelm tests/test_cuda >make.log 2>&1) || die "make" "$B/make.log"
+(cd "$B" && timeout -k 5 "$t" make -j"$(nproc)" pipelm tests/unit/test_cuda >make.log 2>&1) || die "make" "$B/make.log"
 PIPELM=$B/pipelm
 if ldd "$PIPELM" | grep "not found"; then die "pipelm has libraries not found (above)"; fi
 "$PIPELM" --version || die "pipelm --version"
@@ -304,23 +304,23 @@ SANITIZER=$(command -v compute-sanitizer || true)
 [ -z "$SANITIZER" ] && [ -n "$NVCC" ] && [ -x "$(dirname "$NVCC")/compute-sanitizer" ] && SANITIZER=$(dirname "$NVCC")/compute-sanitizer
 
 # ---------------------------------------------------------------------------------------------
-step "3. tests/test_cuda"
+step "3. tests/unit/test_cuda"
 if want 3; then
     rc=0
-    if ! [ -x "$B/tests/test_cuda" ]; then
+    if ! [ -x "$B/tests/unit/test_cuda" ]; then
         rc=77
-        echo "no $B/tests/test_cuda (a build without CUDA)"
+        echo "no $B/tests/unit/test_cuda (a build without CUDA)"
     elif t=$(tmo 300); then
-        PIPELM_TEST_FULL=1 TEST_CUDA_VERBOSE=1 timeout -k 5 "$t" "$B/tests/test_cuda" >"$OUT/test_cuda.log" 2>&1 || rc=$?
+        PIPELM_TEST_FULL=1 TEST_CUDA_VERBOSE=1 timeout -k 5 "$t" "$B/tests/unit/test_cuda" >"$OUT/test_cuda.log" 2>&1 || rc=$?
     else
-        die "out of time before tests/test_cuda"
+        die "out of time before tests/unit/test_cuda"
     fi
     grep -E "^test_cuda|Checks:|Failures|:[0-9]+:[EF]:" "$OUT/test_cuda.log" 2>/dev/null | head -40
     if [ "$rc" = 77 ] && [ "$DRYRUN" = 1 ]; then
         res test_cuda "skipped (77, dry run)"
     elif [ "$rc" != 0 ]; then
         res test_cuda "FAILED (exit $rc$([ "$rc" -ge 124 ] && echo ", timed out"))"
-        die "tests/test_cuda exit $rc (77: no usable GPU)" "$OUT/test_cuda.log"
+        die "tests/unit/test_cuda exit $rc (77: no usable GPU)" "$OUT/test_cuda.log"
     else
         res test_cuda "passed"
         res test_cuda_worst "$(grep '^test_cuda: worst' "$OUT/test_cuda.log" | sed 's/^test_cuda: //')"

@@ -22,7 +22,7 @@ mpicc -O2 -fopenmp -I"$TOP/include" $(var BLAS_CFLAGS) -o "$tmp/onednn_matmul" "
     "$BUILD/libpipelm.a" $(var HDF5_LIBS) $(var INIH_LIBS) $(var ISAL_LIBS) $(var BLAS_LIBS) $(var DNNL_LIBS) -lm || exit 2
 T=${BENCH_THREADS:-1}
 export OMP_NUM_THREADS=$T OPENBLAS_NUM_THREADS=$T
-# the driver does not run pipelm's OpenBLAS kernel choice (src/blas.c): pick the same family here
+# the driver does not run pipelm's OpenBLAS kernel choice (src/backend/cpu/blas.c): pick the same family here
 if [ -z "$OPENBLAS_CORETYPE" ]; then
     if grep -q -m1 -w avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Cooperlake
     elif grep -q -m1 -w avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prints the include graph of pipelm's own headers, as docs/architecture.md shows it: one
-# line per public header and source file, naming the pipelm headers it includes directly
-# (without "pipelm/" and ".h"). Run from anywhere in the source tree:
+# line per header and source file (its path under src/ or include/),
+# naming the pipelm headers it includes directly (their paths, without ".h"). Run from anywhere in the source tree:
 #   docs/include_graph.sh            print the graph
 #   docs/include_graph.sh --check    exit 1 if docs/architecture.md does not hold it verbatim
 #   docs/include_graph.sh --write    put it into docs/architecture.md, between its markers
@@ -10,10 +10,10 @@ doc=$top/docs/architecture.md
 
 graph() {
     cd "$top" || exit 1
-    for f in include/pipelm/*.h src/*.c src/*.cu src/*.h; do
+    for f in include/pipelm/*.h $(find src -name '*.[ch]' -o -name '*.cu' | LC_ALL=C sort); do
         [ -e "$f" ] || continue
-        deps=$(sed -n 's/^#include "pipelm\/\([a-z0-9_]*\)\.h".*/\1/p' "$f" | sort -u | tr '\n' ' ')
-        printf '%-22s %s\n' "${f#include/pipelm/}" "${deps% }" | sed 's/ *$//'
+        deps=$(sed -n 's/^#include "\([a-z]*\/[a-z0-9_/]*\)\.h".*/\1/p' "$f" | LC_ALL=C sort -u | tr '\n' ' ')
+        printf '%-28s %s\n' "$(echo "$f" | sed 's|^include/||; s|^src/||')" "${deps% }" | sed 's/ *$//'
     done
 }
 

@@ -5,7 +5,7 @@
 # With --test --full (what .ci/run does): the full tier (PIPELM_TEST_FULL=1: the slow checks
 # too, docs/testing.md), then the sanitizer stage (the full tier in ./build-asan, configured
 # --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
-# FUZZ_SECONDS, default 60, in ./build-fuzz) and the cuda-emu stage (tests/cuda_emu.sh: the
+# FUZZ_SECONDS, default 60, in ./build-fuzz) and the cuda-emu stage (tests/lib/cuda_emu.sh: the
 # CUDA kernels under the host emulation). PIPELM_CI_STAGES picks stages (default "tests", or
 # "tests sanitizers fuzz cuda-emu" with --full); PIPELM_TEST_JOBS tests run at once (default 2).
 # Exits non-zero if any stage fails; prints each stage's time as it ends, and all of them last.
@@ -118,7 +118,7 @@ if [ "${1:-}" = "--test" ]; then
             # the CUDA backend's kernels under the host emulation (no GPU needed): test_cuda's
             # plain cases and the conformance test, ASan + UBSan (the full-tier sizes take
             # many more minutes: run them by hand with PIPELM_TEST_FULL=1)
-            PIPELM_TEST_FULL=0 "$top/tests/cuda_emu.sh" . || rc=$?
+            PIPELM_TEST_FULL=0 "$top/tests/lib/cuda_emu.sh" . || rc=$?
             ;;
         *) echo "setup: unknown stage '$stage' in PIPELM_CI_STAGES"; rc=1 ;;
         esac

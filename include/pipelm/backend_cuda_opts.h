@@ -1,8 +1,8 @@
 /*
  * backend_cuda_opts.h — the CUDA backend's settings (--backend-opt KEY=VALUE), each with the
  * environment variable it replaces as its alias. Two files declare the backend: the backend
- * itself (src/backend_cuda.cu, in the module pipelm_cuda.so) and its loader
- * (src/backend_cuda_load.c, in every binary), which must check and list the settings before the
+ * itself (src/backend/cuda/backend_cuda.cu, in the module pipelm_cuda.so) and its loader
+ * (src/backend/cuda/backend_cuda_load.c, in every binary), which must check and list the settings before the
  * module is loaded; both take the table from here, so they cannot disagree. Internal to those two.
  */
 #ifndef PIPELM_BACKEND_CUDA_OPTS_H

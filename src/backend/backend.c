@@ -12,14 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
+#include "util/common.h"
 
 #ifdef HAVE_ONEDNN
-#include "pipelm/onednn_auto.h" /* backend_onednn_auto */
+#include "backend/onednn/onednn_auto.h" /* backend_onednn_auto */
 extern const backend backend_onednn;
 #endif
 #ifdef HAVE_CUDA
-#include "pipelm/backend_cuda_load.h" /* backend_cuda_lazy: loads pipelm_cuda.so on init */
+#include "backend/cuda/backend_cuda_load.h" /* backend_cuda_lazy: loads pipelm_cuda.so on init */
 #endif
 
 /* NULL-terminated table of the backends built into this binary, the reference first. */

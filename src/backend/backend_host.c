@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipelm/backend.h"
-#include "pipelm/backend_host.h"
-#include "pipelm/common.h"
+#include "backend/backend_host.h"
+#include "util/common.h"
 
 int host_alloc(void **p, size_t bytes, char *why, size_t whylen) {
     *p = NULL;

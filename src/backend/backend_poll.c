@@ -6,7 +6,7 @@
 #include <config.h>
 #endif
 #include <stddef.h>
-#include "pipelm/backend_poll.h"
+#include "backend/backend_poll.h"
 
 static const backend *in;          /* the wrapped backend */
 static backend polled;             /* its polling copy */

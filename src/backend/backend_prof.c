@@ -7,7 +7,7 @@
 #include <config.h>
 #endif
 #include <time.h>
-#include "pipelm/backend_prof.h"
+#include "backend/backend_prof.h"
 
 const char *const prof_class_name[PROF_NCLASS] = {
     "matmul", "attention", "norm/GELU/residual/embedding", "loss", "optimizer", "memory",

@@ -16,9 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <mpi.h>
-#include "pipelm/config.h"
-#include "pipelm/optim.h"
-#include "pipelm/stage.h"
+#include "cli/config.h"
+#include "model/optim.h"
+#include "model/stage.h"
 
 #define CKPT_FORMAT_VERSION 1
 #define CKPT_MAX_STAGES 1024

@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
 
 /* All ranks agree on a status, in one MPI_Allreduce (MPI_MAX) that can carry more values:
  * vals[1 .. nvals] (if vals != NULL) are reduced by MAX along with the status, and vals[0]

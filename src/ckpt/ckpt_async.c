@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "pipelm/ckpt_async.h"
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
+#include "ckpt/ckpt_async.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
 
 struct ckpt_async {
     MPI_Comm comm;              /* the writer's own duplicate of the job's communicator */

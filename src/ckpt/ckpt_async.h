@@ -19,7 +19,7 @@
 
 #include <stddef.h>
 #include <mpi.h>
-#include "pipelm/ckpt.h"
+#include "ckpt/ckpt.h"
 
 typedef struct ckpt_async ckpt_async;
 

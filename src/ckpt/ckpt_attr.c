@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
 
 /* ---- small HDF5 helpers (every call through CKPT_H5) ---------------------------------- */
 

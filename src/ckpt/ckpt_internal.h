@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 #include <hdf5.h>
-#include "pipelm/ckpt.h"
+#include "ckpt/ckpt.h"
 
 #define CKPT_FORMAT "pipelm-checkpoint"
 #define CRC_ATTR "crc32c" /* the per-dataset checksum attribute */

@@ -14,9 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/crc32c.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "util/crc32c.h"
 
 /* CRC-32C of n floats as little-endian fp32 bytes (the bytes of the file). */
 uint32_t ckpt_crc_floats(const float *p, size_t n) {

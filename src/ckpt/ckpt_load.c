@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "util/files.h"
 
 /* The checksum a dataset carries (see ckpt.h). */
 int ckpt_dataset_checksum(hid_t ds, const char *dpath, int *has_crc, uint32_t *stored, int *fletcher, h5ctx *cx) {

@@ -33,8 +33,8 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
 
 #define LOCK_NAME ".lock"
 #define LOCK_FORMAT "pipelm-ckpt-lock 1"

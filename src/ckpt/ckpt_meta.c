@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/arch.h"
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/crc32c.h"
+#include "model/arch.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "util/crc32c.h"
 
 /* Every attribute of a checkpoint's metadata, as written or as read back. */
 typedef struct {

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <dirent.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "util/files.h"
 
 /* ---- resolving --resume ----------------------------------------------------------------- */
 

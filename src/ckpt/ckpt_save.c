@@ -27,9 +27,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "util/files.h"
 
 /* ---- the atomic save -------------------------------------------------------------------- */
 

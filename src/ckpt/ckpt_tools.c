@@ -18,16 +18,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/crc32c.h"
-#include "pipelm/files.h"
-#include "pipelm/hf.h"
-#include "pipelm/llmc.h"
-#include "pipelm/safetensors.h"
-#include "pipelm/optim.h"
-#include "pipelm/stage.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "util/crc32c.h"
+#include "util/files.h"
+#include "formats/hf.h"
+#include "formats/llmc.h"
+#include "formats/safetensors.h"
+#include "model/optim.h"
+#include "model/stage.h"
 
 /* What a file is, from its first bytes. */
 enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5, KIND_HF };

@@ -44,8 +44,8 @@
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
 
 /* ---- failure injection ------------------------------------------------------------------ */
 

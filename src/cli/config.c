@@ -26,12 +26,12 @@
 #include <string.h>
 #include <ini.h>
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
-#include "pipelm/arch.h"
-#include "pipelm/config.h"
-#include "pipelm/data.h"
-#include "pipelm/sched.h"
-#include "pipelm/files.h"
+#include "util/common.h"
+#include "model/arch.h"
+#include "cli/config.h"
+#include "formats/data.h"
+#include "pipeline/sched.h"
+#include "util/files.h"
 
 /* A config file larger than this is refused (a settings file is a few hundred bytes). */
 #define CONFIG_MAX_BYTES (1u << 20)

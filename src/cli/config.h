@@ -16,8 +16,8 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "pipelm/hparams.h"
-#include "pipelm/model.h"
+#include "model/hparams.h"
+#include "model/model.h"
 
 #define PL_PATH 4096
 

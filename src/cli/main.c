@@ -8,12 +8,12 @@
 #include <string.h>
 #include <time.h>
 #include <mpi.h>
-#include "pipelm/blas.h"
-#include "pipelm/common.h"
-#include "pipelm/comm.h"
-#include "pipelm/config.h"
-#include "pipelm/pipelm.h"
-#include "pipelm/signals.h"
+#include "backend/cpu/blas.h"
+#include "util/common.h"
+#include "parallel/comm.h"
+#include "cli/config.h"
+#include "cli/pipelm.h"
+#include "util/signals.h"
 
 /* train and bench catch SIGTERM/SIGINT/SIGUSR1 from before main on: this constructor runs
  * once the shared libraries are loaded (again after blas_choose_kernel's re-exec, which resets

@@ -7,18 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/bench.h"
-#include "pipelm/ckpt.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/eval.h"
-#include "pipelm/generate.h"
-#include "pipelm/files.h"
-#include "pipelm/pipelm.h"
-#include "pipelm/sched.h"
-#include "pipelm/sched_cost.h"
-#include "pipelm/train.h"
-#include "pipelm/tune.h"
+#include "run/bench.h"
+#include "ckpt/ckpt.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "run/eval.h"
+#include "run/generate.h"
+#include "util/files.h"
+#include "cli/pipelm.h"
+#include "pipeline/sched.h"
+#include "pipeline/sched_cost.h"
+#include "run/train.h"
+#include "pipeline/tune.h"
 
 static void usage(FILE *out) {
     fprintf(out,

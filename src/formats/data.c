@@ -12,10 +12,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/data.h"
-#include "pipelm/files.h"
-#include "pipelm/rng.h"
+#include "util/common.h"
+#include "formats/data.h"
+#include "util/files.h"
+#include "util/rng.h"
 
 #define TOKENS_MAGIC 20240520
 #define TOKENS32_MAGIC 20240801 /* llm.c's Llama 3 token files: uint32 tokens, version 7 */

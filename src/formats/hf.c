@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/hf.h"
-#include "pipelm/hf_internal.h"
-#include "pipelm/safetensors.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "formats/hf.h"
+#include "formats/hf_internal.h"
+#include "formats/safetensors.h"
 
 #define HF_PATH 4200
 #define HF_MAX_SHARDS 4096

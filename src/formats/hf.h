@@ -16,7 +16,7 @@
 
 #include <stddef.h>
 #include <mpi.h>
-#include "pipelm/stage.h"
+#include "model/stage.h"
 
 /* 1 if path names a Hugging Face model (a directory, or a name ending in ".safetensors"). */
 int hf_is_model(const char *path);

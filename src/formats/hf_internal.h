@@ -7,8 +7,8 @@
 #define PIPELM_HF_INTERNAL_H
 
 #include <stddef.h>
-#include "pipelm/model.h"
-#include "pipelm/safetensors.h"
+#include "model/model.h"
+#include "formats/safetensors.h"
 
 #define HF_MAX_PARTS 4
 

@@ -18,11 +18,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
-#include "pipelm/hf.h"
-#include "pipelm/hf_internal.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "util/files.h"
+#include "formats/hf.h"
+#include "formats/hf_internal.h"
 
 #define HF_MAX_OUT 100000
 

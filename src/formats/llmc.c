@@ -16,11 +16,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/files.h"
-#include "pipelm/llmc.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "util/files.h"
+#include "formats/llmc.h"
 
 /* Visit the rows of file slot i (model rows, then the file's zero rows, of every part) in
  * file order: the per-layer floats before `want` in the slot (*sub), the slot's per-layer

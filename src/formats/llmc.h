@@ -18,7 +18,7 @@
 
 #include <stddef.h>
 #include <mpi.h>
-#include "pipelm/stage.h"
+#include "model/stage.h"
 
 #define LLMC_MODEL_MAGIC 20240326
 #define LLMC_LLAMA_MAGIC 20240803 /* llm.c's Llama 3 files (docs/formats.md): 2048-byte header */

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/files.h"
-#include "pipelm/safetensors.h"
+#include "util/common.h"
+#include "util/files.h"
+#include "formats/safetensors.h"
 
 static const char *const dtype_names[] = {"F32", "BF16", "F16"};
 

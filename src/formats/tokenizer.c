@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/tokenizer.h"
+#include "util/common.h"
+#include "formats/tokenizer.h"
 
 /* The header: magic, version, vocabulary (the model's), end-of-text id. */
 static int tok_header(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {

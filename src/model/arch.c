@@ -11,9 +11,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/rng.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "util/rng.h"
 
 const model_arch *const arch_registry[] = {&arch_gpt2, &arch_llama};
 const int arch_count = (int)(sizeof arch_registry / sizeof arch_registry[0]);

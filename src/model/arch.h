@@ -19,9 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "pipelm/backend.h"
-#include "pipelm/config.h"
-#include "pipelm/kvcache.h"
-#include "pipelm/model.h"
+#include "cli/config.h"
+#include "model/kvcache.h"
+#include "model/model.h"
 
 /* A dimension as a function of the config (and, for activations, of the sequence length T). */
 typedef enum {

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/kvcache.h"
-#include "pipelm/stage.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "model/kvcache.h"
+#include "model/stage.h"
 
 /* The next n floats of the arena (base NULL: only counted), 64-byte aligned. */
 static float *kv_carve(char *base, size_t *off, size_t n) {

@@ -14,7 +14,7 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
-#include "pipelm/model.h"
+#include "model/model.h"
 
 /* Rows [row, row + n) of an item are positions pos..pos+n-1 of sequence seq; k and v are that
  * sequence's cache of the block being computed ((maxT, NKV HS) each, backend memory), set by

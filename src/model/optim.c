@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/arch.h"
-#include "pipelm/optim.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "model/arch.h"
+#include "model/optim.h"
 
 /* The whole-size moments, zero; one replica of one. */
 int optim_init(optim *o, stage *st, const optim_hparams *h, char *err, size_t errlen) {

@@ -19,8 +19,8 @@
 #define PIPELM_OPTIM_H
 
 #include <mpi.h>
-#include "pipelm/hparams.h"
-#include "pipelm/stage.h"
+#include "model/hparams.h"
+#include "model/stage.h"
 
 /* The state buffers, as optim_buffer() names them. */
 enum { OPTIM_PARAMS = 0, OPTIM_M = 1, OPTIM_V = 2, OPTIM_NBUF = 3 };

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/arch.h"
+#include "model/arch.h"
 #include "pipelm/backend_math.h"
-#include "pipelm/common.h"
-#include "pipelm/stage.h"
+#include "util/common.h"
+#include "model/stage.h"
 
 #define STAGE_MAX_TENSOR 2147483647LL /* floats in one buffer (MPI counts are int) */
 

@@ -25,9 +25,9 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
-#include "pipelm/exact.h"
-#include "pipelm/arch.h"
-#include "pipelm/model.h"
+#include "parallel/exact.h"
+#include "model/arch.h"
+#include "model/model.h"
 
 /* Output gradients the stage-level weight ops need, beside the blocks': one allocation. */
 typedef struct {

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/signals.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "util/signals.h"
 
 double comm_watchdog_s = 600.0;
 double comm_stop_grace_s = 60.0;

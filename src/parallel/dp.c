@@ -8,11 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/backend_poll.h"
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/dp.h"
-#include "pipelm/exact.h"
+#include "backend/backend_poll.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "parallel/dp.h"
+#include "parallel/exact.h"
 
 /* Piece j of a bucket of n floats over D replicas: [j n / D, (j + 1) n / D). */
 static size_t piece_lo(size_t n, int D, int j) { return n * (size_t)j / (size_t)D; }

@@ -32,8 +32,8 @@
 
 #include <mpi.h>
 #include <stddef.h>
-#include "pipelm/optim.h"
-#include "pipelm/stage.h"
+#include "model/optim.h"
+#include "model/stage.h"
 
 /* One contiguous range of the stage's buffers reduced as a unit. */
 typedef struct {

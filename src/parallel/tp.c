@@ -12,10 +12,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/crc32c.h"
-#include "pipelm/tp.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "util/crc32c.h"
+#include "parallel/tp.h"
 
 /* The group over comm: its size and this rank's index; nothing collective. */
 int tp_init(tp_group *g, MPI_Comm comm, const backend *be, int fail_step, int fail_wrank, char *err,

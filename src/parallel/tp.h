@@ -26,8 +26,8 @@
 
 #include <mpi.h>
 #include <stddef.h>
-#include "pipelm/optim.h"
-#include "pipelm/stage.h"
+#include "model/optim.h"
+#include "model/stage.h"
 
 typedef struct {
     MPI_Comm comm;          /* the T ranks of this (stage, replica), rank = TP index */

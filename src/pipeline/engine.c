@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/engine.h"
-#include "pipelm/trace.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "pipeline/engine.h"
+#include "run/trace.h"
 
 /* Message tag: direction (0 activations, 1 gradients), step parity, receiving stage, micro-batch. */
 static int msg_tag(const engine *e, int dir, long step, int s_recv, int mb) {

@@ -17,8 +17,8 @@
 #define PIPELM_ENGINE_H
 
 #include <mpi.h>
-#include "pipelm/stage.h"
-#include "pipelm/sched.h"
+#include "model/stage.h"
+#include "pipeline/sched.h"
 
 typedef struct trace trace;
 

@@ -1,9 +1,9 @@
 /*
  * sched.c: pipeline schedules (build, text/CSV form, validation, unit-cost
- * simulation, grid printing). See include/pipelm/sched.h.
+ * simulation, grid printing). See src/pipeline/sched.h.
  */
-#include "pipelm/common.h"
-#include "pipelm/sched.h"
+#include "util/common.h"
+#include "pipeline/sched.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

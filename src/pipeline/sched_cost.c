@@ -9,8 +9,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/sched_cost.h"
+#include "util/common.h"
+#include "pipeline/sched_cost.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;

@@ -12,7 +12,7 @@
 #define PIPELM_SCHED_COST_H
 
 #include <stdio.h>
-#include "pipelm/sched.h"
+#include "pipeline/sched.h"
 
 typedef struct {
     int P;                      /* stages */

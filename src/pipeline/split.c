@@ -7,9 +7,9 @@
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/sched.h"
-#include "pipelm/split.h"
+#include "util/common.h"
+#include "pipeline/sched.h"
+#include "pipeline/split.h"
 
 /* Embedding lookup: a gather and an add per channel, counted as 2C "flops" of work. */
 static double embed_flops(const model_config *c) { return 2.0 * c->C; }

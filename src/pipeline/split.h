@@ -14,7 +14,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "pipelm/model.h"
+#include "model/model.h"
 
 typedef struct {
     int P;

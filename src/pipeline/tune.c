@@ -1,14 +1,14 @@
 /*
- * tune.c — the layout tuner's search (include/pipelm/tune.h).
+ * tune.c — the layout tuner's search (src/pipeline/tune.h).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/model.h"
-#include "pipelm/sched.h"
-#include "pipelm/split.h"
-#include "pipelm/tune.h"
+#include "util/common.h"
+#include "model/model.h"
+#include "pipeline/sched.h"
+#include "pipeline/split.h"
+#include "pipeline/tune.h"
 
 /* The schedules searched, with the chunks per rank each is tried with (0 ends a list). */
 static const struct { const char *name; int V[3]; } searched[] = {

@@ -36,8 +36,8 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdio.h>
-#include "pipelm/model.h"
-#include "pipelm/sched_cost.h"
+#include "model/model.h"
+#include "pipeline/sched_cost.h"
 
 /* The recompute modes a costs file can be measured with (bench --recompute MODE --costs-out). */
 enum { TUNE_NONE, TUNE_SELECTIVE, TUNE_FULL, TUNE_NMODES };

@@ -1,13 +1,13 @@
 /*
  * waitsplit.c — the measured wait split into schedule, straggler, transfer and remainder
- * (include/pipelm/waitsplit.h).
+ * (src/pipeline/waitsplit.h).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/waitsplit.h"
+#include "util/common.h"
+#include "pipeline/waitsplit.h"
 
 /* The seconds of one micro-batch's F and backward (B, or I + W) on stage st. */
 static double stage_work(const sched_costs *c, int st) {

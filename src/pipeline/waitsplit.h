@@ -16,8 +16,8 @@
 #define PIPELM_WAITSPLIT_H
 
 #include <stddef.h>
-#include "pipelm/sched.h"
-#include "pipelm/sched_cost.h"
+#include "pipeline/sched.h"
+#include "pipeline/sched_cost.h"
 
 #define WAITSPLIT_OVER 0.10
 

@@ -12,10 +12,10 @@
 #include <unistd.h>
 #include <cblas.h>
 #include "pipelm/backend.h"
-#include "pipelm/bench.h"
-#include "pipelm/blas.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
+#include "run/bench.h"
+#include "backend/cpu/blas.h"
+#include "util/common.h"
+#include "util/files.h"
 
 double bench_sgemm_gflops(int n, int threads, double seconds) {
     if (n < 1 || n > 16384) return 0.0;

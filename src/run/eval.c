@@ -12,16 +12,16 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/ckpt.h"
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/eval.h"
-#include "pipelm/files.h"
-#include "pipelm/metrics.h"
-#include "pipelm/pipelm.h"
-#include "pipelm/run.h"
-#include "pipelm/tp.h"
-#include "pipelm/train.h"
+#include "ckpt/ckpt.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "run/eval.h"
+#include "util/files.h"
+#include "run/metrics.h"
+#include "cli/pipelm.h"
+#include "run/run.h"
+#include "parallel/tp.h"
+#include "run/train.h"
 
 /* Match one argument against the table: the option's index, or -1; *val points at an
  * inline "=VALUE" or is NULL. */

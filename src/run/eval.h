@@ -13,8 +13,8 @@
 
 #include <mpi.h>
 #include <stddef.h>
-#include "pipelm/config.h"
-#include "pipelm/model.h"
+#include "cli/config.h"
+#include "model/model.h"
 
 /* `pipelm eval ...` on comm: exit status (0, 1, 2, 75); *abort_needed as pipelm_main's. */
 int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);

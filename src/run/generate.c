@@ -17,19 +17,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/eval.h"
-#include "pipelm/files.h"
-#include "pipelm/generate.h"
-#include "pipelm/kvcache.h"
-#include "pipelm/metrics.h"
-#include "pipelm/pipelm.h"
-#include "pipelm/rng.h"
-#include "pipelm/run.h"
-#include "pipelm/signals.h"
-#include "pipelm/tokenizer.h"
-#include "pipelm/train.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "run/eval.h"
+#include "util/files.h"
+#include "run/generate.h"
+#include "model/kvcache.h"
+#include "run/metrics.h"
+#include "cli/pipelm.h"
+#include "util/rng.h"
+#include "run/run.h"
+#include "util/signals.h"
+#include "formats/tokenizer.h"
+#include "run/train.h"
 
 enum { K_WORK = 1, K_END = 2 };      /* header kinds */
 enum { H_KIND, H_ITEM, H_NSEG, H_STOP, H_LEN }; /* header fields, then 4 per segment */

@@ -17,7 +17,7 @@
 #define PIPELM_GENERATE_H
 
 #include <mpi.h>
-#include "pipelm/config.h"
+#include "cli/config.h"
 
 /* The options of generate (beyond the common table). */
 typedef struct gen_opts {

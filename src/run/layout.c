@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/layout.h"
+#include "util/common.h"
+#include "run/layout.h"
 
 /* The i-th CPU (in ascending order) of a mask, or -1. */
 static int nth_cpu(const cpu_set_t *set, int i) {

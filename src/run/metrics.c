@@ -9,9 +9,9 @@
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/files.h"
-#include "pipelm/metrics.h"
+#include "util/common.h"
+#include "util/files.h"
+#include "run/metrics.h"
 
 int metrics_open(metrics *m, const char *path, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);

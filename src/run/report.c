@@ -11,17 +11,17 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include "pipelm/arch.h"
-#include "pipelm/backend_prof.h"
-#include "pipelm/bench.h"
-#include "pipelm/sched_cost.h"
-#include "pipelm/blas.h"
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
-#include "pipelm/run.h"
-#include "pipelm/trace.h"
-#include "pipelm/waitsplit.h"
+#include "model/arch.h"
+#include "backend/backend_prof.h"
+#include "run/bench.h"
+#include "pipeline/sched_cost.h"
+#include "backend/cpu/blas.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "util/files.h"
+#include "run/run.h"
+#include "run/trace.h"
+#include "pipeline/waitsplit.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
  * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */

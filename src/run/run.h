@@ -9,17 +9,17 @@
 #define PIPELM_RUN_H
 
 #include <mpi.h>
-#include "pipelm/config.h"
-#include "pipelm/data.h"
-#include "pipelm/dp.h"
-#include "pipelm/engine.h"
-#include "pipelm/layout.h"
-#include "pipelm/metrics.h"
-#include "pipelm/optim.h"
-#include "pipelm/sched.h"
-#include "pipelm/split.h"
-#include "pipelm/stage.h"
-#include "pipelm/tp.h"
+#include "cli/config.h"
+#include "formats/data.h"
+#include "parallel/dp.h"
+#include "pipeline/engine.h"
+#include "run/layout.h"
+#include "run/metrics.h"
+#include "model/optim.h"
+#include "pipeline/sched.h"
+#include "pipeline/split.h"
+#include "model/stage.h"
+#include "parallel/tp.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };

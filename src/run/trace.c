@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/files.h"
-#include "pipelm/trace.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "util/files.h"
+#include "run/trace.h"
 
 /* One event, fixed size so ranks can ship arrays of them as bytes. */
 typedef struct {

@@ -13,7 +13,7 @@
 #define PIPELM_TRAIN_H
 
 #include <mpi.h>
-#include "pipelm/config.h"
+#include "cli/config.h"
 
 /* Run training with the parsed options on comm. Returns PL_OK or an error code; *agreed is
  * 1 when every rank returns the same code together, 0 when this rank failed alone (the

@@ -15,12 +15,12 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "pipelm/ckpt.h"
-#include "pipelm/ckpt_async.h"
-#include "pipelm/comm.h"
-#include "pipelm/common.h"
-#include "pipelm/run.h"
-#include "pipelm/trace.h"
+#include "ckpt/ckpt.h"
+#include "ckpt/ckpt_async.h"
+#include "parallel/comm.h"
+#include "util/common.h"
+#include "run/run.h"
+#include "run/trace.h"
 
 /* The training state that goes into a checkpoint beside the tensors. */
 static void fill_meta(const run *R, int step, ckpt_meta *m) {

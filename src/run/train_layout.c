@@ -20,9 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/common.h"
-#include "pipelm/llmc.h"
-#include "pipelm/run.h"
+#include "util/common.h"
+#include "formats/llmc.h"
+#include "run/run.h"
 
 /* This rank's share of its node's available memory, in bytes (-1: unknown); collective over
  * the world (the ranks on each node are counted with MPI_Comm_split_type). */

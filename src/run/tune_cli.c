@@ -1,6 +1,6 @@
 /*
  * tune_cli.c — `pipelm tune`: the tuner's command line, its table, its JSON, and --verify
- * (the top K benchmarked in this job, measured beside predicted). See include/pipelm/tune.h.
+ * (the top K benchmarked in this job, measured beside predicted). See src/pipeline/tune.h.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/files.h"
-#include "pipelm/train.h"
-#include "pipelm/tune.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "util/files.h"
+#include "run/train.h"
+#include "pipeline/tune.h"
 
 typedef struct {
     const char *costs, *json;

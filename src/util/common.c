@@ -7,7 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <unistd.h>
-#include "pipelm/common.h"
+#include "util/common.h"
 
 int pl_rank = -1;
 FILE *pl_out = NULL;

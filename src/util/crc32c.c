@@ -6,7 +6,7 @@
  * returns the register, with neither the initial nor the final inversion, so
  *     crc32c_extend(crc, p, n) == ~crc32_iscsi(p, n, ~crc)
  * (crc32c("123456789") = ~crc32_iscsi(.., 9, 0xFFFFFFFF) = 0xE3069283): the same values as
- * the built-in code, which tests/test_crc.c checks. Its length is an int, so longer buffers go
+ * the built-in code, which tests/unit/test_crc.c checks. Its length is an int, so longer buffers go
  * in pieces of ISAL_CHUNK bytes; below ISAL_MIN bytes the built-in SSE4.2 loop is faster
  * (ISA-L's folding set-up costs more than it saves), so crc32c() keeps those.
  *
@@ -24,7 +24,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include "pipelm/crc32c.h"
+#include "util/crc32c.h"
 #ifdef HAVE_ISAL
 #include <isa-l/crc.h>
 #ifndef ISAL_CHUNK /* (a test build may make it small, to exercise the pieces) */

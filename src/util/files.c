@@ -12,8 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/files.h"
+#include "util/common.h"
+#include "util/files.h"
 
 /* Name of a file type for messages. */
 const char *pl_file_type_name(mode_t mode) {

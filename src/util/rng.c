@@ -5,7 +5,7 @@
 #include <config.h>
 #endif
 #include <math.h>
-#include "pipelm/rng.h"
+#include "util/rng.h"
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846

@@ -7,8 +7,8 @@
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/common.h"
-#include "pipelm/signals.h"
+#include "util/common.h"
+#include "util/signals.h"
 
 static volatile sig_atomic_t stop_sig = 0;
 static int installed = 0;

@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt.c — the checkpoint metadata reader (ckpt_read_info / ckpt_read_meta, src/ckpt_meta.c).
+ * fuzz_ckpt.c — the checkpoint metadata reader (ckpt_read_info / ckpt_read_meta, src/ckpt/ckpt_meta.c).
  *
  * Raw HDF5 bytes would mostly fuzz libhdf5's own file parser, which is not ours. Instead the
  * input is a recipe for the attributes of a checkpoint: starting from those of a valid one
@@ -18,8 +18,8 @@
 #include <math.h>
 #include <hdf5.h>
 #include "fuzz.h"
-#include "pipelm/ckpt.h"
-#include "pipelm/stage.h"
+#include "ckpt/ckpt.h"
+#include "model/stage.h"
 
 typedef enum { A_I64, A_F64, A_STR } akind;
 typedef struct {

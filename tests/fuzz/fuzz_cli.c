@@ -1,11 +1,11 @@
 /*
- * fuzz_cli.c — the command line (config_parse in src/config.c). The input after its first
+ * fuzz_cli.c — the command line (config_parse in src/cli/config.c). The input after its first
  * byte is split on NUL bytes into argv; the first byte's low bit says train or bench options.
  * Arguments naming --config are dropped (a fuzzed path could name /dev/stdin or a FIFO; the
  * INI file itself is fuzz_ini's job), so only the flag parser is exercised.
  */
 #include "fuzz.h"
-#include "pipelm/config.h"
+#include "cli/config.h"
 
 #define MAX_ARGS 64
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_config.c — the one validation of a configuration (config_validate, config_model,
- * config_check_llama / _model / _train in src/config.c) against its promise: whatever start-up
+ * config_check_llama / _model / _train in src/cli/config.c) against its promise: whatever start-up
  * accepts, the checkpoint loader and the llm.c header reader accept too (so what trains can
  * resume). The input fills a run's model and training settings (byte 0: arch; then each
  * setting takes a control byte: 0 keep the preset's, 1 an edge value from a table, 2 raw
@@ -15,9 +15,9 @@
 #include <limits.h>
 #include <math.h>
 #include "fuzz.h"
-#include "pipelm/config.h"
-#include "pipelm/llmc.h"
-#include "pipelm/model.h"
+#include "cli/config.h"
+#include "formats/llmc.h"
+#include "model/model.h"
 
 static const long long edge_i[] = {0, 1, -1, 2, 3, 4, 6, 7, 8, 12, 16, 24, 32, 64, 100, 255, 256, 257, 1000, 1001,
                                    1024, 65536, 1 << 20, (1 << 20) + 1, INT_MAX, INT_MIN};

@@ -1,6 +1,6 @@
 /*
- * fuzz_costs.c — the schedule-costs reader (src/sched_cost.c) and the tuner's search on what it
- * accepts (src/tune.c): the input is a costs file. What sched_costs_read accepts is written
+ * fuzz_costs.c — the schedule-costs reader (src/pipeline/sched_cost.c) and the tuner's search on what it
+ * accepts (src/pipeline/tune.c): the input is a costs file. What sched_costs_read accepts is written
  * back and read again (the same numbers: %.9g of what was read, so a second round trip is
  * exact), played with 1f1b for its stage count, and searched by tune_search for a small batch
  * with and without a model (the split and D x P search need one): nothing may crash, leak or
@@ -8,9 +8,9 @@
  */
 #include <math.h>
 #include "fuzz.h"
-#include "pipelm/config.h"
-#include "pipelm/sched_cost.h"
-#include "pipelm/tune.h"
+#include "cli/config.h"
+#include "pipeline/sched_cost.h"
+#include "pipeline/tune.h"
 
 /* Written and read back: the same stage count, replicas and block counts. */
 static void round_trip(const sched_costs *c) {

@@ -1,9 +1,9 @@
 /*
- * fuzz_ini.c — the --config INI file (src/config.c through inih): the input is the file,
+ * fuzz_ini.c — the --config INI file (src/cli/config.c through inih): the input is the file,
  * given as `--config FILE`; what parses is then validated and written as the metrics JSON.
  */
 #include "fuzz.h"
-#include "pipelm/config.h"
+#include "cli/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_path("config.ini");

@@ -1,12 +1,12 @@
 /*
- * fuzz_llmc.c — the llm.c model file reader (src/llmc.c): the input is the whole file.
+ * fuzz_llmc.c — the llm.c model file reader (src/formats/llmc.c): the input is the whole file.
  * llmc_read_config checks magic, version, dimensions, padded vocab and file size; when it
  * accepts a small model, llmc_load_stage reads every tensor of a one-stage model from it.
  */
 #include "fuzz.h"
 #include "pipelm/backend.h"
-#include "pipelm/llmc.h"
-#include "pipelm/stage.h"
+#include "formats/llmc.h"
+#include "model/stage.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_path("model.bin");

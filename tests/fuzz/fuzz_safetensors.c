@@ -1,5 +1,5 @@
 /*
- * fuzz_safetensors.c — the safetensors reader (src/safetensors.c): the input is the file.
+ * fuzz_safetensors.c — the safetensors reader (src/formats/safetensors.c): the input is the file.
  * An accepted header must describe tensors that lie inside the data, of the size their
  * shape and dtype give, none overlapping another; each tensor of under a million elements
  * is then read in full (a non-finite value may be refused, nothing else).
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fuzz.h"
-#include "pipelm/safetensors.h"
+#include "formats/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_path("model.safetensors");

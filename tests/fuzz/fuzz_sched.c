@@ -1,10 +1,10 @@
 /*
- * fuzz_sched.c — the schedule CSV reader (src/sched.c): the input is the CSV. What
+ * fuzz_sched.c — the schedule CSV reader (src/pipeline/sched.c): the input is the CSV. What
  * sched_read_csv accepts goes through sched_validate and sched_simulate, is printed as a grid,
  * and is written back as CSV and read again: the round trip must give the same schedule.
  */
 #include "fuzz.h"
-#include "pipelm/sched.h"
+#include "pipeline/sched.h"
 
 static int same(const sched *a, const sched *b) {
     if (a->P != b->P || a->M != b->M) return 0;

@@ -1,5 +1,5 @@
 /*
- * fuzz_tokens.c — the data file readers (src/data.c): an llm.c token file (magic 20240520,
+ * fuzz_tokens.c — the data file readers (src/formats/data.c): an llm.c token file (magic 20240520,
  * version 1, uint16 tokens) or, when the first input byte is odd, a text: file. The input
  * after the first two bytes is the file; the second picks the vocabulary size. Once the file
  * is accepted, batches of a few shapes are read from it and every token checked against V;
@@ -8,7 +8,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include "fuzz.h"
-#include "pipelm/data.h"
+#include "formats/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_in in = {data, size};

@@ -29,21 +29,21 @@ done
 
 version=$(sed -n 's/^AC_INIT(\[pipelm\], \[\([^]]*\)\].*/\1/p' "$top/configure.ac")
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-cflags=(-g -O1 -fopenmp -Wno-pass-failed $san "-DPACKAGE_VERSION=\"${version:-0}\"" -I"$top/include" -I"$top/tests/fuzz"
+cflags=(-g -O1 -fopenmp -Wno-pass-failed $san "-DPACKAGE_VERSION=\"${version:-0}\"" -I"$top/src" -I"$top/include" -I"$top/tests/fuzz"
         $(pkg-config --cflags openblas hdf5-mpich inih jansson mpich))
 libs="$(pkg-config --libs hdf5-mpich inih jansson openblas mpich) -lm"
 mkdir -p "$out/obj" "$out/artifacts" "$out/corpus"
 
 # the library, without main.c, compiled once with coverage instrumentation (fuzzer-no-link):
 # the core sources only (the optional backends, added under `if`, are not parsers of input)
-srcs=$(sed -n '/^libpipelm_a_SOURCES =/,/^[^\t]/p' "$top/Makefile.am" | grep -oE 'src/[a-z0-9_]+\.c( |$)')
+srcs=$(sed -n '/^libpipelm_a_SOURCES =/,/^[^\t]/p' "$top/Makefile.am" | grep -oE 'src/[a-z0-9_/]+\.c( |$)')
 build_start=$(date +%s)
 stale=""
 objs=()
 for s in $srcs; do
     o="$out/obj/$(basename "$s" .c).o"
     objs+=("$o")
-    [ -f "$o" ] && [ "$o" -nt "$top/$s" ] && [ -z "$(find "$top/include" -newer "$o" -name '*.h' | head -n 1)" ] || stale="$stale $s"
+    [ -f "$o" ] && [ "$o" -nt "$top/$s" ] && [ -z "$(find "$top/include" "$top/src" -newer "$o" -name "*.h" | head -n 1)" ] || stale="$stale $s"
 done
 if [ -n "$stale" ]; then
     echo "fuzz: compiling$stale"
@@ -69,8 +69,8 @@ echo "fuzz: built in $(($(date +%s) - build_start)) s into $out"
 
 # sanitizer options: leaks count as failures (libFuzzer checks each input), UB aborts
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$top/tests/ubsan.supp}
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$top/tests/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$top/tests/lib/ubsan.supp}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$top/tests/lib/lsan.supp:print_suppressions=0}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 status=0
 summary=""

@@ -38,9 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <mpi.h>
-#include "pipelm/pipelm.h"
-#include "pipelm/rng.h"
-#include "pipelm/sched.h"
+#include "cli/pipelm.h"
+#include "util/rng.h"
+#include "pipeline/sched.h"
 
 #define MAXM 8
 #define NLAYER 4

@@ -5,7 +5,7 @@
 # data settings, weights holding NaN, absurd dimensions, and values the parsers used to read
 # wrongly. Each must end every rank quickly, non-zero, with a message naming the file or the
 # option. Every run is under a timeout; a hang fails.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 # Debian's python3 (with python3-h5py) rather than whatever python3 comes first on PATH
 PY=python3

@@ -4,7 +4,7 @@
 # cross precisions and stage counts, and a failing backend allocation that ends every rank.
 # bf16 needs a CPU with native bf16 (AVX512-BF16 or AMX): without it those checks skip
 # (exit 77), the fp32 ones still run. Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 STEPS=4
 COMMON="--preset tiny --steps $STEPS --batch 8 --seq-len 32 --microbatches 4 --eval-every 0 --progress 0 --log-every 100"

@@ -3,7 +3,7 @@
 # SSE3 kernel) pipelm re-executes itself once with the best kernel the CPU's features allow;
 # an OPENBLAS_CORETYPE set by the user always wins; --blas-auto 0 (or its alias
 # PIPELM_BLAS_AUTO=0) keeps the library's own choice. The banner and `bench --peak` say which kernel runs and why.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 # what the library picks on its own, without pipelm
 cat > corename.c <<'C'

@@ -6,7 +6,7 @@
 # chunked pipelines, and Llama. Checkpoints stay named by layer: a save on P x V resumes
 # bit-identically on other P' x V' and on 1f1b. Refusals name the reason; a failing rank
 # ends every rank. Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 STEPS=3
 # six blocks: up to 8 stages (the first and the last may hold none)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # test_ckpt_async.sh — --ckpt-async (issue 27), every mpiexec under a timeout:
 #   a. an async save is the synchronous save of the same step (every dataset's bytes, every
-#      crc32c, every attribute but /created and /meta_crc32c; tests/ckpt_same.py with h5py)
+#      crc32c, every attribute but /created and /meta_crc32c; tests/reference/ckpt_same.py with h5py)
 #      on 1, 2 and 4 ranks (4: D x P = 2 x 2 with ZeRO-1), verifies (pipelm inspect), and
 #      every save writes its "ckpt" metrics line;
 #   b. a run resumed from an async checkpoint continues bit-identically (losses and final
@@ -13,11 +13,11 @@
 #      completes, exit 75, and the resume continues bit-identically;
 #   e. refusals: MPI without MPI_THREAD_MULTIPLE (PIPELM_MPI_THREAD=serialized), a snapshot
 #      that does not fit (PIPELM_CKPT_ASYNC_MEM_MB); the watchdog ends a writer that hangs.
-. "$(dirname "$0")/lib.sh"
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$WORK"
 PY=/usr/bin/python3
-SAME="$PY $TOP/tests/ckpt_same.py"
+SAME="$PY $TOP/tests/reference/ckpt_same.py"
 C="--preset tiny --batch 8 --seq-len 16 --microbatches 2 --eval-every 0 --progress 0 --lr-schedule constant"
 unset SLURM_JOB_ID SLURM_RESTART_COUNT PIPELM_CKPT_FAIL
 have_h5py=1

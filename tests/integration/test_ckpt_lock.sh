@@ -13,7 +13,7 @@
 #      latest: the previous checkpoint stays latest and verifies; a failed save in a run that
 #      is not resuming does not talk of resuming.
 # Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 C="--preset tiny --batch 4 --seq-len 16 --microbatches 2 --eval-every 0 --progress 0 --log-every 1000"
 unset SLURM_JOB_ID SLURM_RESTART_COUNT

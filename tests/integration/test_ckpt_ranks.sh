@@ -10,11 +10,11 @@
 # verifies every CRC-32C and names a corrupted dataset, as a load does; h5py reads the file
 # as the schema says and recomputes a few crc32c attributes; and, once `pipelm train` saves checkpoints, a run killed after
 # its step-2 checkpoint resumes to the same final weights as an uninterrupted run.
-# Multi-rank saves use tests/test_ckpt's driver mode (see its usage()). Every mpiexec runs
+# Multi-rank saves use tests/unit/test_ckpt's driver mode (see its usage()). Every mpiexec runs
 # under a timeout.
-. "$(dirname "$0")/lib.sh"
-SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
-T=$(dirname "$PIPELM")/tests/test_ckpt
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+T=$(dirname "$PIPELM")/tests/unit/test_ckpt
 if [ ! -x "$T" ]; then
     echo "SKIP: $T is not built"
     exit 77
@@ -120,7 +120,7 @@ if [ $rc -eq 0 ] && grep -q "all 120 checksums OK" i1.out && grep -q 'format .*"
     ok "inspect: every checksum holds, exit 0"
 else bad "inspect of a good file" "exit $rc: $(tail -n 2 i1.out)"; fi
 # an independent reader (h5py, which ./jobs/setup.sh --test installs: its absence fails)
-/usr/bin/python3 "$SRC/tests/ckpt_h5py.py" m.bin m.h5 > py.out 2>&1
+/usr/bin/python3 "$SRC/tests/reference/ckpt_h5py.py" m.bin m.h5 > py.out 2>&1
 rc=$?
 if [ $rc -eq 0 ]; then ok "h5py reads it: $(sed 's/^ckpt_h5py: //' py.out)"
 else bad "h5py check (exit $rc)" "$(cat py.out)"; fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 # test_cli.sh — the command line: help, version, refused flags and values, config files,
 # the schedule printer. Single-process runs, each under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 run() { timeout -k 5 60 "$PIPELM" "$@"; }
 

@@ -2,7 +2,7 @@
 # test_config.sh — one validation of a configuration: what start-up accepts trains, saves and
 # resumes, and what a checkpoint (or an --init header) would refuse is refused at start-up by
 # name; bad settings found after parsing exit 2 on every rank (no hang).
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 run() { timeout -k 5 60 "$PIPELM" "$@"; }
 T="--steps 1 --log-every 100 --val-batches 1 --eval-every 0"

@@ -11,7 +11,7 @@
 #   - refusals (a world size that does not fit, a batch that does not split) name what would
 #     work; a failing rank of one replica ends every rank of every replica, quickly, named.
 # Every mpiexec runs under a timeout. Ranks are oversubscribed on small machines: shapes are tiny.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 STEPS=4
 COMMON="--preset tiny --steps $STEPS --batch 8 --seq-len 32 --eval-every 0 --progress 0 --log-every 100"

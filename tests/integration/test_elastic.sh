@@ -10,8 +10,8 @@
 #   d. no layout fits: refused (exit 2), naming each candidate and why;
 #   e. jobs/train.sbatch (dry run) hands --dp auto --stages auto to pipelm as they are.
 # Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$WORK"
 C="--preset tiny --batch 8 --seq-len 16 --microbatches 2 --eval-every 0 --progress 0 --lr-schedule constant"
 mpirun_t 120 4 train $C --dp 2 --stages 2 --steps 4 --save-final straight.bin --metrics st.jsonl > st.out 2>&1

@@ -3,7 +3,7 @@
 # the validation loss the trainer reports for the same weights, batches and micro-batch count,
 # on P = 1..4 stages and D = 1, 2 replicas (and with chunks, Llama, a token file and a
 # checkpoint directory); --json holds loss, perplexity and tokens; bad input is refused by name.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 C="--preset tiny --seq-len 32 --batch 8 --progress 0 --log-every 100"
 # json_key FILE KEY: the value of KEY in a one-line JSON object

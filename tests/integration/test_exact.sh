@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_exact.sh — `--grad-accum exact` (include/pipelm/exact.h): each micro-batch's weight
+# test_exact.sh — `--grad-accum exact` (src/parallel/exact.h): each micro-batch's weight
 # gradient in 128-bit fixed point, summed as integers over micro-batches, replicas and the
 # tied embedding's two ends, rounded to fp32 once; the loss and the gradient norm summed the
 # same way. So a step's result does not depend on the layout at a fixed --tp:
@@ -14,7 +14,7 @@
 #     heads shared by several TP ranks, are refused by name.
 # Every run uses one thread a rank (the products' bits depend on the thread count). Every
 # mpiexec runs under a timeout; 4 ranks on a small machine oversubscribe it: shapes are tiny.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 COMMON="--preset tiny --steps 3 --batch 8 --seq-len 32 --eval-every 0 --progress 0 --log-every 100 --threads 1"
 

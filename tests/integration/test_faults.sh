@@ -4,7 +4,7 @@
 # its source; SIGINT/SIGTERM/SIGUSR1 (first: clean stop, second: at once); the watchdog
 # against a rank stopped with SIGSTOP; the back-off while waiting; a rank killed with -9.
 # Every run is under a timeout: a hang fails the check instead of blocking CI.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 COMMON="--preset tiny --batch 4 --microbatches 2 --seq-len 16 --progress 0"
 

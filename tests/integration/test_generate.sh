@@ -3,12 +3,12 @@
 # per stage gives the same tokens on 1, 2, 3 and 4 ranks, with chunks per rank, with chunked
 # prefill and several groups, and equals a decode that recomputes the whole prefix every step
 # (--kv-cache 0; logits within 1e-5); GPT-2 and Llama agree with an independent PyTorch decode
-# (tests/torch_generate.py: 20 tokens, logits within 1e-4); seeded sampling is reproducible and
+# (tests/reference/torch_generate.py: 20 tokens, logits within 1e-4); seeded sampling is reproducible and
 # the same on every P; the end-of-text id stops a sequence; llm.c tokenizer files (versions 1
 # and 2) decode to text; the oneDNN backend (fp32, bf16) decodes as the cpu one does; bad input
 # is refused by name.
-. "$(dirname "$0")/lib.sh"
-top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$WORK"
 printf '1,2,3\n5 6 7 8 9 10 11 12 13\n10\n200,100\n' > p.txt
 mpirun_t 120 1 train --steps 30 --progress 0 --log-every 100 --save-final w.bin > tr.out 2>&1 || bad "train" "exit $?"
@@ -99,7 +99,7 @@ mpirun_t 60 2 generate --init w.bin --prompt-tokens 65 --max-new-tokens 2 --toke
 grep -q "^\[0\] A" t1.out && ok "a version-1 tokenizer file on 2 ranks" || bad "tok1" "$(tail -3 t1.out)"
 
 # the PyTorch reference: GPT-2 and Llama (GQA) of odd shapes, 20 greedy tokens and their logits
-if out=$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/torch_generate.py" --pipelm "$PIPELM" --mpiexec "$MPIEXEC" \
+if out=$(OMP_NUM_THREADS=1 /usr/bin/python3 "$top/tests/reference/torch_generate.py" --pipelm "$PIPELM" --mpiexec "$MPIEXEC" \
          --ranks "$(full_tier && echo 1,2,3 || echo 2)" 2>&1); then ok "torch_generate.py: $(echo "$out" | grep -c '^ok') cases against PyTorch"
 else bad "torch_generate.py" "$(echo "$out" | grep -v '^ok' | head -5)"; fi
 

@@ -7,8 +7,8 @@
 # parses; a budget too small for a required step stops the run with the step named.
 # Full tier only (about a minute): the whole dry run (every step, status ok), and a budget that
 # runs out while a step runs (its timeout capped by the time left: the run ends on time).
-. "$(dirname "$0")/lib.sh"
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 BUILD=$(cd "$(dirname "$PIPELM")" && pwd)
 cd "$WORK" || exit 1
 export PATH=$(dirname "$(command -v "$MPIEXEC")"):$PATH # the script runs plain mpiexec

@@ -3,10 +3,10 @@
 # rotate-half, sharded F32, tied BF16) and GPT-2 (Conv1D, prefix, F16; full tier) against the
 # torch references; the same bits on 1 and 3 ranks; every malformed input refused by name;
 # export round trips byte-identical in the tensors, shards with an index, --save-final
-# FILE.safetensors across ranks. The files are written by tests/st_write.py, independently of
+# FILE.safetensors across ranks. The files are written by tests/reference/st_write.py, independently of
 # pipelm. Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
-SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 SRC=$(cd "$SRC" && pwd)
 need_torch
 cd "$WORK"
@@ -18,15 +18,15 @@ COMMON="--steps 3 --batch 4 --seq-len 8 --microbatches 2 --eval-every 0 --progre
 # q/k permuted for rotate-half, sharded F32 and tied BF16; GPT-2 with Conv1D transposed, the
 # transformer. prefix, attn.bias masks and lm_head ignored, F16), 5 AdamW steps within 1e-4
 if [ $TORCH = 1 ]; then
-    if timeout -k 5 300 "$PY" "$SRC/tests/torch_llama.py" --pipelm "$PIPELM" --only-hf > tl.out 2>&1; then
+    if timeout -k 5 300 "$PY" "$SRC/tests/reference/torch_llama.py" --pipelm "$PIPELM" --only-hf > tl.out 2>&1; then
         ok "Hugging Face Llama (sharded F32; tied BF16) matches the torch reference: $(grep -c PASS tl.out) cases"
     else bad "Hugging Face Llama vs torch" "$(grep -A6 '^FAIL' tl.out | tr '\n' ' ' | cut -c1-500)"; fi
     if ! full_tier; then full_only "Hugging Face GPT-2 (F16) against the torch reference"
-    elif timeout -k 5 300 "$PY" "$SRC/tests/torch_ref.py" --pipelm "$PIPELM" --hf-dtype F16 --hf-prefix > tg.out 2>&1; then
+    elif timeout -k 5 300 "$PY" "$SRC/tests/reference/torch_ref.py" --pipelm "$PIPELM" --hf-dtype F16 --hf-prefix > tg.out 2>&1; then
         ok "Hugging Face GPT-2 (F16, transformer. prefix, masks) matches the torch reference"
     else bad "Hugging Face GPT-2 vs torch" "$(grep -A6 '^FAIL' tg.out | tr '\n' ' ' | cut -c1-500)"; fi
     # the same bits on 1, 2 and 3 ranks from a Hugging Face directory
-    "$PY" "$SRC/tests/torch_llama.py" --write-hf hfl --hf-dtype BF16 --tied
+    "$PY" "$SRC/tests/reference/torch_llama.py" --write-hf hfl --hf-dtype BF16 --tied
     "$PY" -c "
 import numpy as np
 h = np.zeros(256, dtype='<i4'); h[:3] = [20240801, 7, 3000]
@@ -103,7 +103,7 @@ if [ $TORCH = 1 ]; then
     same_tensors() { # same_tensors A B [strip-prefix]: every tensor of A (a file or dir) in B, same bytes
         "$PY" - "$@" <<'PYEOF'
 import glob, os, sys
-sys.path.insert(0, os.environ["SRC"] + "/tests")
+sys.path.insert(0, os.environ["SRC"] + "/tests/reference")
 import st_write
 def load(p):
     fs = [p] if p.endswith(".safetensors") else sorted(glob.glob(p + "/*.safetensors"))
@@ -124,7 +124,7 @@ PYEOF
         && grep -q '"tie_word_embeddings": true' out1/config.json && grep -q '"factor": 32' out1/config.json \
         && ok "safetensors (BF16, tied) -> pipelm -> safetensors: byte-identical tensors, config.json tied, factor 32" \
         || bad "BF16 round trip" "$(tail -n 2 cv.out | tr '\n' ' ')"
-    "$PY" "$SRC/tests/torch_llama.py" --write-hf hf32
+    "$PY" "$SRC/tests/reference/torch_llama.py" --write-hf hf32
     if "$PIPELM" convert --to hf --shard-size 30000 hf32 out2 > cv.out 2>&1 && [ -f out2/model.safetensors.index.json ] \
             && [ -f out2/model-00002-of-$(ls out2/*-of-* | head -n 1 | sed 's/.*-of-\([0-9]*\).*/\1/').safetensors ] \
             && same_tensors hf32 out2 && "$PIPELM" convert --to hf out2 out3 > cv2.out 2>&1 && same_tensors hf32 out3; then
@@ -138,7 +138,7 @@ json.dump(j, open(p, 'w'))"
     [ $? -ne 0 ] && grep -q "weight_map puts tensor model.norm.weight in model-00001-of" ix.out \
         && ok "refused: an index naming the wrong shard ($(grep -o 'weight_map puts.*' ix.out | cut -c1-90))" \
         || bad "index naming the wrong shard" "$(tail -n 1 ix.out)"
-    "$PY" "$SRC/tests/torch_ref.py" --write-hf hfg
+    "$PY" "$SRC/tests/reference/torch_ref.py" --write-hf hfg
     "$PIPELM" convert --to hf hfg outg > cv.out 2>&1 && same_tensors hfg outg strip \
         && grep -q '"GPT2LMHeadModel"' outg/config.json \
         && ok "GPT-2 safetensors (Conv1D, transformer. prefix) -> pipelm -> safetensors: byte-identical tensors" \

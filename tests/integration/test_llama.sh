@@ -1,12 +1,12 @@
 #!/bin/bash
 # test_llama.sh — the Llama architecture end to end: the independent torch reference
-# (tests/torch_llama.py: loss, every gradient, 5 AdamW steps on odd shapes); llama-tiny
+# (tests/reference/torch_llama.py: loss, every gradient, 5 AdamW steps on odd shapes); llama-tiny
 # bit-identical across 1-3 stages, every schedule and recomputation mode; a checkpoint saved
 # on 2 ranks resumed on 3; llm.c Llama files through convert / inspect (fp32 and bf16); uint32
 # token files; oneDNN bf16 training; bad input refused with a clear message. Every mpiexec
 # runs under a timeout.
-. "$(dirname "$0")/lib.sh"
-SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 need_torch
 cd "$WORK"
 STEPS=4
@@ -17,7 +17,7 @@ COMMON="--preset llama-tiny --steps $STEPS --batch 8 --seq-len 32 --microbatches
 # long-context case runs the same code at T = 2048, where the check took 100 of 113 s)
 if [ $TORCH = 1 ]; then
     if full_tier; then SELF=all; else SELF=first; fi
-    if timeout -k 5 300 "$PY" "$SRC/tests/torch_llama.py" --pipelm "$PIPELM" --timeout 120 --self-check $SELF \
+    if timeout -k 5 300 "$PY" "$SRC/tests/reference/torch_llama.py" --pipelm "$PIPELM" --timeout 120 --self-check $SELF \
             > torch.out 2>&1; then
         ok "torch reference: $(grep PASS torch.out)"
     else bad "torch reference" "$(grep -A12 '^FAIL' torch.out | tr '\n' ' ' | cut -c1-600)"; cat torch.out; fi
@@ -72,9 +72,9 @@ else bad "convert round trip" "$(cat cv1.out cv2.out | tail -n 2 | tr '\n' ' ')"
 if mpirun_t 120 2 train $COMMON --init ref.bin --steps 1 --metrics init.jsonl > init.out 2>&1; then
     ok "--init from an llm.c Llama file on 2 stages"; else bad "--init llama" "$(tail -n 2 init.out)"; fi
 if [ $TORCH = 1 ]; then
-    "$PY" "$SRC/tests/torch_llama.py" --write-model m5.bin --version 5
+    "$PY" "$SRC/tests/reference/torch_llama.py" --write-model m5.bin --version 5
     if "$PIPELM" convert m5.bin m5.h5 > cv3.out 2>&1 && "$PIPELM" convert m5.h5 m5b.bin > cv4.out 2>&1 \
-            && "$PY" "$SRC/tests/torch_llama.py" --check-bf16 m5b.bin > bf.out 2>&1; then
+            && "$PY" "$SRC/tests/reference/torch_llama.py" --check-bf16 m5b.bin > bf.out 2>&1; then
         ok "a bf16 (version 5) llm.c Llama file reads exactly: $(cat bf.out)"
     else bad "bf16 Llama file" "$(cat cv3.out cv4.out bf.out | tail -n 3 | tr '\n' ' ')"; fi
 fi

@@ -1,12 +1,12 @@
 #!/bin/bash
 # test_llmc_llama.sh — issue 23's llm.c side: an llm.c Llama 3 file in llm.c's own layout
-# (written by tests/torch_llama.py from train_llama3.py's write_tensors, independently of
+# (written by tests/reference/torch_llama.py from train_llama3.py's write_tensors, independently of
 # pipelm) read, converted to a checkpoint and back byte-identical, trained bit-identically on
 # 1 and 3 ranks (full tier: 1, 2, 3); a non-zero bias slot refused by name; a tied Llama head
 # (Llama 3.2) bit-identical across ranks, its checkpoint resumed on another rank count (full
 # tier). Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
-SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 SRC=$(cd "$SRC" && pwd)
 need_torch
 cd "$WORK"
@@ -16,7 +16,7 @@ COMMON="--steps 3 --batch 4 --seq-len 8 --microbatches 2 --eval-every 0 --progre
 
 # 1. llm.c's Llama 3 layout, from a writer that is not pipelm's
 if [ $TORCH = 1 ]; then
-    "$PY" "$SRC/tests/torch_llama.py" --write-model m3.bin --version 3
+    "$PY" "$SRC/tests/reference/torch_llama.py" --write-model m3.bin --version 3
     if "$PIPELM" convert m3.bin m3.h5 > cv1.out 2>&1 && "$PIPELM" convert m3.h5 m3b.bin > cv2.out 2>&1 \
             && cmp -s m3.bin m3b.bin; then
         ok "llm.c Llama 3 file (train_llama3.py layout) -> checkpoint -> llm.c: byte-identical"

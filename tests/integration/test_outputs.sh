@@ -10,7 +10,7 @@
 # - `pipelm schedule` refuses a build too large for memory before building it;
 # - a SIGTERM that arrives before step 1 is a clean stop (exit 75), not a kill.
 # Every run is under a timeout.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 COMMON="--preset tiny --batch 4 --microbatches 2 --seq-len 16 --progress 0"
 since() { echo $(($(date +%s) - $1)); }

@@ -2,7 +2,7 @@
 # test_pipeline.sh — pipelined runs are bit-identical to the one-process run; activation
 # memory stays within the schedule's bound; failures end every rank quickly and clearly.
 # Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 STEPS=4
 M=4

@@ -2,8 +2,8 @@
 # test_plot.sh — jobs/plot.sh draws a loss curve and a pipeline timeline as PNG files: from
 # small hand-made inputs in pipelm's formats, and from a real 2-rank run when pipelm is built.
 # Skipped (77) without gnuplot.
-. "$(dirname "$0")/lib.sh"
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 PLOT=$TOP/jobs/plot.sh
 if ! command -v gnuplot > /dev/null; then
     echo "SKIP: gnuplot not installed (apt-get install gnuplot-nox)"

@@ -3,7 +3,7 @@
 # N steps straight == k steps + checkpoint + resume + N-k steps, bit for bit, whether the
 # resumed run has the same, fewer or more stages; SIGUSR1 / SIGTERM make every rank finish
 # its step, save, and exit 75. Every mpiexec runs under a timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 C="--preset tiny --batch 8 --seq-len 32 --microbatches 4 --eval-every 0 --progress 0 --log-every 100"
 N=8

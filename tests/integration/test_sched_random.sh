@@ -2,13 +2,13 @@
 # The schedule property test: random deadlock-free schedules that respect only the true data
 # dependencies train the tiny model bit-identically to one process, for P = 1..4 and
 # M = 1..8, half of them with two chunks per rank on P = 2 and 3, half of those V-shaped (see
-# tests/sched_random.c).
+# tests/integration/sched_random.c).
 # COUNT schedules per P (520 in all in the full tier, COUNT 130; 160 in the plain tier, COUNT
 # 40: every M still drawn 5 times per P, the same properties on a smaller sample, a third of
 # the time). Then the validator on random schedules with chunks (--chunks-only), P = 1..6,
 # 9 * COUNT draws each.
-source "$(dirname "$0")/lib.sh"
-DRIVER=${SCHED_RANDOM:-$(dirname "$PIPELM")/tests/sched_random}
+source "$(dirname "$0")/../lib/lib.sh"
+DRIVER=${SCHED_RANDOM:-$(dirname "$PIPELM")/tests/integration/sched_random}
 if full_tier; then COUNT=${COUNT:-130}; else COUNT=${COUNT:-40}; fi
 start=$(date +%s)
 if timeout -k 5 120 "$MPIEXEC" -n 1 "$DRIVER" --dir "$WORK" --reference --count "$COUNT" > p1.out 2>&1; then

@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_slurm.sh — the Slurm workflow on a private one-node cluster (tests/slurm_cluster.sh):
+# test_slurm.sh — the Slurm workflow on a private one-node cluster (tests/lib/slurm_cluster.sh):
 #   1. dry runs of jobs/train.sbatch, jobs/bench.sbatch and jobs/local.sh, and the fail-fast
 #      outside Slurm (no cluster needed);
 #   2. a tiny jobs/train.sbatch job: its log (loss lines, stage table), metrics and checkpoints;
@@ -10,8 +10,8 @@
 #   5. a small jobs/bench.sbatch sweep into one CSV (only where pipelm bench has --warmup).
 # Skipped (77) without the slurm-wlm and munge packages, or when not root. Every wait is
 # bounded, and the whole test stops its waits at a deadline (DEADLINE_S, default 280 s).
-. "$(dirname "$0")/lib.sh"
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 [ -x "$PIPELM" ] || PIPELM=$TOP/build/pipelm
 for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged mungekey; do
     if ! command -v $c > /dev/null; then
@@ -27,7 +27,7 @@ fi
 cd "$WORK" || exit 1
 T_END=$(($(date +%s) + ${DEADLINE_S:-280}))
 
-. "$TOP/tests/slurm_lib.sh"
+. "$TOP/tests/lib/slurm_lib.sh"
 
 # ---- 1. dry runs and the fail-fast, no cluster -----------------------------------------------
 out=$(env -u SLURM_JOB_ID "$TOP/jobs/train.sbatch" --preset tiny 2>&1)
@@ -61,7 +61,7 @@ else
 fi
 
 # ---- the cluster ----------------------------------------------------------------------------
-if ! env_out=$("$TOP/tests/slurm_cluster.sh" start 2> cluster.err); then
+if ! env_out=$("$TOP/tests/lib/slurm_cluster.sh" start 2> cluster.err); then
     bad "start the Slurm cluster" "$(tail -n 15 cluster.err)"
     finish
     exit

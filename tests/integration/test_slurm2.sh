@@ -1,7 +1,7 @@
 #!/bin/bash
 # test_slurm2.sh — jobs/train.sbatch across two Slurm nodes on one machine: two slurmds, each in
 # a network namespace of its own, joined by veth pairs on a bridge that also holds slurmctld's
-# address (tests/slurm_cluster.sh start --nodes 2). The job is D x P = 2 x 2
+# address (tests/lib/slurm_cluster.sh start --nodes 2). The job is D x P = 2 x 2
 # on 2 nodes x 2 tasks: ranks 0-1 (the two replicas of stage 0) on node1, ranks 2-3 (stage 1)
 # on node2, so the pipeline's traffic crosses the nodes. Checked:
 #   1. a straight job completes, with its ranks placed as above, and its losses equal (as
@@ -24,11 +24,11 @@
 # right to make network namespaces. The cluster starts and stops inside the test, under a trap
 # that stops it on every exit; every wait is bounded, and all of them end at a deadline
 # (DEADLINE_S, default 360 s).
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 # two nodes, their namespaces and a requeue take about 40 s: the full tier only (test_slurm.sh
 # keeps a job, its preemption and requeue on one node in the plain tier)
 if ! full_tier; then full_only "two Slurm nodes in network namespaces"; finish; exit; fi
-TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 [ -x "$PIPELM" ] || PIPELM=$TOP/build/pipelm
 for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged mungekey ip nsenter unshare; do
     if ! command -v $c > /dev/null; then
@@ -51,7 +51,7 @@ ip netns del "$probe"
 cd "$WORK" || exit 1
 T_END=$(($(date +%s) + ${DEADLINE_S:-360}))
 
-. "$TOP/tests/slurm_lib.sh"
+. "$TOP/tests/lib/slurm_lib.sh"
 
 # ---- the run: D x P, shape, and the bytes the pipeline must move --------------------------------
 # tiny preset (C = 64, given explicitly: the byte bound below uses it), a small batch
@@ -78,7 +78,7 @@ ok "one-node reference: mpiexec -n 4, D x P = $D x $P, $STEPS steps"
 
 # ---- the cluster ----------------------------------------------------------------------------------
 # a lost node (section 6) is declared down after SlurmdTimeout: 15 s here, not Slurm's 300
-if ! env_out=$(SLURM_CLUSTER_SLURMD_TIMEOUT=15 timeout 60 "$TOP/tests/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
+if ! env_out=$(SLURM_CLUSTER_SLURMD_TIMEOUT=15 timeout 60 "$TOP/tests/lib/slurm_cluster.sh" start --nodes 2 2> cluster.err); then
     bad "start the two-node Slurm cluster" "$(tail -n 15 cluster.err)"
     finish
     exit
@@ -310,7 +310,7 @@ fi
 # ---- 5. teardown leaves nothing -------------------------------------------------------------------
 daemons=$(awk '{print $1 ":" $2}' "$CLUSTER/pids" | tr '\n' ' ')
 conf=$SLURM_CONF
-timeout 90 "$TOP/tests/slurm_cluster.sh" stop "$CLUSTER"
+timeout 90 "$TOP/tests/lib/slurm_cluster.sh" stop "$CLUSTER"
 rc=$?
 CLUSTER=""
 left_over=""

@@ -15,8 +15,8 @@
 #   - refusals: a world size that does not fit T x D x P, a head count T does not divide;
 #   - a rank killed inside a TP all-reduce ends the job within seconds, named with the phase.
 # Every mpiexec runs under a timeout. Ranks are oversubscribed on small machines: shapes are tiny.
-. "$(dirname "$0")/lib.sh"
-SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$WORK"
 COMMON="--preset tiny --steps 5 --batch 8 --seq-len 32 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"
 
@@ -25,7 +25,7 @@ same() { cmp -s "$1.bin" "$2.bin" && [ "$(losses "$1.jsonl")" = "$(losses "$2.js
 grads() {
     "$PIPELM" convert --to hf "$1.g.bin" "$1.g.safetensors" > /dev/null 2>&1 &&
         "$PIPELM" convert --to hf "$2.g.bin" "$2.g.safetensors" > /dev/null 2>&1 &&
-        python3 "$SRC/tests/grads_close.py" "$1.g.safetensors" "$2.g.safetensors" 1e-5
+        python3 "$SRC/tests/reference/grads_close.py" "$1.g.safetensors" "$2.g.safetensors" 1e-5
 }
 # against TAG REF WHAT: losses and gradients of TAG against the one-process REF
 against() {
@@ -106,7 +106,7 @@ if msg=$(close in2.jsonl in1.jsonl 1e-5); then ok "--init of a T=2 file at T=2 a
 else bad "--init T=2" "$msg"; fi
 if mpirun_t 120 2 train $COMMON --tp 2 --save-final st2.safetensors > st2.out 2>&1 &&
     "$PIPELM" convert --to hf tp2.bin tp2.safetensors > /dev/null 2>&1 &&
-    msg=$(python3 "$SRC/tests/grads_close.py" st2.safetensors tp2.safetensors 0); then
+    msg=$(python3 "$SRC/tests/reference/grads_close.py" st2.safetensors tp2.safetensors 0); then
     ok "T=2 --save-final FILE.safetensors: the llm.c file's tensors exactly ($msg)"
 else
     bad "T=2 safetensors" "$(grep -m2 error st2.out) $msg"

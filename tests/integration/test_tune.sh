@@ -7,7 +7,7 @@
 # cap, and without the cap GPipe is a candidate again. --json has the keys the issue names;
 # --verify runs the top candidate (on 2 ranks) and prints measured beside predicted; the
 # search at P = 64, batch 256 (M up to 256) finishes in under 60 s.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 python3 - <<'PY'
 def write(path, k):

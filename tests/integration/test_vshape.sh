@@ -7,7 +7,7 @@
 # checkpoint saved by a V-shaped run resumes into 1f1b, and one saved by 1f1b into zb-v,
 # bit-identically; a V-shaped schedule's CSV trains the same bits. Every mpiexec runs under a
 # timeout.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 C="--preset tiny --n-layer 6 --steps 3 --seq-len 16 --eval-every 0 --progress 0 --log-every 100"
 

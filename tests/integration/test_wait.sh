@@ -4,7 +4,7 @@
 # up to the measured wait (text and JSON); a rank slowed on purpose (--slow-rank, test-only)
 # is named as the straggler in both, with its stage, and the ranks that waited for it; the
 # parts are on the trace as counters.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 B="--preset tiny --n-layer 3 --batch 8 --seq-len 32 --microbatches 4 --warmup 1 --steps 3 --progress 0"
 check() { # NAME JSON SLOW_RANK (-1: none)

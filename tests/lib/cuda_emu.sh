@@ -1,12 +1,12 @@
 #!/bin/bash
-# Run tests/test_cuda.c (and tests/test_backends.c, the conformance test) against
-# src/backend_cuda.cu compiled for the host with the CUDA
-# emulation of tests/cuda_emu.h (every kernel thread a real thread, cuBLAS as loops, device
+# Run tests/unit/test_cuda.c (and tests/unit/test_backends.c, the conformance test) against
+# src/backend/cuda/backend_cuda.cu compiled for the host with the CUDA
+# emulation of tests/unit/cuda_emu.h (every kernel thread a real thread, cuBLAS as loops, device
 # memory as NaN-filled host memory), under AddressSanitizer and UBSan. For a machine without a
 # GPU: it checks the kernels' indexing, barriers and reductions, the row-major -> cuBLAS
 # mapping, staging and error paths, and the test itself; not speed, not the real cuBLAS/CUB.
 #
-#   tests/cuda_emu.sh [BUILD_DIR]    (a configured build: its config.h; default ./build)
+#   tests/lib/cuda_emu.sh [BUILD_DIR]    (a configured build: its config.h; default ./build)
 #   CUDA_EMU_SRC=FILE: test another copy of backend_cuda.cu (mutation checks of the test)
 #
 # Runs twice: EMU_NDEV=0 (no driver: must exit 77) and EMU_NDEV=1 (must pass). Needs g++ with
@@ -15,7 +15,7 @@
 # several more minutes). Not part of `make check`: the cuda-emu stage of
 # `./jobs/setup.sh --test --full` (.ci/run) runs it with the plain cases.
 set -eu
-top=$(cd "$(dirname "$0")/.." && pwd)
+top=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$top/build}" && pwd)
 out=$(mktemp -d "${TMPDIR:-/tmp}/cuda_emu.XXXXXX")
 trap 'rm -rf "$out"' EXIT
@@ -24,18 +24,18 @@ blas_cflags=$(pkg-config --cflags openblas)
 blas_libs=$(pkg-config --libs openblas)
 
 set -x
-g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_CUDA_EMU -include "$top/tests/cuda_emu.h" \
-    -x c++ -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend_cuda.cu}" -o "$out/backend_cuda.o"
+g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_CUDA_EMU -include "$top/tests/unit/cuda_emu.h" \
+    -x c++ -I"$top/src" -I"$top/include" -c "${CUDA_EMU_SRC:-$top/src/backend/cuda/backend_cuda.cu}" -o "$out/backend_cuda.o"
 # the registry with the cuda backend only (not the build's config.h: it may name others)
-mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/include" -c "$top/src/backend.c" -o "$out/backend.o"
+mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/src" -I"$top/include" -c "$top/src/backend/backend.c" -o "$out/backend.o"
 # the host sources the backends need (the CPU backend takes its decode kernels from cpu_decode.c)
-for f in src/backend_cpu.c src/backend_host.c src/blas.c src/cpu_decode.c src/backend_cuda_load.c; do
-    mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/include" $blas_cflags \
+for f in src/backend/cpu/backend_cpu.c src/backend/backend_host.c src/backend/cpu/blas.c src/backend/cpu/cpu_decode.c src/backend/cuda/backend_cuda_load.c; do
+    mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/src" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done
 for t in test_cuda test_backends; do
-    mpicc -std=gnu11 -O1 -g -Wall -Wextra $san $(pkg-config --cflags check) -I"$top/include" \
-        -c "$top/tests/$t.c" -o "$out/$t.test.o"
+    mpicc -std=gnu11 -O1 -g -Wall -Wextra $san $(pkg-config --cflags check) -I"$top/src" -I"$top/include" \
+        -c "$top/tests/unit/$t.c" -o "$out/$t.test.o"
 done
 mkdir "$out/lib" && mv "$out"/*.o "$out/lib/"
 for t in test_cuda test_backends; do

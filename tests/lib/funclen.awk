@@ -1,4 +1,4 @@
-# tests/funclen.awk — lengths of the C function definitions of the files given (tests/test_style.sh).
+# tests/lib/funclen.awk — lengths of the C function definitions of the files given (tests/unit/test_style.sh).
 # Prints "lines file:line name" for each C function definition (body between a line that is
 # "{" or ends with "{" after a top-level signature, and the next "}" in column 0).
 FNR==1 { infn=0; sig="" }

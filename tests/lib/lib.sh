@@ -1,4 +1,4 @@
-# tests/lib.sh — shared helpers for the shell tests (sourced, not run).
+# tests/lib/lib.sh — shared helpers for the shell tests (sourced, not run).
 # PIPELM, MPIEXEC and TOP_SRCDIR come from automake's AM_TESTS_ENVIRONMENT; defaults let a
 # test run by hand from the build directory.
 set -u

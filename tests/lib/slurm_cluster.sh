@@ -2,11 +2,11 @@
 # slurm_cluster.sh — a private Slurm cluster on this machine, for tests and trials: one node on
 # localhost, or N nodes (1..8), each in a network namespace of its own.
 #
-#   eval "$(tests/slurm_cluster.sh start)"              # one node, "localhost"
-#   eval "$(tests/slurm_cluster.sh start --nodes 2)"    # two nodes, node1 and node2
+#   eval "$(tests/lib/slurm_cluster.sh start)"              # one node, "localhost"
+#   eval "$(tests/lib/slurm_cluster.sh start --nodes 2)"    # two nodes, node1 and node2
 #   sbatch ... ; squeue ...                  # clients find the cluster through SLURM_CONF
-#   tests/slurm_cluster.sh status "$SLURM_CLUSTER_DIR"
-#   tests/slurm_cluster.sh stop "$SLURM_CLUSTER_DIR"   # idempotent: a second stop does nothing
+#   tests/lib/slurm_cluster.sh status "$SLURM_CLUSTER_DIR"
+#   tests/lib/slurm_cluster.sh stop "$SLURM_CLUSTER_DIR"   # idempotent: a second stop does nothing
 #
 # `start` prints shell assignments: SLURM_CLUSTER_DIR and SLURM_CONF always; with --nodes N also
 # SLURM_CLUSTER_NODES (node names), SLURM_CLUSTER_ADDRS (their addresses) and
@@ -284,7 +284,7 @@ start_cluster() {
 "
     fi
     cat > "$dir/slurm.conf" <<EOF
-# written by tests/slurm_cluster.sh: $what, one partition, no accounting
+# written by tests/lib/slurm_cluster.sh: $what, one partition, no accounting
 ClusterName=pipelmtest
 SlurmctldHost=$ctld_host
 SlurmctldPort=$ctld_port

@@ -1,11 +1,11 @@
-# tests/slurm_lib.sh — the helpers test_slurm.sh and test_slurm2.sh share: sourced after
-# tests/lib.sh, with TOP (the source tree), WORK (the test's directory) and T_END (the test's
+# tests/lib/slurm_lib.sh — the helpers test_slurm.sh and test_slurm2.sh share: sourced after
+# tests/lib/lib.sh, with TOP (the source tree), WORK (the test's directory) and T_END (the test's
 # deadline, date +%s) set. Every Slurm command runs under a timeout, so a wedged slurmctld
 # fails the test instead of hanging it. Sets CLUSTER (empty until the caller starts one) and
 # the traps that stop the cluster and remove WORK on every exit.
 CLUSTER=""
 cleanup() {
-    [ -z "$CLUSTER" ] || "$TOP/tests/slurm_cluster.sh" stop "$CLUSTER"
+    [ -z "$CLUSTER" ] || "$TOP/tests/lib/slurm_cluster.sh" stop "$CLUSTER"
     rm -rf "$WORK"
 }
 trap cleanup EXIT

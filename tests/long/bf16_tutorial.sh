@@ -3,7 +3,7 @@
 # in fp32 (cpu backend) and in bf16 (onednn backend), side by side, one thread each; the
 # bf16 loss after 200 steps must be within 2% of the fp32 one. About 20 minutes on two
 # cores, so it is not part of `make check`.
-. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 STEPS=${STEPS:-200}
 COMMON="--preset tutorial --steps $STEPS --microbatches 1 --threads 1 --progress 0 --log-every 50 --eval-every 0"

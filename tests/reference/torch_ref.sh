@@ -1,12 +1,12 @@
 #!/bin/bash
-# Compare pipelm against an independent PyTorch reference (tests/torch_ref.py):
+# Compare pipelm against an independent PyTorch reference (tests/reference/torch_ref.py):
 # step losses and step-1 gradients of a small random GPT-2.
 # Exit: 0 pass, 1 fail (also: no torch), 77 skip (no torch with PIPELM_TEST_NO_TORCH=1), 99 hard error (no pipelm binary).
 
 PY=/usr/bin/python3
 
 if ! [ -x "$PY" ] || ! "$PY" -c 'import torch, numpy' >/dev/null 2>&1; then
-    # the reference is how pipelm's numbers are proven: its absence fails (tests/lib.sh need_torch)
+    # the reference is how pipelm's numbers are proven: its absence fails (tests/lib/lib.sh need_torch)
     if [ "${PIPELM_TEST_NO_TORCH:-0}" = 1 ]; then echo "SKIP: $PY cannot import torch/numpy (PIPELM_TEST_NO_TORCH=1)"; exit 77; fi
     echo "FAIL: $PY cannot import torch and numpy: ./jobs/setup.sh --test installs them (PIPELM_TEST_NO_TORCH=1 skips)"
     exit 1

@@ -1,8 +1,8 @@
 /*
  * backend_compare.h — what the backend tests share to compare a backend's results with the
  * CPU reference's: the random inputs, the error measures and the checks with their
- * tolerances, in one place (tests/test_backends.c, tests/test_onednn.c, tests/test_cuda.c).
- * Header-only (static functions), so tests/cuda_emu.sh needs no extra file to build.
+ * tolerances, in one place (tests/unit/test_backends.c, tests/unit/test_onednn.c, tests/unit/test_cuda.c).
+ * Header-only (static functions), so tests/lib/cuda_emu.sh needs no extra file to build.
  *
  * Measures: max-rel = max|x - ref| / max|ref| over the whole tensor; l2-rel = ||x - ref|| /
  * ||ref||; cos = cosine(x, ref). For an accumulating op x and ref are the increments over the

@@ -1,8 +1,8 @@
 /*
  * cuda_emu.h — a host emulation of the small part of CUDA, cuBLAS and CUB that
- * src/backend_cuda.cu uses, so that its kernels and host logic run (slowly) on a machine with
- * no GPU: tests/cuda_emu.sh compiles backend_cuda.cu as C++ with -DPIPELM_CUDA_EMU and this
- * header force-included, links it with tests/test_cuda.c and runs the whole test.
+ * src/backend/cuda/backend_cuda.cu uses, so that its kernels and host logic run (slowly) on a machine with
+ * no GPU: tests/lib/cuda_emu.sh compiles backend_cuda.cu as C++ with -DPIPELM_CUDA_EMU and this
+ * header force-included, links it with tests/unit/test_cuda.c and runs the whole test.
  *
  * What it models: every kernel thread is a real thread; a launch runs the grid's blocks one
  * after another, each block's threads at once, with __syncthreads as a barrier of the block and

@@ -3,7 +3,7 @@
  * (init accepts it), in every precision it accepts, runs every compute op of backend_ops.h on
  * random inputs beside the CPU reference (backend_cpu), op by op; inputs go in with
  * from_host and results come back with to_host, so host and device backends are tested the
- * same way. Tolerances (tests/backend_compare.h): fp32 max-rel <= 1e-5 for every op; bf16:
+ * same way. Tolerances (tests/unit/backend_compare.h): fp32 max-rel <= 1e-5 for every op; bf16:
  * the matmuls l2-rel <= 1e-2 and cosine >= 0.9999, attention l2-rel <= 2e-2 and cosine >=
  * 0.9998 (and not as exact as fp32), every other op fp32 (the norms, softmax, loss and AdamW
  * stay fp32 in every backend); sumsq within 1e-12 relative (both sum in double). The memory
@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
+#include "util/common.h"
 #include "backend_compare.h"
 
 /* A backend and precision that init accepted here. */

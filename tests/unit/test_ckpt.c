@@ -14,7 +14,7 @@
  * failed map or unmap is reported with the backend's message. Stages get an optimizer (the
  * moments' owner) beside them, and every value goes through the backend's map/unmap.
  *
- * With arguments it is instead a small multi-rank driver for tests/test_ckpt_ranks.sh and
+ * With arguments it is instead a small multi-rank driver for tests/integration/test_ckpt_ranks.sh and
  * bench/ckpt_bandwidth.sh (see usage() below), e.g. `mpiexec -n 3 test_ckpt save DIR 5 1,1,1 0 7`.
  */
 #ifdef HAVE_CONFIG_H
@@ -33,13 +33,13 @@
 #include <unistd.h>
 #include <mpi.h>
 #include <hdf5.h>
-#include "pipelm/ckpt_internal.h"
-#include "pipelm/common.h"
-#include "pipelm/crc32c.h"
-#include "pipelm/llmc.h"
-#include "pipelm/optim.h"
-#include "pipelm/rng.h"
-#include "pipelm/stage.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/common.h"
+#include "util/crc32c.h"
+#include "formats/llmc.h"
+#include "model/optim.h"
+#include "util/rng.h"
+#include "model/stage.h"
 
 static char tmpdir[256];
 

@@ -1,5 +1,5 @@
 /*
- * test_crc.c: Check tests for CRC-32C (src/crc32c.c): the ISA-L path (crc32_iscsi, when the
+ * test_crc.c: Check tests for CRC-32C (src/util/crc32c.c): the ISA-L path (crc32_iscsi, when the
  * build has it) must give exactly the values of the built-in SSE4.2 and table versions, or
  * checkpoints written by one build would not load in another.
  *
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "pipelm/crc32c.h"
+#include "util/crc32c.h"
 
 /* xorshift64*: deterministic bytes */
 static uint64_t rng_state;

@@ -1,5 +1,5 @@
 /*
- * test_cuda.c: Check tests for the CUDA backend (src/backend_cuda.cu) against the CPU reference
+ * test_cuda.c: Check tests for the CUDA backend (src/backend/cuda/backend_cuda.cu) against the CPU reference
  * backend (backend_cpu), in fp32 (TF32 off) and in bf16.
  *
  * Inputs are drawn on the host, copied to the device with from_host, and the same host values
@@ -40,8 +40,8 @@
  *   in summation order, and a GPU may fuse a multiply-add); gqa bf16 as attention above
  *   (l2-rel <= 2e-2, cos >= 0.9998); NKV == NH is GPT-2's multi-head attention (the attention
  *   cases: C = 15, 24, 96 with NH = 3, 3, 4); every op twice bit-identical.
- * Shared measures and checks: tests/backend_compare.h; the op-by-op conformance of every
- *   backend against backend_cpu: tests/test_backends.c.
+ * Shared measures and checks: tests/unit/backend_compare.h; the op-by-op conformance of every
+ *   backend against backend_cpu: tests/unit/test_backends.c.
  * Determinism: every op twice on the same inputs is bit-identical (fp32 and bf16).
  * Failures: an injected allocation failure, a too-large and an impossible allocation return
  *   PL_ENOMEM with a message; a bad shape PL_EBACKEND naming the op; more local ranks than
@@ -57,7 +57,7 @@
 #include <string.h>
 
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
+#include "util/common.h"
 #include "backend_compare.h"
 
 extern const backend backend_cuda;
@@ -71,8 +71,8 @@ static const backend *cpu = &backend_cpu;
 static int have_device = 0;
 static char init_err[512] = "";
 
-/* The full tier (PIPELM_TEST_FULL=1, as tests/lib.sh): the real-size cases that are slow
- * under tests/cuda_emu.sh run only there (bench/gpu_check.sh sets it on a GPU). */
+/* The full tier (PIPELM_TEST_FULL=1, as tests/lib/lib.sh): the real-size cases that are slow
+ * under tests/lib/cuda_emu.sh run only there (bench/gpu_check.sh sets it on a GPU). */
 static int full_tier(void) {
     const char *f = getenv("PIPELM_TEST_FULL");
     return f && strcmp(f, "1") == 0;

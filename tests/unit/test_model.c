@@ -17,17 +17,17 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <mpi.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/data.h"
-#include "pipelm/files.h"
-#include "pipelm/llmc.h"
-#include "pipelm/stage.h"
-#include "pipelm/pipelm.h"
-#include "pipelm/rng.h"
-#include "pipelm/split.h"
-#include "pipelm/train.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "formats/data.h"
+#include "util/files.h"
+#include "formats/llmc.h"
+#include "model/stage.h"
+#include "cli/pipelm.h"
+#include "util/rng.h"
+#include "pipeline/split.h"
+#include "run/train.h"
 
 static char tmpdir[256];
 

@@ -1,5 +1,5 @@
 /*
- * test_onednn.c: Check tests for the oneDNN backend (src/backend_onednn.c) against the CPU
+ * test_onednn.c: Check tests for the oneDNN backend (src/backend/onednn/backend_onednn.c) against the CPU
  * reference backend (backend_cpu), in fp32 and in bf16.
  *
  * Every op runs on both backends on the same host buffers (both are host-memory backends),
@@ -23,7 +23,7 @@
  *   db (bias gradient): bit-identical to backend_cpu.
  * Every other op is not in this backend's table: registration fills it with backend_cpu's own
  *   function (test_table checks that, so their bits are the CPU's by construction); the
- *   op-by-op comparison against backend_cpu of every backend is tests/test_backends.c.
+ *   op-by-op comparison against backend_cpu of every backend is tests/unit/test_backends.c.
  * Llama ops: attention_gqa (B3 T13 NH6 NKV2 HS8, B2 T40 NH8 NKV1 HS12, B2 T17 NH4 NKV4 HS6) to
  *   the attention tolerances above in both precisions, twice the same bits, and with NKV == NH
  *   is GPT-2's multi-head attention (the attention cases above; B3 T13 C24 NH3, B2 T40 C96 NH4).
@@ -51,13 +51,13 @@
 #endif
 
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
-#include "pipelm/onednn_auto.h"
-#include "pipelm/onednn_wcache.h"
+#include "util/common.h"
+#include "backend/onednn/onednn_auto.h"
+#include "backend/onednn/onednn_wcache.h"
 #include "backend_compare.h"
 
 extern const backend backend_onednn;
-/* test hooks exported by src/backend_onednn.c */
+/* test hooks exported by src/backend/onednn/backend_onednn.c */
 void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar);
 long onednn_primitives_created(void);
 

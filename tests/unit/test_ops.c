@@ -1,8 +1,8 @@
 /*
- * test_ops.c: Check tests for the CPU compute backend (src/backend_cpu.c), one test case per
+ * test_ops.c: Check tests for the CPU compute backend (src/backend/cpu/backend_cpu.c), one test case per
  * op family: sgemm, encoder, layernorm, matmul, attention, GELU, the elementwise ops and
  * sumsq, cross-entropy, AdamW, thread-count determinism, the Llama ops (RMSNorm, RoPE,
- * grouped-query attention, SwiGLU), and the decode kernels (src/cpu_decode.c: matmul_decode_fwd
+ * grouped-query attention, SwiGLU), and the decode kernels (src/backend/cpu/cpu_decode.c: matmul_decode_fwd
  * and attention_kv_fwd against double references, and bit for bit the same with AVX-512 and
  * the portable C, for any row count and thread count).
  *
@@ -33,8 +33,8 @@
 #endif
 
 #include "pipelm/backend.h"
-#include "pipelm/common.h"
-#include "pipelm/cpu_decode.h"
+#include "util/common.h"
+#include "backend/cpu/cpu_decode.h"
 
 #define TOL_FWD 1e-5
 #define TOL_GRAD 1e-2

@@ -1,5 +1,5 @@
 /*
- * test_sched.c: Check tests for the pipeline schedule module (src/sched.c):
+ * test_sched.c: Check tests for the pipeline schedule module (src/pipeline/sched.c):
  * generators, action strings, CSV round trip, validator, simulator, grid.
  */
 #include <check.h>
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipelm/sched.h"
-#include "pipelm/sched_cost.h"
-#include "pipelm/waitsplit.h"
+#include "pipeline/sched.h"
+#include "pipeline/sched_cost.h"
+#include "pipeline/waitsplit.h"
 
 // ----------------------------------------------------------------------------
 // helpers

@@ -1,31 +1,32 @@
 #!/bin/bash
 # The shape rules of the sources (issue 21), checked so they stay true:
-#  - no function in src/ is longer than 80 lines (signature to closing brace, tests/funclen.awk);
-#  - outside the architecture files (model.c, model_llama.c, arch.c) no code asks which
+#  - no function in src/ is longer than 80 lines (signature to closing brace, tests/lib/funclen.awk);
+#  - outside the architecture files (model/archs/*.c, model/arch.c) no code asks which
 #    architecture it is: everything else goes through the architecture table (arch.h);
 #  - the op list is written once (backend_ops.h): no backend table or profiler names an op
 #    that only the list and the implementations may name;
 #  - docs/architecture.md names every source file and header, and holds the include graph
 #    docs/include_graph.sh prints from the sources.
-. "$(dirname "$0")/lib.sh"
-top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/../lib/lib.sh"
+top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$top" || exit 1
 
-long=$(awk -f tests/funclen.awk src/*.c src/*.cu | awk '$1 > 80')
+srcs=$(find src -name '*.c' -o -name '*.cu' | sort)
+long=$(awk -f tests/lib/funclen.awk $srcs | awk '$1 > 80')
 if [ -z "$long" ]; then ok "no function in src/ over 80 lines"; else bad "functions over 80 lines" "$long"; fi
 
-branches=$(grep -n -E 'MODEL_LLAMA|MODEL_GPT2|arch [!=]= *[0-9]|strn?cmp\([^;]*arch[^;]*"(gpt2|llama)"' src/*.c src/*.cu |
-           grep -v -E '^src/(model|model_llama|arch)\.c:')
-if [ -z "$branches" ]; then ok "no architecture branch outside model.c, model_llama.c, arch.c"
+branches=$(grep -n -E 'MODEL_LLAMA|MODEL_GPT2|arch [!=]= *[0-9]|strn?cmp\([^;]*arch[^;]*"(gpt2|llama)"' $srcs |
+           grep -v -E '^src/model/(archs/[a-z0-9_]+|arch)\.c:')
+if [ -z "$branches" ]; then ok "no architecture branch outside model/archs/ and model/arch.c"
 else bad "architecture branches outside the architecture files" "$branches"; fi
 
 # backend_prof.c and backend.c generate from the list; they name no op by hand
-named=$(grep -n -E '\b(rope_bwd|swiglu_fwd|layernorm_bwd_weight|matmul_bwd_input)\b' src/backend_prof.c src/backend.c)
+named=$(grep -n -E '\b(rope_bwd|swiglu_fwd|layernorm_bwd_weight|matmul_bwd_input)\b' src/backend/backend_prof.c src/backend/backend.c)
 if [ -z "$named" ]; then ok "the profiler and the registry name no op (generated from backend_ops.h)"
 else bad "the op list is copied" "$named"; fi
 
 missing=
-for f in src/*.c src/*.cu src/*.h include/pipelm/*.h; do
+for f in $srcs $(find src -name '*.h' | sort) include/pipelm/*.h; do
     [ -e "$f" ] || continue
     grep -q -F "$(basename "$f")" docs/architecture.md || missing="$missing $f"
 done
@@ -37,7 +38,7 @@ else bad "include graph" "$out"; fi
 
 # the checks can fail: a function of 81 lines is found
 printf 'int f(void) {\n%s\n}\n' "$(for i in $(seq 79); do echo '    ;'; done)" > "$WORK/long.c"
-if [ "$(awk -f tests/funclen.awk "$WORK/long.c" | awk '{print $1}')" = 81 ]; then ok "funclen.awk counts an 81-line function as 81"
-else bad "funclen.awk" "miscounted $(awk -f tests/funclen.awk "$WORK/long.c")"; fi
+if [ "$(awk -f tests/lib/funclen.awk "$WORK/long.c" | awk '{print $1}')" = 81 ]; then ok "funclen.awk counts an 81-line function as 81"
+else bad "funclen.awk" "miscounted $(awk -f tests/lib/funclen.awk "$WORK/long.c")"; fi
 
 finish

@@ -22,11 +22,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "pipelm/backend.h"
-#include "pipelm/backend_host.h"
+#include "backend/backend_host.h"
 #include "pipelm/backend_math.h"
-#include "pipelm/blas.h"
-#include "pipelm/common.h"
-#include "pipelm/cpu_decode.h"
+#include "backend/cpu/blas.h"
+#include "util/common.h"
+#include "backend/cpu/cpu_decode.h"
 
 /* Threads of this backend (OpenMP loops and OpenBLAS), set through its set_threads. */
 static int cpu_threads = 1;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/blas.h"
+#include "backend/cpu/blas.h"
 
 char *openblas_get_corename(void);
 int openblas_get_parallel(void);

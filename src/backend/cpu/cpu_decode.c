@@ -12,9 +12,9 @@
 #include <immintrin.h>
 #define CD_X86 1
 #endif
-#include "pipelm/backend_host.h"
-#include "pipelm/common.h"
-#include "pipelm/cpu_decode.h"
+#include "backend/backend_host.h"
+#include "util/common.h"
+#include "backend/cpu/cpu_decode.h"
 
 #define CD_LANES 16
 #define CD_CHUNK 256 /* attention scores kept per pass (stack) */

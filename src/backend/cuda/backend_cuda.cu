@@ -67,7 +67,7 @@
 #include "pipelm/backend_cuda_opts.h"
 
 /* pipelm/common.h's status codes (that header includes mpi.h, which must stay out of nvcc's
- * view); tests/test_cuda.c checks that they agree. */
+ * view); tests/unit/test_cuda.c checks that they agree. */
 enum { CU_EINVAL = 1, CU_ENOMEM = 3, CU_EBACKEND = 11 };
 
 #define LN_EPS 1e-5f

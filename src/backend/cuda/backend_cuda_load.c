@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipelm/backend_cuda_load.h"
+#include "backend/cuda/backend_cuda_load.h"
 #include "pipelm/backend_cuda_opts.h"
-#include "pipelm/common.h"
+#include "util/common.h"
 
 #ifndef PIPELM_PKGLIBDIR
 #define PIPELM_PKGLIBDIR "/usr/local/lib/pipelm"

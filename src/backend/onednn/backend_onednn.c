@@ -38,7 +38,7 @@
  * Primitives are created once per (shapes, strides, data type, post-ops, scale, threads) and
  *   kept in a small table (MM_CACHE entries, round-robin replacement).
  * Determinism: same inputs and thread count give bit-identical outputs (oneDNN's matmuls use a
- *   fixed partition for a given primitive and thread count; tests/test_onednn.c checks it).
+ *   fixed partition for a given primitive and thread count; tests/unit/test_onednn.c checks it).
  *   Only db and the softmax loops are thread-count independent by construction.
  * Not thread-safe: one caller thread (the rank's) at a time, as every backend here.
  */
@@ -60,14 +60,14 @@
 #include <dnnl.h>
 #include <dnnl_debug.h>
 #include "pipelm/backend.h"
-#include "pipelm/backend_host.h"
+#include "backend/backend_host.h"
 #include "pipelm/backend_math.h"
-#include "pipelm/common.h"
-#include "pipelm/onednn_auto.h"
-#include "pipelm/onednn_elem.h"
-#include "pipelm/onednn_llama.h"
-#include "pipelm/onednn_ops.h"
-#include "pipelm/onednn_wcache.h"
+#include "util/common.h"
+#include "backend/onednn/onednn_auto.h"
+#include "backend/onednn/onednn_elem.h"
+#include "backend/onednn/onednn_llama.h"
+#include "backend/onednn/onednn_ops.h"
+#include "backend/onednn/onednn_wcache.h"
 
 #define MM_CACHE 64
 #define MAXD 4
@@ -181,7 +181,7 @@ static void cvt_avx512(uint16_t *dst, const float *src, size_t n) {
 }
 #endif
 
-/* Exported for tests/test_onednn.c only (not part of backend.h): convert n values, in
+/* Exported for tests/unit/test_onednn.c only (not part of backend.h): convert n values, in
  * parallel over fixed chunks; force_scalar = 1 takes the portable loop. */
 void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar);
 void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar) {
@@ -901,7 +901,7 @@ static int dn_scale(float *x, float s, size_t n) {
     return onednn_scale(x, s, n);
 }
 
-/* Exported for tests/test_onednn.c only: primitives created so far (the cache's misses). */
+/* Exported for tests/unit/test_onednn.c only: primitives created so far (the cache's misses). */
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
 

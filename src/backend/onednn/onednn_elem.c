@@ -10,10 +10,10 @@
 #endif
 #include <stdint.h>
 #include "pipelm/backend.h"
-#include "pipelm/backend_host.h"
-#include "pipelm/onednn_elem.h"
-#include "pipelm/onednn_ops.h"
-#include "pipelm/onednn_simd.h"
+#include "backend/backend_host.h"
+#include "backend/onednn/onednn_elem.h"
+#include "backend/onednn/onednn_ops.h"
+#include "backend/onednn/onednn_simd.h"
 
 #define COLSUM_CHUNK 256 /* host_colsum's column chunk: the same split of the work */
 

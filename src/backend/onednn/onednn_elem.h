@@ -1,6 +1,6 @@
 /*
  * onednn_elem.h — the oneDNN backend's AVX-512 loops for the memory-bound ops it used to take
- * from the CPU backend (src/onednn_elem.c): the residual sum, the in-place add, the gradient
+ * from the CPU backend (src/backend/onednn/onednn_elem.c): the residual sum, the in-place add, the gradient
  * scale, the embedding lookup and its backward, and the bias-gradient column sum, alone or in
  * the same pass as the bf16 copy of dout that the weight-gradient product multiplies. Each is
  * the same arithmetic in the same order as the CPU backend's (an add or a multiply per value,

@@ -10,9 +10,9 @@
 #endif
 #include <math.h>
 #include "pipelm/backend.h"
-#include "pipelm/onednn_llama.h"
-#include "pipelm/onednn_ops.h"
-#include "pipelm/onednn_simd.h"
+#include "backend/onednn/onednn_llama.h"
+#include "backend/onednn/onednn_ops.h"
+#include "backend/onednn/onednn_simd.h"
 
 #ifdef OPS_X86
 /* out = x rstd w per row, rstd = 1 / sqrt(mean(x^2) + eps). */

@@ -1,6 +1,6 @@
 /*
  * onednn_llama.h — the oneDNN backend's AVX-512 loops for Llama's RMSNorm and SwiGLU and their
- * backward (src/onednn_llama.c), with backend_ops.h's signatures. They keep the CPU backend's
+ * backward (src/backend/onednn/onednn_llama.c), with backend_ops.h's signatures. They keep the CPU backend's
  * per-row structure (each row's sums in 16 lanes, then a fixed reduction; RMSNorm's weight
  * gradient sums each channel's rows in order), so the results do not depend on the thread
  * count or the stage split, but their rounding is not the CPU backend's: they run in bf16

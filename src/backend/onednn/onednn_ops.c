@@ -20,10 +20,10 @@
 #include <string.h>
 #include "pipelm/backend.h"
 #include "pipelm/backend_math.h"
-#include "pipelm/common.h"
-#include "pipelm/onednn_ops.h"
+#include "util/common.h"
+#include "backend/onednn/onednn_ops.h"
 
-#include "pipelm/onednn_simd.h"
+#include "backend/onednn/onednn_simd.h"
 
 #define LN_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */

@@ -1,5 +1,5 @@
 /*
- * onednn_ops.h — the oneDNN backend's own versions of the non-matmul ops (src/onednn_ops.c):
+ * onednn_ops.h — the oneDNN backend's own versions of the non-matmul ops (src/backend/onednn/onednn_ops.c):
  * AVX-512 loops for LayerNorm, GELU, the cross-entropy, AdamW, the squared norm and the causal
  * softmax of attention, with the signatures of backend_ops.h. Each one is the same math as
  * backend_cpu's, in the same per-row (or per-chunk, per-channel) structure, so its results

@@ -1,6 +1,6 @@
 /*
  * onednn_simd.h — the AVX-512 building blocks the oneDNN backend's vector loops share
- * (src/onednn_ops.c, src/onednn_elem.c, src/onednn_llama.c): the target attributes, the mask
+ * (src/backend/onednn/onednn_ops.c, src/backend/onednn/onednn_elem.c, src/backend/onednn/onednn_llama.c): the target attributes, the mask
  * of a row's last lanes, exp_fast and tanh_fast in 16 lanes (backend_math.h's range reduction
  * and polynomial), the fp32 -> bf16 store (f32_to_bf16's rounding), a reciprocal refined to
  * about 1 ulp, and the elementwise loop over fixed blocks of 16. Internal to the backend: static

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/onednn_wcache.h"
+#include "backend/onednn/onednn_wcache.h"
 
 #define MAX_RANGES 65536 /* weight ranges kept at most (a model has far fewer tensors) */
 

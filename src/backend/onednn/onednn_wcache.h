@@ -1,5 +1,5 @@
 /*
- * onednn_wcache.h — the oneDNN backend's bf16 weight copies (src/onednn_wcache.c): in bf16 a
+ * onednn_wcache.h — the oneDNN backend's bf16 weight copies (src/backend/onednn/onednn_wcache.c): in bf16 a
  * matmul multiplies bf16 weights, and a weight changes only when the optimizer updates it or
  * a checkpoint, an llm.c file or a data-parallel gather writes it; so its bf16 copy is made
  * once after each change and reused by every micro-batch's forward and input-gradient product

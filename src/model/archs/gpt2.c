@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/hf.h"
-#include "pipelm/llmc.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "formats/hf.h"
+#include "formats/llmc.h"
 
 /* GPT-2's tables, each indexed by its own enum. */
 enum { GE_WTE, GE_WPE };                                          /* embeddings */

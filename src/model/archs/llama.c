@@ -20,11 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "pipelm/arch.h"
-#include "pipelm/common.h"
-#include "pipelm/config.h"
-#include "pipelm/hf.h"
-#include "pipelm/llmc.h"
+#include "model/arch.h"
+#include "util/common.h"
+#include "cli/config.h"
+#include "formats/hf.h"
+#include "formats/llmc.h"
 
 /* Llama's tables, each indexed by its own enum. */
 enum { LE_WTE };                                                             /* embeddings */
