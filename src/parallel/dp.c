@@ -12,7 +12,7 @@
 #include "parallel/comm.h"
 #include "util/common.h"
 #include "parallel/dp.h"
-#include "parallel/exact.h"
+#include "util/exact.h"
 
 /* Piece j of a bucket of n floats over D replicas: [j n / D, (j + 1) n / D). */
 static size_t piece_lo(size_t n, int D, int j) { return n * (size_t)j / (size_t)D; }

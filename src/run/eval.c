@@ -18,7 +18,6 @@
 #include "run/eval.h"
 #include "util/files.h"
 #include "run/metrics.h"
-#include "cli/pipelm.h"
 #include "run/run.h"
 #include "parallel/tp.h"
 #include "run/train.h"

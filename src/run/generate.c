@@ -24,7 +24,6 @@
 #include "run/generate.h"
 #include "model/kvcache.h"
 #include "run/metrics.h"
-#include "cli/pipelm.h"
 #include "util/rng.h"
 #include "run/run.h"
 #include "util/signals.h"

@@ -20,7 +20,7 @@
 #include "util/common.h"
 #include "util/files.h"
 #include "run/run.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 #include "pipeline/waitsplit.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`

@@ -20,7 +20,7 @@
 #include "parallel/comm.h"
 #include "util/common.h"
 #include "run/run.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 
 /* The training state that goes into a checkpoint beside the tensors. */
 static void fill_meta(const run *R, int step, ckpt_meta *m) {
