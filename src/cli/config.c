@@ -110,10 +110,7 @@ static const opt_desc options[] = {
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
     O_STR("recompute", recompute, "activation recomputation: none | selective (attention probabilities) | full "
           "(whole blocks); or one per stage, comma-separated (default none)"),
-    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split) | "
-          "interleaved-1f1b | looped-bfs | interleaved-zb (with --chunks-per-rank V; `pipelm schedule --help` "
-          "gives each one's constraints) | zb-v | dualpipev (2 chunks per rank in a V) | auto (the fastest for "
-          "--costs-in FILE, measured with this --microbatches: schedule, M and V chosen by pipelm tune's search)"),
+    O_STR("schedule", schedule, NULL), /* help built from the schedule registry: help_text() */
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_INT("chunks-per-rank", chunks, "model chunks V per pipeline rank (virtual stages: P x V stages, stage s on "
           "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
@@ -993,9 +990,10 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
                 strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0 ||
                 strcmp(o->fail_at, "tp-kill") == 0,
             "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->fail_at);
-    REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
-            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
-            "zb-v or dualpipev, or auto (got '%s')", o->schedule);
+    char kinds[512];
+    sched_kind_names(kinds, sizeof kinds);
+    REQUIRE(sched_kind_find(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
+            "--schedule must be one of %s, or auto (got '%s')", kinds, o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
     REQUIRE(strcmp(o->backend, "auto") != 0 || strcmp(o->precision, "bf16") != 0 || backend_find("onednn"),
@@ -1023,8 +1021,20 @@ const char *config_backend(const pl_options *o) {
     return backend_find("onednn/auto") ? "onednn/auto" : "onednn";
 }
 
-/* An option's help line; --backend's names the backends this binary was built with. */
+/* --schedule's help line, from the schedule registry. */
+static const char *schedule_help(char *buf, size_t len) {
+    char kinds[256];
+    sched_kind_names(kinds, sizeof kinds);
+    snprintf(buf, len, "pipeline schedule: %s (`pipelm schedule --help`: each one's chunks and what it needs of M), "
+             "or auto (the fastest for --costs-in FILE, measured with this --microbatches: schedule, M and V "
+             "chosen by pipelm tune's search)", kinds);
+    return buf;
+}
+
+/* An option's help line; --backend's names the backends this binary was built with,
+ * --schedule's the registry's schedules. */
 static const char *help_text(const opt_desc *d, char *buf, size_t len) {
+    if (d->offset == offsetof(pl_options, schedule)) return schedule_help(buf, len);
     if (d->offset != offsetof(pl_options, backend)) return d->help;
     char names[128]; /* backend_list()'s "cpu,onednn" as "cpu | onednn" */
     size_t o = 0;
@@ -1044,7 +1054,7 @@ void config_print_help(FILE *out, int bench) {
     for (int i = 0; i < NOPT; i++) {
         if (options[i].scope == 1 && !bench) continue;
         const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
-        char flag[64], help[256];
+        char flag[64], help[512];
         snprintf(flag, sizeof flag, "--%s %s%s%s", options[i].name, options[i].optional_default ? "[" : "", arg,
                  options[i].optional_default ? "]" : "");
         fprintf(out, "  %-24s %s\n", flag, help_text(&options[i], help, sizeof help));

@@ -151,11 +151,9 @@ static void schedule_usage(void) {
            "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
            "model cut into P*V stages, stage s on rank s mod P (cells then read \"5F3\": stage 5's\n"
            "forward of micro-batch 3). Schedules and what they need of M (P ranks, V chunks):\n");
-    const char *names[] = { "gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v",
-                            "dualpipev" };
-    for (int k = 0; k < 8; k++)
-        printf("  %-17s %s%s\n", names[k], k < 3 ? "V = 1; " : k < 6 ? "any V; " : "V = 2 (the default), stages r and "
-               "2P-1-r on rank r; ", sched_constraint(names[k]));
+    for (const sched_kind *k = sched_kinds; k->name; k++)
+        printf("  %-17s %s%s\n", k->name, k->chunks == SCHED_CHUNKS_ONE ? "V = 1; " : k->chunks == SCHED_CHUNKS_ANY ?
+               "any V; " : "V = 2 (the default), stages r and 2P-1-r on rank r; ", k->rule);
     printf("--costs FILE (written by `pipelm bench --costs-out`): predicts the step time, bubble and\n"
            "per-rank compute and wait from measured F/B/I/W seconds and message costs (one line per\n"
            "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
