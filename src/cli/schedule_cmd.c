@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "pipeline/sched.h"
 #include "pipeline/sched_cost.h"
+#include "util/args.h"
 #include "util/common.h"
 #include "util/files.h"
 
@@ -195,50 +196,50 @@ typedef struct {
     int tp;                     /* --tp: predict T ranks per stage from --costs */
 } schedule_args;
 
+/* The options of `pipelm schedule`, in schedule_parse's order. */
+static const char *const sched_opt_names[] = {"stages", "microbatches", "schedule", "chunks-per-rank", "virtual-stages",
+                                              "csv", "load", "costs", "tp", "grid", "mem-limit-gb"};
+#define NSCHED_OPTS (int)(sizeof sched_opt_names / sizeof sched_opt_names[0])
+
+/* A positive integer value, or -1 (refused later, naming the option). */
+static int positive_int(const char *v, int max) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end || x < 1 || x > max ? -1 : (int)x;
+}
+
 /* Parse the options of `pipelm schedule`; *stop = 1 when the command ends here (--help, or a
  * malformed command line), with the exit status returned. */
 static int schedule_parse(int argc, char **argv, int first, int rank, schedule_args *sa, int *stop) {
     *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb(), 1};
     *stop = 1;
+    char err[512];
+    if (args_check_names(argc, argv, first, sched_opt_names, NSCHED_OPTS, "schedule", err, sizeof err) != PL_OK) {
+        if (rank == 0) pl_error("%s", err);
+        return 2;
+    }
     for (int i = first; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0) {
-            if (rank == 0) schedule_usage();
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            if (rank == 0) pl_error("schedule: option %s needs a value", a);
+        int k;
+        const char *v;
+        if (args_next(argc, argv, &i, sched_opt_names, NSCHED_OPTS, "schedule", &k, &v, err, sizeof err) != PL_OK) {
+            if (rank == 0) pl_error("%s", err);
             return 2;
         }
-        const char *v = argv[++i];
         char *end;
-        if (strcmp(a, "--stages") == 0) {
-            sa->P = (int)strtol(v, &end, 10);
-            if (*end || sa->P < 1) sa->P = -1;
-        } else if (strcmp(a, "--microbatches") == 0) {
-            sa->M = (int)strtol(v, &end, 10);
-            if (*end || sa->M < 1) sa->M = -1;
-        }
-        else if (strcmp(a, "--schedule") == 0) sa->name = v;
-        else if (strcmp(a, "--chunks-per-rank") == 0 || strcmp(a, "--virtual-stages") == 0) {
-            sa->V = (int)strtol(v, &end, 10);
-            if (*end || sa->V < 1) sa->V = -1;
-        }
-        else if (strcmp(a, "--csv") == 0) sa->csv = v;
-        else if (strcmp(a, "--load") == 0) sa->in = v;
-        else if (strcmp(a, "--costs") == 0) sa->costs = v;
-        else if (strcmp(a, "--tp") == 0) {
-            sa->tp = (int)strtol(v, &end, 10);
-            if (*end || sa->tp < 1 || sa->tp > 64) sa->tp = -1;
-        }
-        else if (strcmp(a, "--grid") == 0) sa->grid = v;
-        else if (strcmp(a, "--mem-limit-gb") == 0) {
+        switch (k) {
+        case -1: if (rank == 0) schedule_usage(); return 0;
+        case 0: sa->P = positive_int(v, 1 << 30); break;
+        case 1: sa->M = positive_int(v, 1 << 30); break;
+        case 2: sa->name = v; break;
+        case 3: case 4: sa->V = positive_int(v, 1 << 30); break;
+        case 5: sa->csv = v; break;
+        case 6: sa->in = v; break;
+        case 7: sa->costs = v; break;
+        case 8: sa->tp = positive_int(v, 64); break;
+        case 9: sa->grid = v; break;
+        default:
             sa->mem_gb = strtod(v, &end);
             if (*end || !(sa->mem_gb > 0)) sa->mem_gb = -1;
-        }
-        else {
-            if (rank == 0) pl_error("schedule: unknown option '%s' (see pipelm schedule --help)", a);
-            return 2;
         }
     }
     *stop = 0;

@@ -34,8 +34,32 @@ static int sub_match(const char *a, const sub_opt *opts, int n, const char **val
     return -1;
 }
 
-int sub_opts_take(int argc, char **argv, int first, sub_opt *opts, int n, char ***rest, int *nrest, char *err,
-                  size_t errlen) {
+/* The value of option opts[m] given as argv[*i] (inline: the text after '=', or NULL);
+ * *i moves past a value taken from the next word. PL_EINVAL names a missing one. */
+static int sub_value(int argc, char **argv, int *i, const sub_opt *o, const char *inl, const char **v, char *err,
+                     size_t errlen) {
+    *v = inl;
+    if (o->flag == SUB_FLAG) { *v = inl ? inl : "1"; return PL_OK; }
+    int next = *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0;
+    if (!inl && next) *v = argv[++*i];
+    if (!*v && o->flag == SUB_SWITCH) *v = "1";
+    if (!*v) {
+        snprintf(err, errlen, "option --%s needs a value%s", o->name, *i + 1 < argc ? " (the next word is an option: "
+                 "a value that starts with -- is given as --name=--value)" : "");
+        return PL_EINVAL;
+    }
+    if (!(*v)[0]) {
+        snprintf(err, errlen, "option --%s has an empty value (leave the option out for its default)", o->name);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+int sub_opts_take(int argc, char **argv, int first, int cmd, sub_opt *opts, int n, char ***rest, int *nrest,
+                  char *err, size_t errlen) {
+    const char *names[32];
+    for (int k = 0; k < n && k < 32; k++) names[k] = opts[k].name;
+    if (config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK) return PL_EINVAL;
     char **r = calloc((size_t)argc + 2, sizeof(char *));
     if (!r) return PL_ENOMEM;
     int k = 0;
@@ -45,14 +69,9 @@ int sub_opts_take(int argc, char **argv, int first, sub_opt *opts, int n, char *
         const char *v;
         int m = sub_match(argv[i], opts, n, &v);
         if (m < 0) { r[k++] = argv[i]; continue; }
-        if (opts[m].flag) v = v ? v : "1";
-        else if (!v) {
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "--%s needs a value", opts[m].name);
-                free(r);
-                return PL_EINVAL;
-            }
-            v = argv[++i];
+        if (sub_value(argc, argv, &i, &opts[m], v, &v, err, errlen) != PL_OK) {
+            free(r);
+            return PL_EINVAL;
         }
         opts[m].val = (char *)v;
     }
@@ -187,7 +206,7 @@ static void eval_usage(FILE *out) {
                  "                file; Markov data: --val-batches)\n"
                  "  --json FILE   write {\"loss\", \"perplexity\", \"tokens\", \"batches\", ...} (rank 0)\n\n"
                  "options shared with train:\n");
-    config_print_help(out, 0);
+    config_print_help(out, CFG_CMD_EVAL);
 }
 
 int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
@@ -204,9 +223,9 @@ int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     pl_options o;
     config_defaults(&o);
     long long nb = 0;
-    int rc = sub_opts_take(argc, argv, 2, so, 2, &rest, &nrest, err, sizeof err);
+    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_EVAL, so, 2, &rest, &nrest, err, sizeof err);
+    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_EVAL, err, sizeof err);
     if (rc == PL_OK && so[0].val) rc = sub_opt_int(&so[0], 0, INT_MAX, &nb, err, sizeof err);
-    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     if (rc == PL_OK) rc = config_validate(&o, err, sizeof err);
     free(rest);
     if (rc == PL_OK && so[1].val && strlen(so[1].val) >= sizeof o.eval_json) {

@@ -703,7 +703,7 @@ static void gen_usage(FILE *out, int bench) {
                  "  --logits-out FILE     (last stage) seq,position,token,logits... per generated token\n"
                  "%s\noptions shared with train:\n", bench ? "bench --generate" : "generate",
             bench ? "  --json FILE           the benchmark's figures as JSON (rank 0)\n" : "");
-    config_print_help(out, 0);
+    config_print_help(out, CFG_CMD_GENERATE);
 }
 
 int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_needed) {
@@ -715,7 +715,7 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
             return 0;
         }
     sub_opt so[] = {{"prompt-tokens", 0, NULL}, {"prompt-file", 0, NULL}, {"max-new-tokens", 0, NULL},
-                    {"top-k", 0, NULL}, {"groups", 0, NULL}, {"prefill-chunk", 0, NULL}, {"kv-cache", 0, NULL},
+                    {"top-k", 0, NULL}, {"groups", 0, NULL}, {"prefill-chunk", 0, NULL}, {"kv-cache", SUB_SWITCH, NULL},
                     {"eot-token", 0, NULL}, {"temperature", 0, NULL}, {"top-p", 0, NULL}, {"tokens-out", 0, NULL},
                     {"logits-out", 0, NULL}, {"tokenizer", 0, NULL}, {"json", 0, NULL}, {"generate", 1, NULL}};
     static gen_opts g;
@@ -725,9 +725,9 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     int nrest = 0, nso = bench ? 15 : 13;
     pl_options o;
     config_defaults(&o);
-    int rc = sub_opts_take(argc, argv, 2, so, nso, &rest, &nrest, err, sizeof err);
+    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_GENERATE, so, nso, &rest, &nrest, err, sizeof err);
+    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_GENERATE, err, sizeof err);
     if (rc == PL_OK) rc = gen_parse(&g, so, err, sizeof err);
-    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     free(rest);
     if (rc == PL_OK && o.dp > 1) {
         snprintf(err, sizeof err, "generate runs one pipeline: --dp %d is not supported (use --dp 1)", o.dp);

@@ -28,7 +28,7 @@ expect "bad lr-schedule" 2 "cosine or constant" run train --lr-schedule linear
 expect "abbreviated option refused" 2 "option '--step' is not spelled in full (did you mean --steps?" run train --step 3
 expect "abbreviated --name=value refused" 2 "'--microbatch' is not spelled in full" run train --microbatch=2
 expect "ambiguous prefix is unknown" 2 "unknown option '--val'" run train --val 3
-expect "bench option in train" 2 "unknown option '--warmup' for train (it is a bench option)" run train --warmup 1
+expect "bench option in train" 2 "unknown option '--warmup' for train: it is a bench option" run train --warmup 1
 expect "single-dash word refused" 2 "unexpected argument '-s'" run train -s 3
 expect "underscores as dashes" 0 "step     1/1" run train --steps=1 --batch 4 --seq_len 16 --progress 0
 expect "train --help lists --precision" 0 "--precision S .*bf16 inputs, fp32 accumulation; --backend onednn or cuda" run train --help
