@@ -65,6 +65,11 @@ typedef struct {
 #define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_BENCH, NULL, NULL}
 /* a 0/1 switch: a bare --NAME is --NAME 1 */
 #define O_FLAG(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_RUN, "1", NULL}
+/* a test hook (util/hooks.h): taken by the subcommands in scope, never listed by --help */
+#define HIDDEN (1u << 30)
+#define OH_INT(n, f, sc, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, (sc) | HIDDEN, NULL, NULL}
+#define OH_DBL(n, f, sc, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, (sc) | HIDDEN, NULL, NULL}
+#define OH_STR(n, f, sc, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, (sc) | HIDDEN, NULL, NULL}
 /* the same rows for what only training (and its benchmark and tuner) reads: eval and
  * generate refuse these */
 #define OT_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_TRAIN, NULL, NULL}
@@ -181,11 +186,12 @@ static const opt_desc options[] = {
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
     OT_STR("costs-in", costs_in, "a costs file (bench --costs-out): what bench's wait split judges each stage's "
           "actions by (default: the stages' median cost per FLOP), and what --schedule auto searches with"),
-    OT_INT("slow-rank", slow_rank, "(testing) pipeline rank whose every F, B, I and W runs --slow-ms longer"),
-    OT_DBL("slow-ms", slow_ms, "(testing) the milliseconds --slow-rank adds to each of its actions"),
-    O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
-    O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
-    O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
+    /* the test hooks (util/hooks.h, docs/testing.md): accepted, never listed by --help */
+    OH_INT("slow-rank", hooks.slow_rank, CMDS_TRAIN, "pipeline rank whose every F, B, I and W runs --slow-ms longer"),
+    OH_DBL("slow-ms", hooks.slow_ms, CMDS_TRAIN, "the milliseconds --slow-rank adds to each of its actions"),
+    OH_INT("fail-rank", hooks.fail_rank, CMDS_RUN, "rank that fails on purpose"),
+    OH_INT("fail-step", hooks.fail_step, CMDS_RUN, "step at which --fail-rank fails"),
+    OH_STR("fail-at", hooks.fail_at, CMDS_RUN, "where in --fail-step: before | during | after | save | nan | stall (hang inside the "
           "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
@@ -258,10 +264,8 @@ void config_defaults(pl_options *o) {
     o->rope_orig_ctx = 8192;
     o->log_every = 1;
     o->progress = 1;
-    o->fail_rank = -1;
-    o->slow_rank = -1;
+    hooks_defaults(&o->hooks);
     o->tp = 1;
-    snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
     env_aliases(o);
 }
@@ -1068,11 +1072,11 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->warmup >= 0, "--warmup must be >= 0 (got %d)", o->warmup);
     REQUIRE(o->peak_gflops >= 0, "--peak-gflops must be >= 0 (got %g)", o->peak_gflops);
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
-    REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
-                strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
-                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0 ||
-                strcmp(o->fail_at, "tp-kill") == 0,
-            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->fail_at);
+    REQUIRE(strcmp(o->hooks.fail_at, "before") == 0 || strcmp(o->hooks.fail_at, "during") == 0 ||
+                strcmp(o->hooks.fail_at, "after") == 0 || strcmp(o->hooks.fail_at, "save") == 0 ||
+                strcmp(o->hooks.fail_at, "nan") == 0 || strcmp(o->hooks.fail_at, "stall") == 0 || strcmp(o->hooks.fail_at, "tp") == 0 ||
+                strcmp(o->hooks.fail_at, "tp-kill") == 0,
+            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->hooks.fail_at);
     char kinds[512];
     sched_kind_names(kinds, sizeof kinds);
     REQUIRE(sched_kind_find(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
@@ -1144,7 +1148,7 @@ int config_option_at(int i, int cmd, const char **name, int *taken, int *optiona
 void config_print_help(FILE *out, int cmd) {
     if (cmd < 0 || cmd >= CFG_NCMDS) cmd = CFG_CMD_TRAIN;
     for (int i = 0; i < NOPT; i++) {
-        if (!in_scope(&options[i], cmd)) continue;
+        if (!in_scope(&options[i], cmd) || (options[i].scope & HIDDEN)) continue;
         const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
         char flag[64], help[512];
         snprintf(flag, sizeof flag, "--%s %s%s%s", options[i].name, options[i].optional_default ? "[" : "", arg,

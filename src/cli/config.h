@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include "model/hparams.h"
 #include "model/model.h"
+#include "util/hooks.h"
 
 #define PL_PATH 4096
 
@@ -72,14 +73,11 @@ typedef struct {
     int bench, warmup;
     char json[PL_PATH], csv[PL_PATH], costs_out[PL_PATH];
     double peak_gflops;
-    /* test-only fault injection: rank fail_rank stops at step fail_step */
-    int fail_rank, fail_step;
-    char fail_at[16];    /* before | during | after (the step) | save (in a checkpoint) | nan */
+    /* the test hooks (util/hooks.h: --fail-*, --slow-*; not in --help) */
+    pl_hooks hooks;
     double watchdog;     /* seconds one wait may take before the job is aborted; 0 = never */
     double stop_grace;   /* seconds a stop signal waits for a step that cannot end; 0 = automatic */
     /* the wait split of `pipelm bench`: a test-only slow rank, and the costs it is measured against */
-    int slow_rank;       /* pipeline rank whose every F, B, I and W runs slow_ms longer (-1: none) */
-    double slow_ms;
     char costs_in[PL_PATH]; /* bench: the costs (bench --costs-out) a straggler is judged by */
     /* which model settings were given explicitly, on the command line or in the config file
      * (so --init can check or adopt them, and name only those): set_vocab for --vocab-size,

@@ -355,8 +355,8 @@ static int setup_tp(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "--tp %d: %s does not run with tensor parallelism yet (use --tp 1)", R->Tp, no);
         return PL_EINVAL;
     }
-    int kill = strcmp(o->fail_at, "tp-kill") == 0;
-    int fail = o->fail_rank == R->wrank && (kill || strcmp(o->fail_at, "tp") == 0) ? o->fail_step : -1;
+    int kill = strcmp(o->hooks.fail_at, "tp-kill") == 0;
+    int fail = o->hooks.fail_rank == R->wrank && (kill || strcmp(o->hooks.fail_at, "tp") == 0) ? o->hooks.fail_step : -1;
     PL_TRY(tp_init(&R->tp, R->tpc, R->be, fail, R->wrank, err, errlen));
     R->tp.fail_kill = kill;
     R->have_tp = 1;
@@ -441,8 +441,8 @@ static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     PL_TRY(check_outputs(R, err, errlen));
     PL_TRY(lock_ckpt_dir(R, err, errlen));
-    if (o->fail_rank == R->wrank && o->fail_step == 0 && strcmp(o->fail_at, "during") == 0) {
-        snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->fail_rank);
+    if (hooks_fail_here(&o->hooks, R->wrank, 0, "during")) {
+        snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->hooks.fail_rank);
         return PL_EPEER;
     }
     PL_TRY(setup_backend(R, err, errlen));
@@ -464,9 +464,9 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(train_ckpt_async_check(R, err, errlen)); /* --ckpt-async: MPI's thread level, the snapshot's memory */
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     /* --fail-rank names a world rank */
-    engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
-                      strcmp(o->fail_at, "during") == 0);
-    if (o->slow_rank == R->rank) engine_set_slow(&R->eng, o->slow_ms); /* test-only: a straggler */
+    engine_set_faults(&R->eng, o->hooks.fail_rank == R->wrank ? R->rank : -1, o->hooks.fail_step,
+                      strcmp(o->hooks.fail_at, "during") == 0);
+    if (o->hooks.slow_rank == R->rank) engine_set_slow(&R->eng, o->hooks.slow_ms); /* test-only: a straggler */
     /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets */
     if (R->rank == 0 || R->rank == last_rank(R)) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
@@ -709,10 +709,10 @@ static int set_threads(run *R) {
 /* Test-only fault injection: does --fail-rank fail here, at --fail-at `where` of `step`? */
 static int fail_here(const run *R, int step, const char *where) {
     const pl_options *o = R->o;
-    if (o->fail_rank != R->wrank || o->fail_step != step || strcmp(o->fail_at, where) != 0) return 0;
+    if (!hooks_fail_here(&o->hooks, R->wrank, step, where)) return 0;
     if (strcmp(where, "nan") != 0)
-        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d on %s", o->fail_rank,
-                 o->fail_step, where, step, R->D > 1 ? "this replica's stage" : "this stage");
+        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d on %s", o->hooks.fail_rank,
+                 o->hooks.fail_step, where, step, R->D > 1 ? "this replica's stage" : "this stage");
     return 1;
 }
 /* One training step: data, the pipeline, the optimizer. A failure that peers cannot see
@@ -865,8 +865,8 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     R->tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
     /* every rank sees the same options and world size: the refusals below are agreed */
     if (layout_grid(R, o) != PL_OK) return PL_EINVAL;
-    if (o->fail_rank >= R->W) {
-        if (R->wrank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->fail_rank, R->W);
+    if (o->hooks.fail_rank >= R->W) {
+        if (R->wrank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->hooks.fail_rank, R->W);
         return PL_EINVAL;
     }
     /* pipeline outermost: rank r is stage r / D of replica r % D, so a stage's replicas are

@@ -91,7 +91,7 @@ int train_save_checkpoint(run *R, int step) {
     }
     if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint save (collective HDF5)", ckpt_deadline_s(R));
     const pl_options *o = R->o;
-    if (rc == PL_OK && o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0)
+    if (rc == PL_OK && hooks_fail_here(&o->hooks, R->wrank, step, "stall"))
         sleep(3600); /* test-only: a rank that hangs where the peers block inside HDF5 */
     comm_deadline_enter();
     if (rc == PL_OK)
