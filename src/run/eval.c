@@ -20,7 +20,6 @@
 #include "run/metrics.h"
 #include "run/run.h"
 #include "parallel/tp.h"
-#include "run/train.h"
 
 /* Match one argument against the table: the option's index, or -1; *val points at an
  * inline "=VALUE" or is NULL. */
@@ -92,19 +91,6 @@ int sub_opt_int(const sub_opt *o, long long lo, long long hi, long long *out, ch
     return PL_OK;
 }
 
-int eval_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
-    char path[PL_PATH + 64], e2[1024];
-    if (ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, e2,
-                     sizeof e2) != PL_OK) {
-        snprintf(err, errlen, "--resume: %s", e2);
-        return PL_EIO;
-    }
-    if (ckpt_read_info(path, cfg, NULL, e2, sizeof e2) != PL_OK) {
-        snprintf(err, errlen, "--resume %s: %s", path, e2);
-        return PL_EIO;
-    }
-    return PL_OK;
-}
 
 /* Collective: the weights of --resume (parameters only; the training settings need not match). */
 int eval_load_resume(run *R) {
@@ -242,7 +228,11 @@ int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     if (!o.val_data[0]) memcpy(o.val_data, o.data, sizeof o.val_data); /* the evaluated data */
     o.progress = 0;
     int agreed = 1;
-    rc = train_run(&o, comm, &agreed);
+    run R;
+    double grace;
+    rc = run_setup(&R, &o, comm, &grace);
+    if (rc == PL_OK) rc = eval_after_setup(&R, &agreed);
+    run_teardown(&R, agreed);
     if (rc != PL_OK && !agreed) *abort_needed = 1;
     if (rc == PL_EPREEMPT) return PIPELM_EXIT_PREEMPTED;
     return rc == PL_OK ? 0 : rc == PL_EINVAL ? 2 : 1;

@@ -18,9 +18,6 @@
 
 /* `pipelm eval ...` on comm: exit status (0, 1, 2, 75); *abort_needed as pipelm_main's. */
 int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
-/* The model config of the checkpoint --resume names (a file or a directory's latest), for a
- * run that takes its dimensions from it. */
-int eval_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen);
 
 /* One option of a subcommand's own: "--name VALUE" or "--name=VALUE"; flag: no value. */
 typedef struct {

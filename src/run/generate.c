@@ -28,7 +28,6 @@
 #include "run/run.h"
 #include "util/signals.h"
 #include "formats/tokenizer.h"
-#include "run/train.h"
 
 enum { K_WORK = 1, K_END = 2 };      /* header kinds */
 enum { H_KIND, H_ITEM, H_NSEG, H_STOP, H_LEN }; /* header fields, then 4 per segment */
@@ -744,7 +743,11 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     o.gen = &g;
     o.progress = 0;
     int agreed = 1;
-    rc = train_run(&o, comm, &agreed);
+    run R;
+    double grace;
+    rc = run_setup(&R, &o, comm, &grace);
+    if (rc == PL_OK) rc = generate_after_setup(&R, &agreed);
+    run_teardown(&R, agreed);
     for (int i = 0; i < g.nprompts; i++) free(g.prompt[i]);
     free(g.prompt);
     free(g.plen);

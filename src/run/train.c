@@ -90,7 +90,7 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
         if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
-    } else if (o->eval_mode && o->resume[0]) PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
+    } else if (o->eval_mode && o->resume[0]) PL_TRY(train_resume_config(o, &R->cfg, err, errlen));
     else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);
@@ -1030,40 +1030,56 @@ static void teardown(run *R, int agreed) {
     comm_step = -1;
 }
 
-int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
-    run R;
+int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace) {
     loop_state L;
-    *agreed = 1;
-    memset(&R, 0, sizeof R);
+    memset(R, 0, sizeof *R);
     memset(&L, 0, sizeof L);
-    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = L.nw.fwd_wrank = -1;
-    L.last_loss = NAN;
-    int rc = start_run(&R, o, comm, &L);
+    int rc = start_run(R, o, comm, &L);
+    *stop_grace = L.grace;
     if (rc != PL_OK) { /* nothing allocated yet; the tied communicator is the last step */
         signals_restore();
         return rc;
     }
+    R->set_up = 1;
     char err[1024] = "";
-    rc = setup(&R, err, sizeof err);
+    rc = setup(R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "set-up")) != PL_OK) goto done;
+    if ((rc = agree(R, rc, "set-up")) != PL_OK) return rc;
     err[0] = 0;
-    rc = setup_dp(&R, err, sizeof err);
+    rc = setup_dp(R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "the data-parallel set-up")) != PL_OK) goto done;
+    if ((rc = agree(R, rc, "the data-parallel set-up")) != PL_OK) return rc;
     err[0] = 0;
-    rc = train_ckpt_async_setup(&R, err, sizeof err); /* --ckpt-async: the writer's communicator */
+    rc = train_ckpt_async_setup(R, err, sizeof err); /* --ckpt-async: the writer's communicator */
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "the set-up of --ckpt-async")) != PL_OK) goto done;
-    L.first_step = 1;
-    rc = before_loop(&R, &L.first_step);
-    R.first_step = L.first_step;
-    if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
-    if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
-    if (o->eval_mode) { /* pipelm eval: the validation path over the weights, nothing trained */
-        rc = o->eval_mode == 2 ? generate_after_setup(&R, agreed) : eval_after_setup(&R, agreed);
-        goto done;
-    }
+    if ((rc = agree(R, rc, "the set-up of --ckpt-async")) != PL_OK) return rc;
+    int first_step = 1;
+    rc = before_loop(R, &first_step);
+    R->first_step = first_step;
+    if ((rc = agree(R, rc, "the start of the run")) != PL_OK) return rc;
+    return stop_before_first_step(R, first_step);
+}
+
+void run_teardown(run *R, int agreed) {
+    if (R->set_up) teardown(R, agreed);
+    R->set_up = 0;
+}
+
+int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
+    return train_bench(o, comm, agreed, NULL);
+}
+
+int train_bench(const pl_options *o, MPI_Comm comm, int *agreed, bench_summary *summary) {
+    run R;
+    loop_state L;
+    *agreed = 1;
+    memset(&L, 0, sizeof L);
+    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = L.nw.fwd_wrank = -1;
+    L.last_loss = NAN;
+    int rc = run_setup(&R, o, comm, &L.grace);
+    R.summary = summary;
+    if (rc != PL_OK) goto done;
+    L.first_step = R.first_step;
     L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
@@ -1075,6 +1091,6 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     if (rc == PL_EINVAL) rc = PL_ESTATE; /* past set-up nothing is a bad setting (exit 1, not 2) */
 done:
     free(L.step_s);
-    teardown(&R, *agreed);
+    run_teardown(&R, *agreed);
     return rc;
 }

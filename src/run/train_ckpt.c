@@ -363,3 +363,17 @@ void train_ckpt_async_free(run *R, int agreed) {
     ckpt_async_free(R->ca, agreed && dummy);
     R->ca = NULL;
 }
+
+int train_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
+    char path[PL_PATH + 64], e2[1024];
+    if (ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, e2,
+                     sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--resume: %s", e2);
+        return PL_EIO;
+    }
+    if (ckpt_read_info(path, cfg, NULL, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--resume %s: %s", path, e2);
+        return PL_EIO;
+    }
+    return PL_OK;
+}

@@ -237,10 +237,9 @@ static void job_file(const char *what, MPI_Comm comm, char *buf, size_t len) {
  * such as --costs-out FILE); *ms the median step, or -1. */
 static int bench_here(const tune_args *a, const char *layout, int steps, int warmup, const char *more, MPI_Comm comm,
                       double *ms) {
-    char cmd[3200], js[256];
-    job_file("bench.json", comm, js, sizeof js);
-    snprintf(cmd, sizeof cmd, "%s --batch %d --steps %d --warmup %d %s %s --json %s", layout, a->q.batch, steps,
-             warmup, a->extra, more ? more : "", js);
+    char cmd[3200];
+    snprintf(cmd, sizeof cmd, "%s --batch %d --steps %d --warmup %d %s %s", layout, a->q.batch, steps, warmup,
+             a->extra, more ? more : "");
     char *argv[160];
     int argc = train_argv(cmd, argv, 159);
     pl_options o;
@@ -253,17 +252,9 @@ static int bench_here(const tune_args *a, const char *layout, int steps, int war
         return PL_EINVAL;
     }
     o.bench = 1;
-    int agreed = 1, rc = train_run(&o, comm, &agreed);
-    if (rc == PL_OK && pl_rank == 0) {
-        FILE *f = fopen(js, "r");
-        char buf[4096] = "";
-        size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[got] = 0;
-        if (f) fclose(f);
-        const char *p = strstr(buf, "\"median\":");
-        if (p) *ms = strtod(p + 9, NULL);
-    }
-    if (pl_rank == 0) unlink(js);
+    bench_summary sum = {-1, -1, -1, 0, 0, 0};
+    int agreed = 1, rc = train_bench(&o, comm, &agreed, &sum);
+    if (rc == PL_OK && pl_rank == 0) *ms = sum.step_ms_median;
     return rc;
 }
 
