@@ -9,27 +9,27 @@
 #include "run/eval.h"
 #include "run/generate.h"
 
-int tune_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
+static int tune_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     *abort_needed = 0;
     return tune_main(argc, argv, 2, comm);
 }
 
 /* convert and inspect run on rank 0; the other ranks have nothing to do */
-int convert_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
+static int convert_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     int rank;
     MPI_Comm_rank(comm, &rank);
     *abort_needed = 0;
     return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
 }
 
-int inspect_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
+static int inspect_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     int rank;
     MPI_Comm_rank(comm, &rank);
     *abort_needed = 0;
     return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
 }
 
-int generate_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
+static int generate_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     return generate_main(argc, argv, comm, 0, abort_needed);
 }
 

@@ -32,9 +32,5 @@ const pl_command *pl_command_find(const char *name);
 int train_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
 int bench_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
 int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
-int tune_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
-int convert_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
-int inspect_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
-int generate_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed);
 
 #endif

@@ -96,7 +96,7 @@ int sched_nstages(const sched *s) {
 }
 
 /* allocate an empty schedule shell with P ranks of V chunks */
-int sched_alloc(sched *s, const char *name, int P, int V, int M) {
+static int sched_alloc(sched *s, const char *name, int P, int V, int M) {
     memset(s, 0, sizeof(*s));
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
     s->P = P;

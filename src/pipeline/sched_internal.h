@@ -23,8 +23,6 @@ int sched_op_cost(sched_op op);         /* its unit-cost time */
 int sched_peer_stage(const sched_action *a);  /* the stage a message goes to or comes from; -1 */
 sched_op sched_partner_op(sched_op op); /* the op on the peer that pairs with a message op */
 int sched_nchunks(const sched *s);      /* V, with 0 read as 1 */
-/* an empty shell of P ranks of V chunks and M micro-batches */
-int sched_alloc(sched *s, const char *name, int P, int V, int M);
 /* 1 if stages a and a + 1 run on one rank of a V placement (handed over in memory) */
 int sched_local_edge(const sched *s, int a);
 /* append one action of global stage st to its rank (capacity sized by the caller); the

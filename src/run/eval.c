@@ -155,8 +155,9 @@ static int eval_write_json(const run *R, double loss, long long tokens, int nb, 
     return PL_OK;
 }
 
-/* After train.c's set-up (run.h): the weights, the validation path, the report. */
-int eval_after_setup(run *R, int *agreed) {
+/* Collective: `pipelm eval` after run_setup (run.h): load --resume's weights, run
+ * train_evaluate over the batches, report; *agreed as train_run's. */
+static int eval_after_setup(run *R, int *agreed) {
     const pl_options *o = R->o;
     char err[PL_PATH + 256] = "";
     int rc = R->wrank == 0 && o->eval_json[0] ? pl_check_output_file(o->eval_json, "--json", err, sizeof err) : PL_OK;

@@ -550,7 +550,8 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     return rc;
 }
 
-int generate_after_setup(run *R, int *agreed) {
+/* Collective: `pipelm generate` after run_setup; *agreed as train_run's. */
+static int generate_after_setup(run *R, int *agreed) {
     gen_opts g = *R->o->gen;
     gen_state gs;
     tokenizer tk;

@@ -108,13 +108,8 @@ int train_evaluate(run *R, int nbatches, double *val_loss);
 int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace);
 void run_teardown(run *R, int agreed);
 
-/* eval.c (collective): `pipelm eval` after run_setup: load --resume's weights, run
- * train_evaluate over the batches, report; *agreed as train_run's. */
-int eval_after_setup(run *R, int *agreed);
 /* eval.c (collective): the parameters of the checkpoint --resume names into R->st. */
 int eval_load_resume(run *R);
-/* generate.c (collective): `pipelm generate` after train.c's set-up; *agreed as train_run's. */
-int generate_after_setup(run *R, int *agreed);
 
 /* The model config of the checkpoint --resume names (a file or a directory's latest), for a
  * run that takes its dimensions from it. */
