@@ -456,6 +456,10 @@ static void find_targets(void) {
 int main(void) {
     const char *vb = getenv("TEST_BACKENDS_VERBOSE");
     verbose = vb && *vb && strcmp(vb, "0") != 0;
+    /* the CPU reference keeps the (T, T) probabilities, which the attention cases compare
+     * (its tiled path is test_attention.c's); the variable also reaches the CPU backend's
+     * init inside another host backend's */
+    setenv("PIPELM_CPU_ATTENTION", "full", 1);
     backend_options co = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     char err[512] = "";
     if (cpu->init(&co, err, sizeof err) != 0) {
