@@ -195,9 +195,16 @@ START_TEST(test_dispatch) {
     char err[256];
     ck_assert_int_eq(backend_opts_check(be, "attention=tiled", err, sizeof err), 0);
     ck_assert_int_eq(backend_opts_check(be, "attention=full", err, sizeof err), 0);
+    ck_assert_int_eq(backend_opts_check(be, "attention=auto", err, sizeof err), 0);
     ck_assert_int_ne(backend_opts_check(be, "attention=flash", err, sizeof err), 0);
-    ck_assert_msg(strstr(err, "attention=tiled|full"), "refusal names the choices: %s", err);
-    cpu_mode(NULL, 2); /* the default: tiled where T exceeds the head size */
+    ck_assert_msg(strstr(err, "attention=auto|tiled|full"), "refusal names the choices: %s", err);
+    cpu_mode(NULL, 2); /* the default, auto: tiled from T = 128 where T exceeds the head size */
+    ck_assert_int_eq(be->attention_cols(4, 1024, 12, 64), 65);
+    ck_assert_int_eq(be->attention_cols(4, 128, 12, 64), 65);
+    ck_assert_int_eq(be->attention_cols(4, 127, 12, 64), 127);
+    ck_assert_int_eq(be->attention_cols(4, 128, 2, 128), 128);
+    ck_assert_int_eq(be->attention_cols(4, 129, 2, 128), 129);
+    cpu_mode("attention=tiled", 2); /* tiled wherever T exceeds the head size */
     ck_assert_int_eq(be->attention_cols(4, 1024, 12, 64), 65);
     ck_assert_int_eq(be->attention_cols(4, 65, 12, 64), 65);
     ck_assert_int_eq(be->attention_cols(4, 64, 12, 64), 64);

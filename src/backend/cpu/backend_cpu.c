@@ -40,13 +40,18 @@ static int cpu_set_threads(int n);
 /* The settings of this backend (--backend-opt). */
 static const backend_opt_decl cpu_opts[] = {
     {"attention", "tiled: fused causal attention keeping the output and the row log-sum-exp (O(T) memory, "
-     "FlashAttention-2's backward) wherever T exceeds the head size; full: the (T, T) probabilities (the reference)",
-     "tiled", "tiled|full", "PIPELM_CPU_ATTENTION"},
+     "FlashAttention-2's backward) wherever T exceeds the head size; full: the (T, T) probabilities (the "
+     "reference); auto: tiled from T = 128 (where it measured faster), full below",
+     "auto", "auto|tiled|full", "PIPELM_CPU_ATTENTION"},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-/* 1: attention=tiled (cpu_attention.c) where the shape takes it (att_tiled_for). */
-static int att_tiled = 1;
+/* attention=: which path attention_gqa_fwd / _bwd take (att_tiled_for). */
+enum { ATT_FULL, ATT_TILED, ATT_AUTO };
+static int att_mode = ATT_AUTO;
+/* attention=auto's smallest T for the tiled path: below it the (T, T) path measured as fast
+ * or faster (bench/attention_cpu.sh: head sizes 16, 64, 128). */
+#define ATT_AUTO_MIN_T 128
 
 /* fp32 only: the reference precision. */
 static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
@@ -56,20 +61,25 @@ static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
         return PL_EINVAL;
     }
     char v[16];
-    att_tiled = strcmp(backend_opt_get(cpu_opts, opt, "attention", v, sizeof v), "full") != 0;
+    backend_opt_get(cpu_opts, opt, "attention", v, sizeof v);
+    att_mode = strcmp(v, "full") == 0 ? ATT_FULL : strcmp(v, "tiled") == 0 ? ATT_TILED : ATT_AUTO;
     if (opt && opt->threads > 0) cpu_set_threads(opt->threads);
     return 0;
 }
 static void cpu_finalize(void) {}
 
 static void cpu_describe(char *buf, size_t len) {
+    static const char *const name[] = {"full", "tiled", "auto"};
     snprintf(buf, len, "cpu: OpenBLAS %s, kernel %s, fp32, attention %s", blas_flavour(), blas_kernel(),
-             att_tiled ? "tiled" : "full");
+             name[att_mode]);
 }
 
-/* Whether attention of T tokens, head size HS runs tiled: where its state (HS + 1 floats per
- * token and head) is smaller than the T probabilities of the full path. */
-static int att_tiled_for(int T, int HS) { return att_tiled && T > HS; }
+/* Whether attention of T tokens, head size HS runs tiled: only where its state (HS + 1
+ * floats per token and head) is smaller than the T probabilities of the full path, and under
+ * auto only from ATT_AUTO_MIN_T. */
+static int att_tiled_for(int T, int HS) {
+    return att_mode != ATT_FULL && T > HS && (att_mode == ATT_TILED || T >= ATT_AUTO_MIN_T);
+}
 
 /* backend.h's attention_cols: the tiled path keeps O and the log-sum-exp. */
 static int cpu_attention_cols(int B, int T, int NH, int HS) {

@@ -18,36 +18,90 @@
 #include "backend/cpu/cpu_attention.h"
 #include "util/common.h"
 
-#define TB CPU_ATT_TILE
+#define TQ CPU_ATT_TQ /* query rows of a forward tile */
+#define TK CPU_ATT_TK /* key columns of a forward tile */
+#define TB CPU_ATT_TB /* key columns of a backward tile */
+#define LANES 16
 
-/* Per-thread scratch of the forward: scores / probabilities s (TB, TB), the running output
- * o (TB, HS), the running maximum m (TB) and sum l (TB). */
+/* The row loops (exponentials, maxima, sums) in an AVX-512 copy where the CPU has it, chosen
+ * once at load time (the build targets the baseline ISA; OpenBLAS picks its kernels at run
+ * time too): the same machine always runs the same copy, so the bits stay fixed there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PIPELM_NO_CLONES)
+#define ROW_CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define ROW_CLONES
+#endif
+
+/* max(m, x[0..n)): LANES running maxima, then compared in a fixed tree. */
+static inline float row_max(const float *x, int n, float m) {
+    float lane[LANES];
+    for (int l = 0; l < LANES; l++) lane[l] = m;
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] = x[c + l] > lane[l] ? x[c + l] : lane[l];
+    for (; c < n; c++) lane[0] = x[c] > lane[0] ? x[c] : lane[0];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] = lane[l + w] > lane[l] ? lane[l + w] : lane[l];
+    return lane[0];
+}
+
+/* x[c] = exp(x[c] - m) for c < n; returns their sum: LANES partial sums (lane l adds columns
+ * l, l + LANES, ...; the tail goes to lane 0), then added in a fixed tree. */
+static inline float row_exp_sum(float *x, int n, float m) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) {
+            x[c + l] = exp_fast(x[c + l] - m);
+            lane[l] += x[c + l];
+        }
+    for (; c < n; c++) {
+        x[c] = exp_fast(x[c] - m);
+        lane[0] += x[c];
+    }
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* Per-thread scratch of the forward: scores / probabilities s (TQ, TK), the running output
+ * o (TQ, HS), the running maximum m (TQ) and sum l (TQ). */
 typedef struct {
     float *s, *o, *m, *l;
 } fwd_scratch;
 
-/* One key tile [k0, k0 + nk) for the query rows [r0, r0 + nq): s = scale q k^T; per row the
- * new maximum over the causal columns, o and l rescaled by exp(m_old - m_new), p = exp(s -
- * m_new) (0 past the diagonal), l += sum p; then o += p v. first: the row's first tile. */
-static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float *v, int r0, int nq, int k0, int nk,
-                     int W, int hs, float scale, int first) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, W, k + (size_t)k0 * W, W, 0.0f, w->s,
-                TB); // s (nq, nk)
+/* The online softmax of a tile's rows (fwd_tile): per row, over its causal columns, the new
+ * maximum, o and l rescaled by exp(m_old - m_new), p = exp(s - m_new) (0 past the diagonal),
+ * l += sum p. */
+ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs, int first) {
     for (int r = 0; r < nq; r++) {
-        float *sr = w->s + (size_t)r * TB, *orow = w->o + (size_t)r * hs;
-        int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile */
+        float *sr = w->s + (size_t)r * TK, *orow = w->o + (size_t)r * hs;
+        int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile (none: <= 0) */
         nv = nv < nk ? nv : nk;
-        float mx = first ? sr[0] : w->m[r];
-        for (int c = 0; c < nv; c++) mx = sr[c] > mx ? sr[c] : mx;
-        float alpha = first ? 0.0f : exp_fast(w->m[r] - mx), sum = 0.0f;
-        for (int c = 0; c < nv; c++) { sr[c] = exp_fast(sr[c] - mx); sum += sr[c]; }
-        for (int c = nv; c < nk; c++) sr[c] = 0.0f;
+        nv = nv > 0 ? nv : 0;
+        if (nv == 0) { /* the whole tile is past this row's diagonal */
+            memset(sr, 0, sizeof(float) * nk);
+            continue;
+        }
+        float mx = row_max(sr, nv, first ? sr[0] : w->m[r]);
+        float alpha = first ? 0.0f : exp_fast(w->m[r] - mx);
+        float sum = row_exp_sum(sr, nv, mx);
+        memset(sr + nv, 0, sizeof(float) * (nk - nv));
         w->l[r] = (first ? 0.0f : w->l[r] * alpha) + sum;
         w->m[r] = mx;
         if (first) memset(orow, 0, sizeof(float) * hs);
         else for (int c = 0; c < hs; c++) orow[c] *= alpha;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, w->s, TB, v + (size_t)k0 * W, W, 1.0f,
+}
+
+/* One key tile [k0, k0 + nk) for the query rows [r0, r0 + nq): s = scale q k^T, the online
+ * softmax (fwd_rows), then o += p v. first: the rows' first tile. */
+static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float *v, int r0, int nq, int k0, int nk,
+                     int W, int hs, float scale, int first) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, W, k + (size_t)k0 * W, W, 0.0f, w->s,
+                TK); // s (nq, nk)
+    fwd_rows(w, r0, nq, k0, nk, hs, first);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, w->s, TK, v + (size_t)k0 * W, W, 1.0f,
                 w->o, hs); // o (nq, hs) += p (nq, nk) v (nk, hs)
 }
 
@@ -57,8 +111,8 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
 static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
                            const float *v, int r0, int nq, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
-    for (int k0 = 0; k0 < r0 + nq; k0 += TB) {
-        int nk = r0 + nq - k0 < TB ? r0 + nq - k0 : TB;
+    for (int k0 = 0; k0 < r0 + nq; k0 += TK) {
+        int nk = r0 + nq - k0 < TK ? r0 + nq - k0 : TK;
         fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale, k0 == 0);
     }
     for (int r = 0; r < nq; r++) {
@@ -84,12 +138,12 @@ static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
  * computed the same way on whichever thread, so the bits do not depend on the thread count. */
 int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS) {
     PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
-    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TB - 1) / TB, failed = 0;
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
     {
         fwd_scratch w;
-        float *buf = malloc(sizeof(float) * ((size_t)TB * TB + (size_t)TB * HS + 2 * TB));
-        w.s = buf, w.o = buf + (size_t)TB * TB, w.m = w.o + (size_t)TB * HS, w.l = w.m + TB;
+        float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
+        w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
         if (!buf) {
             #pragma omp atomic write
             failed = 1;
@@ -98,7 +152,7 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
         for (long it = 0; it < (long)B * NH * nqt; it++) {
             if (!buf) continue;
             int bh = (int)(it / nqt), qt = nqt - 1 - (int)(it % nqt); /* the long tiles first */
-            int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TB, nq = T - r0 < TB ? T - r0 : TB;
+            int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TQ, nq = T - r0 < TQ ? T - r0 : TQ;
             const float *row = qkv + (size_t)b * T * W; // (T, W)
             float *O = state + (size_t)bh * T * (HS + 1); // (T, HS), then lse (T)
             fwd_query_tile(&w, out + (size_t)b * T * CO + (size_t)h * HS, O, O + (size_t)T * HS, row + (size_t)h * HS,
@@ -106,7 +160,7 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
         }
         free(buf);
     }
-    if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TB, HS);
+    if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
     return 0;
 }
 
@@ -125,6 +179,28 @@ typedef struct {
     float scale;
 } bwd_head;
 
+/* p (nq, TB) = exp(s - lse) over each row's causal columns of the key tile [k0, k0 + nk),
+ * 0 past the diagonal. */
+ROW_CLONES static void bwd_probs(float *p, const float *lse, int r0, int nq, int k0, int nk) {
+    for (int r = 0; r < nq; r++) {
+        float *pr = p + (size_t)r * TB, l = lse[r0 + r];
+        int nv = r0 + r - k0 + 1;
+        nv = nv < nk ? nv : nk;
+        nv = nv > 0 ? nv : 0;
+        for (int c = 0; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
+        for (int c = nv; c < nk; c++) pr[c] = 0.0f;
+    }
+}
+
+/* ds = p (dp - D) in place of dp (nq, TB). */
+ROW_CLONES static void bwd_dscores(float *dp, const float *p, const float *D, int r0, int nq, int nk) {
+    for (int r = 0; r < nq; r++) {
+        const float *pr = p + (size_t)r * TB;
+        float *dr = dp + (size_t)r * TB, d = D[r0 + r];
+        for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - d);
+    }
+}
+
 /* Query tile [r0, r0 + nq) against key tile [k0, k0 + nk): p = exp(scale q k^T - lse) (0
  * past the diagonal); dv += p^T dO; dp = dO v^T; ds = p (dp - D); dk += scale ds^T q;
  * dq += scale ds k. */
@@ -134,22 +210,12 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
     const float *dO = a->dO + (size_t)r0 * a->ldo;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
                 TB); // s (nq, nk)
-    for (int r = 0; r < nq; r++) {
-        float *pr = w->p + (size_t)r * TB, l = a->lse[r0 + r];
-        int nv = r0 + r - k0 + 1;
-        nv = nv < nk ? nv : nk;
-        for (int c = 0; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
-        for (int c = nv < 0 ? 0 : nv; c < nk; c++) pr[c] = 0.0f;
-    }
+    bwd_probs(w->p, a->lse, r0, nq, k0, nk);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
                 a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
                 TB); // dp (nq, nk)
-    for (int r = 0; r < nq; r++) {
-        const float *pr = w->p + (size_t)r * TB;
-        float *dr = w->dp + (size_t)r * TB, d = w->D[r0 + r];
-        for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - d);
-    }
+    bwd_dscores(w->dp, w->p, w->D, r0, nq, nk);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, a->scale, w->dp, TB, q, W, 1.0f,
                 a->dk + (size_t)k0 * W, W); // dk (nk, hs) += scale ds^T q
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, a->scale, w->dp, TB, k, W, 1.0f,
@@ -167,7 +233,7 @@ static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
     }
     for (int k0 = 0; k0 < a->T; k0 += TB) {
         int nk = a->T - k0 < TB ? a->T - k0 : TB;
-        for (int r0 = k0; r0 < a->T; r0 += TB) bwd_tile(w, a, r0, a->T - r0 < TB ? a->T - r0 : TB, k0, nk);
+        bwd_tile(w, a, k0, a->T - k0, k0, nk);
     }
 }
 
@@ -208,8 +274,8 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
     #pragma omp parallel
     {
         bwd_scratch w;
-        float *buf = malloc(sizeof(float) * (2 * (size_t)TB * TB + (size_t)T));
-        w.p = buf, w.dp = buf + (size_t)TB * TB, w.D = w.dp + (size_t)TB * TB;
+        float *buf = malloc(sizeof(float) * (2 * (size_t)TB * T + (size_t)T));
+        w.p = buf, w.dp = buf + (size_t)TB * T, w.D = w.dp + (size_t)TB * T;
         if (!buf) {
             #pragma omp atomic write
             failed = 1;

@@ -7,10 +7,10 @@
  * except that att holds this state, B * NH * T * (HS + 1) floats, instead of the (T, T)
  * probabilities.
  *
- * Fixed order: the tiles are CPU_ATT_TILE rows and columns whatever the thread count; a
- * query row's key tiles are visited in ascending order; the backward runs each (sequence, kv
- * head) on one thread, its query heads ascending, then key tiles ascending, then query
- * tiles ascending, so every sum of dq, dk and dv has one order. Each tile's products are
+ * Fixed order: the tiles have fixed sizes whatever the thread count; a query row's key tiles
+ * are visited in ascending order, a row's maximum and sum in 16 lanes added in a fixed tree;
+ * the backward runs each (sequence, kv head) on one thread, its query heads ascending, then
+ * key tiles ascending, so every sum of dq, dk and dv has one order. Each tile's products are
  * single-threaded OpenBLAS sgemm calls of fixed shapes (the OpenMP flavour of OpenBLAS runs
  * one thread inside a parallel region; the caller tells the pthread flavour, as the backend's
  * ops do). The results are therefore the same bits for any thread count, stage split or
@@ -19,8 +19,11 @@
 #ifndef PIPELM_CPU_ATTENTION_H
 #define PIPELM_CPU_ATTENTION_H
 
-/* Rows of a query tile and columns of a key tile. */
-#define CPU_ATT_TILE 64
+/* The forward's tiles: CPU_ATT_TQ query rows against CPU_ATT_TK key columns; the backward's:
+ * CPU_ATT_TB key columns against every query row at or below them (one product each). */
+#define CPU_ATT_TQ 64
+#define CPU_ATT_TK 256
+#define CPU_ATT_TB 128
 
 /* out (B, T, NH HS) and state (B, NH, T, HS + 1: O rows, then the T log-sum-exps) from qkv
  * (B, T, (NH + 2 NKV) HS); scale 1/sqrt(HS). Any T >= 1. */
