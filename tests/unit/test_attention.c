@@ -9,7 +9,7 @@
  *   TOL = 1e-5  tiled against full, out and every gradient (dq, dk, dv), and the output and
  *               log-sum-exp against the double reference (observed <= ~1e-6: the two paths
  *               differ only in float rounding: per-tile maxima, sums in another order).
- * Shapes: T = 1, 7, 63, 64, 65 and 200 (one tile, its edges, and several tiles), head sizes
+ * Shapes: T = 1, 7, 63, 64, 65, 200 and 1000 (one tile, its edges, several tiles), head sizes
  * 5, 16 and 64 (GPT-2's), NKV = NH and grouped-query heads (NH / NKV = 3 and 4), inputs up
  * to 3 in magnitude (scores past exp's range without the running maximum).
  */
@@ -162,6 +162,8 @@ START_TEST(test_tiled_vs_full) {
             s.T = Ts[i];
             tiled_vs_full(&s);
         }
+    static const shape longer = {1, 1000, 4, 2, 64, 1.0}; /* the T = 1000: 8 key tiles */
+    tiled_vs_full(&longer);
 }
 END_TEST
 
