@@ -40,7 +40,7 @@ for t in test_cuda test_backends; do
 done
 mkdir "$out/lib" && mv "$out"/*.o "$out/lib/"
 for t in test_cuda test_backends; do
-    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/blas.o" "$out/lib/cpu_decode.o" "$out/lib/$t.test.o" \
+    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/blas.o" "$out/lib/cpu_decode.o" "$out/lib/cpu_attention.o" "$out/lib/$t.test.o" \
         $blas_libs $(pkg-config --libs check) -lstdc++ -lm
 done
 set +x
