@@ -141,10 +141,10 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
     {
-        fwd_scratch w;
+        fwd_scratch w = {0};
         float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
-        w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
-        if (!buf) {
+        if (buf) w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
+        else {
             #pragma omp atomic write
             failed = 1;
         }
@@ -164,8 +164,9 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
     return 0;
 }
 
-/* Per-thread scratch of the backward: probabilities p (TB, TB), their gradient dp (TB, TB),
- * and D (T) = rowsum(dO * O) of the current query head. */
+/* Per-thread scratch of the backward: probabilities p (T, TB) of a key tile against every
+ * query row, their gradient dp (T, TB), and D (T) = rowsum(dO * O) of the current query
+ * head. */
 typedef struct {
     float *p, *dp, *D;
 } bwd_scratch;
@@ -201,7 +202,7 @@ ROW_CLONES static void bwd_dscores(float *dp, const float *p, const float *D, in
     }
 }
 
-/* Query tile [r0, r0 + nq) against key tile [k0, k0 + nk): p = exp(scale q k^T - lse) (0
+/* Query rows [r0, r0 + nq) against key tile [k0, k0 + nk): p = exp(scale q k^T - lse) (0
  * past the diagonal); dv += p^T dO; dp = dO v^T; ds = p (dp - D); dk += scale ds^T q;
  * dq += scale ds k. */
 static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, int nk) {
@@ -222,8 +223,8 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
                 a->dq + (size_t)r0 * W, W); // dq (nq, hs) += scale ds k
 }
 
-/* One query head's share of its kv head's backward: D, then key tiles ascending, each with
- * its causal query tiles ascending. */
+/* One query head's share of its kv head's backward: D, then key tiles ascending, each
+ * against every query row at or below it in one product of each kind. */
 static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
     for (int t = 0; t < a->T; t++) {
         const float *o = a->O + (size_t)t * a->hs, *d = a->dO + (size_t)t * a->ldo;
@@ -273,10 +274,10 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
     int failed = 0;
     #pragma omp parallel
     {
-        bwd_scratch w;
+        bwd_scratch w = {0};
         float *buf = malloc(sizeof(float) * (2 * (size_t)TB * T + (size_t)T));
-        w.p = buf, w.dp = buf + (size_t)TB * T, w.D = w.dp + (size_t)TB * T;
-        if (!buf) {
+        if (buf) w.p = buf, w.dp = buf + (size_t)TB * T, w.D = w.dp + (size_t)TB * T;
+        else {
             #pragma omp atomic write
             failed = 1;
         }
