@@ -451,6 +451,11 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(setup_tp(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
+    /* the attention buffer as the backend keeps it (a fused kernel's output and log-sum-exp,
+     * not T x T), so the split's memory model and the stage table count what the stages
+     * allocate (stage_init asks the same) */
+    if (be->attention_cols && R->cfg.NH)
+        R->cfg.att_cols = be->attention_cols(R->B / R->M, R->T, R->cfg.NH, R->cfg.C / R->cfg.NH);
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));

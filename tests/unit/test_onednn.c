@@ -1025,6 +1025,9 @@ static Suite *onednn_suite(void) {
 }
 
 int main(void) {
+    /* the CPU reference keeps the (T, T) probabilities, which the attention cases compare (its
+     * tiled path is test_attention.c's): set before the oneDNN backend's init runs the CPU's */
+    setenv("PIPELM_CPU_ATTENTION", "full", 1);
     dn = backend_find("onednn");
     if (!dn) {
         fprintf(stderr, "test_onednn: backend onednn not registered: %s\n", backend_refusal());
