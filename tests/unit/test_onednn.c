@@ -53,6 +53,7 @@
 #include "pipelm/backend.h"
 #include "util/common.h"
 #include "backend/onednn/onednn_auto.h"
+#include "backend/onednn/onednn_elem.h"
 #include "backend/onednn/onednn_wcache.h"
 #include "backend_compare.h"
 
@@ -205,6 +206,20 @@ START_TEST(test_convert) {
         if (lens[l] < M) ck_assert_uint_eq(p[lens[l]], 0xABAB); /* no write past n */
     }
     for (size_t i = 0; i < M; i++) ck_assert_msg(p[i] == bits16(round_bf16(x[i])), "value %.9g", x[i]);
+    /* the transposed conversion (matmul_bwd_weight's dout^T): each (N, OC) as (OC, N), every
+     * value the rounding above, nothing written past OC N; row counts around its 32-row blocks
+     * and column counts around its 256-column chunks */
+    const int tr[][2] = {{1, 1}, {37, 61}, {32, 16}, {33, 257}, {64, 3}, {95, 513}};
+    for (size_t t = 0; t < sizeof tr / sizeof tr[0]; t++) {
+        int N = tr[t][0], OC = tr[t][1];
+        memset(p, 0xAB, 2 * M);
+        onednn_cvt_bf16_t(p, x, N, OC);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < OC; j++)
+                ck_assert_msg(p[(size_t)j * N + i] == bits16(round_bf16(x[(size_t)i * OC + j])),
+                              "transposed N=%d OC=%d: (%d, %d)", N, OC, i, j);
+        ck_assert_uint_eq(p[(size_t)N * OC], 0xABAB);
+    }
     free(p);
     free(q);
     dn->free(x);
