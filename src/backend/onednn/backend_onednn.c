@@ -860,34 +860,72 @@ static int att_bwd_fp32(float *dqkv, const float *dout, const float *qkv, const 
  * softmax writes zeros above the diagonal, and overwrites or never reads what a product puts
  * there): a causal split would take sub-blocks, which are not dense. */
 
-/* src (B, T, ld) holds H heads of HS from column 0: their bf16, head-major, dense (B, H, T, HS). */
-static void heads_to_bf16(uint16_t *dst, const float *src, int B, int T, int H, int HS, int64_t ld) {
-    int vec = 0;
-#ifdef DN_HAVE_X86
-    vec = S.native_bf16;
-#endif
-    #pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        for (int64_t h = 0; h < H; h++) {
-            uint16_t *d = dst + ((b * H + h) * T + t) * HS;
-            const float *s = src + bt * ld + h * HS;
-#ifdef DN_HAVE_X86
-            if (vec) { cvt_avx512(d, s, (size_t)HS); continue; }
-#endif
-            cvt_scalar(d, s, (size_t)HS);
-        }
-    }
-    (void)vec;
+/* A (B, T, ld) tensor's rows as np head-major parts: part p is H[p] heads of HS, dense (B, H[p],
+ * T, HS) at d[p], the parts' heads side by side from column 0 of each row. One pass over the
+ * rows (each read or written in order), parallel over rows. */
+typedef struct {
+    int np, H[3];
+    void *d[3];
+} heads_parts;
+
+/* Where head h of part p holds row (b, t). */
+static size_t head_at(const heads_parts *hp, int p, int64_t b, int64_t t, int64_t h, int T, int HS) {
+    return (size_t)(((b * hp->H[p] + h) * T + t) * HS);
 }
 
-/* The reverse, in fp32: dense (B, H, T, HS) into H heads of HS from column 0 of dst (B, T, ld). */
-static void heads_from_dense(float *dst, const float *src, int B, int T, int H, int HS, int64_t ld) {
+#ifdef DN_HAVE_X86
+#define DN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+DN_BF16_TARGET static void rows_to_heads_vec(const heads_parts *hp, const float *src, int B, int T, int HS, int64_t ld) {
     #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        for (int64_t h = 0; h < H; h++)
-            memcpy(dst + bt * ld + h * HS, src + ((b * H + h) * T + t) * HS, sizeof(float) * (size_t)HS);
+        const float *s = src + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, s += HS)
+                cvt_avx512((uint16_t *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), s, (size_t)HS);
+    }
+}
+__attribute__((target("avx512f"))) static void heads_to_rows_vec(float *dst, const heads_parts *hp, int B, int T,
+                                                                 int HS, int64_t ld) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        float *o = dst + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, o += HS) {
+                const float *s = (const float *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS);
+                for (int i = 0; i < HS; i += 16) {
+                    __mmask16 m = HS - i >= 16 ? 0xffff : (__mmask16)((1u << (HS - i)) - 1u);
+                    _mm512_mask_storeu_ps(o + i, m, _mm512_maskz_loadu_ps(m, s + i));
+                }
+            }
+    }
+}
+#endif
+
+/* The rows of src (B, T, ld) in bf16 into the parts (the dense copies the products take). */
+static void rows_to_heads_bf16(const heads_parts *hp, const float *src, int B, int T, int HS, int64_t ld) {
+#ifdef DN_HAVE_X86
+    if (S.native_bf16) { rows_to_heads_vec(hp, src, B, T, HS, ld); return; }
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *s = src + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, s += HS)
+                cvt_scalar((uint16_t *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), s, (size_t)HS);
+    }
+}
+
+/* The reverse, in fp32: the parts (dense products' outputs) into the rows of dst (B, T, ld). */
+static void heads_to_rows(float *dst, const heads_parts *hp, int B, int T, int HS, int64_t ld) {
+#ifdef DN_HAVE_X86
+    if (__builtin_cpu_supports("avx512f")) { heads_to_rows_vec(dst, hp, B, T, HS, ld); return; }
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        float *o = dst + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, o += HS)
+                memcpy(o, (const float *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), sizeof(float) * HS);
     }
 }
 
@@ -900,9 +938,8 @@ static int qkv_dense_bf16(const float *qkv, int B, int T, int NH, int NKV, int H
     *q = p;
     *k = *q + nq;
     *v = *k + nk;
-    heads_to_bf16(*q, qkv, B, T, NH, HS, W);
-    heads_to_bf16(*k, qkv + (size_t)NH * HS, B, T, NKV, HS, W);
-    heads_to_bf16(*v, qkv + (size_t)(NH + NKV) * HS, B, T, NKV, HS, W);
+    heads_parts hp = {3, {NH, NKV, NKV}, {*q, *k, *v}};
+    rows_to_heads_bf16(&hp, qkv, B, T, HS, W);
     return 0;
 }
 
@@ -939,7 +976,8 @@ static int att_fwd_bf16(float *out, float *att, const float *qkv, int B, int T, 
     float *o = NULL; /* (B, NKV, GT, HS) = dense (B, NH, T, HS), then into out's heads */
     PL_TRY(scratch(SCR_D, sizeof(float) * (size_t)B * NH * T * HS, (void **)&o));
     PL_TRY(mm_dense(B, NKV, GT, T, HS, a16, 0, v, 0, o, 1.0f, what));
-    heads_from_dense(out, o, B, T, NH, HS, CO);
+    heads_parts hp = {1, {NH, 0, 0}, {o, NULL, NULL}};
+    heads_to_rows(out, &hp, B, T, HS, CO);
     return 0;
 }
 
@@ -956,7 +994,8 @@ static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const 
     PL_TRY(scratch(SCR_C, sizeof(uint16_t) * (size_t)B * NH * TT, (void **)&a16));
     PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, (void **)&datt));
     PL_TRY(scratch(SCR_D, sizeof(float) * (size_t)(nq + 2 * nk), (void **)&g)); /* dq, dk, dv dense */
-    heads_to_bf16(dy, dout, B, T, NH, HS, (int64_t)NH * HS);
+    heads_parts hy = {1, {NH, 0, 0}, {dy, NULL, NULL}};
+    rows_to_heads_bf16(&hy, dout, B, T, HS, (int64_t)NH * HS);
     onednn_cvt_bf16(a16, att, (size_t)B * NH * TT, 0);
     PL_TRY(mm_dense(B, NKV, GT, HS, T, dy, 0, v, 1, datt, 1.0f, what));       /* datt (B,NKV,GT,T) */
     PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, dy, 0, g + nq + nk, 1.0f, what)); /* dv (B,NKV,T,HS) */
@@ -964,9 +1003,8 @@ static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const 
     if (!onednn_softmax_causal_bwd(datt, a16, att, B * NH, T)) onednn_cvt_bf16(a16, datt, (size_t)B * NH * TT, 0);
     PL_TRY(mm_dense(B, NKV, GT, T, HS, a16, 0, kk, 0, g, s, what));      /* dq (B,NKV,GT,HS) */
     PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, q, 0, g + nq, s, what));  /* dk (B,NKV,T,HS) */
-    heads_from_dense(dqkv, g, B, T, NH, HS, W);
-    heads_from_dense(dqkv + (size_t)NH * HS, g + nq, B, T, NKV, HS, W);
-    heads_from_dense(dqkv + (size_t)(NH + NKV) * HS, g + nq + nk, B, T, NKV, HS, W);
+    heads_parts hg = {3, {NH, NKV, NKV}, {g, g + nq, g + nq + nk}};
+    heads_to_rows(dqkv, &hg, B, T, HS, W);
     return 0;
 }
 
