@@ -21,7 +21,8 @@
 # (a bf16 product off oneDNN's brgemm kernels: gemm:jit, ref); BENCH_BASELINE=PIPELM2 runs a
 # second build's onednn bf16 step beside this one's, interleaved, in the same invocation (the
 # before/after of a change); BENCH_REPEAT (1) runs each pipelm step that many times and keeps
-# the fastest median (a machine other jobs load).
+# the fastest median (a machine other jobs load); BENCH_TORCH=0 skips PyTorch, BENCH_SCALE=0
+# the two-rank run, BENCH_AB_ROUNDS=0 the weight cache's A/B.
 # A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
 # BENCH_MODELS (default "tutorial gpt2"), BENCH_AB_ROUNDS (3: rounds of the weight cache's
 # A/B), BENCH_AB_PREC (bf16; fp32 only to try the script on a CPU without bf16).
@@ -104,7 +105,7 @@ PYEOF
     fi
     echo "   implementations of the bf16 step's products (count of shapes: implementation):"
     impls ${model}_bf16
-    if "$PY" -c 'import torch' > /dev/null 2>&1; then
+    if [ "${BENCH_TORCH:-1}" != 0 ] && "$PY" -c 'import torch' > /dev/null 2>&1; then
         torch_step ${model}_t32 $TA
         torch_step ${model}_t16 $TA --autocast bf16
     fi
@@ -122,7 +123,7 @@ for _ in range(5):
 print("%.2f" % (2 * len(a) / best / 1e9))
 PYEOF
 echo "-- two ranks x one thread vs one rank, bf16, tutorial, 8 micro-batches ..."
-for np in 1 2; do
+for np in $([ "${BENCH_SCALE:-1}" != 0 ] && echo 1 2); do
     timeout 1800 mpiexec -n $np "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches 8 --threads 1 \
         --steps "$STEPS" --warmup "$WARMUP" --backend onednn --precision bf16 --json "$tmp/scale$np.json" \
         > "$tmp/scale$np.log" 2>&1 || echo "   $np ranks failed: $(tail -n 2 "$tmp/scale$np.log")"

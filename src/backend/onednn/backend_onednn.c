@@ -8,7 +8,7 @@
  *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is onednn_elem.c's loop: threads
  *     split the columns in chunks of 256 and each chunk sums the rows in order, so db does not
  *     depend on the thread count and is backend_cpu's bits; in bf16 the same pass writes dout's
- *     bf16 copy for the product.
+ *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own.
  *   attention_gqa_fwd / attention_gqa_bwd: fp32: G = NH/NKV batched 4-D matmuls over the
  *     (B, NKV) pairs (one per query head of a group), on strided views of the fused qkv (B, T,
  *     (NH + 2 NKV) HS); dk and dv accumulate over the group's query heads in ascending order
@@ -136,7 +136,7 @@ static struct {
     int next_victim;
     long created;          /* primitives created (tests, diagnostics) */
     long nondense;         /* of them, bf16 ones with an operand that is not dense (tests) */
-    int impl_report;       /* --backend-opt impl-report=1: print impls[] at finalize */
+    int impl_report;       /* --backend-opt impl-report=1: print each new impls[] entry */
     impl_use impls[MAX_IMPLS];
     int nimpls;
     /* scratch: bf16 copies and fp32 temporaries, grown on demand, freed by finalize */
@@ -526,6 +526,8 @@ static int probe_impl(int prec, char *buf, size_t len) {
 static void dn_finalize(void) {
     cache_clear();
     wcache_clear();
+    S.nimpls = 0;
+    S.nondense = 0;
     for (int i = 0; i < 5; i++) { free(S.scr[i]); S.scr[i] = NULL; S.scr_bytes[i] = 0; }
     if (S.st) dnnl_stream_destroy(S.st);
     if (S.eng) dnnl_engine_destroy(S.eng);
