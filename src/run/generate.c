@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include "parallel/comm.h"
+#include "pipeline/sched.h"
 #include "util/common.h"
 #include "run/eval.h"
 #include "util/files.h"
@@ -67,8 +68,9 @@ static double gen_cpu_now(void) {
     return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec + 1e-9 * ts.tv_nsec : 0.0;
 }
 
-/* The rank that owns global stage s (stage s on rank s mod P). */
-static int gen_owner(const gen_state *gs, int s) { return s % gs->P; }
+/* The rank that owns global stage s: the schedule's placement (the loop: rank s mod P; the V:
+ * rank 0 holds the first and the last stage). */
+static int gen_owner(const gen_state *gs, int s) { return sched_place_rank(gs->R->sc.place, gs->P, s); }
 
 /* A logit and its id, for sorting. */
 typedef struct {
@@ -202,7 +204,8 @@ static int gen_group_item(gen_state *gs, int grp, float *h) {
 /* Rank 0: the next item in round-robin group order; when every group's sequences wait for
  * their tokens, it waits for the oldest answer if the last stage answers it in an earlier
  * round (chunks run lag items apart: waiting for a later round would deadlock), else it
- * sends an empty item through; an end item when every sequence is done or a stop was asked
+ * sends an empty item through (always when rank 0 holds the last stage, as under a V: its
+ * answer comes from this rank's own later chunk); an end item when every sequence is done or a stop was asked
  * for. */
 static int gen_next_item(gen_state *gs, float *h) {
     int nprompts = gs->g->nprompts;
@@ -229,7 +232,7 @@ static int gen_next_item(gen_state *gs, float *h) {
             }
         }
         if (!any_wait) return PL_OK; /* nothing can go on (not reached) */
-        if (gs->pend[gs->pend_head] + (long)(gs->V - 1) * gs->lag >= gs->items) {
+        if (gs->last_rank == 0 || gs->pend[gs->pend_head] + (long)(gs->V - 1) * gs->lag >= gs->items) {
             h[H_KIND] = K_WORK; /* answered in this round or later: an empty item keeps the rounds going */
             gs->items++;
             return PL_OK;
@@ -312,7 +315,7 @@ static int gen_input(gen_state *gs, int s, float *h) {
 /* Chunk c's part of one item: its input, the stage's blocks, then on to the next stage (or,
  * on the last, the sampling). *end: it was the end item. */
 static int gen_step(gen_state *gs, int c, int *end) {
-    int s = c * gs->P + gs->rank, C = gs->R->cfg.C;
+    int s = sched_place_stage(gs->R->sc.place, gs->P, gs->rank, c), C = gs->R->cfg.C;
     float *h = gs->rbuf, *out = NULL;
     MPI_Request *rq = NULL;
     PL_TRY(gen_input(gs, s, h));
@@ -561,7 +564,7 @@ int generate_after_setup(run *R, int *agreed) {
     gs.R = R;
     gs.g = &g;
     gs.P = R->P; gs.V = R->V; gs.S = R->S; gs.rank = R->rank;
-    gs.last_rank = (R->S - 1) % R->P;
+    gs.last_rank = sched_place_rank(R->sc.place, R->P, R->S - 1);
     char err[PL_PATH + 512] = "";
     int rc = R->o->resume[0] ? eval_load_resume(R) : PL_OK;
     if (rc != PL_OK) return rc; /* agreed: the load is collective */
