@@ -537,8 +537,15 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     const gen_opts *g = gs->g;
     run *R = gs->R;
     PL_TRY(gen_check(R, g, err, errlen));
-    if (g->tokenizer[0]) {
-        PL_TRY(tokenizer_load(tk, g->tokenizer, R->cfg.V, err, errlen));
+    if (g->tokenizer[0]) { /* read once by rank 0, parsed alike everywhere */
+        char *text = NULL;
+        size_t len = 0;
+        PL_TRY(pl_read_bcast(g->tokenizer, "--tokenizer", 1 << 26, R->world, &text, &len, err, errlen));
+        FILE *f = fmemopen(text, len ? len : 1, "rb");
+        int rc = f ? tokenizer_read(tk, g->tokenizer, f, R->cfg.V, err, errlen) : PL_ENOMEM;
+        if (f) fclose(f);
+        free(text);
+        PL_TRY(rc);
         gs->tk = tk;
     }
     if (gs->rank == 0 && g->tokens_out[0]) PL_TRY(pl_check_output_file(g->tokens_out, "--tokens-out", err, errlen));
@@ -595,7 +602,13 @@ static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char
     int cap = 16, n = 0, *t = malloc(sizeof(int) * cap);
     const char *p = text;
     while (t) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+        int commas = 0;
+        for (; *p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'; p++) commas += *p == ',';
+        if (commas > (n > 0 && *p) || (commas && !*p)) { /* "1,,2", ",1" or "1,": an empty id */
+            snprintf(err, errlen, "%s: an empty token id between commas in '%.60s'", where, text);
+            free(t);
+            return PL_EINVAL;
+        }
         if (!*p) break;
         char *end;
         errno = 0;
@@ -628,29 +641,33 @@ static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char
     return PL_OK;
 }
 
-/* Every non-blank line of a prompt file is one prompt. */
-static int gen_read_prompts(gen_opts *g, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, errlen, "--prompt-file %s: cannot open it: %s", path, strerror(errno));
-        return PL_EIO;
-    }
-    char line[1 << 16], where[PL_PATH + 64];
-    int rc = PL_OK;
-    for (int ln = 1; rc == PL_OK && fgets(line, sizeof line, f); ln++) {
-        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+/* Every line of a prompt file is one prompt (a blank line is refused by its number): rank 0
+ * reads the file and every rank parses the same bytes (pl_read_bcast; a FIFO is refused). */
+static int gen_read_prompts(gen_opts *g, const char *path, MPI_Comm comm, char *err, size_t errlen) {
+    char *text = NULL, where[PL_PATH + 64];
+    size_t len = 0;
+    PL_TRY(pl_read_bcast(path, "--prompt-file", 1 << 24, comm, &text, &len, err, errlen));
+    int rc = PL_OK, ln = 1;
+    for (char *p = text; rc == PL_OK && p < text + len; ln++) {
+        char *nl = memchr(p, '\n', (size_t)(text + len - p));
+        if (nl) *nl = 0;
         snprintf(where, sizeof where, "--prompt-file %s line %d", path, ln);
-        rc = gen_add_prompt(g, line, where, err, errlen);
+        if (strspn(p, " \t\r") == strlen(p)) {
+            snprintf(err, errlen, "%s: a blank line (one prompt per line: remove it)", where);
+            rc = PL_EINVAL;
+        } else rc = gen_add_prompt(g, p, where, err, errlen);
+        p = nl ? nl + 1 : text + len;
     }
-    fclose(f);
+    free(text);
     return rc;
 }
 
 /* The options of generate: numbers in range, strings that fit. */
-static int gen_parse(gen_opts *g, sub_opt *so, char *err, size_t errlen) {
+static int gen_parse(gen_opts *g, sub_opt *so, MPI_Comm comm, char *err, size_t errlen) {
     long long v;
     if (so[0].val) PL_TRY(gen_add_prompt(g, so[0].val, "--prompt-tokens", err, errlen));
-    if (so[1].val) PL_TRY(gen_read_prompts(g, so[1].val, err, errlen));
+    if (so[1].val) PL_TRY(gen_read_prompts(g, so[1].val, comm, err, errlen));
+    if (so[1].val) snprintf(g->prompt_file, sizeof g->prompt_file, "%s", so[1].val);
     if (!g->nprompts) {
         snprintf(err, errlen, "no prompt: give --prompt-tokens ID,ID,... or --prompt-file FILE");
         return PL_EINVAL;
@@ -730,7 +747,7 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     pl_options o;
     config_defaults(&o);
     int rc = sub_opts_take(argc, argv, 2, so, nso, &rest, &nrest, err, sizeof err);
-    if (rc == PL_OK) rc = gen_parse(&g, so, err, sizeof err);
+    if (rc == PL_OK) rc = gen_parse(&g, so, comm, err, sizeof err);
     if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     free(rest);
     if (rc == PL_OK && o.dp > 1) {

@@ -24,6 +24,7 @@
 #include "pipeline/engine.h"
 #include "parallel/exact.h"
 #include "run/eval.h"
+#include "run/generate.h"
 #include "util/files.h"
 #include "formats/hf.h"
 #include "run/layout.h"
@@ -96,25 +97,25 @@ static int resolve_config(run *R, char *err, size_t errlen) {
     config_train_of(o, &t);
     return config_check_train(&t, &R->cfg, CFG_NAME_OPTION, err, errlen);
 }
-/* No output may be an input, or another output: each output against every input file and
- * every other output (by inode, or by resolved name for files not written yet). */
+/* No output may be an input, or another output: the table of train, bench, eval and
+ * generate (pl_check_io: by inode, inside an input directory, or by resolved name for files
+ * not written yet). */
 static int check_outputs_distinct(const pl_options *o, char *err, size_t errlen) {
     const char *data = strncmp(o->data, "text:", 5) == 0 ? o->data + 5 : o->data;
     const char *val = strncmp(o->val_data, "text:", 5) == 0 ? o->val_data + 5 : o->val_data;
-    const char *ins[] = {data, val, o->init, o->config, o->resume, o->schedule_csv};
-    const char *in_names[] = {"--data", "--val-data", "--init", "--config", "--resume", "--schedule-csv"};
-    const char *outs[] = {o->save_final, o->trace, o->dump_grads, o->metrics,
-                          o->bench ? o->json : "", o->bench ? o->csv : "", o->bench ? o->costs_out : ""};
-    const char *out_names[] = {"--save-final", "--trace", "--dump-grads", "--metrics", "--json", "--csv", "--costs-out"};
-    for (int i = 0; i < 7; i++) {
-        if (!outs[i][0]) continue;
-        for (int j = 0; j < 6; j++)
-            if (strcmp(ins[j], "markov") != 0)
-                PL_TRY(pl_check_distinct(outs[i], out_names[i], ins[j], in_names[j], err, errlen));
-        for (int j = i + 1; j < 7; j++)
-            if (outs[j][0]) PL_TRY(pl_check_distinct(outs[i], out_names[i], outs[j], out_names[j], err, errlen));
-    }
-    return PL_OK;
+    const char *resume = strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume;
+    const gen_opts *g = o->eval_mode == 2 ? o->gen : NULL;
+    int bench = o->bench || (g && g->bench);
+    pl_io in[] = {{"--data", strcmp(data, "markov") ? data : ""}, {"--val-data", strcmp(val, "markov") ? val : ""},
+                  {"--init", o->init}, {"--config", o->config}, {"--resume", resume},
+                  {"--schedule-csv", o->schedule_csv}, {"--costs-in", o->costs_in}, {"--ckpt-dir", o->ckpt_dir},
+                  {"--prompt-file", g ? g->prompt_file : ""}, {"--tokenizer", g ? g->tokenizer : ""}};
+    pl_io out[] = {{"--save-final", o->save_final}, {"--trace", o->trace}, {"--dump-grads", o->dump_grads},
+                   {"--metrics", o->metrics}, {"--json", o->bench ? o->json : o->eval_json},
+                   {"--csv", o->bench ? o->csv : ""}, {"--costs-out", o->bench ? o->costs_out : ""},
+                   {"--tokens-out", g ? g->tokens_out : ""}, {"--logits-out", g ? g->logits_out : ""},
+                   {"--json", g && bench ? g->bench_json : ""}};
+    return pl_check_io(in, (int)(sizeof in / sizeof in[0]), out, (int)(sizeof out / sizeof out[0]), err, errlen);
 }
 
 /* Every output path must be writable before step 1: work is not lost at the end. */
