@@ -144,7 +144,7 @@ static int lock_ckpt_dir(const run *R, char *err, size_t errlen) {
     char note[1024];
     PL_TRY(ckpt_lock_take(o->ckpt_dir, note, sizeof note, err, errlen));
     if (note[0]) pl_note("%s", note);
-    return PL_OK;
+    return train_ckpt_guard(R, err, errlen);
 }
 /* The backend named by --backend (auto: config_backend's choice), set up with --precision
  * and this rank's threads. */
@@ -777,6 +777,8 @@ static int before_loop(run *R, int *first_step) {
     report_run_line(R);
     *first_step = 1;
     if (o->resume[0] && !o->eval_mode) PL_TRY(train_resume_checkpoint(R, first_step));
+    if (o->ckpt_dir[0] && !o->eval_mode && !o->bench && R->wrank == 0) /* what --ckpt-keep must leave alone */
+        ckpt_keep_protect(o->ckpt_dir, *first_step - 1);
     if (o->trace[0] && R->d == 0) { /* replica 0's pipeline: the others run the same schedule */
         trace *tr = trace_open(R->comm);
         if (!tr) return PL_ENOMEM;
