@@ -8,6 +8,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -251,14 +252,48 @@ static int publish(const hf_out *o, const model_config *c, long id, char *err, s
     return rc;
 }
 
-/* Rank 0's first checks: the target (a file name, or a directory made if missing). */
+/* Is name one of the files this save writes into its directory? */
+static int out_writes(const hf_out *o, const char *name) {
+    if (o->nshards > 1 && strcmp(name, "model.safetensors.index.json") == 0) return 1;
+    for (int s = 0; s < o->nshards; s++) {
+        char fin[4400];
+        shard_name(o, s, 0, 0, fin, sizeof fin);
+        if (strcmp(strrchr(fin, '/') + 1, name) == 0) return 1;
+    }
+    return 0;
+}
+
+/* An existing directory must not hold model files this save would not replace (an index and
+ * shards beside a new single file, or the reverse, would be read as the model later). */
+static int check_stale(const hf_out *o, char *err, size_t errlen) {
+    DIR *d = opendir(o->path);
+    if (!d) return PL_OK; /* pl_check_output_dir says why */
+    struct dirent *e;
+    int rc = PL_OK;
+    while (rc == PL_OK && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        int model = strcmp(e->d_name, "model.safetensors.index.json") == 0 ||
+                    (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0);
+        if (model && !out_writes(o, e->d_name)) {
+            snprintf(err, errlen, "%.600s already holds %.255s, which this %s model would leave beside its own files: "
+                     "give a new or empty directory", o->path, e->d_name, o->nshards > 1 ? "sharded" : "one-file");
+            rc = PL_EINVAL;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Rank 0's first checks: the target (a file name, or a directory made if missing, holding
+ * no model files of another layout). */
 static int prepare_target(hf_out *o, char *err, size_t errlen) {
     if (!o->dir) return pl_check_output_file(o->path, "safetensors file", err, errlen);
     if (mkdir(o->path, 0755) != 0 && errno != EEXIST) {
         snprintf(err, errlen, "%.600s: %s", o->path, strerror(errno));
         return PL_EIO;
     }
-    return pl_check_output_dir(o->path, "Hugging Face model directory", err, errlen);
+    PL_TRY(pl_check_output_dir(o->path, "Hugging Face model directory", err, errlen));
+    return check_stale(o, err, errlen);
 }
 
 int hf_save(const char *path, stage *st, int dtype, size_t shard_bytes, MPI_Comm comm) {
