@@ -19,6 +19,7 @@
 #include "ckpt/ckpt_async.h"
 #include "parallel/comm.h"
 #include "util/common.h"
+#include "util/crc32c.h"
 #include "cli/config.h"
 #include "formats/data.h"
 #include "pipeline/engine.h"
@@ -78,6 +79,18 @@ static int init_conflicts(const pl_options *o, const model_config *c, char *err,
         }
     return arch_of(c)->init_conflicts(o, c, err, errlen); /* the architecture's own settings */
 }
+/* eval and generate from --resume: a model setting given on the command line that differs
+ * from the checkpoint's is refused as --init's is (the message names the checkpoint). */
+static int resume_conflicts(const pl_options *o, const model_config *c, char *err, size_t errlen) {
+    pl_options *named = malloc(sizeof *named);
+    if (!named) return PL_ENOMEM;
+    *named = *o;
+    snprintf(named->init, sizeof named->init, "checkpoint %.4000s",
+             strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume);
+    int rc = init_conflicts(named, c, err, errlen);
+    free(named);
+    return rc;
+}
 /* Resolve the model dimensions: from --init's header, else from the options; then the
  * training settings that depend on the model (seq-len, markov-branch), by the one validation
  * the checkpoint loader uses too. */
@@ -91,7 +104,10 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
         if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
-    } else if (o->eval_mode && o->resume[0]) PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
+    } else if (o->eval_mode && o->resume[0]) {
+        PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
+        PL_TRY(resume_conflicts(o, &R->cfg, err, errlen));
+    }
     else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);
@@ -769,7 +785,10 @@ static int before_loop(run *R, int *first_step) {
     }
     report_stage_table(R);
     PL_TRY(report_grid(R));
-    if (isfinite(R->train.entropy))
+    if (o->eval_mode == 1 && R->have_val) /* what eval reads: --val-data, else --data */
+        pl_info("evaluated data: %s\n", R->val.desc);
+    else if (o->eval_mode) {
+    } else if (isfinite(R->train.entropy))
         pl_info("data: %s, entropy floor %.4f nats/token (the best loss any model can reach)\n", R->train.desc,
                 R->train.entropy);
     else if (R->have_train)
@@ -1033,6 +1052,17 @@ static void teardown(run *R, int agreed) {
     comm_step = -1;
 }
 
+/* Collective: a set-up failure printed by every rank that failed, or once (by rank 0) when
+ * every rank failed with the same message: a setting each rank checks alike is one line, not
+ * one per rank. */
+static void setup_error(const run *R, int rc, const char *err) {
+    unsigned h = rc != PL_OK && err[0] ? crc32c(err, strlen(err)) | 1u : 0u, lo = h, hi = h;
+    if (MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED, MPI_MIN, R->world) != MPI_SUCCESS ||
+        MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED, MPI_MAX, R->world) != MPI_SUCCESS)
+        lo = 0, hi = 1; /* cannot tell: every failing rank says why */
+    if (h && (R->wrank == 0 || lo != hi)) pl_error("%s", err);
+}
+
 int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     run R;
     loop_state L;
@@ -1048,7 +1078,7 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     }
     char err[1024] = "";
     rc = setup(&R, err, sizeof err);
-    if (rc != PL_OK && err[0]) pl_error("%s", err);
+    setup_error(&R, rc, err);
     if ((rc = agree(&R, rc, "set-up")) != PL_OK) goto done;
     err[0] = 0;
     rc = setup_dp(&R, err, sizeof err);

@@ -92,5 +92,41 @@ expect "tune --stages 3 with 1-stage costs: the mismatch is named" 2 "holds 1 st
     mpirun_t 30 1 tune --costs c.txt --stages 3 --costs-microbatches 2
 expect "tune --verify with a bad option after --: exit 2" 2 "unknown option '--bogus'" \
     mpirun_t 60 1 tune --costs c.txt --stages 1 --costs-microbatches 2 --verify 1 -- --bogus 1
+python3 -c "
+import struct
+open('neg.bin', 'wb').write(struct.pack('<256i', 20240520, 1, -5, *([0] * 253)))"
+mpirun_t 60 1 train $C --steps 1 --data neg.bin > o.out 2>&1; rc=$?
+if [ $rc -ne 0 ] && grep -q "token file neg.bin: header says -5 tokens, a negative count" o.out && ! grep -q "1024 bytes" o.out; then
+    ok "a token file whose header says -5 tokens: named as a negative count"
+else bad "negative token count" "rc=$rc $(grep -m1 error o.out)"; fi
+mpirun_t 60 3 train $C --steps 1 --init m.bin --n-layer 3 > o.out 2>&1; rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c "error: --n-layer 3 conflicts with m.bin" o.out)" = 1 ] && grep -q "rank 0: error" o.out; then
+    ok "a settings error every rank sees alike: printed once (rank 0), not once per rank"
+else bad "settings error once" "rc=$rc $(grep -c error o.out) lines"; fi
+
+# eval and generate say what they did (item 7): the evaluated file, a count clamped with a
+# note, a model setting that conflicts with the checkpoint refused as with --init
+mpirun_t 60 1 eval $C --init m.bin --val-data d.bin > e.out 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q "^evaluated data: .*d.bin" e.out && ! grep -q "^data: markov" e.out; then
+    ok "eval --val-data d.bin names d.bin as the evaluated data (not the Markov --data)"
+else bad "eval names its data" "rc=$rc $(grep -m2 data e.out)"; fi
+mpirun_t 60 1 eval $C --init m.bin --data d.bin --batches 4 --json e4.json > e.out 2>&1
+for nb in 5 100; do
+    mpirun_t 60 1 eval $C --init m.bin --data d.bin --batches $nb --json e$nb.json > e.out 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q "note: --batches $nb: d.bin holds 4 whole batches" e.out && grep -q "in 4 batches" e.out &&
+        cmp -s <(sed 's/"seconds".*//' e4.json) <(sed 's/"seconds".*//' e$nb.json); then
+        ok "eval --batches $nb on a 4-batch file: clamped to 4 with a note, the loss of --batches 4 (no batch twice)"
+    else bad "eval --batches $nb" "rc=$rc $(grep -m2 -E 'note|eval \|' e.out)"; fi
+done
+mpirun_t 120 1 train --preset llama-tiny --batch 4 --microbatches 2 --seq-len 16 --progress 0 --steps 1 --ckpt-dir lk > l.out 2>&1
+for kv in "--n-layer 3" "--n-kv-head 1" "--rope-theta 500000" "--norm-eps 0.1"; do
+    for sub in eval generate; do
+        extra=""; [ $sub = generate ] && extra="--prompt-tokens 1,2"
+        mpirun_t 60 1 $sub --preset llama-tiny --resume lk $kv $extra > e.out 2>&1; rc=$?
+        if [ $rc -eq 2 ] && grep -q -- "error: $kv conflicts with checkpoint lk" e.out; then
+            ok "$sub --resume with $kv: the conflict with the checkpoint refused by name"
+        else bad "$sub --resume $kv" "rc=$rc $(grep -m1 error e.out)"; fi
+    done
+done
 md5sum -c --quiet inputs.md5 && ok "every input unchanged at the end" || bad "inputs" "changed"
 finish
