@@ -310,6 +310,12 @@ static int save_async(run *R, int step) {
     ckpt_meta m;
     fill_meta(R, step, &m);
     char err[1024] = "";
+    const pl_options *o = R->o;
+    if (o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0) {
+        char how[32]; /* test-only: this rank's writer hangs inside HDF5 (the writer's own injection) */
+        snprintf(how, sizeof how, "stall:%d", R->wrank);
+        setenv("PIPELM_CKPT_FAIL", how, 1);
+    }
     trace_event(R->eng.tr, "checkpoint snapshot", "ckpt", -1, t0, t0);
     rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK; /* ZeRO-1: whole moments, as for a synchronous save */
     rc = comm_agree(R->world, rc, NULL);

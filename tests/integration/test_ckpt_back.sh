@@ -4,7 +4,8 @@
 # the directory byte-for-byte unchanged, latest where it was; --ckpt-overwrite 1 starts over
 # and --ckpt-keep then removes only what that run wrote; a run resumed from an older
 # checkpoint keeps (and does not count) the newer ones it did not write, and removes those it
-# wrote again or that are older than the one it resumed from.
+# wrote again or that are older than the one it resumed from; --fail-at stall under
+# --ckpt-async 1 hangs the writer and the watchdog ends the job.
 . "$(dirname "$0")/../lib/lib.sh"
 cd "$WORK"
 C="--preset tiny --batch 4 --microbatches 2 --seq-len 16 --progress 0 --log-every 100"
@@ -41,4 +42,10 @@ else bad "keep after resume" "rc=$rc $(ls ek3 | tr '\n' ' ')"; fi
 mpirun_t 60 1 train $C --steps 7 --ckpt-dir ek --ckpt-every 6 --resume > o.out 2>&1; rc=$?
 if [ $rc -eq 0 ] && grep -q "resumed from ek/ckpt_00000012.h5" o.out; then ok "resuming in the same directory is allowed"
 else bad "resume" "rc=$rc $(grep -m1 error o.out)"; fi
+# --fail-at stall with --ckpt-async 1 (issue 37, item 9): it used to be ignored (exit 0); now
+# the rank's writer hangs inside the save and the watchdog over the async save ends the job
+expect "--fail-at stall under --ckpt-async 1: the writer's watchdog ends the job by name" 1 \
+    "rank 1: error: watchdog: the checkpoint writer of step 2 has been writing for" \
+    mpirun_t 90 2 train $C --steps 100000 --ckpt-every 2 --ckpt-dir st --ckpt-async 1 --watchdog 1 --fail-rank 1 \
+    --fail-step 2 --fail-at stall
 finish
