@@ -551,11 +551,7 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     if (gs->rank == 0 && g->tokens_out[0]) PL_TRY(pl_check_output_file(g->tokens_out, "--tokens-out", err, errlen));
     if (gs->rank == 0 && g->bench_json[0]) PL_TRY(pl_check_output_file(g->bench_json, "--json", err, errlen));
     if (gs->rank == gs->last_rank && g->logits_out[0]) {
-        PL_TRY(pl_check_output_file(g->logits_out, "--logits-out", err, errlen));
-        if (!(gs->lf = fopen(g->logits_out, "w"))) {
-            snprintf(err, errlen, "--logits-out %s: cannot open it", g->logits_out);
-            return PL_EIO;
-        }
+        PL_TRY(pl_open_output(g->logits_out, "--logits-out", &gs->lf, err, errlen)); /* never a FIFO or device */
     }
     int rc = gen_alloc(gs, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "out of memory for the generation buffers");
@@ -584,6 +580,14 @@ int generate_after_setup(run *R, int *agreed) {
     }
     if (rc == PL_OK && gs.rank == 0 && !g.bench) gen_print(&gs);
     if (rc == PL_OK && gs.rank == 0 && g.tokens_out[0]) rc = gen_write_tokens(&gs, g.tokens_out);
+    if (gs.lf) { /* a write that failed (a full disk) is reported, not lost in fclose */
+        FILE *f = gs.lf;
+        gs.lf = NULL;
+        if (pl_close_output(f, g.logits_out, "--logits-out", err, sizeof err) != PL_OK && rc == PL_OK) {
+            pl_error("%s", err);
+            rc = PL_EIO;
+        }
+    }
     if (*agreed) rc = comm_agree(R->world, rc, NULL);
     if (rc == PL_OK) rc = gen_report(&gs);
     if (*agreed) rc = comm_agree(R->world, rc, NULL);

@@ -74,6 +74,9 @@ for np in 1 2; do
     else bad "--prompt-file FIFO + writer np=$np" "rc=$rc $(grep -m2 error o.out)"; fi
     timeout 5 cat ff > /dev/null 2>&1 # the writer, if still there
 done
+mpirun_t 30 2 generate $G --logits-out ff > o.out 2>&1; rc=$?
+if [ $rc -eq 1 ] && [ -p ff ] && grep -q "error: --logits-out ff: is a FIFO" o.out; then ok "--logits-out FIFO: refused, never opened"
+else bad "--logits-out FIFO" "rc=$rc $(grep -m1 error o.out)"; fi
 timeout 30 "$PIPELM" generate --init m.bin --prompt-file <(printf '1,2,3\n') > o.out 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "is a FIFO" o.out; then ok "--prompt-file <(...): refused by name, no hang"
 else bad "--prompt-file <(...)" "rc=$rc $(grep -m1 error o.out)"; fi
