@@ -37,4 +37,10 @@ cp -r one orphan && cp sh/model-00001-of-*.safetensors orphan/
 expect "reader: shards without an index refused" 1 "orphan holds model-00001-of-.* but no model.safetensors.index.json" \
     "$PIPELM" convert orphan x.h5
 [ ! -e x.h5 ] && ok "no output written from a mixed directory" || bad "x.h5" "written"
+# config.json is written beside and renamed: a FIFO in its place is refused, never opened
+mkdir fdir && mkfifo fdir/config.json
+timeout 30 "$PIPELM" convert --to hf a.bin fdir > o.out 2>&1; rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -p fdir/config.json ] && grep -q "config.json: is a FIFO" o.out; then
+    ok "a FIFO named config.json: refused by name, no hang, still a FIFO"
+else bad "config.json FIFO" "rc=$rc $(grep -m1 error o.out)"; fi
 finish
