@@ -170,9 +170,13 @@ static int tokens_open(data_source *d, const char *path, char *err, size_t errle
         return PL_EIO;
     }
     size_t tb = h[0] == TOKENS_MAGIC ? 2 : 4;
-    if (h[2] < 0 || d->file_bytes != TOKENS_HEADER_BYTES + tb * (size_t)h[2]) {
+    if (h[2] < 0) { /* no size to compare with */
+        snprintf(err, errlen, "token file %s: header says %d tokens, a negative count (a corrupt header)", path, h[2]);
+        return PL_EIO;
+    }
+    if (d->file_bytes != TOKENS_HEADER_BYTES + tb * (size_t)h[2]) {
         snprintf(err, errlen, "token file %s: header says %d tokens (%zu bytes) but the file has %zu bytes",
-                 path, h[2], TOKENS_HEADER_BYTES + tb * (size_t)(h[2] < 0 ? 0 : h[2]), d->file_bytes);
+                 path, h[2], TOKENS_HEADER_BYTES + tb * (size_t)h[2], d->file_bytes);
         return PL_EIO;
     }
     d->ntok = (size_t)h[2];

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/common.h"
+#include "util/files.h"
 #include "formats/tokenizer.h"
 
 /* The header: magic, version, vocabulary (the model's), end-of-text id. */
@@ -69,18 +70,21 @@ static int tok_table(tokenizer *t, const char *path, FILE *f, char *err, size_t 
     return PL_OK;
 }
 
-int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
+int tokenizer_read(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "tokenizer %s: cannot open it", path);
-        return PL_EIO;
-    }
     int rc = tok_header(t, path, f, V, err, errlen);
     if (rc == PL_OK) rc = tok_table(t, path, f, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "tokenizer %s: out of memory", path);
-    fclose(f);
     if (rc != PL_OK) tokenizer_free(t);
+    return rc;
+}
+
+int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
+    FILE *f;
+    memset(t, 0, sizeof *t);
+    PL_TRY(pl_open_input(path, "tokenizer", 1 << 26, &f, err, errlen));
+    int rc = tokenizer_read(t, path, f, V, err, errlen);
+    fclose(f);
     return rc;
 }
 

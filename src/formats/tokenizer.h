@@ -25,6 +25,9 @@ typedef struct {
 
 /* Load path for a model of vocabulary V. PL_EIO with a message on any mismatch. */
 int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen);
+/* The same from an open stream f (named path in messages): generate reads the file once on
+ * rank 0 and parses the broadcast bytes on every rank. */
+int tokenizer_read(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen);
 void tokenizer_free(tokenizer *t);
 /* Write token id's bytes to out (an id outside the table: "<id>"). */
 void tokenizer_write(const tokenizer *t, int id, FILE *out);

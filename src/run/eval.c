@@ -133,6 +133,11 @@ static int eval_batches(run *R, int *nb) {
     if (R->have_val && R->val.kind != DATA_MARKOV) have = (long long)((R->val.ntok - 1) / ((size_t)R->Bg * R->T));
     PL_TRY(comm_allreduce(MPI_IN_PLACE, &have, 1, MPI_LONG_LONG, MPI_MAX, R->world, "the batch count"));
     if (n <= 0) n = have > 0 ? have : R->o->val_batches;
+    if (R->have_val && R->val.kind != DATA_MARKOV && have > 0 && n > have) { /* never a batch twice */
+        pl_note("--batches %lld: %s holds %lld whole batches of %d x %d tokens; evaluating those %lld", n,
+                R->o->val_data, have, R->Bg, R->T, have);
+        n = have;
+    }
     if (n > INT_MAX) n = INT_MAX;
     *nb = (int)n;
     return PL_OK;
