@@ -13,6 +13,7 @@
 #include "cli/config.h"
 #include "run/eval.h"
 #include "run/generate.h"
+#include "run/tokenize.h"
 #include "util/files.h"
 #include "cli/pipelm.h"
 #include "pipeline/sched.h"
@@ -28,6 +29,7 @@ static void usage(FILE *out) {
             "  train      train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank\n"
             "  eval       the loss and perplexity of a model file or checkpoint on a data set, pipelined\n"
             "  generate   sample from a model through the pipeline stages, with a KV cache per stage\n"
+            "  tokenize   text or JSON-lines corpora to llm.c token shards with a BPE tokenizer, over R ranks\n"
             "  schedule   print a pipeline schedule as a grid (and write torch CSV)\n"
             "  bench      measure performance (--peak: sgemm GFLOP/s)\n"
             "  tune       the fastest schedule x micro-batches x chunks for measured costs (bench --costs-out)\n"
@@ -387,6 +389,7 @@ int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_need
     if (strcmp(argv[1], "schedule") == 0) return schedule_main(argc, argv, 2, rank);
     if (strcmp(argv[1], "eval") == 0) return eval_main(argc, argv, comm, abort_needed);
     if (strcmp(argv[1], "generate") == 0) return generate_main(argc, argv, comm, 0, abort_needed);
+    if (strcmp(argv[1], "tokenize") == 0) return tokenize_main(argc, argv, comm);
     if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv, 2, comm);
     if (strcmp(argv[1], "convert") == 0) return rank == 0 ? ckpt_convert_main(argc, argv, 2) : 0;
     if (strcmp(argv[1], "inspect") == 0) return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
