@@ -5,6 +5,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "util/common.h"
@@ -127,15 +128,40 @@ static inline int merge_find(const bpe *b, int left, int right, int *res) {
     }
 }
 
+/* The pattern with \s and \S as Unicode's White_Space property, which tiktoken's and Hugging
+ * Face's regex engines use: PCRE2's own \s also matches U+180E (Mongolian vowel separator),
+ * no longer a space since Unicode 6.3. NULL when out of memory. */
+static char *white_space(const char *pattern) {
+    size_t n = strlen(pattern);
+    char *out = malloc(n * 8 + 1), *o = out;
+    if (!out) return NULL;
+    for (const char *p = pattern; *p; p++) {
+        if (p[0] == '\\' && (p[1] == 's' || p[1] == 'S')) {
+            o += sprintf(o, "\\%c{White_Space}", p[1] == 's' ? 'p' : 'P');
+            p++;
+        } else if (p[0] == '\\' && p[1]) {
+            *o++ = *p++;
+            *o++ = *p;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
 int bpe_compile(bpe *b, const char *pattern, char *err, size_t errlen) {
     int ec;
     PCRE2_SIZE eo;
-    b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+    char *pat = white_space(pattern);
+    if (!pat) return PL_ENOMEM;
+    b->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
                           &ec, &eo, NULL);
+    free(pat);
     if (!b->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        snprintf(err, errlen, "its pre-tokenizer regex does not compile at offset %zu: %s", (size_t)eo, (char *)msg);
+        snprintf(err, errlen, "its pre-tokenizer regex does not compile: %s", (char *)msg);
         return PL_EINVAL;
     }
     pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* without JIT (a platform without it) it still matches */

@@ -324,6 +324,9 @@ static int tk_setup(tk_state *s, int nrest, char **rest, char *err, size_t errle
     for (int i = 0; i < s->nf; i++)
         PL_TRY(corpus_stat(&s->f[i], rest[i + 2], so[O_FORMAT].val ? so[O_FORMAT].val : "auto", so[O_LINES].val != NULL,
                            err, errlen));
+    char first[PL_PATH + 64];
+    shard_name(first, sizeof first, so[O_OUT].val, 0);
+    if (s->rank == 0) PL_TRY(pl_check_output_file(first, "shard", err, errlen));
     if (bpe_doc_token(s->b) < 0) {
         snprintf(err, errlen, "tokenizer %s has no document token (<|endoftext|> or <|begin_of_text|>)",
                  so[O_TOK].val);

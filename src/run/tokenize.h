@@ -8,7 +8,8 @@
 
 #include <mpi.h>
 
-/* `pipelm tokenize ...` on comm: the exit status (0; 1 a failure; 2 a bad option or input). */
+/* `pipelm tokenize ...` on comm: the exit status (0; 1 a file that cannot be read or written; 2 a
+ * bad option, tokenizer or refused input line). */
 int tokenize_main(int argc, char **argv, MPI_Comm comm);
 
 #endif
