@@ -69,13 +69,34 @@ static int tok_table(tokenizer *t, const char *path, FILE *f, char *err, size_t 
     return PL_OK;
 }
 
+/* A BPE tokenizer file: its vocabulary within the model's. */
+static int tok_bpe(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
+    PL_TRY(bpe_load(&t->bpe, path, NULL, err, errlen));
+    t->n = bpe_vocab(t->bpe);
+    t->eot = bpe_end_token(t->bpe);
+    if (t->n > V) {
+        snprintf(err, errlen, "tokenizer %s has %d tokens but the model's vocabulary is %d: it does not match the "
+                 "model", path, t->n, V);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
 int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
     FILE *f = fopen(path, "rb");
+    uint32_t magic = 0;
     if (!f) {
         snprintf(err, errlen, "tokenizer %s: cannot open it", path);
         return PL_EIO;
     }
+    if (fread(&magic, 4, 1, f) != 1 || magic != TOKENIZER_MAGIC) {
+        fclose(f);
+        int rc = tok_bpe(t, path, V, err, errlen);
+        if (rc != PL_OK) tokenizer_free(t);
+        return rc;
+    }
+    rewind(f);
     int rc = tok_header(t, path, f, V, err, errlen);
     if (rc == PL_OK) rc = tok_table(t, path, f, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "tokenizer %s: out of memory", path);
@@ -85,6 +106,7 @@ int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errl
 }
 
 void tokenizer_free(tokenizer *t) {
+    bpe_free(t->bpe);
     free(t->len);
     free(t->off);
     free(t->bytes);
@@ -92,6 +114,9 @@ void tokenizer_free(tokenizer *t) {
 }
 
 void tokenizer_write(const tokenizer *t, int id, FILE *out) {
-    if (id < 0 || id >= t->n) fprintf(out, "<%d>", id);
+    size_t len;
+    const char *s = t->bpe ? bpe_token(t->bpe, id, &len) : NULL;
+    if (t->bpe && s) fwrite(s, 1, len, out);
+    else if (id < 0 || id >= t->n || t->bpe) fprintf(out, "<%d>", id);
     else fwrite(t->bytes + t->off[id], 1, t->len[id], out);
 }

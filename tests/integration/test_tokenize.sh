@@ -19,7 +19,8 @@ REF=$top/tests/reference/bpe_ref.py
 cd "$WORK"
 mkdir -p c big out
 "$PY" "$REF" corpus c 0.4 1 || bad "corpus" "bpe_ref.py corpus failed"
-cat c/doc_000*.txt | head -c 150000 > train.txt
+"$PY" "$REF" hard hard.txt 60 2
+{ cat c/doc_000*.txt | head -c 100000; cat hard.txt; } > train.txt
 for k in gpt2 llama3; do "$PY" "$REF" fixture $k.json train.txt 300 $k || bad "fixture $k" "failed"; done
 
 # tok NAME RANKS ARGS...: pipelm tokenize into out/NAME (NAME.log)
@@ -112,7 +113,27 @@ printf 'not gzip' | gzip | head -c 20 > trunc.jsonl.gz
 expect "a truncated gzip" 1 "trunc.jsonl.gz: reading it failed" "$MPIEXEC" -n 1 "$PIPELM" tokenize --tokenizer gpt2.json --out out/x trunc.jsonl.gz
 expect "tokenize --help" 0 "--shard-tokens N" "$MPIEXEC" -n 1 "$PIPELM" tokenize --help
 
-# 5. full tier: tiktoken itself, GPT-2 and Llama 3, 12 MB
+# 5. generate --prompt TEXT: the prompt's ids are tokenize's, the continuation the ids prompt's
+printf 'Hello world, the quick brown fox' > p1.txt
+printf 'int main(void) {\n\treturn 0; // caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87' > p2.txt
+tok pr 1 --tokenizer gpt2.json p1.txt p2.txt
+od -An -tu2 -j1026 -v out/pr_val_000000.bin | tr -s ' \n' ' ' | sed "s/^ //; s/ $eot /\n/; s/ *$//; s/ /,/g" > ids.txt
+echo >> ids.txt
+printf '%s\n%s\n' "$(cat p1.txt)" "$(tr '\n' ' ' < p2.txt)" > texts.txt
+tr '\n' ' ' < p2.txt > p2l.txt
+GEN="generate --vocab-size 600 --max-new-tokens 10 --seed 3"
+mpirun_t 60 1 $GEN --prompt-file ids.txt --tokens-out g_ids.tok > g_ids.log 2>&1 || bad "generate ids" "exit $?"
+mpirun_t 60 1 $GEN --tokenizer gpt2.json --prompt "$(cat p1.txt)" --prompt="$(cat p2l.txt)" --tokens-out g_txt.tok > g_txt.log 2>&1 \
+    || bad "generate --prompt" "exit $? $(tail -2 g_txt.log)"
+mpirun_t 60 2 $GEN --tokenizer gpt2.json --prompt-file texts.txt --prompt-format text --tokens-out g_file.tok > g_file.log 2>&1 \
+    || bad "generate --prompt-file text" "exit $? $(tail -2 g_file.log)"
+[ "$(wc -l < ids.txt)" = 2 ] && [ -s g_ids.tok ] && cmp -s g_ids.tok g_txt.tok && cmp -s g_ids.tok g_file.tok \
+    && grep -q "^\[0\] Hello world, the quick brown fox" g_txt.log \
+    && ok "generate --prompt TEXT (and --prompt-format text on 2 ranks): the tokens of the ids prompt, the text printed" \
+    || bad "generate --prompt" "$(paste -d' ' g_ids.tok g_txt.tok g_file.tok | head -2)"
+expect "--prompt without a BPE tokenizer" 2 "--prompt TEXT needs --tokenizer" "$MPIEXEC" -n 1 "$PIPELM" $GEN --prompt hi
+
+# 6. full tier: tiktoken itself, GPT-2 and Llama 3, 12 MB
 if full_tier; then
     NPM_DIR=${PIPELM_NPM_DIR:-$BUILD/npm-tokenizers}
     if [ ! -d "$NPM_DIR/node_modules/tiktoken" ] || [ ! -d "$NPM_DIR/node_modules/llama3-tokenizer-js" ]; then

@@ -7,9 +7,12 @@ for the pre-tokenizer's Unicode classes.
   bpe_ref.py fixture OUT.json TRAIN.txt NMERGES gpt2|llama3
       trains NMERGES merges on TRAIN.txt (the most frequent pair first, ties to the smallest ids)
       and writes a tokenizer.json: ByteLevel with GPT-2's regex (gpt2), or a Split with Llama 3's
-      regex and ignore_merges (llama3); <|endoftext|> is the added special token after them
+      regex and ignore_merges, plus a few whole-word tokens that no merge makes (llama3);
+      <|endoftext|> is the added special token after them
   bpe_ref.py encode TOKENIZER.json OUT.bin FILE...
       one llm.c shard (uint16): per FILE, <|endoftext|>, then its text encoded (no special tokens)
+  bpe_ref.py hard OUT.txt KB SEED
+      KB kilobytes of the generated hard cases alone (to train fixtures whose merges reach them)
   bpe_ref.py corpus OUTDIR MB SEED
       about MB megabytes of varied UTF-8 documents doc_NNNN.txt: the Python library's sources
       and the system's licence texts, mixed with generated CJK, emoji, combining marks, long
@@ -75,6 +78,11 @@ def fixture(out, train, nmerges, kind):
                     o.append(s[i])
                     i += 1
             seqs[w] = o
+    if kind == "llama3":  # whole-piece tokens no merge makes: only ignore_merges finds them
+        for w in [" jumps", " lazy", " quick", "\u00e9cole"]:
+            b = w.encode("utf-8")
+            if b not in tokens:
+                tokens.append(b)
     u = lambda t: "".join(B2U[x] for x in t)
     vocab = {u(t): i for i, t in enumerate(tokens)}
     if kind == "gpt2":
@@ -185,6 +193,8 @@ if __name__ == "__main__":
         fixture(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     elif cmd == "encode":
         encode(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif cmd == "hard":
+        open(sys.argv[2], "w", encoding="utf-8").write(generated(random.Random(int(sys.argv[4])), int(sys.argv[3]) * 1000))
     elif cmd == "corpus":
         corpus(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
     else:
