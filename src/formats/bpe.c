@@ -34,13 +34,11 @@ int bpe_alloc(bpe *b, int n) {
     b->vcap = 16;
     while (b->vcap < (size_t)n * 2) b->vcap *= 2;
     b->vslot = malloc(sizeof(int) * b->vcap);
-    b->mcap = b->vcap * 4; /* a tiktoken vocabulary's tokens may split several ways */
-    b->mkey = malloc(sizeof(uint64_t) * b->mcap);
-    b->mrank = malloc(sizeof(int) * b->mcap);
-    b->mres = malloc(sizeof(int) * b->mcap);
-    if (!b->len || !b->off || !b->bytes || !b->vslot || !b->mkey || !b->mrank || !b->mres) return PL_ENOMEM;
+    b->mcap = b->vcap * 2; /* grows: a tiktoken vocabulary's tokens may split several ways */
+    b->merge = malloc(sizeof(bpe_merge) * b->mcap);
+    if (!b->len || !b->off || !b->bytes || !b->vslot || !b->merge) return PL_ENOMEM;
     memset(b->vslot, 0xff, sizeof(int) * b->vcap);
-    memset(b->mkey, 0xff, sizeof(uint64_t) * b->mcap);
+    memset(b->merge, 0xff, sizeof(bpe_merge) * b->mcap);
     b->doc = b->end = -1;
     return PL_OK;
 }
@@ -74,43 +72,34 @@ int bpe_set_token(bpe *b, int id, const char *s, size_t len) {
     return PL_OK;
 }
 
-/* The slot of pair key k: its own, or the empty one where it would go. */
-static size_t merge_slot(const bpe *b, uint64_t k) {
-    size_t mask = b->mcap - 1, i = pair_hash(k) & mask;
-    while (b->mkey[i] != UINT64_MAX && b->mkey[i] != k) i = (i + 1) & mask;
+/* The slot of pair key k in m (mcap slots): its own, or the empty one where it would go. */
+static size_t merge_slot(const bpe_merge *m, size_t mcap, uint64_t k) {
+    size_t mask = mcap - 1, i = pair_hash(k) & mask;
+    while (m[i].key != UINT64_MAX && m[i].key != k) i = (i + 1) & mask;
     return i;
 }
 
 static int merge_grow(bpe *b) {
-    bpe nb = *b;
-    nb.mcap = b->mcap * 2;
-    nb.mkey = malloc(sizeof(uint64_t) * nb.mcap);
-    nb.mrank = malloc(sizeof(int) * nb.mcap);
-    nb.mres = malloc(sizeof(int) * nb.mcap);
-    if (!nb.mkey || !nb.mrank || !nb.mres) {
-        free(nb.mkey), free(nb.mrank), free(nb.mres);
-        return PL_ENOMEM;
-    }
-    memset(nb.mkey, 0xff, sizeof(uint64_t) * nb.mcap);
-    for (size_t i = 0; i < b->mcap; i++) {
-        if (b->mkey[i] == UINT64_MAX) continue;
-        size_t j = merge_slot(&nb, b->mkey[i]);
-        nb.mkey[j] = b->mkey[i], nb.mrank[j] = b->mrank[i], nb.mres[j] = b->mres[i];
-    }
-    free(b->mkey), free(b->mrank), free(b->mres);
-    b->mkey = nb.mkey, b->mrank = nb.mrank, b->mres = nb.mres, b->mcap = nb.mcap;
+    size_t cap = b->mcap * 2;
+    bpe_merge *m = malloc(sizeof(bpe_merge) * cap);
+    if (!m) return PL_ENOMEM;
+    memset(m, 0xff, sizeof(bpe_merge) * cap);
+    for (size_t i = 0; i < b->mcap; i++)
+        if (b->merge[i].key != UINT64_MAX) m[merge_slot(m, cap, b->merge[i].key)] = b->merge[i];
+    free(b->merge);
+    b->merge = m, b->mcap = cap;
     return PL_OK;
 }
 
 int bpe_add_merge(bpe *b, int left, int right, int rank, int res) {
     if ((b->mcount + 1) * 2 > b->mcap) PL_TRY(merge_grow(b));
     uint64_t k = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    size_t i = merge_slot(b, k);
-    if (b->mkey[i] == k) { /* the first (lowest) rank wins, as a merges list read in order */
-        if (rank < b->mrank[i]) b->mrank[i] = rank, b->mres[i] = res;
+    bpe_merge *m = &b->merge[merge_slot(b->merge, b->mcap, k)];
+    if (m->key == k) { /* the first (lowest) rank wins, as a merges list read in order */
+        if (rank < m->rank) m->rank = rank, m->res = res;
         return PL_OK;
     }
-    b->mkey[i] = k, b->mrank[i] = rank, b->mres[i] = res;
+    *m = (bpe_merge){k, rank, res};
     b->mcount++;
     return PL_OK;
 }
@@ -120,11 +109,12 @@ static inline int merge_find(const bpe *b, int left, int right, int *res) {
     uint64_t k = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     size_t mask = b->mcap - 1;
     for (size_t i = pair_hash(k) & mask;; i = (i + 1) & mask) {
-        if (b->mkey[i] == k) {
-            *res = b->mres[i];
-            return b->mrank[i];
+        const bpe_merge *m = &b->merge[i];
+        if (m->key == k) {
+            *res = m->res;
+            return m->rank;
         }
-        if (b->mkey[i] == UINT64_MAX) return INT32_MAX;
+        if (m->key == UINT64_MAX) return INT32_MAX;
     }
 }
 
@@ -292,21 +282,59 @@ static int encode_piece(bpe *b, const char *p, size_t L, bpe_ids *out) {
     return PL_OK;
 }
 
+/* A piece through the cache: pieces repeat (words, indentation), and a hit costs one hash. */
+static int encode_cached(bpe *b, const char *p, size_t L, bpe_ids *out) {
+    if (L < 2 || L > BPE_CACHE_MAXLEN) return encode_piece(b, p, L, out);
+    if (!b->cache) {
+        b->cache = calloc(BPE_CACHE_SLOTS, sizeof(bpe_cslot));
+        b->arena = malloc(BPE_CACHE_ARENA);
+        if (!b->cache || !b->arena) return PL_ENOMEM;
+    }
+    uint64_t h = bpe_hash(p, L) | 1;
+    size_t mask = BPE_CACHE_SLOTS - 1, i = h & mask;
+    for (;; i = (i + 1) & mask) {
+        const bpe_cslot *c = &b->cache[i];
+        if (!c->hash) break;
+        if (c->hash == h && c->len == L && memcmp(b->arena + c->off, p, L) == 0) {
+            for (unsigned k = 0; k < c->nids; k++) {
+                int id;
+                memcpy(&id, b->arena + c->off + L + k * sizeof(int), sizeof id);
+                PL_TRY(ids_push(out, id));
+            }
+            return PL_OK;
+        }
+    }
+    size_t n0 = out->n;
+    PL_TRY(encode_piece(b, p, L, out));
+    size_t nids = out->n - n0, need = L + nids * sizeof(int);
+    if (b->cache_count * 2 >= BPE_CACHE_SLOTS || b->arena_used + need > BPE_CACHE_ARENA) { /* full: start over */
+        memset(b->cache, 0, sizeof(bpe_cslot) * BPE_CACHE_SLOTS);
+        b->arena_used = 0, b->cache_count = 0;
+        i = h & mask;
+    }
+    b->cache[i] = (bpe_cslot){h, (uint32_t)b->arena_used, (uint16_t)L, (uint16_t)nids};
+    memcpy(b->arena + b->arena_used, p, L);
+    memcpy(b->arena + b->arena_used + L, out->v + n0, nids * sizeof(int));
+    b->arena_used += need;
+    b->cache_count++;
+    return PL_OK;
+}
+
 /* Ordinary text (no added tokens in it): the regex's pieces, and what it leaves between
  * them (bytes that are not UTF-8) as pieces of their own. */
 static int encode_ordinary(bpe *b, const char *t, size_t n, bpe_ids *out) {
     size_t at = 0;
     while (at < n) {
         int rc = b->re ? pcre2_match(b->re, (PCRE2_SPTR)t, n, at, 0, b->md, NULL) : PCRE2_ERROR_NOMATCH;
-        if (rc < 0) return encode_piece(b, t + at, n - at, out);
+        if (rc < 0) return encode_cached(b, t + at, n - at, out);
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
         size_t s = ov[0], e = ov[1];
-        if (s > at) PL_TRY(encode_piece(b, t + at, s - at, out));
+        if (s > at) PL_TRY(encode_cached(b, t + at, s - at, out));
         if (e == s) { /* an empty match: no pattern here has one, but never loop on it */
             e = s + 1;
             while (e < n && ((unsigned char)t[e] & 0xc0) == 0x80) e++;
         }
-        PL_TRY(encode_piece(b, t + s, e - s, out));
+        PL_TRY(encode_cached(b, t + s, e - s, out));
         at = e;
     }
     return PL_OK;
@@ -358,7 +386,7 @@ const char *bpe_desc(const bpe *b) { return b->desc; }
 void bpe_free(bpe *b) {
     if (!b) return;
     free(b->len), free(b->off), free(b->bytes), free(b->vslot);
-    free(b->mkey), free(b->mrank), free(b->mres);
+    free(b->merge), free(b->cache), free(b->arena);
     free(b->special), free(b->always);
     free(b->sym), free(b->next), free(b->prev), free(b->heap);
     if (b->md) pcre2_match_data_free(b->md);

@@ -8,6 +8,22 @@
 #include <pcre2.h>
 #include "formats/bpe.h"
 
+/* One merge: the pair (left << 32 | right; UINT64_MAX: an empty slot), its rank and result. */
+typedef struct {
+    uint64_t key;
+    int rank, res;
+} bpe_merge;
+
+/* The piece cache: a piece's bytes and ids in the arena, found by its hash. */
+typedef struct {
+    uint64_t hash;         /* 0: empty */
+    uint32_t off;          /* in arena: the bytes, then the ids (int) */
+    uint16_t len, nids;
+} bpe_cslot;
+#define BPE_CACHE_SLOTS (1 << 16)
+#define BPE_CACHE_ARENA ((size_t)16 << 20)
+#define BPE_CACHE_MAXLEN 256 /* longer pieces are not cached */
+
 /* One heap entry of a piece being merged: the pair starting at symbol `pos`. */
 typedef struct {
     int rank, pos, left, right; /* the merge's rank, the left symbol, the two ids it saw */
@@ -22,8 +38,7 @@ struct bpe {
     int byte_id[256];       /* the token of each single byte (-1: none) */
     int *vslot;             /* (vcap) bytes -> id, open addressing, -1 empty */
     size_t vcap;
-    uint64_t *mkey;         /* (mcap) merge pairs (left << 32 | right), UINT64_MAX empty */
-    int *mrank, *mres;      /* (mcap) the pair's rank and the id it merges into */
+    bpe_merge *merge;       /* (mcap) the merge pairs, open addressing */
     size_t mcap, mcount;
     int ignore_merges;      /* a piece that is a token is that token */
     int *special;           /* (nspecial) added tokens, longest first */
@@ -38,6 +53,10 @@ struct bpe {
     int *sym, *next, *prev; /* (scap) symbol ids and links of a piece */
     bpe_cand *heap;         /* (scap) */
     size_t scap;
+    bpe_cslot *cache;       /* (BPE_CACHE_SLOTS) pieces already encoded; emptied when the arena fills */
+    char *arena;
+    size_t arena_used;
+    unsigned cache_count;
 };
 
 /* The pre-tokenizer patterns by name (gpt2, cl100k, llama3, o200k); NULL if unknown. */

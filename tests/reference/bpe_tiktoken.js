@@ -11,7 +11,7 @@
 //       one llm.c shard: per FILE (a document, UTF-8), the document token then tiktoken's
 //       encode_ordinary of its text (uint16 for GPT-2, uint32 for Llama 3)
 //   node bpe_tiktoken.js bench MODULES gpt2|llama3 FILE
-//       encode_ordinary's throughput on FILE, one thread: "bench MB tokens seconds"
+//       encode_ordinary's throughput on FILE, one thread: "bench MB tokens wall-seconds cpu-seconds"
 // MODULES is the node_modules directory holding both packages.
 'use strict';
 const fs = require('fs');
@@ -137,10 +137,11 @@ function bench(mods, which, file) {
   const { enc } = encoder(mods, which);
   const text = fs.readFileSync(file, 'utf8');
   enc.encode_ordinary(text.slice(0, 100000)); // warm
-  const t0 = process.hrtime.bigint();
+  const t0 = process.hrtime.bigint(), c0 = process.cpuUsage();
   const n = enc.encode_ordinary(text).length;
-  const s = Number(process.hrtime.bigint() - t0) / 1e9;
-  console.log(`bench ${(Buffer.byteLength(text) / 1e6).toFixed(3)} MB ${n} tokens ${s.toFixed(3)} s`);
+  const s = Number(process.hrtime.bigint() - t0) / 1e9, c = process.cpuUsage(c0);
+  console.log(`bench ${(Buffer.byteLength(text) / 1e6).toFixed(3)} MB ${n} tokens ${s.toFixed(3)} s wall ` +
+              `${((c.user + c.system) / 1e6).toFixed(3)} s cpu`);
 }
 
 const [cmd, mods, ...rest] = process.argv.slice(2);
