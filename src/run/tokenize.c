@@ -345,8 +345,9 @@ static double cpu_now(void) {
 
 /* The closing line: documents, tokens, shards, bytes, rates over every rank. */
 static int tk_report(tk_state *s, MPI_Comm comm, long long total, long long nsh, double t_enc, double cpu_enc) {
-    long long in[3] = {s->docs, s->nbad, (long long)s->bytes_before}, sum[3];
-    PL_MPI_CHECK(MPI_Reduce(in, sum, 3, MPI_LONG_LONG, MPI_SUM, 0, comm));
+    long long in[2] = {s->docs, s->nbad}, sum[3] = {0, 0, 0};
+    PL_MPI_CHECK(MPI_Reduce(in, sum, 2, MPI_LONG_LONG, MPI_SUM, 0, comm));
+    for (int i = 0; i < s->nf; i++) sum[2] += (long long)s->f[i].size; /* the inputs' bytes (compressed) */
     double dt = pl_now() - s->t0;
     pl_info("tokenize | %lld documents, %lld tokens in %lld shard%s (%s, %s) | %.1f MB in %.2f s on %d rank%s "
             "(encoding %.2f s, rank 0's CPU %.2f s): %.2f MB/s, %.0f tokens/s | bad lines: %lld%s\n", sum[0], total, nsh,

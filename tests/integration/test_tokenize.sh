@@ -133,7 +133,26 @@ mpirun_t 60 2 $GEN --tokenizer gpt2.json --prompt-file texts.txt --prompt-format
     || bad "generate --prompt" "$(paste -d' ' g_ids.tok g_txt.tok g_file.tok | head -2)"
 expect "--prompt without a BPE tokenizer" 2 "--prompt TEXT needs --tokenizer" "$MPIEXEC" -n 1 "$PIPELM" $GEN --prompt hi
 
-# 6. full tier: tiktoken itself, GPT-2 and Llama 3, 12 MB
+# 6. the shards through --data: one shard read "inorder:" is the file read alone (eval's loss
+# bit for bit); a shuffled glob of them gives the same token stream on D = 1 and D = 2
+E="eval --preset tiny --vocab-size 600 --batch 4 --seq-len 32 --batches 3 --threads 1"
+mpirun_t 60 1 $E --data out/mix1_train_000002.bin > ev_file.log 2>&1 || bad "eval file" "exit $? $(tail -2 ev_file.log)"
+mpirun_t 60 1 $E --data 'inorder:out/mix1_train_000002.bin' > ev_sh.log 2>&1 || bad "eval shard" "exit $? $(tail -2 ev_sh.log)"
+l1=$(grep -o "loss [0-9.]*" ev_file.log); l2=$(grep -o "loss [0-9.]*" ev_sh.log)
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && grep -q "1 shards (.*in order)" ev_sh.log \
+    && ok "a shard read through --data 'inorder:...' gives the file's own tokens in order (eval $l1)" || bad "inorder" "'$l1' vs '$l2'"
+TR="train --preset tiny --vocab-size 600 --steps 3 --batch 8 --seq-len 32 --eval-every 0 --progress 0 --log-every 1 --threads 1"
+mpirun_t 90 1 $TR --grad-accum exact --data 'out/mix1_train_*.bin' --metrics sh1.jsonl > sh1.log 2>&1 || bad "train shards" "exit $? $(tail -2 sh1.log)"
+mpirun_t 90 2 $TR --grad-accum exact --dp 2 --data 'out/mix1_train_*.bin' --metrics sh2.jsonl > sh2.log 2>&1 \
+    || bad "train shards dp" "exit $? $(tail -2 sh2.log)"
+grep -q "shuffled per epoch" sh1.log && [ "$(losses sh1.jsonl | head -1)" = "$(losses sh2.jsonl | head -1)" ] && close sh1.jsonl sh2.jsonl 1e-6 \
+    && ok "shuffled shards: D = 1 and D = 2 train on the same token stream (step 1 bit for bit)" \
+    || bad "shards dp" "$(losses sh1.jsonl | tr '\n' ' ') vs $(losses sh2.jsonl | tr '\n' ' ')"
+"$PY" -c "import struct; open('u32.bin', 'wb').write(struct.pack('<256i', 20240801, 7, 300, *[0] * 253) + struct.pack('<300I', *range(300)))"
+expect "uint16 and uint32 shards mixed, refused by name" 2 "shard u32.bin holds uint32 tokens but out/mix1_val_000000.bin uint16" \
+    "$MPIEXEC" -n 1 "$PIPELM" $E --data "out/mix1_val_000000.bin,u32.bin"
+
+# 7. full tier: tiktoken itself, GPT-2 and Llama 3, 12 MB
 if full_tier; then
     NPM_DIR=${PIPELM_NPM_DIR:-$BUILD/npm-tokenizers}
     if [ ! -d "$NPM_DIR/node_modules/tiktoken" ] || [ ! -d "$NPM_DIR/node_modules/llama3-tokenizer-js" ]; then
