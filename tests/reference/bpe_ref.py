@@ -7,7 +7,7 @@ for the pre-tokenizer's Unicode classes.
   bpe_ref.py fixture OUT.json TRAIN.txt NMERGES gpt2|llama3
       trains NMERGES merges on TRAIN.txt (the most frequent pair first, ties to the smallest ids)
       and writes a tokenizer.json: ByteLevel with GPT-2's regex (gpt2), or a Split with Llama 3's
-      regex and ignore_merges, plus a few whole-word tokens that no merge makes (llama3);
+      regex and ignore_merges, plus the 8 most frequent pieces that no merge makes (llama3);
       <|endoftext|> is the added special token after them
   bpe_ref.py encode TOKENIZER.json OUT.bin FILE...
       one llm.c shard (uint16): per FILE, <|endoftext|>, then its text encoded (no special tokens)
@@ -78,11 +78,13 @@ def fixture(out, train, nmerges, kind):
                     o.append(s[i])
                     i += 1
             seqs[w] = o
-    if kind == "llama3":  # whole-piece tokens no merge makes: only ignore_merges finds them
-        for w in [" jumps", " lazy", " quick", "\u00e9cole"]:
-            b = w.encode("utf-8")
-            if b not in tokens:
+    if kind == "llama3":  # the 8 most frequent pieces no merge makes: only ignore_merges finds them
+        have = set(tokens)
+        for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))[:400]:
+            b = bytes(w)
+            if len(b) >= 3 and b not in have and len(tokens) < 256 + nmerges + 8:
                 tokens.append(b)
+                have.add(b)
     u = lambda t: "".join(B2U[x] for x in t)
     vocab = {u(t): i for i, t in enumerate(tokens)}
     if kind == "gpt2":
@@ -157,6 +159,8 @@ def generated(rng, n):
         lambda: rng.choice(["don't", "I'LL", "WE'VE", "it's", "She'd", "'s", "ſ", "K", "Straße", "naïve", "e\u0301",
                             "Ωμέγα", "привет", "مرحبا", "שלום", "नमस्ते", "ภาษาไทย", "한국어", "\u00a0", "\u2028",
                             "\u3000", "\x0b", "\x0c", "\x85", "\u200b", "\ufeff", "\u180e", "½", "Ⅻ", "①", "٣"]),
+        lambda: rng.choice([" ", "", "x"]) + rng.choice(["\u180e", "\u200b", "\ufeff", "\x85", "\xa0", "\u2028",
+                                                       "\u3000", "\x1c", "\x1f", "\u2007"]) + rng.choice([" ", "", "y"]),
         lambda: " " + rng.choice(["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]) +
                 rng.choice([".", ",", "!?", "...", ":", " -- ", "''", "\n"]),
     ]
