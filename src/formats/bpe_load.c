@@ -200,8 +200,13 @@ int bpe_load(bpe **out, const char *path, const char *pattern, char *err, size_t
     if (rc == PL_OK) {
         text[size] = 0;
         size_t i = strspn(text, " \t\r\n");
-        rc = text[i] == '{' ? bpe_load_json(b, text, (size_t)size, e2, sizeof e2)
-                            : load_ranks(b, text, (size_t)size, pattern, e2, sizeof e2);
+        uint32_t magic = 0;
+        memcpy(&magic, text, size >= 4 ? 4 : 0);
+        if (magic == 20240328) /* llm.c's tokenizer file (tokenizer.h): a decoding table only */
+            snprintf(e2, sizeof e2, "llm.c's tokenizer file only decodes: encoding needs a tokenizer.json or a "
+                     "tiktoken rank file"), rc = PL_EINVAL;
+        else if (text[i] == '{') rc = bpe_load_json(b, text, (size_t)size, e2, sizeof e2);
+        else rc = load_ranks(b, text, (size_t)size, pattern, e2, sizeof e2);
     }
     if (rc == PL_OK) rc = bpe_finish(b, e2, sizeof e2);
     free(text);

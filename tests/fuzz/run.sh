@@ -16,7 +16,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 mode=fuzz
 case "${1:-}" in --replay) mode=replay; shift ;; --build) mode=build; shift ;; esac
-all="llmc tokens ini cli sched ckpt config safetensors costs"
+all="llmc tokens ini cli sched ckpt config safetensors costs bpe"
 targets=${*:-$all}
 out=${FUZZ_BUILD:-$top/build-fuzz}
 secs=${FUZZ_SECONDS:-60}

@@ -111,6 +111,8 @@ expect "no inputs" 2 "give --tokenizer FILE, --out DIR/NAME and inputs" "$MPIEXE
 expect "an unwritable output, before any work" 1 "shard /nonexistent/x_val_000000.bin" "$MPIEXEC" -n 1 "$PIPELM" tokenize --tokenizer gpt2.json --out /nonexistent/x one.txt
 printf 'not gzip' | gzip | head -c 20 > trunc.jsonl.gz
 expect "a truncated gzip" 1 "trunc.jsonl.gz: reading it failed" "$MPIEXEC" -n 1 "$PIPELM" tokenize --tokenizer gpt2.json --out out/x trunc.jsonl.gz
+"$PY" -c "import struct; open('llmc_tok.bin', 'wb').write(struct.pack('<256i', 20240328, 1, 2, *[0] * 253) + b'\x01a\x01b')"
+expect "llm.c's tokenizer file cannot encode" 2 "llm.c's tokenizer file only decodes" "$MPIEXEC" -n 1 "$PIPELM" tokenize --tokenizer llmc_tok.bin --out out/x one.txt
 expect "tokenize --help" 0 "--shard-tokens N" "$MPIEXEC" -n 1 "$PIPELM" tokenize --help
 
 # 5. generate --prompt TEXT: the prompt's ids are tokenize's, the continuation the ids prompt's
