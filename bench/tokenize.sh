@@ -12,7 +12,7 @@
 #   bench/tokenize.sh [BUILD_DIR]   (REPS=3, MB=12, MPIEXEC=mpiexec)
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$top/build}
+build=$(cd "${1:-$top/build}" && pwd)
 PIPELM=$build/pipelm
 MPIEXEC=${MPIEXEC:-mpiexec}
 REPS=${REPS:-3}
