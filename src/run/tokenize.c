@@ -45,8 +45,11 @@ typedef struct {
     int rank, R, skip, special;
     corpus_file *f;
     int nf, cur;           /* files, the one being read */
-    uint32_t *tok;         /* (ntok) this rank's tokens */
-    size_t ntok, cap;
+    uint32_t *tok;         /* (ntok - nspilled) this rank's tokens not yet in the spill file */
+    size_t ntok, cap;      /* tokens of this rank in all */
+    size_t nspilled, spill_limit; /* tokens in the spill file; the buffer's size that spills */
+    int spill_fd;          /* this rank's spill file (native uint32), or -1 */
+    char spill_path[PL_PATH + 96], spill_err[PL_PATH + 160];
     bpe_ids ids;
     long long docs, nbad, *lines; /* (nf) lines this rank read in each file */
     bad_line shown[BAD_SHOWN];
@@ -55,14 +58,42 @@ typedef struct {
     double t0, last;
 } tk_state;
 
+/* The buffered tokens appended to the spill file (opened on first use, beside the output):
+ * a rank's share of a corpus may not fit in memory. */
+static int tk_spill(tk_state *s) {
+    size_t n = s->ntok - s->nspilled;
+    if (s->spill_fd < 0) {
+        snprintf(s->spill_path, sizeof s->spill_path, "%s.rank%d.%ld.tokens.tmp", s->so[O_OUT].val, s->rank,
+                 (long)getpid());
+        s->spill_fd = open(s->spill_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    }
+    if (s->spill_fd < 0 || pwrite(s->spill_fd, s->tok, n * 4, (off_t)(s->nspilled * 4)) != (ssize_t)(n * 4)) {
+        snprintf(s->spill_err, sizeof s->spill_err, "spill file %s: writing it failed: %s", s->spill_path,
+                 strerror(errno));
+        return PL_EIO;
+    }
+    s->nspilled = s->ntok;
+    return PL_OK;
+}
+
 static int tk_push(tk_state *s, const int *v, size_t n) {
-    if (s->ntok + n > s->cap) {
-        size_t cap = (s->ntok + n) * 2 + 4096;
+    size_t held = s->ntok - s->nspilled;
+    if (held + n > s->cap) {
+        size_t cap = (held + n) * 2 + 4096;
         uint32_t *nt = realloc(s->tok, sizeof(uint32_t) * cap);
         if (!nt) return PL_ENOMEM;
         s->tok = nt, s->cap = cap;
     }
-    for (size_t i = 0; i < n; i++) s->tok[s->ntok++] = (uint32_t)v[i];
+    for (size_t i = 0; i < n; i++) s->tok[held + i] = (uint32_t)v[i];
+    s->ntok += n;
+    return s->ntok - s->nspilled >= s->spill_limit ? tk_spill(s) : PL_OK;
+}
+
+/* Tokens [at, at + m) of this rank into out: from the spill file, then the buffer. */
+static int tk_tokens(const tk_state *s, size_t at, size_t m, uint32_t *out) {
+    size_t from_file = at < s->nspilled ? (s->nspilled - at < m ? s->nspilled - at : m) : 0;
+    if (from_file && pread(s->spill_fd, out, from_file * 4, (off_t)(at * 4)) != (ssize_t)(from_file * 4)) return PL_EIO;
+    if (m > from_file) memcpy(out + from_file, s->tok + (at + from_file - s->nspilled), (m - from_file) * 4);
     return PL_OK;
 }
 
@@ -191,7 +222,8 @@ static int shards_fill(const tk_state *s, const char *base, long long S, long lo
                        size_t errlen) {
     size_t done = 0, piece = (size_t)1 << 20;
     uint16_t *u16 = malloc(piece * 2);
-    int rc = u16 ? PL_OK : PL_ENOMEM;
+    uint32_t *u32 = malloc(piece * 4);
+    int rc = u16 && u32 ? PL_OK : PL_ENOMEM;
     while (rc == PL_OK && done < s->ntok) {
         long long pos = off + (long long)done, sh = pos / S, in = pos - sh * S;
         size_t n = s->ntok - done;
@@ -202,18 +234,20 @@ static int shards_fill(const tk_state *s, const char *base, long long S, long lo
         int fd = open(tmp, O_WRONLY | O_CLOEXEC);
         for (size_t k = 0; fd >= 0 && rc == PL_OK && k < n; k += piece) {
             size_t m = n - k < piece ? n - k : piece;
-            const void *src = s->tok + done + k;
+            const void *src = u32;
+            if (tk_tokens(s, done + k, m, u32) != PL_OK) rc = PL_EIO;
             if (tb == 2) {
-                for (size_t j = 0; j < m; j++) u16[j] = (uint16_t)s->tok[done + k + j];
+                for (size_t j = 0; j < m; j++) u16[j] = (uint16_t)u32[j];
                 src = u16;
             }
-            if (pwrite(fd, src, m * tb, 1024 + (in + (long long)k) * tb) != (ssize_t)(m * tb)) rc = PL_EIO;
+            if (rc == PL_OK && pwrite(fd, src, m * tb, 1024 + (in + (long long)k) * tb) != (ssize_t)(m * tb)) rc = PL_EIO;
         }
         if (fd < 0 || (close(fd) != 0 && rc == PL_OK)) rc = PL_EIO;
         if (rc == PL_EIO) snprintf(err, errlen, "shard %s: writing it failed: %s", tmp, strerror(errno));
         done += n;
     }
     free(u16);
+    free(u32);
     return rc;
 }
 
@@ -370,6 +404,7 @@ static int tk_run(tk_state *s, int nrest, char **rest, MPI_Comm comm) {
     double c0 = cpu_now();
     rc = tk_encode(s, err, sizeof err);
     double cpu_enc = cpu_now() - c0;
+    if (s->spill_err[0]) snprintf(err, sizeof err, "%s", s->spill_err);
     if (rc == PL_EINVAL) err[0] = 0; /* a refused line: named below, with its number */
     int who = -1, out = comm_agree(comm, rc, &who);
     double t_enc = pl_now() - s->t0;
@@ -390,6 +425,9 @@ int tokenize_main(int argc, char **argv, MPI_Comm comm) {
     tk_state s;
     memset(&s, 0, sizeof s);
     s.so = so;
+    s.spill_fd = -1;
+    const char *sl = getenv("PIPELM_TOKENIZE_SPILL"); /* test hook: tokens held before a spill */
+    s.spill_limit = sl && atoll(sl) > 0 ? (size_t)atoll(sl) : (size_t)1 << 24;
     MPI_Comm_rank(comm, &s.rank);
     MPI_Comm_size(comm, &s.R);
     char **rest = NULL, err[256] = "";
@@ -408,5 +446,6 @@ int tokenize_main(int argc, char **argv, MPI_Comm comm) {
     bpe_free(s.b);
     bpe_ids_free(&s.ids);
     free(s.tok), free(s.f), free(s.lines);
+    if (s.spill_fd >= 0) close(s.spill_fd), unlink(s.spill_path);
     return rc == PL_OK ? 0 : rc == PL_EINVAL ? 2 : 1;
 }

@@ -68,15 +68,19 @@ EOF
 head -40 docs.jsonl | gzip > more.jsonl.gz
 cp c/doc_0001.txt one.txt
 for r in 1 2 3; do
+    # 1 rank holds its tokens in memory; 2 and 3 spill them to a file every 997 (the test hook)
+    [ $r -gt 1 ] && export PIPELM_TOKENIZE_SPILL=997
     tok mix$r $r --tokenizer llama3.json --shard-tokens 7000 c/doc_0000.txt docs.jsonl more.jsonl.gz one.txt
     tok lines$r $r --tokenizer gpt2.json --shard-tokens 5000 --lines train.txt c/doc_0002.txt
+    unset PIPELM_TOKENIZE_SPILL
 done
+ls out/*.tokens.tmp > /dev/null 2>&1 && bad "spill files" "left behind: $(ls out/*.tokens.tmp)" || ok "no spill file left behind"
 nsh=$(ls out/mix1_* | wc -l)
 same=1
 for f in out/mix1_* out/lines1_*; do
     for r in 2 3; do cmp -s "$f" "${f/1_/${r}_}" || same=0; done
 done
-[ "$nsh" -gt 3 ] && [ $same = 1 ] && ok "text, JSON lines, gzip ($nsh shards) and --lines: the same bytes on 1, 2 and 3 ranks" \
+[ "$nsh" -gt 3 ] && [ $same = 1 ] && ok "text, JSON lines, gzip ($nsh shards) and --lines: the same bytes on 1, 2 and 3 ranks (spilled or not)" \
     || bad "ranks" "$nsh shards, same=$same"
 ls out/mix1_val_000000.bin out/mix1_train_000001.bin > /dev/null 2>&1 && ok "shards named NAME_val_000000.bin, NAME_train_000001.bin, ..." \
     || bad "names" "$(ls out | head -3)"
