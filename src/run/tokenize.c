@@ -223,7 +223,7 @@ static int shards_fill(const tk_state *s, const char *base, long long S, long lo
     size_t done = 0, piece = (size_t)1 << 20;
     uint16_t *u16 = malloc(piece * 2);
     uint32_t *u32 = malloc(piece * 4);
-    int rc = u16 && u32 ? PL_OK : PL_ENOMEM;
+    int rc = u16 && u32 ? PL_OK : PL_ENOMEM, spill_bad = 0;
     while (rc == PL_OK && done < s->ntok) {
         long long pos = off + (long long)done, sh = pos / S, in = pos - sh * S;
         size_t n = s->ntok - done;
@@ -235,7 +235,10 @@ static int shards_fill(const tk_state *s, const char *base, long long S, long lo
         for (size_t k = 0; fd >= 0 && rc == PL_OK && k < n; k += piece) {
             size_t m = n - k < piece ? n - k : piece;
             const void *src = u32;
-            if (tk_tokens(s, done + k, m, u32) != PL_OK) rc = PL_EIO;
+            if (tk_tokens(s, done + k, m, u32) != PL_OK) {
+                spill_bad = 1, rc = PL_EIO;
+                break;
+            }
             if (tb == 2) {
                 for (size_t j = 0; j < m; j++) u16[j] = (uint16_t)u32[j];
                 src = u16;
@@ -243,7 +246,8 @@ static int shards_fill(const tk_state *s, const char *base, long long S, long lo
             if (rc == PL_OK && pwrite(fd, src, m * tb, 1024 + (in + (long long)k) * tb) != (ssize_t)(m * tb)) rc = PL_EIO;
         }
         if (fd < 0 || (close(fd) != 0 && rc == PL_OK)) rc = PL_EIO;
-        if (rc == PL_EIO) snprintf(err, errlen, "shard %s: writing it failed: %s", tmp, strerror(errno));
+        if (rc == PL_EIO && spill_bad) snprintf(err, errlen, "spill file %s: reading it back failed", s->spill_path);
+        else if (rc == PL_EIO) snprintf(err, errlen, "shard %s: writing it failed: %s", tmp, strerror(errno));
         done += n;
     }
     free(u16);
