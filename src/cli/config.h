@@ -19,9 +19,9 @@
 #include "model/hparams.h"
 #include "model/model.h"
 #include "model/model_check.h"
+#include "util/common.h" /* PL_PATH */
 #include "util/hooks.h"
 
-#define PL_PATH 4096
 
 struct gen_opts; /* generate.h */
 

@@ -70,8 +70,46 @@ static int tok_table(tokenizer *t, const char *path, FILE *f, char *err, size_t 
     return PL_OK;
 }
 
+/* A BPE tokenizer file (its bytes read from f): its vocabulary within the model's. */
+static int tok_bpe(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {
+    size_t cap = 1 << 16, n = 0, got;
+    char *text = malloc(cap + 1);
+    while (text && (got = fread(text + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *bigger = realloc(text, 2 * cap + 1);
+            if (!bigger) { free(text); text = NULL; break; }
+            text = bigger, cap *= 2;
+        }
+    }
+    if (!text) {
+        snprintf(err, errlen, "tokenizer %s: out of memory", path);
+        return PL_ENOMEM;
+    }
+    int rc = bpe_load_mem(&t->bpe, path, text, n, NULL, err, errlen);
+    free(text);
+    PL_TRY(rc);
+    t->n = bpe_vocab(t->bpe);
+    t->eot = bpe_end_token(t->bpe);
+    if (t->n > V) {
+        snprintf(err, errlen, "tokenizer %s has %d tokens but the model's vocabulary is %d: it does not match the "
+                 "model", path, t->n, V);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
+/* llm.c's tokenizer file (by its magic), else a BPE tokenizer file. */
 int tokenizer_read(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
+    uint32_t magic = 0;
+    if (fread(&magic, 4, 1, f) != 1 || magic != TOKENIZER_MAGIC) {
+        rewind(f);
+        int rc = tok_bpe(t, path, f, V, err, errlen);
+        if (rc != PL_OK) tokenizer_free(t);
+        return rc;
+    }
+    rewind(f);
     int rc = tok_header(t, path, f, V, err, errlen);
     if (rc == PL_OK) rc = tok_table(t, path, f, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "tokenizer %s: out of memory", path);
@@ -89,6 +127,7 @@ int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errl
 }
 
 void tokenizer_free(tokenizer *t) {
+    bpe_free(t->bpe);
     free(t->len);
     free(t->off);
     free(t->bytes);
@@ -96,6 +135,9 @@ void tokenizer_free(tokenizer *t) {
 }
 
 void tokenizer_write(const tokenizer *t, int id, FILE *out) {
-    if (id < 0 || id >= t->n) fprintf(out, "<%d>", id);
+    size_t len;
+    const char *s = t->bpe ? bpe_token(t->bpe, id, &len) : NULL;
+    if (t->bpe && s) fwrite(s, 1, len, out);
+    else if (id < 0 || id >= t->n || t->bpe) fprintf(out, "<%d>", id);
     else fwrite(t->bytes + t->off[id], 1, t->len[id], out);
 }

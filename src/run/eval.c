@@ -58,7 +58,8 @@ int sub_opts_take(int argc, char **argv, int first, int cmd, sub_opt *opts, int 
                   char *err, size_t errlen) {
     const char *names[32];
     for (int k = 0; k < n && k < 32; k++) names[k] = opts[k].name;
-    if (config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK) return PL_EINVAL;
+    if (cmd >= 0 && config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK)
+        return PL_EINVAL;
     char **r = calloc((size_t)argc + 2, sizeof(char *));
     if (!r) return PL_ENOMEM;
     int k = 0;

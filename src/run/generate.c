@@ -600,6 +600,23 @@ static int generate_after_setup(run *R, int *agreed) {
     return rc;
 }
 
+/* Append the prompt t[0..n) (malloc'ed, taken) to g's list. */
+static int gen_add_ids(gen_opts *g, int *t, int n, const char *where, char *err, size_t errlen) {
+    int **np = t ? realloc(g->prompt, sizeof(int *) * (g->nprompts + 1)) : NULL;
+    int *nl = np ? realloc(g->plen, sizeof(int) * (g->nprompts + 1)) : NULL;
+    if (np) g->prompt = np;
+    if (!np || !nl) { free(t); return PL_ENOMEM; }
+    g->plen = nl;
+    if (n == 0) {
+        snprintf(err, errlen, "%s: an empty prompt", where);
+        free(t);
+        return PL_EINVAL;
+    }
+    g->prompt[g->nprompts] = t;
+    g->plen[g->nprompts++] = n;
+    return PL_OK;
+}
+
 /* One prompt from text: token ids separated by commas or spaces, appended to g's list. */
 static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char *err, size_t errlen) {
     int cap = 16, n = 0, *t = malloc(sizeof(int) * cap);
@@ -629,19 +646,7 @@ static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char
         t[n++] = (int)v;
         p = end;
     }
-    int **np = t ? realloc(g->prompt, sizeof(int *) * (g->nprompts + 1)) : NULL;
-    int *nl = np ? realloc(g->plen, sizeof(int) * (g->nprompts + 1)) : NULL;
-    if (np) g->prompt = np;
-    if (!np || !nl) { free(t); return PL_ENOMEM; }
-    g->plen = nl;
-    if (n == 0) {
-        snprintf(err, errlen, "%s: an empty prompt", where);
-        free(t);
-        return PL_EINVAL;
-    }
-    g->prompt[g->nprompts] = t;
-    g->plen[g->nprompts++] = n;
-    return PL_OK;
+    return gen_add_ids(g, t, n, where, err, errlen);
 }
 
 /* Every line of a prompt file is one prompt (a blank line is refused by its number): rank 0
@@ -665,6 +670,53 @@ static int gen_read_prompts(gen_opts *g, const char *path, MPI_Comm comm, char *
     return rc;
 }
 
+/* One text prompt encoded with b (special-token text allowed), appended to g's list. */
+static int gen_add_text(gen_opts *g, bpe *b, const char *text, size_t len, const char *where, char *err,
+                        size_t errlen) {
+    bpe_ids ids = {0};
+    int rc = bpe_encode(b, text, len, 1, &ids);
+    if (rc != PL_OK) {
+        bpe_ids_free(&ids);
+        snprintf(err, errlen, "%s: out of memory", where);
+        return rc;
+    }
+    return gen_add_ids(g, ids.v, (int)ids.n, where, err, errlen);
+}
+
+/* --prompt TEXT (repeatable, first) and, with --prompt-format text, --prompt-file's non-blank
+ * lines: encoded with the BPE --tokenizer (tokenizer.json or tiktoken ranks). A text file taken
+ * here is cleared from so[1] (the id prompts' reader). */
+static int gen_text_prompts(gen_opts *g, int argc, char **argv, sub_opt *so, const char *fmt, char *err,
+                            size_t errlen) {
+    int text_file = fmt && strcmp(fmt, "text") == 0, any = text_file && so[1].val, rc = PL_OK;
+    if (fmt && !text_file && strcmp(fmt, "ids") != 0) {
+        snprintf(err, errlen, "--prompt-format '%.40s' is not text or ids", fmt);
+        return PL_EINVAL;
+    }
+    for (int i = 2; i < argc; i++) any |= strcmp(argv[i], "--prompt") == 0 || strncmp(argv[i], "--prompt=", 9) == 0;
+    if (!any) return PL_OK;
+    bpe *b = NULL;
+    if (!so[12].val) snprintf(err, errlen, "--prompt TEXT needs --tokenizer FILE (a tokenizer.json or tiktoken file)");
+    PL_TRY(so[12].val ? bpe_load(&b, so[12].val, NULL, err, errlen) : PL_EINVAL);
+    for (int i = 2; rc == PL_OK && i < argc; i++)
+        if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
+            rc = gen_add_text(g, b, argv[i + 1], strlen(argv[i + 1]), "--prompt", err, errlen), i++;
+        else if (strncmp(argv[i], "--prompt=", 9) == 0)
+            rc = gen_add_text(g, b, argv[i] + 9, strlen(argv[i] + 9), "--prompt", err, errlen);
+    FILE *f = NULL;
+    if (rc == PL_OK && text_file) rc = pl_open_input(so[1].val, "--prompt-file", 0, &f, err, errlen);
+    char line[1 << 16], where[PL_PATH + 64];
+    for (int ln = 1; rc == PL_OK && f && fgets(line, sizeof line, f); ln++) {
+        size_t n = strcspn(line, "\r\n");
+        snprintf(where, sizeof where, "--prompt-file %s line %d", so[1].val, ln);
+        if (strspn(line, " \t\r\n") < strlen(line)) rc = gen_add_text(g, b, line, n, where, err, errlen);
+    }
+    if (f) fclose(f);
+    if (text_file) so[1].val = NULL;
+    bpe_free(b);
+    return rc;
+}
+
 /* The options of generate: numbers in range, strings that fit. */
 static int gen_parse(gen_opts *g, sub_opt *so, MPI_Comm comm, char *err, size_t errlen) {
     long long v;
@@ -672,7 +724,7 @@ static int gen_parse(gen_opts *g, sub_opt *so, MPI_Comm comm, char *err, size_t 
     if (so[1].val) PL_TRY(gen_read_prompts(g, so[1].val, comm, err, errlen));
     if (so[1].val) snprintf(g->prompt_file, sizeof g->prompt_file, "%s", so[1].val);
     if (!g->nprompts) {
-        snprintf(err, errlen, "no prompt: give --prompt-tokens ID,ID,... or --prompt-file FILE");
+        snprintf(err, errlen, "no prompt: give --prompt TEXT, --prompt-tokens ID,ID,... or --prompt-file FILE");
         return PL_EINVAL;
     }
     int *ints[] = {&g->max_new, &g->top_k, &g->groups, &g->chunk, &g->kv_cache, &g->eot};
@@ -707,12 +759,14 @@ static int gen_parse(gen_opts *g, sub_opt *so, MPI_Comm comm, char *err, size_t 
 
 /* Help text of generate (and of bench --generate). */
 static void gen_usage(FILE *out, int bench) {
-    fprintf(out, "usage: mpiexec -n P pipelm %s --init FILE|--resume CKPT (--prompt-tokens ID,ID,..|--prompt-file FILE)\n"
+    fprintf(out, "usage: mpiexec -n P pipelm %s --init FILE|--resume CKPT (--prompt TEXT|--prompt-tokens ID,..|--prompt-file FILE)\n"
                  "       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [options]\n\n"
                  "Generates from a model on P pipeline stages with a KV cache per stage; prompts are spread over\n"
                  "groups (micro-batches) that keep every stage busy. Greedy at --temperature 0.\n\n"
+                 "  --prompt TEXT         one prompt as text, encoded with --tokenizer (repeatable; first)\n"
                  "  --prompt-tokens IDS   one prompt: token ids, comma-separated\n"
                  "  --prompt-file FILE    one prompt per line (ids separated by commas or spaces)\n"
+                 "  --prompt-format F     ids (default) or text: --prompt-file's lines as text\n"
                  "  --max-new-tokens N    tokens to generate per prompt (default 32)\n"
                  "  --temperature T       0 (default): greedy; else softmax(logits / T) sampling\n"
                  "  --top-k K             sample among the K most likely tokens (0: all)\n"
@@ -722,7 +776,8 @@ static void gen_usage(FILE *out, int bench) {
                  "  --prefill-chunk N     prompt tokens per prefill step (default 64)\n"
                  "  --kv-cache 0|1        0: recompute the whole prefix every step (a reference; slow)\n"
                  "  --eot-token ID        stop a sequence at this id (default: the tokenizer's end-of-text)\n"
-                 "  --tokenizer FILE      llm.c's gpt2_tokenizer.bin: print text, not ids\n"
+                 "  --tokenizer FILE      print text, not ids: llm.c's gpt2_tokenizer.bin, or a BPE\n"
+                 "                        tokenizer.json / tiktoken file (which also encodes --prompt)\n"
                  "  --tokens-out FILE     one line per prompt: the generated ids, comma-separated\n"
                  "  --logits-out FILE     (last stage) seq,position,token,logits... per generated token\n"
                  "%s\noptions shared with train:\n", bench ? "bench --generate" : "generate",
@@ -749,9 +804,18 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     int nrest = 0, nso = bench ? 15 : 13;
     pl_options o;
     config_defaults(&o);
-    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_GENERATE, so, nso, &rest, &nrest, err, sizeof err);
+    sub_opt to[] = {{"prompt", 0, NULL}, {"prompt-format", 0, NULL}}; /* text prompts */
+    const char *names[20];
+    for (int k = 0; k < nso; k++) names[k] = so[k].name;
+    names[nso] = to[0].name, names[nso + 1] = to[1].name;
+    char **rest0 = NULL;
+    int nrest0 = 0, rc = config_check_names(argc, argv, 2, CFG_CMD_GENERATE, names, nso + 2, err, sizeof err);
+    if (rc == PL_OK) rc = sub_opts_take(argc, argv, 2, -1, to, 2, &rest0, &nrest0, err, sizeof err);
+    if (rc == PL_OK) rc = sub_opts_take(nrest0, rest0, 2, -1, so, nso, &rest, &nrest, err, sizeof err);
     if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_GENERATE, err, sizeof err);
+    if (rc == PL_OK) rc = gen_text_prompts(&g, argc, argv, so, to[1].val, err, sizeof err);
     if (rc == PL_OK) rc = gen_parse(&g, so, comm, err, sizeof err);
+    free(rest0);
     free(rest);
     if (rc == PL_OK && o.dp > 1) {
         snprintf(err, sizeof err, "generate runs one pipeline: --dp %d is not supported (use --dp 1)", o.dp);
