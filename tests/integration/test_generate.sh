@@ -109,7 +109,7 @@ else bad "torch_generate.py" "$(echo "$out" | grep -v '^ok' | head -5)"; fi
 "$MPIEXEC" -n 2 "$PIPELM" generate --max-seq-len 2048 --prompt-file p16.txt --max-new-tokens 2000 --tokens-out int.tok \
     > int.out 2>&1 &
 pid=$!
-for _ in $(seq 100); do grep -q "^data:" int.out && break; sleep 0.2; done
+for _ in $(seq 100); do grep -q "^pipeline:" int.out && break; sleep 0.2; done
 sleep 0.5
 kill -INT "$pid"
 ( sleep 60; kill -9 "$pid" 2>/dev/null ) & guard=$!
