@@ -300,6 +300,7 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     PL_TRY(recompute_modes(R, err, errlen));
     model_config lc = R->cfg; /* --tp: the stages hold this rank's slice of the blocks */
     if (R->Tp > 1) { lc.tp = R->Tp; lc.tpr = R->t; }
+    lc.moe.mb_share = (float)((double)(R->B / R->M) / R->Bg); /* a micro-batch's share of the step (MoE aux loss) */
     for (int c = 0; c < V; c++) {
         int s = sched_place_stage(R->sc.place, P, R->rank, c), nslots = sched_max_inflight_stage(&R->sc, s);
         stage *st = &R->stv[c];
