@@ -244,6 +244,12 @@ void model_tp_vocab(const model_config *c, int *lo, int *n);
  * by T. PL_EINVAL with a message naming the setting. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
 
+/* Mixtral (archs/mixtral.c): the router's statistics of this process's weight parts since the
+ * last call, which resets them: [0] the step's aux loss share (sum over its layers and
+ * micro-batches of mb_share aux / L), [1] dropped (token, expert) assignments, [2] the sum over
+ * (layer, micro-batch) of max / mean tokens per expert, [3] that count. All zero for a dense model. */
+void model_moe_stats_take(double out[4]);
+
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);
 

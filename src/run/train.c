@@ -899,6 +899,23 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
 }
 
 /* After a step: timers, validation, checkpoint, as the options ask. */
+/* A MoE model's router statistics of the step, summed over the world (model_moe_stats_take):
+ * rank 0 prints them beside the step line and writes a metrics event "moe". */
+static int report_moe(run *R, int step, int last_step) {
+    double v[4];
+    model_moe_stats_take(v);
+    if (R->cfg.moe.n_experts <= 0) return PL_OK;
+    PL_TRY(comm_allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the router statistics"));
+    if (R->rank != 0) return PL_OK;
+    double lb = v[3] > 0 ? v[2] / v[3] : 0;
+    if (step % R->o->log_every == 0 || step == last_step)
+        pl_info("moe   %5d | aux_loss %.6f (x %g) | load max/mean %.3f | dropped %.0f\n", step, v[0],
+                (double)R->cfg.moe.aux_coef, lb, v[1]);
+    metrics_line(&R->mx, "{\"event\":\"moe\",\"step\":%d,\"aux_loss\":%.9g,\"load_max_mean\":%.6g,\"dropped\":%.0f}",
+                 step, v[0], lb, v[1]);
+    return PL_OK;
+}
+
 static int after_step(run *R, const loop_state *L, int *agreed) {
     const pl_options *o = R->o;
     int step = L->step, rc;
@@ -942,6 +959,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         L->last_loss = loss;
         L->stopped = L->nw.stop_sig != 0;
         report_step(R, step, L->first_step, L->last_step, loss, lr, norm, secs, L->t_start);
+        PL_TRY(report_moe(R, step, L->last_step));
         PL_TRY(after_step(R, L, agreed));
         if (L->stopped) break;
     }

@@ -268,6 +268,7 @@ def step_loss_and_grads(cfg, params, inp, tgt, M):
         ce, aux = forward_loss(cfg, P, i, t, stats)
         total = total + (ce + cfg.aux * aux) / M
         ce_sum += float(ce) / M
+        stats["aux"] = stats.get("aux", 0.0) + float(aux) / M
     total.backward()
     g = []
     for n in names(cfg):
@@ -289,7 +290,7 @@ def reference_train(cfg, params, tokens, B, T, M, steps, hp):
         inp, tgt = batch(tokens, s, B, T)
         loss, g, st = step_loss_and_grads(cfg, params, inp, tgt, M)
         losses.append(loss)
-        drops.append(st["dropped"])
+        drops.append((st["dropped"], st["aux"]))
         g1 = g if s == 0 else g1
         t = s + 1
         for i, name in enumerate(names(cfg)):
@@ -387,12 +388,24 @@ def run_case(args, label, case, steps=5):
             print("FAIL: pipelm exited with %d" % r.returncode)
             return 1
         ref_losses, ref_grads, drops, ref_final = reference_train(cfg, params, tokens, B, T, M, steps, hp)
-        got = {}
+        got, moe = {}, {}
         for line in open(metrics):
             d = json.loads(line)
             if d.get("event") == "step":
                 got.setdefault(int(d["step"]), float(d["loss"]))
-        print("losses (relative error <= %g); tokens dropped per step by the reference: %s" % (args.loss_tol, drops))
+            if d.get("event") == "moe":
+                moe.setdefault(int(d["step"]), (int(d["dropped"]), float(d["aux_loss"])))
+        print("aux loss and dropped assignments per step (aux relative error <= %g, drops exact)" % args.loss_tol)
+        for s in range(1, steps + 1):
+            (rd, ra), (pd, pa) = drops[s - 1], moe.get(s, (-1, float("nan")))
+            e = abs(pa - ra) / abs(ra)
+            ok = e <= args.loss_tol and pd == rd
+            print("  %d  pipelm aux %.10f dropped %d  torch aux %.10f dropped %d  %s" % (s, pa, pd, ra, rd,
+                                                                                     "ok" if ok else "FAIL"))
+            if not ok:
+                fails.append("step %d: aux loss %.10g / dropped %d against %.10g / %d" % (s, pa, pd, ra, rd))
+        drops = [d for d, _ in drops]
+        print("losses (relative error <= %g)" % args.loss_tol)
         for s in range(1, steps + 1):
             ref = ref_losses[s - 1]
             if s not in got:

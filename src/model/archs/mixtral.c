@@ -429,6 +429,38 @@ static int moe_backward_input(const backend *be, const block_dims *d, float *con
     return be->rmsnorm_bwd_input(dres, dd[XD_MLPNORM], a[XA_RES2], p[X_MLPNORM], a[XA_MLPNORM_RSTD], N, C);
 }
 
+/* The router's statistics of this process's weight parts (one per layer and micro-batch of a
+ * training step), until model_moe_stats_take: the aux loss's share, the dropped assignments,
+ * the sum of max / mean tokens per expert and its count. */
+static double moe_stats[4];
+
+void model_moe_stats_take(double out[4]) {
+    memcpy(out, moe_stats, sizeof moe_stats);
+    memset(moe_stats, 0, sizeof moe_stats);
+}
+
+/* A routed micro-batch's aux loss share and load into moe_stats. */
+static void moe_stats_add(const route *r, const model_config *c) {
+    int N = r->N, E = r->E, sig = c->moe.router == MOE_ROUTER_SIGMOID_BIAS, mx = 0, dropped = 0;
+    double aux = 0, share = c->moe.mb_share > 0 ? c->moe.mb_share : 1.0;
+    for (int e = 0; e < E; e++) {
+        double P = 0;
+        for (int t = 0; t < N; t++) {
+            const float *p = r->probs + (size_t)t * E;
+            double ps = 0;
+            for (int j = 0; sig && j < E; j++) ps += p[j];
+            P += sig ? p[e] / ps : p[e];
+        }
+        aux += (double)r->cnt[e] / N * P / N;
+        mx = r->cnt[e] > mx ? r->cnt[e] : mx;
+    }
+    for (int a = 0; a < N * r->K; a++) dropped += r->slot[a] < 0;
+    moe_stats[0] += share * E * aux / c->L;
+    moe_stats[1] += dropped;
+    moe_stats[2] += mx / ((double)N * r->K / E);
+    moe_stats[3] += 1;
+}
+
 /* The sparse layer's weight part: each expert's three matrices over its rows, the router, the
  * shared experts, the norm; the sigmoid-bias router's load error into the bias's slot. */
 static int moe_backward_weight(const backend *be, const block_dims *d, float *const *g, float *const *a,
@@ -447,6 +479,7 @@ static int moe_backward_weight(const backend *be, const block_dims *d, float *co
         if (rc == PL_OK) rc = be->matmul_bwd_weight(g[X_W3] + (size_t)e * F * C, NULL, dd[XD_UP] + (size_t)o * F, xg, n, C, F);
         if (rc == PL_OK) rc = be->matmul_bwd_weight(g[X_W1] + (size_t)e * F * C, NULL, dd[XD_GATE] + (size_t)o * F, xg, n, C, F);
     }
+    if (rc == PL_OK) moe_stats_add(&r, c);
     if (rc == PL_OK && c->moe.router == MOE_ROUTER_SIGMOID_BIAS) { /* the load error, scaled (see the top) */
         for (int e = 0; e < E; e++) r.bias[e] = (float)(LOAD_SCALE * (r.cnt[e] - (double)N * c->moe.top_k / E));
         rc = be->from_host(d->x[XX_E], r.bias, (size_t)E * sizeof(float));
