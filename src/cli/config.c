@@ -67,8 +67,9 @@ static const opt_desc options[] = {
     O_INT("n-layer", n_layer, "transformer blocks L"),
     O_INT("n-head", n_head, "attention heads NH"),
     O_INT("n-embd", n_embd, "channels C"),
-    O_CHOICE("arch", arch, "gpt2|llama|mixtral", "architecture: gpt2 (llm.c GPT-2) or llama (Llama 3: RMSNorm, RoPE, "
-             "grouped-query attention, SwiGLU, untied head)"),
+    O_CHOICE("arch", arch, "gpt2|llama|mixtral", "architecture: gpt2 (llm.c GPT-2), llama (Llama 3: RMSNorm, RoPE, "
+             "grouped-query attention, SwiGLU, untied head) or mixtral (Llama 3's attention, a sparse mixture of "
+             "SwiGLU experts)"),
     O_INT("n-kv-head", n_kv_head, "(llama) key/value heads; n-head must be a multiple (0: n-head)"),
     O_DBL("ffn-dim-multiplier", ffn_dim_multiplier, "(llama) MLP hidden size factor on int(8C/3) (0: none)"),
     O_INT("multiple-of", multiple_of, "(llama) round the MLP hidden size up to a multiple of this"),

@@ -1931,9 +1931,9 @@ extern "C" const backend backend_cuda = {
     .attention_gqa_bwd = cu_attention_gqa_bwd,
     .swiglu_fwd = cu_swiglu_fwd,
     .swiglu_bwd = cu_swiglu_bwd,
+    .matmul_decode_fwd = cu_matmul_fwd, /* cuBLAS's product does not repack per call: the same op */
+    .attention_kv_fwd = cu_attention_kv_fwd,
     .moe_gather = cu_moe_gather,
     .moe_combine = cu_moe_combine,
     .moe_rowdot = cu_moe_rowdot,
-    .matmul_decode_fwd = cu_matmul_fwd, /* cuBLAS's product does not repack per call: the same op */
-    .attention_kv_fwd = cu_attention_kv_fwd,
 };
