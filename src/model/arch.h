@@ -196,6 +196,9 @@ typedef struct model_arch {
     const char *const *hf_ignore;
     int (*hf_config_read)(const void *json, const char *path, model_config *c, char *err, size_t errlen);
     void (*hf_config_write)(const model_config *c, void *json); /* the keys transformers loads */
+    /* what the Hugging Face layout cannot hold (Mixtral's shared experts, sigmoid-bias router):
+     * PL_EINVAL and a message, checked before a model is written; NULL: everything fits */
+    int (*hf_check)(const model_config *c, char *err, size_t errlen);
 } model_arch;
 
 /* The architectures, in id order; the count. */

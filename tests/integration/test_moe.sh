@@ -1,8 +1,9 @@
 #!/bin/bash
 # test_moe.sh — Mixtral (--arch mixtral, issue 38's sparse mixture-of-experts) end to end: the
 # independent torch reference (tests/reference/torch_moe.py: E = 5 top-2 with the aux loss; a
-# shared expert with the sigmoid-bias router; every token on one expert; capacity drops; 5
-# AdamW steps, every gradient, the balancing bias); mixtral-tiny bit-identical across stage
+# shared expert with the sigmoid-bias router; every token on one expert; capacity drops; the
+# model read from Hugging Face Mixtral files; 5 AdamW steps, every gradient, the aux loss and
+# the drops reported, the balancing bias); the Hugging Face round trip byte-exact; mixtral-tiny bit-identical across stage
 # counts, schedules (1f1b, zb-h1, zb-v, dualpipev, interleaved chunks), recomputation and,
 # with --grad-accum exact, data-parallel replicas; a checkpoint saved on 2 ranks resumed on 3;
 # generate the same tokens on 1, 2 and 3 ranks; the refusals named. Every mpiexec runs under
@@ -65,6 +66,18 @@ else bad "inspect" "$(tail -n 3 insp.out | tr '\n' ' ')"; fi
 if "$PIPELM" convert ref.bin ref.h5 > cv1.out 2>&1 && "$PIPELM" convert ref.h5 back.bin > cv2.out 2>&1 && cmp -s ref.bin back.bin; then
     ok "convert: Mixtral model file -> checkpoint -> model file is byte-identical"
 else bad "convert round trip" "$(cat cv1.out cv2.out | tail -n 2 | tr '\n' ' ')"; fi
+
+# Hugging Face's Mixtral layout (one tensor per expert): a softmax model through it and back
+# byte-identical in f32; the variants it cannot hold refused by name
+mpirun_t 120 1 train $COMMON --save-final sm.bin > sm.out 2>&1 || bad "softmax run" "$(tail -n 2 sm.out)"
+if "$PIPELM" convert --to hf sm.bin hfd > hf1.out 2>&1 && "$PIPELM" convert hfd hfd.h5 > hf2.out 2>&1 \
+        && "$PIPELM" convert hfd.h5 smb.bin > hf3.out 2>&1 && cmp -s sm.bin smb.bin \
+        && grep -q '"num_local_experts": 5' hfd/config.json; then
+    ok "Hugging Face Mixtral round trip (model file -> HF -> checkpoint -> model file) byte-identical in f32"
+else bad "HF round trip" "$(cat hf1.out hf2.out hf3.out | tail -n 2 | tr '\n' ' ')"; fi
+if ! "$PIPELM" convert --to hf ref.bin hfs > hfs.out 2>&1 && grep -q "cannot hold this model: shared experts" hfs.out; then
+    ok "refused: shared experts into Hugging Face's Mixtral"
+else bad "refused: shared experts to HF" "$(tail -n 2 hfs.out | tr '\n' ' ')"; fi
 
 # 4. generate with the KV cache: the same tokens on 1, 2 and 3 ranks (greedy)
 printf '1,2,3\n5 6 7 8 9\n200,100\n' > p.txt

@@ -44,6 +44,9 @@ import tempfile
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_write  # noqa: E402  (the independent safetensors writer)
+
 MODEL_MAGIC = 20261206
 TOKEN_MAGIC = 20240801
 LOAD_SCALE = 2.0 ** -40   # pipelm carries the load error in the bias's gradient slot at this scale
@@ -253,6 +256,73 @@ def forward_loss(cfg, P, inp, tgt, stats):
     return ce, torch.stack(auxes).mean()
 
 
+# ---- Hugging Face's layout: MixtralForCausalLM's tensors and config.json --------------------
+
+def hf_tensors(cfg, params):
+    """The Hugging Face names: q_proj and k_proj permuted for rotate-half RoPE (as Hugging
+    Face's conversion scripts write them), one w1 / w2 / w3 per expert, the gate."""
+    P = dict(zip(names(cfg), params))
+    Q, K, F, C = cfg.NH * cfg.HS, cfg.NKV * cfg.HS, cfg.F, cfg.C
+    t = [("model.embed_tokens.weight", P["wte"])]
+    for l in range(cfg.L):
+        p = "model.layers.%d." % l
+        qkv = P["qkv"][l]
+        t += [(p + "input_layernorm.weight", P["attn_norm"][l]),
+              (p + "self_attn.q_proj.weight", st_write.permute_rotate_half(qkv[:Q], cfg.NH)),
+              (p + "self_attn.k_proj.weight", st_write.permute_rotate_half(qkv[Q:Q + K], cfg.NKV)),
+              (p + "self_attn.v_proj.weight", qkv[Q + K:]),
+              (p + "self_attn.o_proj.weight", P["attproj"][l]),
+              (p + "post_attention_layernorm.weight", P["mlp_norm"][l]),
+              (p + "block_sparse_moe.gate.weight", P["router"][l])]
+        for e in range(cfg.E):
+            q = p + "block_sparse_moe.experts.%d." % e
+            t += [(q + "w1.weight", P["w1"][l][e * F:(e + 1) * F]), (q + "w2.weight", P["w2"][l][e * C:(e + 1) * C]),
+                  (q + "w3.weight", P["w3"][l][e * F:(e + 1) * F])]
+    t += [("model.norm.weight", P["norm_f"]), ("lm_head.weight", P["lm_head"])]
+    return t
+
+
+def hf_config(cfg):
+    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": cfg.V,
+            "hidden_size": cfg.C, "intermediate_size": cfg.F, "num_hidden_layers": cfg.L,
+            "num_attention_heads": cfg.NH, "num_key_value_heads": cfg.NKV, "head_dim": cfg.HS,
+            "max_position_embeddings": cfg.maxT, "rms_norm_eps": cfg.eps, "rope_theta": cfg.theta,
+            "num_local_experts": cfg.E, "num_experts_per_tok": cfg.K, "router_aux_loss_coef": cfg.aux,
+            "router_jitter_noise": 0.0, "sliding_window": None, "hidden_act": "silu",
+            "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
+def hf_attention_out(cfg, W, x, l):
+    """Hugging Face's attention on its own (permuted) tensors: rotate-half RoPE."""
+    B, T, C = x.shape
+    NH, NKV, HS = cfg.NH, cfg.NKV, cfg.HS
+    p = "model.layers.%d." % l
+    h = rmsnorm(x, W[p + "input_layernorm.weight"], cfg.eps)
+    q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(B, T, NH, HS)
+    k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(B, T, NKV, HS)
+    v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(B, T, NKV, HS)
+    inv = 1.0 / (cfg.theta ** (torch.arange(HS // 2, dtype=torch.float64) * 2 / HS))
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], -1)
+    c, s = torch.cos(emb)[None, :, None, :], torch.sin(emb)[None, :, None, :]
+    rot = lambda z: torch.cat([-z[..., HS // 2:], z[..., :HS // 2]], -1)
+    q, k = q * c + rot(q) * s, k * c + rot(k) * s
+    k, v = k.repeat_interleave(NH // NKV, dim=2), v.repeat_interleave(NH // NKV, dim=2)
+    att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(HS)
+    att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")).softmax(-1)
+    return x + torch.einsum("bhts,bshd->bthd", att, v).reshape(B, T, C) @ W[p + "self_attn.o_proj.weight"].T
+
+
+def hf_attention_check(cfg, params, inp):
+    """Our interleaved attention on our tensors against Hugging Face's on the permuted ones."""
+    W = {n: torch.tensor(a) for n, a in hf_tensors(cfg, params)}
+    P = {n: torch.tensor(p) for n, p in zip(names(cfg), params)}
+    x = P["wte"][torch.as_tensor(inp)]
+    with torch.no_grad():
+        a, b = attention(cfg, x, P, 0), hf_attention_out(cfg, W, x, 0)
+    return float((a - b).abs().max())
+
+
 def names(cfg):
     return [n for n, _, _, _ in cfg.shapes()]
 
@@ -347,6 +417,8 @@ CASES = {
     # every token chooses expert 0 (a balancing bias of 10 on it, top-1): the others receive none
     "skewed": dict(cfg=dict(V=61, C=36, L=2, NH=6, NKV=2, maxT=16, E=5, K=1, F=20, router=1, rate=0.01),
                    B=4, T=7, M=1, bias0=10.0),
+    # the softmax case read from Hugging Face Mixtral files (one tensor per expert, sharded)
+    "hf": dict(cfg=dict(V=61, C=36, L=2, NH=6, NKV=2, maxT=16, E=5, K=2, F=20, rate=0.001), B=4, T=7, M=2, hf=True),
     # capacity factor 1: every expert keeps ceil(N K / E) tokens, the drops deterministic
     "capacity": dict(cfg=dict(V=61, C=36, L=2, NH=6, NKV=2, maxT=16, E=5, K=2, F=20, cap=1.0), B=4, T=7, M=1),
 }
@@ -366,9 +438,17 @@ def run_case(args, label, case, steps=5):
         model, data = os.path.join(work, "model.bin"), os.path.join(work, "tokens.bin")
         metrics, gpath = os.path.join(work, "m.jsonl"), os.path.join(work, "grads.bin")
         final = os.path.join(work, "final.bin")
-        write_model(model, cfg, params)
-        write_tokens(data, tokens)
         fails = []
+        if case.get("hf"):   # the same model as Hugging Face Mixtral files, through the independent writer
+            model = os.path.join(work, "hf")
+            st_write.write_model_dir(model, hf_config(cfg), hf_tensors(cfg, params), "F32", 200000)
+            d = hf_attention_check(cfg, params, batch(tokens, 0, B, T)[0])
+            print("Hugging Face files (F32, sharded); rotate-half attention on them against ours: max diff %.2e" % d)
+            if d > 1e-12:
+                fails.append("the permuted q/k with rotate-half RoPE differ from the interleaved attention (%.2e)" % d)
+        else:
+            write_model(model, cfg, params)
+        write_tokens(data, tokens)
         inp, tgt = batch(tokens, 0, B, T)
         _, g0, _ = step_loss_and_grads(cfg, params, inp, tgt, M)
         fd = finite_difference_check(cfg, params, inp, tgt, M, g0, np.random.RandomState(5))

@@ -37,6 +37,7 @@
 #include "model/arch.h"
 #include "util/common.h"
 #include "cli/config.h"
+#include "formats/hf.h"
 #include "formats/llmc.h"
 
 enum { XE_WTE };
@@ -64,10 +65,14 @@ static const arch_param mixtral_block[] = {
     {"mlp_norm_w", P_MLPNORMW, AD_C, AD_NONE, 0, INIT_ONE, 5, AD_C, 1,
      "model.layers.%d.post_attention_layernorm.weight", -1},
     {"router_w", P_ROUTERW, AD_E, AD_C, 1, INIT_NORMAL, 6, AD_E, 1, "model.layers.%d.block_sparse_moe.gate.weight", -1},
-    /* the experts stacked by rows; Hugging Face holds one tensor per expert (not mapped yet) */
-    {"experts_w1", P_EXPW1, AD_EF, AD_C, 1, INIT_NORMAL, 7, AD_EF, 1, NULL, -1},
-    {"experts_w3", P_EXPW3, AD_EF, AD_C, 1, INIT_NORMAL, 8, AD_EF, 1, NULL, -1},
-    {"experts_w2", P_EXPW2, AD_EC, AD_F, 1, INIT_RESID, 9, AD_EC, 1, NULL, -1},
+    /* the experts stacked by rows; Hugging Face holds one tensor per expert ("%e": hf.h) */
+    {"experts_w1", P_EXPW1, AD_EF, AD_C, 1, INIT_NORMAL, 7, AD_EF, 1,
+     "model.layers.%d.block_sparse_moe.experts.%e.w1.weight", -1},
+    {"experts_w3", P_EXPW3, AD_EF, AD_C, 1, INIT_NORMAL, 8, AD_EF, 1,
+     "model.layers.%d.block_sparse_moe.experts.%e.w3.weight", -1},
+    {"experts_w2", P_EXPW2, AD_EC, AD_F, 1, INIT_RESID, 9, AD_EC, 1,
+     "model.layers.%d.block_sparse_moe.experts.%e.w2.weight", -1},
+    /* DeepSeek-V3's variants: not in Hugging Face's Mixtral (mixtral_hf_check refuses them) */
     {"router_bias", P_ROUTERB, AD_E, AD_NONE, 0, INIT_ZERO, 10, AD_E, 0, NULL, -1}, /* UPDATE_SIGN (arch.c) */
     {"shared_w1", P_SHW1, AD_SF, AD_C, 1, INIT_NORMAL, 11, AD_SF, 1, NULL, -1},
     {"shared_w3", P_SHW3, AD_SF, AD_C, 1, INIT_NORMAL, 12, AD_SF, 1, NULL, -1},
@@ -763,6 +768,83 @@ static int mixtral_of_attrs(const long long *k, const long long *li, const doubl
     return PL_OK;
 }
 
+/* ---- Hugging Face's MixtralForCausalLM ---- */
+
+#define MIXTRAL_HF_MAX_EXPERTS 64 /* hf_internal.h's HF_MAX_EXPERTS: the parts one tensor splits into */
+
+static int mixtral_hf_check(const model_config *c, char *err, size_t errlen) {
+    const moe_config *m = &c->moe;
+    if (m->shared == 0 && m->router == MOE_ROUTER_SOFTMAX && m->capacity == 0 && m->n_experts <= MIXTRAL_HF_MAX_EXPERTS)
+        return PL_OK;
+    snprintf(err, errlen, "Hugging Face's Mixtral cannot hold this model: %s (pipelm's own model files and "
+             "checkpoints hold it)", m->shared ? "shared experts (--shared-experts)" :
+             m->router != MOE_ROUTER_SOFTMAX ? "the sigmoid-bias router" : m->capacity != 0 ?
+             "a capacity factor (Mixtral is dropless)" : "more than 64 experts");
+    return PL_EINVAL;
+}
+
+/* MixtralForCausalLM's config.json: the dimensions, the experts, rms_norm_eps, rope_theta,
+ * router_aux_loss_coef; what pipelm's Mixtral is not (a tied head, a sliding window shorter
+ * than the context, router jitter, head_dim other than C / NH) refused by key. */
+static int mixtral_hf_config(const void *j, const char *path, model_config *cfg, char *err, size_t errlen) {
+    long long V = 0, T = 0, L = 0, NH = 0, NKV = -1, C = 0, F = 0, E = 0, K = 2, hd = -1, sw = -1;
+    double eps = 1e-5, theta = 1e6, aux = 0.001, jitter = 0;
+    int tie = 0;
+    PL_TRY(hf_json_int(j, path, "vocab_size", 1, 2, 1 << 24, &V, err, errlen));
+    PL_TRY(hf_json_int(j, path, "max_position_embeddings", 1, 1, 1 << 20, &T, err, errlen));
+    PL_TRY(hf_json_int(j, path, "hidden_size", 1, 1, 65536, &C, err, errlen));
+    PL_TRY(hf_json_int(j, path, "intermediate_size", 1, 1, 1 << 20, &F, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_hidden_layers", 1, 1, 10000, &L, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_attention_heads", 1, 1, 65536, &NH, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_key_value_heads", 0, 1, 65536, &NKV, err, errlen));
+    PL_TRY(hf_json_int(j, path, "head_dim", 0, 1, 65536, &hd, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_local_experts", 1, 1, MIXTRAL_HF_MAX_EXPERTS, &E, err, errlen));
+    PL_TRY(hf_json_int(j, path, "num_experts_per_tok", 0, 1, MIXTRAL_HF_MAX_EXPERTS, &K, err, errlen));
+    PL_TRY(hf_json_int(j, path, "sliding_window", 0, 1, 1LL << 40, &sw, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rms_norm_eps", 0, 1e-30, 1, &eps, err, errlen));
+    PL_TRY(hf_json_num(j, path, "rope_theta", 0, 1, 1e30, &theta, err, errlen));
+    PL_TRY(hf_json_num(j, path, "router_aux_loss_coef", 0, 0, 1e3, &aux, err, errlen));
+    PL_TRY(hf_json_num(j, path, "router_jitter_noise", 0, 0, 1e3, &jitter, err, errlen));
+    PL_TRY(hf_json_bool(j, path, "tie_word_embeddings", &tie, err, errlen));
+    const char *act = hf_json_str(j, "hidden_act");
+    const char *bad = tie ? "tie_word_embeddings" : jitter != 0 ? "router_jitter_noise" : hd != -1 && hd * NH != C ?
+                      "head_dim" : act && strcmp(act, "silu") != 0 ? "hidden_act" : sw != -1 && sw < T ?
+                      "sliding_window" : NULL;
+    if (bad) {
+        snprintf(err, errlen, "%s: %s is not what pipelm's Mixtral is (untied, no router jitter, head_dim = hidden_size "
+                 "/ num_attention_heads, silu, no sliding window shorter than max_position_embeddings)", path, bad);
+        return PL_EIO;
+    }
+    moe_config m = {(int)E, (int)K, (int)F, 0, MOE_ROUTER_SOFTMAX, (float)aux, 0.001f, 0, 0};
+    char e2[600];
+    if (mixtral_make(cfg, (int)V, (int)T, (int)L, (int)NH, (int)(NKV < 0 ? NH : NKV), (int)C, (float)eps, (float)theta,
+                     &m, CFG_NAME_ATTR, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "%s: %s", path, e2);
+        return PL_EIO;
+    }
+    return PL_OK;
+}
+
+static void mixtral_hf_config_write(const model_config *c, void *j) {
+    hf_json_set_str(j, "architectures", "MixtralForCausalLM");
+    hf_json_set_int(j, "vocab_size", c->V);
+    hf_json_set_int(j, "hidden_size", c->C);
+    hf_json_set_int(j, "intermediate_size", c->moe.ffn);
+    hf_json_set_int(j, "num_hidden_layers", c->L);
+    hf_json_set_int(j, "num_attention_heads", c->NH);
+    hf_json_set_int(j, "num_key_value_heads", c->NKV);
+    hf_json_set_int(j, "head_dim", c->C / c->NH);
+    hf_json_set_int(j, "max_position_embeddings", c->maxT);
+    hf_json_set_int(j, "num_local_experts", c->moe.n_experts);
+    hf_json_set_int(j, "num_experts_per_tok", c->moe.top_k);
+    hf_json_set_float(j, "router_aux_loss_coef", c->moe.aux_coef);
+    hf_json_set_float(j, "router_jitter_noise", 0.0f);
+    hf_json_set_float(j, "rms_norm_eps", c->llama.norm_eps);
+    hf_json_set_float(j, "rope_theta", c->llama.rope_theta);
+    hf_json_set_str(j, "hidden_act", "silu");
+    hf_json_set_bool(j, "tie_word_embeddings", 0);
+}
+
 const model_arch arch_mixtral = {
     .name = "mixtral", .id = MODEL_MIXTRAL,
     .embed = ARCH_ROWS(mixtral_embed), .block = ARCH_ROWS(mixtral_block), .head = ARCH_ROWS(mixtral_head),
@@ -784,5 +866,6 @@ const model_arch arch_mixtral = {
     .block_decode = mixtral_block_decode, .embed_decode = mixtral_embed_decode,
     .llmc_zeros = {{NULL, 0}, {NULL, 0}, {NULL, 0}},
     .llmc_options = NULL,
-    .hf_model_type = NULL, .hf_ignore = NULL, .hf_config_read = NULL, .hf_config_write = NULL,
+    .hf_model_type = "mixtral", .hf_ignore = NULL, .hf_config_read = mixtral_hf_config,
+    .hf_config_write = mixtral_hf_config_write, .hf_check = mixtral_hf_check,
 };
