@@ -1815,17 +1815,17 @@ static int cu_swiglu_bwd(float *dup, float *dgate, const float *dout, const floa
 
 static int cu_moe_gather(float *out, const float *x, const int *rows, const float *scale, int M, int C) {
     OP("moe_gather", "M=%lld C=%lld", M, C, 0, 0);
-    if ((size_t)M * C) KERNEL(k_moe_gather, ew_grid((size_t)M * C), EW_THREADS, out, x, rows, scale, M, C);
+    if ((size_t)M * C > 0) KERNEL(k_moe_gather, ew_grid((size_t)M * C), EW_THREADS, out, x, rows, scale, M, C);
     return 0;
 }
 static int cu_moe_combine(float *out, const float *y, const int *slot, const float *w, int N, int K, int C) {
     OP("moe_combine", "N=%lld K=%lld C=%lld", N, K, C, 0);
-    if ((size_t)N * C) KERNEL(k_moe_combine, ew_grid((size_t)N * C), EW_THREADS, out, y, slot, w, N, K, C);
+    if ((size_t)N * C > 0) KERNEL(k_moe_combine, ew_grid((size_t)N * C), EW_THREADS, out, y, slot, w, N, K, C);
     return 0;
 }
 static int cu_moe_rowdot(float *dw, const float *dout, const float *y, const int *slot, int N, int K, int C) {
     OP("moe_rowdot", "N=%lld K=%lld C=%lld", N, K, C, 0);
-    if ((size_t)N * K) KERNEL(k_moe_rowdot, ew_grid((size_t)N * K), EW_THREADS, dw, dout, y, slot, N, K, C);
+    if ((size_t)N * K > 0) KERNEL(k_moe_rowdot, ew_grid((size_t)N * K), EW_THREADS, dw, dout, y, slot, N, K, C);
     return 0;
 }
 
