@@ -51,6 +51,11 @@ if mpirun_t 120 2 train $COMMON $VAR --grad-accum exact --dp 2 --microbatches 2 
         && cmp -s ex1.bin ex2.bin && [ "$(losses ex1.jsonl)" = "$(losses ex2.jsonl)" ]; then
     ok "--grad-accum exact: D = 2 bit-identical to one process"
 else bad "exact D=2" "$(tail -n 2 ex2.out | tr '\n' ' ')"; fi
+if mpirun_t 120 4 train $COMMON $VAR --grad-accum exact --dp 2 --stages 2 --zero 1 --schedule zb-h1 --microbatches 2 \
+        --metrics ex4.jsonl --save-final ex4.bin > ex4.out 2>&1 && cmp -s ex1.bin ex4.bin \
+        && [ "$(losses ex1.jsonl)" = "$(losses ex4.jsonl)" ]; then
+    ok "--grad-accum exact: D x P = 2 x 2, ZeRO-1 (the bias's sign step on its shard), zb-h1 bit-identical to one process"
+else bad "exact D=2 P=2 ZeRO-1" "$(tail -n 2 ex4.out | tr '\n' ' ')"; fi
 
 # 3. a checkpoint saved on 2 ranks, resumed on 3, continues bit-identically
 mpirun_t 120 2 train $COMMON $VAR --ckpt-dir ck --ckpt-every 2 --metrics a.jsonl > a.out 2>&1 || bad "save on 2" "$(tail -n 2 a.out)"
