@@ -193,33 +193,45 @@ static void route_scores(route *r, int router) {
     }
 }
 
-/* Is assignment a (t K + k) of expert e kept over b under a capacity? Higher weight first,
- * then the earlier token. */
-static int keeps_before(const route *r, int a, int b) {
-    if (r->topw[a] != r->topw[b]) return r->topw[a] > r->topw[b];
-    return a < b;
+/* An assignment (t K + k) and its router weight, for the capacity's order. */
+typedef struct {
+    float w;
+    int a;
+} ranked;
+
+/* Kept first: the higher weight, then the earlier token (the lower assignment index). */
+static int ranked_cmp(const void *x, const void *y) {
+    const ranked *p = x, *q = y;
+    if (p->w != q->w) return p->w > q->w ? -1 : 1;
+    return (p->a > q->a) - (p->a < q->a);
 }
 
 /* Capacity: each expert keeps its cap best assignments (slot -1 marks the dropped). */
-static void route_capacity(route *r, float capacity) {
+static int route_capacity(route *r, float capacity) {
     int E = r->E, K = r->K, N = r->N;
-    if (capacity <= 0) return;
+    if (capacity <= 0) return PL_OK;
     long long cap = (long long)ceil((double)capacity * N * K / E);
+    ranked *v = malloc(sizeof *v * ((size_t)N * K + 1));
+    if (!v) return PL_ENOMEM;
     for (int e = 0; e < E; e++) {
         if (r->cnt[e] <= cap) continue;
-        for (int a = 0; a < N * K; a++) { /* rank of a among its expert's assignments */
-            if (r->topi[a] != e) continue;
-            long long better = 0;
-            for (int b = 0; b < N * K; b++) better += r->topi[b] == e && b != a && keeps_before(r, b, a);
-            if (better >= cap) { r->slot[a] = -1; r->dropped++; }
+        int n = 0;
+        for (int a = 0; a < N * K; a++)
+            if (r->topi[a] == e) v[n++] = (ranked){r->topw[a], a};
+        qsort(v, (size_t)n, sizeof *v, ranked_cmp);
+        for (int i = (int)cap; i < n; i++) {
+            r->slot[v[i].a] = -1;
+            r->dropped++;
         }
     }
+    free(v);
+    return PL_OK;
 }
 
 /* Route a micro-batch whose logits (and the bias) are in r: scores, choices, capacity (drops:
  * 0 in decoding, which is dropless), and the expert-contiguous order (each expert's tokens
  * ascending). */
-static void route_build(route *r, const model_config *c, int drops) {
+static int route_build(route *r, const model_config *c, int drops) {
     int E = r->E, K = r->K, N = r->N, sig = c->moe.router == MOE_ROUTER_SIGMOID_BIAS;
     route_scores(r, c->moe.router);
     memset(r->cnt, 0, sizeof(int) * (size_t)E);
@@ -229,7 +241,7 @@ static void route_build(route *r, const model_config *c, int drops) {
     }
     for (int a = 0; a < N * K; a++) r->slot[a] = 0;
     r->dropped = 0;
-    if (drops) route_capacity(r, c->moe.capacity);
+    if (drops) PL_TRY(route_capacity(r, c->moe.capacity));
     r->M = 0;
     for (int e = 0; e < E; e++) {
         r->off[e] = r->M;
@@ -241,6 +253,7 @@ static void route_build(route *r, const model_config *c, int drops) {
             }
     }
     r->off[E] = r->M;
+    return PL_OK;
 }
 
 /* Rebuild the expert order of a routed micro-batch from its kept choices (topi, topw, slot
@@ -305,8 +318,8 @@ static int moe_forward(const backend *be, const block_dims *d, float *const *p, 
     int rc = be->matmul_fwd(d->x[XX_E], a[XA_MLPNORM], p[X_ROUTER], NULL, N, C, E); // logits (N, E)
     if (rc == PL_OK) rc = be->to_host(r.logits, d->x[XX_E], (size_t)N * E * sizeof(float));
     if (rc == PL_OK) rc = be->to_host(r.bias, p[X_RBIAS], (size_t)E * sizeof(float));
+    if (rc == PL_OK) rc = route_build(&r, c, drops);
     if (rc == PL_OK) {
-        route_build(&r, c, drops);
         size_t nk = (size_t)N * K * sizeof(float);
         rc = be->from_host(a[XA_PROBS], r.probs, (size_t)N * E * sizeof(float));
         if (rc == PL_OK) rc = be->from_host(a[XA_TOPW], r.topw, nk);
