@@ -86,11 +86,13 @@ else bad "refused: shared experts to HF" "$(tail -n 2 hfs.out | tr '\n' ' ')"; f
 
 # 4. generate with the KV cache: the same tokens on 1, 2 and 3 ranks (greedy)
 printf '1,2,3\n5 6 7 8 9\n200,100\n' > p.txt
+GX=("" "--prefill-chunk 4" "--groups 2") # other item sizes: the experts' rows per item differ
 for P in 1 2 3; do
-    mpirun_t 120 $P generate --init ref.bin --prompt-file p.txt --max-new-tokens 8 --tokens-out g$P.tok > g$P.out 2>&1 \
-        || bad "generate P=$P" "$(tail -n 2 g$P.out | tr '\n' ' ')"
+    mpirun_t 120 $P generate --init ref.bin --prompt-file p.txt --max-new-tokens 8 --tokens-out g$P.tok ${GX[$((P - 1))]} \
+        > g$P.out 2>&1 || bad "generate P=$P" "$(tail -n 2 g$P.out | tr '\n' ' ')"
 done
-[ -s g1.tok ] && cmp -s g1.tok g2.tok && cmp -s g1.tok g3.tok && ok "generate: the same tokens on 1, 2 and 3 ranks" \
+[ -s g1.tok ] && cmp -s g1.tok g2.tok && cmp -s g1.tok g3.tok \
+    && ok "generate: the same tokens on 1, 2 (prefill chunks of 4) and 3 ranks (2 groups)" \
     || bad "generate" "$(paste -d' ' g1.tok g2.tok g3.tok | head -2)"
 
 # 5. refusals, each naming the setting

@@ -278,20 +278,25 @@ static void route_from_slots(route *r) {
 
 /* ---- the MoE layer ---- */
 
+/* A forward product: matmul_fwd, or in decoding matmul_decode_fwd (each row's result
+ * independent of how many rows an expert gets, so a decode's bits do not depend on the items). */
+typedef int (*mm_fn)(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC);
+
 /* The per-expert products of the dispatched rows: up, gate, product, expert output. */
-static int experts_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, const route *r) {
+static int experts_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, const route *r,
+                           mm_fn mm) {
     int C = d->C, F = d->cfg->moe.ffn;
     for (int e = 0; e < r->E; e++) {
         int o = r->off[e], n = r->off[e + 1] - o;
         if (!n) continue; /* an expert no token chose */
         const float *xg = a[XA_XG] + (size_t)o * C;                     // (n, C)
-        PL_TRY(be->matmul_fwd(a[XA_UP] + (size_t)o * F, xg, p[X_W3] + (size_t)e * F * C, NULL, n, C, F));
-        PL_TRY(be->matmul_fwd(a[XA_GATE] + (size_t)o * F, xg, p[X_W1] + (size_t)e * F * C, NULL, n, C, F));
+        PL_TRY(mm(a[XA_UP] + (size_t)o * F, xg, p[X_W3] + (size_t)e * F * C, NULL, n, C, F));
+        PL_TRY(mm(a[XA_GATE] + (size_t)o * F, xg, p[X_W1] + (size_t)e * F * C, NULL, n, C, F));
     }
     PL_TRY(be->swiglu_fwd(a[XA_PROD], a[XA_UP], a[XA_GATE], (size_t)r->M * F)); // (M, F)
     for (int e = 0; e < r->E; e++) {
         int o = r->off[e], n = r->off[e + 1] - o;
-        if (n) PL_TRY(be->matmul_fwd(a[XA_Y] + (size_t)o * C, a[XA_PROD] + (size_t)o * F, p[X_W2] + (size_t)e * C * F,
+        if (n) PL_TRY(mm(a[XA_Y] + (size_t)o * C, a[XA_PROD] + (size_t)o * F, p[X_W2] + (size_t)e * C * F,
                                      NULL, n, F, C)); // (n, C)
     }
     return PL_OK;
@@ -299,23 +304,24 @@ static int experts_forward(const backend *be, const block_dims *d, float *const 
 
 /* out(N,C) = the shared experts of h, or zeros. */
 static int shared_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, const float *h,
-                          float *out) {
+                          float *out, mm_fn mm) {
     int N = d->N, C = d->C, SF = d->cfg->moe.shared * d->cfg->moe.ffn;
     if (!SF) return be->zero(out, (size_t)N * C * sizeof(float));
-    PL_TRY(be->matmul_fwd(a[XA_SUP], h, p[X_SW3], NULL, N, C, SF));   // (N, SF)
-    PL_TRY(be->matmul_fwd(a[XA_SGATE], h, p[X_SW1], NULL, N, C, SF)); // (N, SF)
+    PL_TRY(mm(a[XA_SUP], h, p[X_SW3], NULL, N, C, SF));   // (N, SF)
+    PL_TRY(mm(a[XA_SGATE], h, p[X_SW1], NULL, N, C, SF)); // (N, SF)
     PL_TRY(be->swiglu_fwd(a[XA_SPROD], a[XA_SUP], a[XA_SGATE], (size_t)N * SF));
-    return be->matmul_fwd(out, a[XA_SPROD], p[X_SW2], NULL, N, SF, C); // (N, C)
+    return mm(out, a[XA_SPROD], p[X_SW2], NULL, N, SF, C); // (N, C)
 }
 
 /* The sparse layer on h = a[MLPNORM]: res3 = res2 + shared(h) + the tokens' experts (drops:
- * the capacity applies; 0 in decoding). */
+ * training's forward, the capacity applies; 0: decoding, dropless, matmul_decode_fwd). */
 static int moe_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, int drops) {
     const model_config *c = d->cfg;
     int N = d->N, C = d->C, E = c->moe.n_experts, K = c->moe.top_k;
+    mm_fn mm = drops ? be->matmul_fwd : be->matmul_decode_fwd; /* drops: training's forward, else decoding */
     route r;
     PL_TRY(route_alloc(&r, N, E, K));
-    int rc = be->matmul_fwd(d->x[XX_E], a[XA_MLPNORM], p[X_ROUTER], NULL, N, C, E); // logits (N, E)
+    int rc = mm(d->x[XX_E], a[XA_MLPNORM], p[X_ROUTER], NULL, N, C, E); // logits (N, E)
     if (rc == PL_OK) rc = be->to_host(r.logits, d->x[XX_E], (size_t)N * E * sizeof(float));
     if (rc == PL_OK) rc = be->to_host(r.bias, p[X_RBIAS], (size_t)E * sizeof(float));
     if (rc == PL_OK) rc = route_build(&r, c, drops);
@@ -328,8 +334,8 @@ static int moe_forward(const backend *be, const block_dims *d, float *const *p, 
         if (rc == PL_OK) rc = be->from_host(d->x[XX_K], r.rows, (size_t)r.M * sizeof(int));
     }
     if (rc == PL_OK) rc = be->moe_gather(a[XA_XG], a[XA_MLPNORM], (const int *)d->x[XX_K], NULL, r.M, C); // (M, C)
-    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r);
-    if (rc == PL_OK) rc = shared_forward(be, d, p, a, a[XA_MLPNORM], a[XA_RES3]);
+    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r, mm);
+    if (rc == PL_OK) rc = shared_forward(be, d, p, a, a[XA_MLPNORM], a[XA_RES3], mm);
     if (rc == PL_OK) rc = be->moe_combine(a[XA_RES3], a[XA_Y], (const int *)a[XA_SLOT], a[XA_TOPW], N, K, C);
     if (rc == PL_OK) rc = be->residual_fwd(a[XA_RES3], a[XA_RES3], a[XA_RES2], (size_t)N * C);
     free(r.mem);
