@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prepare what bench/gpu_check.sh needs on the lent GPU machine, which has nvcc and PyTorch but
 # no MPICH, OpenBLAS, parallel HDF5, inih or Check, no autotools, and no network:
-#   .debs/*.deb         Debian 12 packages (the list of ../shared/notes/device.md, plus Check,
+#   .debs/*.deb         Debian 12 packages (the runtime and -dev packages listed in PKGS below, plus Check,
 #                       pkgconf and make in case the machine lacks them), fetched with
 #                       `apt-get download` (no install; run `apt-get update` first if it fails);
 #   .debs/autotools/    the generated configure, Makefile.in, config.h.in, aclocal.m4 and

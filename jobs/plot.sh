@@ -13,7 +13,7 @@
 #       black ticks. Time in ms on x; FROM_MS TO_MS zoom in (e.g. on one step).
 #
 # Inputs are parsed with awk: pipelm writes one JSON object per line (metrics:
-# docs/formats.md §6; trace: src/run/trace.c).
+# docs/formats.md §6; trace: src/pipeline/trace.c).
 set -euo pipefail
 
 me=plot.sh

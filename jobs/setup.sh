@@ -3,11 +3,14 @@
 # pipelm in ./build. With --test, also run the test suite's plain tier (make check: every unit,
 # multi-rank and reference test, a few minutes on 2 cores) and print the per-test summaries.
 # With --test --full (what .ci/run does): the full tier (PIPELM_TEST_FULL=1: the slow checks
-# too, docs/testing.md), then the sanitizer stage (the full tier in ./build-asan, configured
-# --enable-sanitizers) and the fuzz stage (tests/fuzz/run.sh: every fuzz target for
-# FUZZ_SECONDS, default 60, in ./build-fuzz) and the cuda-emu stage (tests/lib/cuda_emu.sh: the
-# CUDA kernels under the host emulation). PIPELM_CI_STAGES picks stages (default "tests", or
-# "tests sanitizers fuzz cuda-emu" with --full); PIPELM_TEST_JOBS tests run at once (default 2).
+# too, docs/testing.md), then the sanitizer stage (the plain tier in ./build-asan, configured
+# --enable-sanitizers: every C path the tests reach, without the full tier's larger sizes), the
+# fuzz stage (tests/fuzz/run.sh: every fuzz target for FUZZ_SECONDS, default 20 here, in
+# ./build-fuzz; longer campaigns by hand: make fuzz), the cuda-emu stage (tests/lib/cuda_emu.sh:
+# the CUDA kernels under the host emulation) and the dist stage (make distcheck: the tarball
+# builds and its style and unit tests pass). PIPELM_CI_STAGES picks stages (default "tests", or
+# "tests sanitizers fuzz cuda-emu dist" with --full); PIPELM_TEST_JOBS tests run at once
+# (default 2). docs/testing.md says why each stage covers what it does.
 # Exits non-zero if any stage fails; prints each stage's time as it ends, and all of them last.
 # PIPELM_BUILD names the build directory instead of build (then BUILD-asan and BUILD-fuzz).
 # Safe to run again: installed packages and a configured build are reused.
@@ -80,7 +83,7 @@ if [ "${1:-}" = "--test" ]; then
     status=0
     full=0
     [ "${2:-}" = "--full" ] && full=1
-    if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz cuda-emu}; else stages=${PIPELM_CI_STAGES:-tests}; fi
+    if [ $full -eq 1 ]; then stages=${PIPELM_CI_STAGES:-tests sanitizers fuzz cuda-emu dist}; else stages=${PIPELM_CI_STAGES:-tests}; fi
     # the full mode runs the tests' full tier (docs/testing.md), in both test stages
     [ $full -eq 1 ] && export PIPELM_TEST_FULL=1
     # tests at once: each works in its own directory, shares no file or port (docs/testing.md)
@@ -102,7 +105,7 @@ if [ "${1:-}" = "--test" ]; then
             (mkdir -p "$asan" && cd "$asan" &&
                 { [ -f Makefile ] || ../configure --enable-sanitizers; } && make -j"$(nproc)") || rc=$?
             if [ $rc -eq 0 ]; then
-                (cd "$asan" && make -j"$jobs" check) || rc=$?
+                (cd "$asan" && PIPELM_TEST_FULL=${PIPELM_SAN_FULL:-0} make -j"$jobs" check) || rc=$?
                 [ $rc -eq 0 ] || { echo "setup: sanitizer make check failed"; cat "$asan/test-suite.log" || true; }
                 for r in $(find "$asan/tests" -name '*.san.*' -type f | sort); do
                     echo "== sanitizer report $r"; cat "$r"; rc=1
@@ -112,13 +115,19 @@ if [ "${1:-}" = "--test" ]; then
             echo "sanitizer tests: $(counts "$asan/tests")"
             ;;
         fuzz)
-            FUZZ_BUILD="$top/$build-fuzz" "$top/tests/fuzz/run.sh" || rc=$?
+            FUZZ_SECONDS=${FUZZ_SECONDS:-20} FUZZ_BUILD="$top/$build-fuzz" "$top/tests/fuzz/run.sh" || rc=$?
             ;;
         cuda-emu)
             # the CUDA backend's kernels under the host emulation (no GPU needed): test_cuda's
             # plain cases and the conformance test, ASan + UBSan (the full-tier sizes take
             # many more minutes: run them by hand with PIPELM_TEST_FULL=1)
             PIPELM_TEST_FULL=0 "$top/tests/lib/cuda_emu.sh" . || rc=$?
+            ;;
+        dist)
+            # the release tarball: complete (dist-hook refuses a file missing from Makefile.am),
+            # builds out of tree and read-only, and its style and unit tests pass
+            make distcheck DISTCHECK_CONFIGURE_FLAGS= \
+                TESTS="tests/unit/test_style.sh tests/unit/test_sched tests/unit/test_model tests/unit/test_crc" || rc=$?
             ;;
         *) echo "setup: unknown stage '$stage' in PIPELM_CI_STAGES"; rc=1 ;;
         esac

@@ -13,6 +13,7 @@
 #include <string.h>
 #include "pipelm/backend.h"
 #include "util/common.h"
+#include "util/hooks.h"
 
 #ifdef HAVE_ONEDNN
 #include "backend/onednn/onednn_auto.h" /* backend_onednn_auto */
@@ -167,7 +168,7 @@ void backend_fail_alloc_after(long k) { fail_countdown = k > 0 ? k : 0; }
  * makes the k-th allocation of the process fail, for the failure-path tests). */
 int backend_alloc_should_fail(void) {
     if (fail_countdown < 0) {
-        const char *e = getenv("PIPELM_FAIL_ALLOC");
+        const char *e = hooks_env("PIPELM_FAIL_ALLOC");
         fail_countdown = e ? atol(e) : 0;
         if (fail_countdown < 0) fail_countdown = 0;
     }

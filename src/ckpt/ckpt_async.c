@@ -24,6 +24,7 @@
 #include "ckpt/ckpt_async.h"
 #include "ckpt/ckpt_internal.h"
 #include "util/common.h"
+#include "util/hooks.h"
 
 struct ckpt_async {
     MPI_Comm comm;              /* the writer's own duplicate of the job's communicator */
@@ -198,10 +199,10 @@ static void *writer_main(void *arg) {
     struct sched_param sp = {0};
     if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0) { /* normal priority */ }
     ckpt_write_piece = 4u << 20; /* MPI-IO writes of 4 MiB: the training thread's MPI calls get in between */
-    const char *e = getenv("PIPELM_CKPT_ASYNC_PIECE"); /* test-only: bytes per write */
+    const char *e = hooks_env("PIPELM_CKPT_ASYNC_PIECE"); /* bytes per write */
     if (e && atol(e) > 0) ckpt_write_piece = (size_t)atol(e);
     if (a->live_st) { /* deferred: copy first (host memory), then let the optimizer go on */
-        const char *d = getenv("PIPELM_CKPT_ASYNC_COPY_DELAY_MS"); /* test-only: a slow copy */
+        const char *d = hooks_env("PIPELM_CKPT_ASYNC_COPY_DELAY_MS"); /* a slow copy */
         long ms = d ? atol(d) : 0;
         if (ms > 0) {
             struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "ckpt/ckpt_internal.h"
+#include "util/args.h"
 #include "util/common.h"
 #include "cli/config.h"
 #include "util/crc32c.h"
@@ -159,18 +160,29 @@ static int any_to_hf(const char *in, int kind, const char *out, int dtype, size_
 /* convert's options before IN OUT: --to hf, --dtype f32|bf16, --shard-size BYTES; the index
  * of IN, or -1 (a message printed). */
 static int convert_opts(int argc, char **argv, int first, int *to_hf, int *dtype, size_t *shard) {
+    static const char *const names[] = {"to", "dtype", "shard-size"};
+    char err[512];
     int i = first;
-    for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
-        const char *v = argv[i + 1];
+    if (args_check_names(argc, argv, first, names, 3, "convert", err, sizeof err) != PL_OK) {
+        pl_error("%s", err);
+        return -1;
+    }
+    for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+        int k;
+        const char *v;
         char *end = NULL;
-        if (strcmp(argv[i], "--to") == 0 && strcmp(v, "hf") == 0) *to_hf = 1;
-        else if (strcmp(argv[i], "--dtype") == 0 && (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0))
+        if (args_next(argc, argv, &i, names, 3, "convert", &k, &v, err, sizeof err) != PL_OK) {
+            pl_error("%s", err);
+            return -1;
+        }
+        if (k == 0 && strcmp(v, "hf") == 0) *to_hf = 1;
+        else if (k == 1 && (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0))
             *dtype = strcmp(v, "f32") == 0 ? ST_F32 : ST_BF16;
-        else if (strcmp(argv[i], "--shard-size") == 0 && (*shard = strtoull(v, &end, 10), end && !*end && v[0] != '-'))
+        else if (k == 2 && (*shard = strtoull(v, &end, 10), end && !*end && v[0] != '-'))
             continue;
         else {
-            pl_error("convert: %s %s is not an option of convert (--to hf, --dtype f32|bf16, --shard-size BYTES)",
-                     argv[i], v);
+            pl_error("convert: --%s %s is not a valid value (--to hf, --dtype f32|bf16, --shard-size BYTES)",
+                     k >= 0 ? names[k] : "help", v ? v : "");
             return -1;
         }
     }

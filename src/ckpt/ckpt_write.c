@@ -46,13 +46,14 @@
 #include <unistd.h>
 #include "ckpt/ckpt_internal.h"
 #include "util/common.h"
+#include "util/hooks.h"
 
 /* ---- failure injection ------------------------------------------------------------------ */
 
 
 /* Parse PIPELM_CKPT_FAIL: mode and the rank that fails (default the last rank). */
 int ckpt_fail_mode(int size, int *who, h5ctx *cx) {
-    const char *s = getenv("PIPELM_CKPT_FAIL");
+    const char *s = hooks_env("PIPELM_CKPT_FAIL");
     *who = size - 1;
     if (!s || !s[0]) return FAIL_NONE;
     int mode = strncmp(s, "write", 5) == 0 ? FAIL_WRITE : strncmp(s, "rename", 6) == 0 ? FAIL_RENAME

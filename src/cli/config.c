@@ -38,25 +38,45 @@
 
 typedef enum { OPT_INT, OPT_LL, OPT_DBL, OPT_STR } opt_type;
 
-/* scope: 0 train and bench, 1 bench only; optional: the value may be left out (then
- * `optional_default` is stored), as in a bare --resume; choices: NULL, or the values a string
- * option may take, '|'-separated, checked as it is parsed. */
+/* scope: the subcommands that take the option (CFG_CMD_* bits: CMDS_RUN for everything a
+ * run reads, CMDS_TRAIN for what only training and its benchmark use, CMDS_BENCH for the
+ * benchmark's own); optional: the value may be left out (then `optional_default` is stored),
+ * as in a bare --resume or --ckpt-async; choices: NULL, or the values a string option may
+ * take, '|'-separated, checked as it is parsed. */
 typedef struct {
     const char *name;
     opt_type type;
     size_t offset, size;
     const char *help;
-    int scope;
+    unsigned scope;
     const char *optional_default;
     const char *choices;
 } opt_desc;
 
-#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, 0, NULL, NULL}
-#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h, 0, NULL, NULL}
-#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, 0, NULL, NULL}
-#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL, NULL}
-#define O_CHOICE(n, f, c, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 0, NULL, c}
-#define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, 1, NULL, NULL}
+#define CMD_BIT(c) (1 << (c))
+#define CMDS_BENCH (CMD_BIT(CFG_CMD_BENCH) | CMD_BIT(CFG_CMD_TUNE))
+#define CMDS_TRAIN (CMD_BIT(CFG_CMD_TRAIN) | CMDS_BENCH)
+#define CMDS_RUN (CMDS_TRAIN | CMD_BIT(CFG_CMD_EVAL) | CMD_BIT(CFG_CMD_GENERATE))
+#define O_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_RUN, NULL, NULL}
+#define O_LL(n, f, h) {n, OPT_LL, offsetof(pl_options, f), sizeof(long long), h, CMDS_RUN, NULL, NULL}
+#define O_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, CMDS_RUN, NULL, NULL}
+#define O_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_RUN, NULL, NULL}
+#define O_CHOICE(n, f, c, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_RUN, NULL, c}
+#define O_BENCH(n, t, f, h) {n, t, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_BENCH, NULL, NULL}
+/* a 0/1 switch: a bare --NAME is --NAME 1 */
+#define O_FLAG(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_RUN, "1", NULL}
+/* a test hook (util/hooks.h): taken by the subcommands in scope, never listed by --help */
+#define HIDDEN (1u << 30)
+#define OH_INT(n, f, sc, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, (sc) | HIDDEN, NULL, NULL}
+#define OH_DBL(n, f, sc, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, (sc) | HIDDEN, NULL, NULL}
+#define OH_STR(n, f, sc, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, (sc) | HIDDEN, NULL, NULL}
+/* the same rows for what only training (and its benchmark and tuner) reads: eval and
+ * generate refuse these */
+#define OT_INT(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_TRAIN, NULL, NULL}
+#define OT_DBL(n, f, h) {n, OPT_DBL, offsetof(pl_options, f), sizeof(double), h, CMDS_TRAIN, NULL, NULL}
+#define OT_STR(n, f, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_TRAIN, NULL, NULL}
+#define OT_CHOICE(n, f, c, h) {n, OPT_STR, offsetof(pl_options, f), sizeof(((pl_options *)0)->f), h, CMDS_TRAIN, NULL, c}
+#define OT_FLAG(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_TRAIN, "1", NULL}
 
 static const opt_desc options[] = {
     O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium | llama-tiny | llama-1b | "
@@ -75,8 +95,8 @@ static const opt_desc options[] = {
     O_INT("multiple-of", multiple_of, "(llama) round the MLP hidden size up to a multiple of this"),
     O_DBL("norm-eps", norm_eps, "(llama) RMSNorm epsilon"),
     O_DBL("rope-theta", rope_theta, "(llama) rotary embedding base"),
-    O_INT("use-scaled-rope", use_scaled_rope, "(llama) 1: Llama 3.1's rotary frequency scaling"),
-    O_INT("tie-embeddings", tie_embeddings, "(llama) 1: lm_head is the token embedding (Llama 3.2's "
+    O_FLAG("use-scaled-rope", use_scaled_rope, "(llama) 1: Llama 3.1's rotary frequency scaling"),
+    O_FLAG("tie-embeddings", tie_embeddings, "(llama) 1: lm_head is the token embedding (Llama 3.2's "
           "tie_word_embeddings; default 0)"),
     O_DBL("rope-scaling-factor", rope_factor, "(llama) rope_scaling factor (Llama 3.1: 8, 3.2: 32)"),
     O_DBL("rope-low-freq-factor", rope_low_freq, "(llama) rope_scaling low_freq_factor (default 1)"),
@@ -94,40 +114,37 @@ static const opt_desc options[] = {
           "(default 0.001)"),
     O_DBL("capacity-factor", capacity_factor, "(mixtral) drop tokens over ceil(c N K / E) per expert, lowest router "
           "weight first (0: dropless, the default)"),
-    O_INT("ep", ep, "(mixtral) expert-parallel ranks carved from --dp (only 1 is implemented yet)"),
-    O_INT("steps", hp.total_steps, "total optimizer steps of the run"),
+    OT_INT("ep", ep, "(mixtral) expert-parallel ranks carved from --dp (only 1 is implemented yet)"),
+    OT_INT("steps", hp.total_steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
     O_INT("microbatches", microbatches, "micro-batches M per step (B/M sequences each)"),
-    O_DBL("lr", hp.lr, "peak learning rate"),
-    O_DBL("min-lr", hp.min_lr, "final learning rate of the cosine schedule"),
-    O_STR("lr-schedule", hp.lr_schedule, "cosine | constant (both after linear warm-up)"),
-    O_INT("warmup-steps", hp.warmup_steps, "linear warm-up steps"),
-    O_DBL("weight-decay", hp.weight_decay, "AdamW decoupled weight decay (2-D weights only)"),
-    O_DBL("grad-clip", hp.grad_clip, "clip the global gradient norm to this (0 disables)"),
-    O_DBL("beta1", hp.beta1, "AdamW beta1"),
-    O_DBL("beta2", hp.beta2, "AdamW beta2"),
-    O_DBL("eps", hp.eps, "AdamW epsilon"),
+    OT_DBL("lr", hp.lr, "peak learning rate"),
+    OT_DBL("min-lr", hp.min_lr, "final learning rate of the cosine schedule"),
+    OT_STR("lr-schedule", hp.lr_schedule, "cosine | constant (both after linear warm-up)"),
+    OT_INT("warmup-steps", hp.warmup_steps, "linear warm-up steps"),
+    OT_DBL("weight-decay", hp.weight_decay, "AdamW decoupled weight decay (2-D weights only)"),
+    OT_DBL("grad-clip", hp.grad_clip, "clip the global gradient norm to this (0 disables)"),
+    OT_DBL("beta1", hp.beta1, "AdamW beta1"),
+    OT_DBL("beta2", hp.beta2, "AdamW beta2"),
+    OT_DBL("eps", hp.eps, "AdamW epsilon"),
     O_LL("seed", seed, "seed of the weight initialisation"),
     O_STR("data", data, "training data: markov | FILE (llm.c tokens) | text:FILE (bytes)"),
     O_STR("val-data", val_data, "validation data (default: a held-out Markov stream, or none)"),
     O_LL("data-seed", data_seed, "seed of the Markov chain"),
     O_INT("markov-branch", markov_branch, "next tokens allowed per token in the Markov chain"),
-    O_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
+    OT_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
     O_INT("val-batches", val_batches, "batches per validation"),
     O_STR("init", init, "start from an llm.c model file, GPT-2 or Llama 3 (fp32 version 3 or bf16 version 5)"),
-    O_STR("save-final", save_final, "write the final weights as an llm.c model file (a name ending in "
+    OT_STR("save-final", save_final, "write the final weights as an llm.c model file (a name ending in "
           ".safetensors: a Hugging Face safetensors file)"),
-    O_CHOICE("save-dtype", save_dtype, "f32|bf16", "dtype of a --save-final FILE.safetensors (default f32)"),
+    OT_CHOICE("save-dtype", save_dtype, "f32|bf16", "dtype of a --save-final FILE.safetensors (default f32)"),
     O_STR("metrics", metrics, "write JSON-lines metrics to FILE (rank 0)"),
-    O_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
+    OT_STR("dump-grads", dump_grads, "write step 1's gradients as an llm.c model file"),
     O_STR("split", split, "blocks per stage: auto | b0,b1,... (one per rank)"),
-    O_STR("recompute", recompute, "activation recomputation: none | selective (attention probabilities) | full "
+    OT_STR("recompute", recompute, "activation recomputation: none | selective (attention probabilities) | full "
           "(whole blocks); or one per stage, comma-separated (default none)"),
-    O_STR("schedule", schedule, "pipeline schedule: 1f1b | gpipe | zb-h1 (zero-bubble: I and W split) | "
-          "interleaved-1f1b | looped-bfs | interleaved-zb (with --chunks-per-rank V; `pipelm schedule --help` "
-          "gives each one's constraints) | zb-v | dualpipev (2 chunks per rank in a V) | auto (the fastest for "
-          "--costs-in FILE, measured with this --microbatches: schedule, M and V chosen by pipelm tune's search)"),
+    O_STR("schedule", schedule, NULL), /* help built from the schedule registry: help_text() */
     O_STR("schedule-csv", schedule_csv, "run the schedule in this torch-style CSV file"),
     O_INT("chunks-per-rank", chunks, "model chunks V per pipeline rank (virtual stages: P x V stages, stage s on "
           "rank s mod P; for interleaved-1f1b, looped-bfs, interleaved-zb; needs P >= 2; 0: the --schedule-csv "
@@ -139,41 +156,41 @@ static const opt_desc options[] = {
           "must be the world size"),
     O_INT("tp", tp, "tensor-parallel ranks T per stage (Megatron: heads and MLP sliced, 4 all-reduces per block; "
           "innermost: the T ranks of a stage are neighbouring ranks, T x D x P = the world size)"),
-    O_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
+    OT_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
              "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
              "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
              "and schedule at fixed --tp; 16 bytes a parameter more; host-memory backends)"),
-    O_INT("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
+    OT_FLAG("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
              "matmul precision: fp32, or bf16 (bf16 inputs, fp32 accumulation; --backend onednn or cuda)"),
     O_STR("backend-opt", backend_opt, "a backend setting KEY=VALUE (repeatable, or k=v,k=v; the keys are listed "
           "below)"),
-    O_INT("profile-ops", profile_ops, "1: time the backend ops by class, as bench always does and reports "
+    O_FLAG("profile-ops", profile_ops, "1: time the backend ops by class, as bench always does and reports "
           "(alias PIPELM_PROFILE_OPS=1)"),
     O_INT("threads", threads, "CPU threads per rank (0: cores / ranks on the node)"),
     O_INT("log-every", log_every, "print a step line every N steps"),
     O_INT("timers-every", timers_every, "print the per-rank timer table every N steps (0: end only)"),
-    O_INT("progress", progress, "progress bar on a terminal: 1 auto, 0 never"),
-    O_INT("bind", bind, "1: when a node's ranks all start on the same CPUs, bind each to its own slice; 0: never "
+    O_FLAG("progress", progress, "progress bar on a terminal: 1 auto, 0 never"),
+    O_FLAG("bind", bind, "1: when a node's ranks all start on the same CPUs, bind each to its own slice; 0: never "
           "(default 1, or PIPELM_BIND)"),
-    O_INT("blas-auto", blas_auto, "1: if OpenBLAS fell back to a pre-AVX2 kernel, re-execute once with the best one the "
+    O_FLAG("blas-auto", blas_auto, "1: if OpenBLAS fell back to a pre-AVX2 kernel, re-execute once with the best one the "
           "CPU allows; 0: keep the library's choice (default 1, or PIPELM_BLAS_AUTO)"),
     O_STR("ckpt-dir", ckpt_dir, "directory for checkpoints (one HDF5 file per save)"),
-    O_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
-    O_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
+    OT_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
+    OT_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
     O_CHOICE("ckpt-xfer", ckpt_xfer, "independent|collective", "MPI-IO data transfers of checkpoints: independent "
              "(each tensor's owner alone) or collective (default independent, or PIPELM_CKPT_XFER)"),
     O_STR("ckpt-hints", ckpt_hints, "MPI-IO hints key=value,key=value for checkpoint files, added to (or "
           "overriding) romio_cb_write=disable,romio_ds_write=disable (default none, or PIPELM_CKPT_HINTS)"),
-    O_INT("ckpt-verify", ckpt_verify, "1: re-read every dataset of a save and check its CRC-32C before publishing "
+    OT_FLAG("ckpt-verify", ckpt_verify, "1: re-read every dataset of a save and check its CRC-32C before publishing "
           "it; 0: skip that (only to measure its cost; default 1, or PIPELM_CKPT_VERIFY)"),
-    O_INT("ckpt-space-check", ckpt_space_check, "1: check and reserve the free space before writing a checkpoint; "
+    OT_FLAG("ckpt-space-check", ckpt_space_check, "1: check and reserve the free space before writing a checkpoint; "
           "0: do not (default 1, or PIPELM_CKPT_NO_SPACE_CHECK=1 for 0)"),
-    O_INT("ckpt-async", ckpt_async, "1: copy each save into host memory and write it on a background thread while "
+    OT_FLAG("ckpt-async", ckpt_async, "1: copy each save into host memory and write it on a background thread while "
           "training goes on (the same file; needs MPI_THREAD_MULTIPLE); 0: training waits for the save (default)"),
     {"resume", OPT_STR, offsetof(pl_options, resume), sizeof(((pl_options *)0)->resume),
-     "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", 0, "latest", NULL},
+     "resume from FILE, or bare: the newest checkpoint in --ckpt-dir", CMDS_RUN, "latest", NULL},
     O_STR("trace", trace, "write a Chrome trace-event timeline of every rank to FILE"),
     O_BENCH("warmup", OPT_INT, warmup, "(bench) untimed warm-up steps"),
     O_BENCH("json", OPT_STR, json, "(bench) write the results as JSON to FILE"),
@@ -181,13 +198,14 @@ static const opt_desc options[] = {
     O_BENCH("costs-out", OPT_STR, costs_out, "(bench) write the measured F/B/I/W seconds per stage and message costs "
             "to FILE, for `pipelm schedule --costs`"),
     O_BENCH("peak-gflops", OPT_DBL, peak_gflops, "(bench) per-thread sgemm peak for MFU (default: measured)"),
-    O_STR("costs-in", costs_in, "a costs file (bench --costs-out): what bench's wait split judges each stage's "
+    OT_STR("costs-in", costs_in, "a costs file (bench --costs-out): what bench's wait split judges each stage's "
           "actions by (default: the stages' median cost per FLOP), and what --schedule auto searches with"),
-    O_INT("slow-rank", slow_rank, "(testing) pipeline rank whose every F, B, I and W runs --slow-ms longer"),
-    O_DBL("slow-ms", slow_ms, "(testing) the milliseconds --slow-rank adds to each of its actions"),
-    O_INT("fail-rank", fail_rank, "(testing) rank that fails on purpose"),
-    O_INT("fail-step", fail_step, "(testing) step at which --fail-rank fails"),
-    O_STR("fail-at", fail_at, "(testing) where in --fail-step: before | during | after | save | nan | stall (hang inside the "
+    /* the test hooks (util/hooks.h, docs/testing.md): accepted, never listed by --help */
+    OH_INT("slow-rank", hooks.slow_rank, CMDS_TRAIN, "pipeline rank whose every F, B, I and W runs --slow-ms longer"),
+    OH_DBL("slow-ms", hooks.slow_ms, CMDS_TRAIN, "the milliseconds --slow-rank adds to each of its actions"),
+    OH_INT("fail-rank", hooks.fail_rank, CMDS_RUN, "rank that fails on purpose"),
+    OH_INT("fail-step", hooks.fail_step, CMDS_RUN, "step at which --fail-rank fails"),
+    OH_STR("fail-at", hooks.fail_at, CMDS_RUN, "where in --fail-step: before | during | after | save | nan | stall (hang inside the "
           "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
@@ -267,10 +285,8 @@ void config_defaults(pl_options *o) {
     o->ep = 1;
     o->log_every = 1;
     o->progress = 1;
-    o->fail_rank = -1;
-    o->slow_rank = -1;
+    hooks_defaults(&o->hooks);
     o->tp = 1;
-    snprintf(o->fail_at, sizeof o->fail_at, "during");
     o->watchdog = 600.0;
     env_aliases(o);
 }
@@ -396,8 +412,8 @@ static void choices_text(const char *choices, char *out, size_t len) {
 }
 
 /* Convert and store one value; `where` says where it came from for the message. */
-static int set_option(pl_options *o, const opt_desc *d, const char *val, const char *where,
-                      char *err, size_t errlen) {
+static int set_option_value(pl_options *o, const opt_desc *d, const char *val, const char *where,
+                            char *err, size_t errlen) {
     char *end = NULL;
     void *dst = (char *)o + d->offset;
     errno = 0;
@@ -475,6 +491,19 @@ bad: {
              d->type == OPT_DBL ? "a decimal number" : "a decimal integer", range);
     return PL_EINVAL;
 }
+
+}
+
+/* Store one setting; an empty value is refused: `--resume ""` or `resume =` would otherwise
+ * mean "not given" and quietly act as if it were not (a run that did not resume). */
+static int set_option(pl_options *o, const opt_desc *d, const char *val, const char *where, char *err,
+                      size_t errlen) {
+    if (!val[0]) {
+        snprintf(err, errlen, "%s: option --%s has an empty value (leave the option out for its default)", where,
+                 d->name);
+        return PL_EINVAL;
+    }
+    return set_option_value(o, d, val, where, err, errlen);
 }
 
 /* A name/value pair gathered before applying (presets go first); line: its line in the
@@ -569,9 +598,13 @@ static int config_ini_line(void *user, const char *section, const char *name, co
     pending_list *l = user;
     char shown[128];
     const opt_desc *d = find_option(name);
-    if (!d || d->offset == offsetof(pl_options, config) || d->scope == 1) {
+    if (!d || d->offset == offsetof(pl_options, config) || d->scope == CMDS_BENCH) {
         escape_str(name, shown, sizeof shown);
         file_fail(l, "unknown setting '%s'", shown);
+        return 0;
+    }
+    if (!value[0]) { /* `resume =` would read as "not given" */
+        file_fail(l, "'%s' has an empty value (leave the line out for its default)", d->name);
         return 0;
     }
     for (int i = 0; i < l->n; i++)
@@ -617,28 +650,68 @@ static int dash_name(const char *word, char **owned, char **arg, char *err, size
     return PL_OK;
 }
 
+/* The subcommands' names, for messages (CFG_CMD_* order). */
+static const char *const cmd_names[] = {"train", "bench", "eval", "generate", "tune"};
+
+static int in_scope(const opt_desc *d, int cmd) {
+    return d && (d->scope & CMD_BIT(cmd)) != 0;
+}
+
 /* Refuse what getopt_long matched unless it is the option d the word spells in full (m: its
- * match, or -1): an abbreviation, an unknown name, or a bench option given to train. */
-static int check_match(const char *name, const opt_desc *d, int m, int bench, char *err, size_t errlen) {
+ * match, or -1): an abbreviation, an unknown name, or an option this subcommand (cmd) does
+ * not take. */
+static int check_match(const char *name, const opt_desc *d, int m, int cmd, char *err, size_t errlen) {
     char shown[128];
-    if (m >= 0 && !d && options[m].scope <= (bench ? 1 : 0)) {
+    if (m >= 0 && !d && in_scope(&options[m], cmd)) {
         escape_str(name, shown, sizeof shown);
         snprintf(err, errlen, "option '--%s' is not spelled in full (did you mean --%s? abbreviations are "
                  "not accepted)", shown, options[m].name);
         return PL_EINVAL;
     }
-    if (!d || m < 0 || &options[m] != d || (d->scope == 1 && !bench)) {
+    if (!d || m < 0 || &options[m] != d || !in_scope(d, cmd)) {
         escape_str(name, shown, sizeof shown);
-        snprintf(err, errlen, "unknown option '--%s'%s (see --help)", shown,
-                 d && d->scope == 1 && !bench ? " for train (it is a bench option)" : "");
+        snprintf(err, errlen, "unknown option '--%s' for %s%s (see pipelm %s --help)", shown, cmd_names[cmd],
+                 d && d->scope == CMDS_BENCH ? ": it is a bench option" : d ? ": it is a training option" : "",
+                 cmd_names[cmd]);
         return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+/* Before anything else is read: every word that names an option names one this subcommand
+ * takes, from the table or from its own list extra[0..nextra) (a value given as --name=--value
+ * or after an option is not a name). */
+int config_check_names(int argc, char **argv, int first, int cmd, const char *const *extra, int nextra, char *err,
+                       size_t errlen) {
+    if (cmd < 0 || cmd >= CFG_NCMDS) cmd = CFG_CMD_TRAIN;
+    for (int i = first; i < argc; i++) {
+        const char *w = argv[i];
+        if (strncmp(w, "--", 2) != 0 || !w[2]) continue;
+        char name[64], shown[128];
+        word_name(w, name);
+        const opt_desc *d = find_option(name);
+        int own = 0;
+        for (int k = 0; k < nextra && !own; k++) own = strcmp(extra[k], name) == 0;
+        if (!own && !in_scope(d, cmd)) {
+            escape_str(name, shown, sizeof shown);
+            int prefix = 0; /* an abbreviation of a known option: getopt_long's check names it */
+            for (int k = 0; k < NOPT && !prefix; k++)
+                prefix = in_scope(&options[k], cmd) && strncmp(options[k].name, name, strlen(name)) == 0;
+            if (prefix && !d) continue;
+            snprintf(err, errlen, "unknown option '--%s' for %s%s (see pipelm %s --help)", shown, cmd_names[cmd],
+                     d && d->scope == CMDS_BENCH ? ": it is a bench option" : d ? ": it is a training option" : "",
+                     cmd_names[cmd]);
+            return PL_EINVAL;
+        }
+        /* the next word is this option's value unless it is an option itself */
+        if (!strchr(w, '=') && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
     }
     return PL_OK;
 }
 
 /* Gather the command line argv[first..argc) into cli through getopt_long (see the top of the
  * file); *preset: the value of --preset, if given. */
-static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int bench,
+static int parse_command_line(pending_list *cli, int argc, char **argv, int first, int cmd,
                               const char **preset, char *err, size_t errlen) {
     struct option lo[NOPT + 1];
     for (int i = 0; i < NOPT; i++)
@@ -680,16 +753,25 @@ static int parse_command_line(pending_list *cli, int argc, char **argv, int firs
             if (r == -1) break;
             m = r >= 256 ? r - 256 : r == ':' && optopt >= 256 ? optopt - 256 : -1;
         }
-        if ((rc = check_match(name, d, m, bench, err, errlen)) != PL_OK) goto out;
+        if ((rc = check_match(name, d, m, cmd, err, errlen)) != PL_OK) goto out;
         const char *val = optarg;
-        if (r == ':') {
-            snprintf(err, errlen, "option --%s needs a value", name);
+        /* a value that is the next word and starts with "--" is the next option: this one has
+         * none (a value that starts with "--" is given as --name=--value) */
+        if (r == ':' || (val && !strchr(word, '=') && strncmp(val, "--", 2) == 0)) {
+            snprintf(err, errlen, "option --%s needs a value%s%s%s", name, r == ':' ? "" : " (the next word, '",
+                     r == ':' ? "" : val, r == ':' ? "" : "', is an option: a value that starts with -- is given as "
+                     "--name=--value)");
             rc = PL_EINVAL;
             goto out;
         }
         if (!val) { /* an optional value left out of --name=value: the next word, or the default */
             if (optind < nargs && strncmp(args[optind], "--", 2) != 0) val = args[optind++];
             else val = d->optional_default;
+        }
+        if (!val[0]) { /* --resume "" would read as "not given"; refused before any value is used */
+            snprintf(err, errlen, "option --%s has an empty value (leave the option out for its default)", d->name);
+            rc = PL_EINVAL;
+            goto out;
         }
         if ((rc = pending_add(cli, d, val, "command line", 0)) != PL_OK) goto out;
         if (d->offset == offsetof(pl_options, preset)) *preset = cli->v[cli->n - 1].val;
@@ -702,12 +784,14 @@ out:
     return rc;
 }
 
-int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen) {
+int config_parse(pl_options *o, int argc, char **argv, int first, int cmd, char *err, size_t errlen) {
     pending_list cli = {0}, file = {0};
     int rc = PL_OK;
     const char *preset = NULL;
-    /* 1. the command line, gathered */
-    if ((rc = parse_command_line(&cli, argc, argv, first, bench, &preset, err, errlen)) != PL_OK) goto out;
+    if (cmd < 0 || cmd >= CFG_NCMDS) cmd = CFG_CMD_TRAIN;
+    /* 1. the command line: unknown names first, then gathered */
+    if ((rc = config_check_names(argc, argv, first, cmd, NULL, 0, err, errlen)) != PL_OK) goto out;
+    if ((rc = parse_command_line(&cli, argc, argv, first, cmd, &preset, err, errlen)) != PL_OK) goto out;
     /* 2. the config file, if any, gathered */
     for (int i = 0; i < cli.n; i++)
         if (cli.v[i].d->offset == offsetof(pl_options, config)) {
@@ -1018,14 +1102,15 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->warmup >= 0, "--warmup must be >= 0 (got %d)", o->warmup);
     REQUIRE(o->peak_gflops >= 0, "--peak-gflops must be >= 0 (got %g)", o->peak_gflops);
     REQUIRE(o->watchdog >= 0 && o->watchdog <= 1e7, "--watchdog must be in [0, 1e7] seconds (got %g)", o->watchdog);
-    REQUIRE(strcmp(o->fail_at, "before") == 0 || strcmp(o->fail_at, "during") == 0 ||
-                strcmp(o->fail_at, "after") == 0 || strcmp(o->fail_at, "save") == 0 ||
-                strcmp(o->fail_at, "nan") == 0 || strcmp(o->fail_at, "stall") == 0 || strcmp(o->fail_at, "tp") == 0 ||
-                strcmp(o->fail_at, "tp-kill") == 0,
-            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->fail_at);
-    REQUIRE(sched_constraint(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
-            "--schedule must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb, or the V-shaped "
-            "zb-v or dualpipev, or auto (got '%s')", o->schedule);
+    REQUIRE(strcmp(o->hooks.fail_at, "before") == 0 || strcmp(o->hooks.fail_at, "during") == 0 ||
+                strcmp(o->hooks.fail_at, "after") == 0 || strcmp(o->hooks.fail_at, "save") == 0 ||
+                strcmp(o->hooks.fail_at, "nan") == 0 || strcmp(o->hooks.fail_at, "stall") == 0 || strcmp(o->hooks.fail_at, "tp") == 0 ||
+                strcmp(o->hooks.fail_at, "tp-kill") == 0,
+            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->hooks.fail_at);
+    char kinds[512];
+    sched_kind_names(kinds, sizeof kinds);
+    REQUIRE(sched_kind_find(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,
+            "--schedule must be one of %s, or auto (got '%s')", kinds, o->schedule);
     REQUIRE(!o->init[0] || !o->resume[0], "--init cannot be used with --resume: a resumed run takes its weights "
             "from the checkpoint (drop --init; or drop --resume to start from %.512s)", o->init);
     REQUIRE(strcmp(o->backend, "auto") != 0 || strcmp(o->precision, "bf16") != 0 || backend_find("onednn"),
@@ -1053,8 +1138,20 @@ const char *config_backend(const pl_options *o) {
     return backend_find("onednn/auto") ? "onednn/auto" : "onednn";
 }
 
-/* An option's help line; --backend's names the backends this binary was built with. */
+/* --schedule's help line, from the schedule registry. */
+static const char *schedule_help(char *buf, size_t len) {
+    char kinds[256];
+    sched_kind_names(kinds, sizeof kinds);
+    snprintf(buf, len, "pipeline schedule: %s (`pipelm schedule --help`: each one's chunks and what it needs of M), "
+             "or auto (the fastest for --costs-in FILE, measured with this --microbatches: schedule, M and V "
+             "chosen by pipelm tune's search)", kinds);
+    return buf;
+}
+
+/* An option's help line; --backend's names the backends this binary was built with,
+ * --schedule's the registry's schedules. */
 static const char *help_text(const opt_desc *d, char *buf, size_t len) {
+    if (d->offset == offsetof(pl_options, schedule)) return schedule_help(buf, len);
     if (d->offset != offsetof(pl_options, backend)) return d->help;
     char names[128]; /* backend_list()'s "cpu,onednn" as "cpu | onednn" */
     size_t o = 0;
@@ -1070,11 +1167,20 @@ static const char *help_text(const opt_desc *d, char *buf, size_t len) {
     return buf;
 }
 
-void config_print_help(FILE *out, int bench) {
+int config_option_at(int i, int cmd, const char **name, int *taken, int *optional) {
+    if (i < 0 || i >= NOPT || cmd < 0 || cmd >= CFG_NCMDS) return PL_EINVAL;
+    *name = options[i].name;
+    *taken = in_scope(&options[i], cmd);
+    *optional = options[i].optional_default != NULL;
+    return PL_OK;
+}
+
+void config_print_help(FILE *out, int cmd) {
+    if (cmd < 0 || cmd >= CFG_NCMDS) cmd = CFG_CMD_TRAIN;
     for (int i = 0; i < NOPT; i++) {
-        if (options[i].scope == 1 && !bench) continue;
+        if (!in_scope(&options[i], cmd) || (options[i].scope & HIDDEN)) continue;
         const char *arg = options[i].type == OPT_STR ? "S" : options[i].type == OPT_DBL ? "X" : "N";
-        char flag[64], help[256];
+        char flag[64], help[512];
         snprintf(flag, sizeof flag, "--%s %s%s%s", options[i].name, options[i].optional_default ? "[" : "", arg,
                  options[i].optional_default ? "]" : "");
         fprintf(out, "  %-24s %s\n", flag, help_text(&options[i], help, sizeof help));

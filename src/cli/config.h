@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include "model/hparams.h"
 #include "model/model.h"
+#include "util/hooks.h"
 
 #define PL_PATH 4096
 
@@ -76,14 +77,11 @@ typedef struct {
     int bench, warmup;
     char json[PL_PATH], csv[PL_PATH], costs_out[PL_PATH];
     double peak_gflops;
-    /* test-only fault injection: rank fail_rank stops at step fail_step */
-    int fail_rank, fail_step;
-    char fail_at[16];    /* before | during | after (the step) | save (in a checkpoint) | nan */
+    /* the test hooks (util/hooks.h: --fail-*, --slow-*; not in --help) */
+    pl_hooks hooks;
     double watchdog;     /* seconds one wait may take before the job is aborted; 0 = never */
     double stop_grace;   /* seconds a stop signal waits for a step that cannot end; 0 = automatic */
     /* the wait split of `pipelm bench`: a test-only slow rank, and the costs it is measured against */
-    int slow_rank;       /* pipeline rank whose every F, B, I and W runs slow_ms longer (-1: none) */
-    double slow_ms;
     char costs_in[PL_PATH]; /* bench: the costs (bench --costs-out) a straggler is judged by */
     /* which model settings were given explicitly, on the command line or in the config file
      * (so --init can check or adopt them, and name only those): set_vocab for --vocab-size,
@@ -148,11 +146,17 @@ int config_model(const pl_options *o, int V, model_config *cfg, char *err, size_
 void config_defaults(pl_options *o);
 /* Apply a preset by name; PL_EINVAL for an unknown one (err names the known ones). */
 int config_preset(pl_options *o, const char *name, char *err, size_t errlen);
-/* Parse argv[first..argc): --config first, then the preset, then file values, then flags.
- * With bench != 0 the benchmark-only options (--warmup, --json, --csv, --peak-gflops) are
- * accepted too. argv is not modified. Uses getopt_long's global state (optind, optarg...),
+/* The subcommands that read the option table; each takes its own part of it (the training
+ * options are refused by eval and generate, the benchmark's own by train). */
+enum { CFG_CMD_TRAIN, CFG_CMD_BENCH, CFG_CMD_EVAL, CFG_CMD_GENERATE, CFG_CMD_TUNE, CFG_NCMDS };
+
+/* Parse argv[first..argc) for subcommand cmd (CFG_CMD_*): every option name is checked first
+ * (an unknown one, or one cmd does not take, is refused by name before anything else), then
+ * --config, then the preset, then file values, then flags. `--name value` and `--name=value`
+ * both work; a value that starts with "--" only as --name=--value; an empty value is refused;
+ * a 0/1 switch may be given bare (--ckpt-async). argv is not modified. Uses getopt_long's global state (optind, optarg...),
  * reset on each call: not thread-safe, and a caller's own getopt loop must not be mid-way. */
-int config_parse(pl_options *o, int argc, char **argv, int first, int bench, char *err, size_t errlen);
+int config_parse(pl_options *o, int argc, char **argv, int first, int cmd, char *err, size_t errlen);
 /* Check the checkpoint settings (--ckpt-xfer, --ckpt-hints, --ckpt-verify, --ckpt-space-check),
  * whether they came from the options or from their alias variables (a message names both);
  * config_validate does it, and `pipelm convert` on its defaults. */
@@ -161,8 +165,16 @@ int config_check_ckpt(const pl_options *o, char *err, size_t errlen);
 int config_validate(const pl_options *o, char *err, size_t errlen);
 /* The backend name a run uses: --backend, with "auto" resolved for --precision. */
 const char *config_backend(const pl_options *o);
-/* Print the option table as --help text (bench-only options when bench != 0). */
-void config_print_help(FILE *out, int bench);
+/* Check every option name of argv[first..argc) before anything else: each must be one cmd
+ * takes from the table, or one of the subcommand's own extra[0..nextra) (names without "--").
+ * PL_EINVAL names the first that is not ("unknown option '--x' for eval"). */
+int config_check_names(int argc, char **argv, int first, int cmd, const char *const *extra, int nextra, char *err,
+                       size_t errlen);
+/* Row i of the option table (for the option parser's tests): PL_OK with its name, whether
+ * subcommand cmd takes it and whether its value may be left out; PL_EINVAL past the end. */
+int config_option_at(int i, int cmd, const char **name, int *taken, int *optional);
+/* Print the options subcommand cmd (CFG_CMD_*) takes, as --help text. */
+void config_print_help(FILE *out, int cmd);
 /* Write the settings as a JSON object (for the metrics "run" line). */
 void config_write_json(const pl_options *o, FILE *out);
 

@@ -3,7 +3,7 @@
  *
  * `main` only initialises MPI and calls pipelm_main; tests call pipelm_main too (on
  * MPI_COMM_WORLD or MPI_COMM_SELF) and capture rank 0's output through `out`. Subcommands:
- * train, schedule, bench; plus --help and --version. The return value is the process exit
+ * the table of cli/commands.h; plus --help and --version. The return value is the process exit
  * status (0 success, 1 failure, 2 usage error); *abort_needed is set when this rank failed
  * alone while its peers may be blocked, in which case the caller must MPI_Abort.
  */
@@ -12,10 +12,7 @@
 
 #include <stdio.h>
 #include <mpi.h>
-
-/* Exit status of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
- * a job script requeues on it. */
-#define PIPELM_EXIT_PREEMPTED 75
+#include "util/common.h" /* PIPELM_EXIT_PREEMPTED */
 
 int pipelm_main(int argc, char **argv, MPI_Comm comm, FILE *out, int *abort_needed);
 

@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
-#include "parallel/exact.h"
+#include "util/exact.h"
 #include "model/arch.h"
 #include "model/model.h"
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "parallel/comm.h"
 #include "util/common.h"
+#include "util/hooks.h"
 #include "util/signals.h"
 
 double comm_watchdog_s = 600.0;
@@ -219,7 +220,7 @@ int comm_init_thread(int *argc, char ***argv, int multiple) {
     static const int levels[] = {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED,
                                  MPI_THREAD_MULTIPLE};
     int want = multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, got = MPI_THREAD_SINGLE;
-    const char *e = getenv("PIPELM_MPI_THREAD"); /* test-only */
+    const char *e = hooks_env("PIPELM_MPI_THREAD");
     for (int i = 0; e && i < 4; i++)
         if (strcmp(e, names[i]) == 0) want = levels[i];
     return MPI_Init_thread(argc, argv, want, &got);

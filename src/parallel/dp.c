@@ -11,8 +11,9 @@
 #include "backend/backend_poll.h"
 #include "parallel/comm.h"
 #include "util/common.h"
+#include "util/hooks.h"
 #include "parallel/dp.h"
-#include "parallel/exact.h"
+#include "util/exact.h"
 
 /* Piece j of a bucket of n floats over D replicas: [j n / D, (j + 1) n / D). */
 static size_t piece_lo(size_t n, int D, int j) { return n * (size_t)j / (size_t)D; }
@@ -254,12 +255,12 @@ int dp_init(dp_reducer *r, stage *st, optim *opt, MPI_Comm comm, int zero, int M
     r->moment_floats = opt->nmoment;
     if (!st->holds_chunks) dp_hook(r, st, M);
     /* PIPELM_DP_POLL=N: N tests after each op (0: only at the blocks' ends, the benchmark's "before") */
-    const char *pe = getenv("PIPELM_DP_POLL");
+    const char *pe = hooks_env("PIPELM_DP_POLL");
     r->poll = pe && pe[0] ? atoi(pe) : DP_POLL_DEFAULT;
     if (r->poll < 0) r->poll = 0;
     if (r->poll) backend_poll_set(poll_ops, r);
     /* PIPELM_DP_DEFER=0: every gather waited for in dp_finish (the benchmark's "before") */
-    const char *de = getenv("PIPELM_DP_DEFER");
+    const char *de = hooks_env("PIPELM_DP_DEFER");
     r->defer = !(de && strcmp(de, "0") == 0);
     return PL_OK;
 }

@@ -23,7 +23,7 @@
 #include "parallel/comm.h"
 #include "util/common.h"
 #include "pipeline/engine.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 
 /* Message tag: direction (0 activations, 1 gradients), step parity, receiving stage, micro-batch. */
 static int msg_tag(const engine *e, int dir, long step, int s_recv, int mb) {

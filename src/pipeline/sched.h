@@ -146,6 +146,29 @@ double sched_build_bytes(int P, int V, int M);
    NULL for an unknown name. */
 const char *sched_constraint(const char *name);
 
+/* The registry of named schedules (sched_registry.c): one row each. Adding a schedule is its
+   generator (its own file, or sched_gen.c) and one row; --help, the messages, the options'
+   check, pipelm schedule and the tuner's grid all read the table (docs/contributing.md). */
+enum { SCHED_CHUNKS_ONE, SCHED_CHUNKS_ANY, SCHED_CHUNKS_V };
+typedef struct {
+    const char *name;   /* --schedule NAME */
+    int chunks;         /* SCHED_CHUNKS_ONE: one chunk a rank; _ANY: V looped; _V: exactly 2 in a V */
+    /* fill a built shell (name, P, V, M, place and capacity set) with every rank's actions;
+       G: the interleaved schedules' group size (sched_interleave_group). PL_OK, PL_ENOMEM, or
+       PL_ESTATE for a generator that stalls */
+    int (*generate)(sched *s, int G);
+    const char *rule;   /* what it needs of M and what it costs, for --help */
+    int tune_V[3];      /* the chunks per rank pipelm tune tries it with (0 ends the list) */
+} sched_kind;
+/* The table, ended by a row whose name is NULL. */
+extern const sched_kind sched_kinds[];
+/* The row named name, or NULL (name may be NULL). */
+const sched_kind *sched_kind_find(const char *name);
+/* The number of rows. */
+int sched_kind_count(void);
+/* "gpipe, 1f1b, ..., dualpipev": every name, for messages. */
+void sched_kind_names(char *buf, size_t len);
+
 /* Release what sched_build/sched_read_csv allocated; safe on a zeroed sched. */
 void sched_free(sched *s);
 

@@ -10,18 +10,6 @@
 #include "pipeline/split.h"
 #include "pipeline/tune.h"
 
-/* The schedules searched, with the chunks per rank each is tried with (0 ends a list). */
-static const struct { const char *name; int V[3]; } searched[] = {
-    {"gpipe", {1, 0, 0}},
-    {"1f1b", {1, 0, 0}},
-    {"zb-h1", {1, 0, 0}},
-    {"interleaved-1f1b", {2, 4, 0}},
-    {"interleaved-zb", {2, 4, 0}},
-    {"looped-bfs", {2, 0, 0}},
-    {"zb-v", {2, 0, 0}},
-    {"dualpipev", {2, 0, 0}},
-};
-#define NSEARCHED (int)(sizeof searched / sizeof searched[0])
 
 static const char *const mode_names[TUNE_NMODES] = {"none", "selective", "full"};
 
@@ -334,7 +322,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
     int W = q->ranks > 0 ? q->ranks : 1, nDT = 0, T0 = c[TUNE_NONE]->tp > 1 ? c[TUNE_NONE]->tp : 1;
     for (int D = 1; D <= W; D++)
         for (int T = 1; W % D == 0 && T <= W / D; T++) nDT += (W / D) % T == 0;
-    tune_cand *t = malloc(sizeof *t * (size_t)cap * nDT * NSEARCHED * 3 * 2 * (TUNE_NMODES + 1));
+    tune_cand *t = malloc(sizeof *t * (size_t)cap * nDT * sched_kind_count() * 3 * 2 * (TUNE_NMODES + 1));
     if (!t) { snprintf(err, errlen, "tune: out of memory"); return PL_ENOMEM; }
     int k = 0, rc = PL_OK;
     for (int D = 1; rc == PL_OK && D <= W; D++) {
@@ -367,9 +355,9 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
             int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
             for (int M = 1; ok && M <= mq; M++) {
                 if (qd.batch % M) continue;
-                for (int j = 0; j < NSEARCHED; j++)
-                    for (int v = 0; v < 3 && searched[j].V[v]; v++)
-                        play_layout(&qd, cd, searched[j].name, searched[j].V[v], M, t, &k, tried);
+                for (const sched_kind *j = sched_kinds; j->name; j++)
+                    for (int v = 0; v < 3 && j->tune_V[v]; v++)
+                        play_layout(&qd, cd, j->name, j->tune_V[v], M, t, &k, tried);
             }
             for (int m = 0; own && m < TUNE_NMODES; m++)
                 if (cd[m]) sched_costs_free(&cm[m]);

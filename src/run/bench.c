@@ -255,10 +255,11 @@ static int bench_write(const char *path, const char *flag, const bench_result *b
     return PL_OK;
 }
 
-int bench_report(const bench_result *br, const char *json, const char *csv) {
+int bench_report(const bench_result *br, const char *json, const char *csv, bench_summary *out) {
     bench_figures g;
     bench_derive(br, &g);
     bench_print(br, &g);
+    if (out) *out = (bench_summary){1e3 * g.med, 1e3 * g.mn, 1e3 * g.mx, g.tokens_per_s, g.mfu, g.bubble};
     int rc = 0;
     if (json && json[0] && bench_write(json, "--json", br, &g, bench_json) != PL_OK) rc = PL_EIO;
     if (csv && csv[0] && bench_write(csv, "--csv", br, &g, bench_csv) != PL_OK) rc = PL_EIO;

@@ -37,8 +37,15 @@ typedef struct {
     const char *extra_json;     /* more "key":value members for --json (the wait split), or NULL */
 } bench_result;
 
-/* Print the table, and write JSON / CSV when the paths are non-empty. */
-int bench_report(const bench_result *br, const char *json, const char *csv);
+/* What a caller (pipelm tune --verify) takes from a benchmark without reading its JSON. */
+typedef struct {
+    double step_ms_median, step_ms_min, step_ms_max; /* the timed steps' wall time */
+    double tokens_per_s, mfu, bubble;                /* as the table prints them */
+} bench_summary;
+
+/* Print the table, and write JSON / CSV when the paths are non-empty; fill *out when not
+ * NULL. */
+int bench_report(const bench_result *br, const char *json, const char *csv, bench_summary *out);
 
 /* sgemm GFLOP/s with `threads` threads on n x n x n products. */
 double bench_sgemm_gflops(int n, int threads, double seconds);

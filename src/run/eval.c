@@ -18,10 +18,8 @@
 #include "run/eval.h"
 #include "util/files.h"
 #include "run/metrics.h"
-#include "cli/pipelm.h"
 #include "run/run.h"
 #include "parallel/tp.h"
-#include "run/train.h"
 
 /* Match one argument against the table: the option's index, or -1; *val points at an
  * inline "=VALUE" or is NULL. */
@@ -35,8 +33,32 @@ static int sub_match(const char *a, const sub_opt *opts, int n, const char **val
     return -1;
 }
 
-int sub_opts_take(int argc, char **argv, int first, sub_opt *opts, int n, char ***rest, int *nrest, char *err,
-                  size_t errlen) {
+/* The value of option opts[m] given as argv[*i] (inline: the text after '=', or NULL);
+ * *i moves past a value taken from the next word. PL_EINVAL names a missing one. */
+static int sub_value(int argc, char **argv, int *i, const sub_opt *o, const char *inl, const char **v, char *err,
+                     size_t errlen) {
+    *v = inl;
+    if (o->flag == SUB_FLAG) { *v = inl ? inl : "1"; return PL_OK; }
+    int next = *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0;
+    if (!inl && next) *v = argv[++*i];
+    if (!*v && o->flag == SUB_SWITCH) *v = "1";
+    if (!*v) {
+        snprintf(err, errlen, "option --%s needs a value%s", o->name, *i + 1 < argc ? " (the next word is an option: "
+                 "a value that starts with -- is given as --name=--value)" : "");
+        return PL_EINVAL;
+    }
+    if (!(*v)[0]) {
+        snprintf(err, errlen, "option --%s has an empty value (leave the option out for its default)", o->name);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+int sub_opts_take(int argc, char **argv, int first, int cmd, sub_opt *opts, int n, char ***rest, int *nrest,
+                  char *err, size_t errlen) {
+    const char *names[32];
+    for (int k = 0; k < n && k < 32; k++) names[k] = opts[k].name;
+    if (config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK) return PL_EINVAL;
     char **r = calloc((size_t)argc + 2, sizeof(char *));
     if (!r) return PL_ENOMEM;
     int k = 0;
@@ -46,14 +68,9 @@ int sub_opts_take(int argc, char **argv, int first, sub_opt *opts, int n, char *
         const char *v;
         int m = sub_match(argv[i], opts, n, &v);
         if (m < 0) { r[k++] = argv[i]; continue; }
-        if (opts[m].flag) v = v ? v : "1";
-        else if (!v) {
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "--%s needs a value", opts[m].name);
-                free(r);
-                return PL_EINVAL;
-            }
-            v = argv[++i];
+        if (sub_value(argc, argv, &i, &opts[m], v, &v, err, errlen) != PL_OK) {
+            free(r);
+            return PL_EINVAL;
         }
         opts[m].val = (char *)v;
     }
@@ -74,19 +91,6 @@ int sub_opt_int(const sub_opt *o, long long lo, long long hi, long long *out, ch
     return PL_OK;
 }
 
-int eval_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
-    char path[PL_PATH + 64], e2[1024];
-    if (ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, e2,
-                     sizeof e2) != PL_OK) {
-        snprintf(err, errlen, "--resume: %s", e2);
-        return PL_EIO;
-    }
-    if (ckpt_read_info(path, cfg, NULL, e2, sizeof e2) != PL_OK) {
-        snprintf(err, errlen, "--resume %s: %s", path, e2);
-        return PL_EIO;
-    }
-    return PL_OK;
-}
 
 /* Collective: the weights of --resume (parameters only; the training settings need not match). */
 int eval_load_resume(run *R) {
@@ -151,8 +155,9 @@ static int eval_write_json(const run *R, double loss, long long tokens, int nb, 
     return PL_OK;
 }
 
-/* After train.c's set-up (run.h): the weights, the validation path, the report. */
-int eval_after_setup(run *R, int *agreed) {
+/* Collective: `pipelm eval` after run_setup (run.h): load --resume's weights, run
+ * train_evaluate over the batches, report; *agreed as train_run's. */
+static int eval_after_setup(run *R, int *agreed) {
     const pl_options *o = R->o;
     char err[PL_PATH + 256] = "";
     int rc = R->wrank == 0 && o->eval_json[0] ? pl_check_output_file(o->eval_json, "--json", err, sizeof err) : PL_OK;
@@ -188,7 +193,7 @@ static void eval_usage(FILE *out) {
                  "                file; Markov data: --val-batches)\n"
                  "  --json FILE   write {\"loss\", \"perplexity\", \"tokens\", \"batches\", ...} (rank 0)\n\n"
                  "options shared with train:\n");
-    config_print_help(out, 0);
+    config_print_help(out, CFG_CMD_EVAL);
 }
 
 int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
@@ -205,9 +210,9 @@ int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     pl_options o;
     config_defaults(&o);
     long long nb = 0;
-    int rc = sub_opts_take(argc, argv, 2, so, 2, &rest, &nrest, err, sizeof err);
+    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_EVAL, so, 2, &rest, &nrest, err, sizeof err);
+    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_EVAL, err, sizeof err);
     if (rc == PL_OK && so[0].val) rc = sub_opt_int(&so[0], 0, INT_MAX, &nb, err, sizeof err);
-    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     if (rc == PL_OK) rc = config_validate(&o, err, sizeof err);
     free(rest);
     if (rc == PL_OK && so[1].val && strlen(so[1].val) >= sizeof o.eval_json) {
@@ -224,7 +229,11 @@ int eval_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     if (!o.val_data[0]) memcpy(o.val_data, o.data, sizeof o.val_data); /* the evaluated data */
     o.progress = 0;
     int agreed = 1;
-    rc = train_run(&o, comm, &agreed);
+    run R;
+    double grace;
+    rc = run_setup(&R, &o, comm, &grace);
+    if (rc == PL_OK) rc = eval_after_setup(&R, &agreed);
+    run_teardown(&R, agreed);
     if (rc != PL_OK && !agreed) *abort_needed = 1;
     if (rc == PL_EPREEMPT) return PIPELM_EXIT_PREEMPTED;
     return rc == PL_OK ? 0 : rc == PL_EINVAL ? 2 : 1;

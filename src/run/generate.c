@@ -24,12 +24,10 @@
 #include "run/generate.h"
 #include "model/kvcache.h"
 #include "run/metrics.h"
-#include "cli/pipelm.h"
 #include "util/rng.h"
 #include "run/run.h"
 #include "util/signals.h"
 #include "formats/tokenizer.h"
-#include "run/train.h"
 
 enum { K_WORK = 1, K_END = 2 };      /* header kinds */
 enum { H_KIND, H_ITEM, H_NSEG, H_STOP, H_LEN }; /* header fields, then 4 per segment */
@@ -552,7 +550,8 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     return rc;
 }
 
-int generate_after_setup(run *R, int *agreed) {
+/* Collective: `pipelm generate` after run_setup; *agreed as train_run's. */
+static int generate_after_setup(run *R, int *agreed) {
     gen_opts g = *R->o->gen;
     gen_state gs;
     tokenizer tk;
@@ -704,7 +703,7 @@ static void gen_usage(FILE *out, int bench) {
                  "  --logits-out FILE     (last stage) seq,position,token,logits... per generated token\n"
                  "%s\noptions shared with train:\n", bench ? "bench --generate" : "generate",
             bench ? "  --json FILE           the benchmark's figures as JSON (rank 0)\n" : "");
-    config_print_help(out, 0);
+    config_print_help(out, CFG_CMD_GENERATE);
 }
 
 int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_needed) {
@@ -716,7 +715,7 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
             return 0;
         }
     sub_opt so[] = {{"prompt-tokens", 0, NULL}, {"prompt-file", 0, NULL}, {"max-new-tokens", 0, NULL},
-                    {"top-k", 0, NULL}, {"groups", 0, NULL}, {"prefill-chunk", 0, NULL}, {"kv-cache", 0, NULL},
+                    {"top-k", 0, NULL}, {"groups", 0, NULL}, {"prefill-chunk", 0, NULL}, {"kv-cache", SUB_SWITCH, NULL},
                     {"eot-token", 0, NULL}, {"temperature", 0, NULL}, {"top-p", 0, NULL}, {"tokens-out", 0, NULL},
                     {"logits-out", 0, NULL}, {"tokenizer", 0, NULL}, {"json", 0, NULL}, {"generate", 1, NULL}};
     static gen_opts g;
@@ -726,9 +725,9 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     int nrest = 0, nso = bench ? 15 : 13;
     pl_options o;
     config_defaults(&o);
-    int rc = sub_opts_take(argc, argv, 2, so, nso, &rest, &nrest, err, sizeof err);
+    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_GENERATE, so, nso, &rest, &nrest, err, sizeof err);
+    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_GENERATE, err, sizeof err);
     if (rc == PL_OK) rc = gen_parse(&g, so, err, sizeof err);
-    if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, 0, err, sizeof err);
     free(rest);
     if (rc == PL_OK && o.dp > 1) {
         snprintf(err, sizeof err, "generate runs one pipeline: --dp %d is not supported (use --dp 1)", o.dp);
@@ -745,7 +744,11 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     o.gen = &g;
     o.progress = 0;
     int agreed = 1;
-    rc = train_run(&o, comm, &agreed);
+    run R;
+    double grace;
+    rc = run_setup(&R, &o, comm, &grace);
+    if (rc == PL_OK) rc = generate_after_setup(&R, &agreed);
+    run_teardown(&R, agreed);
     for (int i = 0; i < g.nprompts; i++) free(g.prompt[i]);
     free(g.prompt);
     free(g.plen);

@@ -20,7 +20,7 @@
 #include "util/common.h"
 #include "util/files.h"
 #include "run/run.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 #include "pipeline/waitsplit.h"
 
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
@@ -557,7 +557,7 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         snprintf(what, sizeof what, "%s %s matmul", R->be->name, R->o->precision);
         br.peak_what = strcmp(R->be->name, "cpu") == 0 || R->o->peak_gflops > 0 ? NULL : what;
         br.extra_json = split_json[0] ? split_json : NULL;
-        rc = bench_report(&br, R->o->json, R->o->csv);
+        rc = bench_report(&br, R->o->json, R->o->csv, R->summary);
         if (split_text[0]) pl_info("%s", split_text);
     }
     free(all);

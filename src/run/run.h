@@ -13,6 +13,7 @@
 #include "formats/data.h"
 #include "parallel/dp.h"
 #include "pipeline/engine.h"
+#include "run/bench.h"
 #include "run/layout.h"
 #include "run/metrics.h"
 #include "model/optim.h"
@@ -60,6 +61,8 @@ typedef struct {
     layout lay;
     int *rc_modes;              /* S: each global stage's STAGE_RECOMPUTE_* */
     int first_step;             /* the run's first step: weights as loaded or initialised */
+    int set_up;                 /* run_setup got past its first phase: run_teardown frees */
+    bench_summary *summary;     /* bench: where rank 0 leaves the figures (train_bench), or NULL */
     int nan_injected;           /* the step at which --fail-at nan wrote a NaN here, or 0 */
     struct ckpt_async *ca;      /* --ckpt-async's writer (ckpt_async.h), or NULL */
     double ca_blocked, ca_wait, ca_snap; /* the write in flight: seconds training was held, of it waiting, snapshot */
@@ -96,14 +99,21 @@ int report_finish(run *R, int first_step, int done_steps, double wall, double la
  * trainer's validation loss is this with --val-batches. */
 int train_evaluate(run *R, int nbatches, double *val_loss);
 
-/* eval.c (collective): `pipelm eval` after train.c's set-up: load --resume's weights, run
- * train_evaluate over the batches, report; *agreed as train_run's. */
-int eval_after_setup(run *R, int *agreed);
+/* The set-up every subcommand that runs the model shares (train.c, collective): the layout,
+ * communicators, threads, watchdog and signals, the stages, data, replicas and checkpoint
+ * writer, the weights (--init, --resume, or initialised), agreed by every rank, so each rank
+ * returns the same status. *stop_grace: the --stop-grace in force. Whatever it returns,
+ * run_teardown(R, agreed) ends it. train_run, eval and generate are set-up, their own loop,
+ * teardown. */
+int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace);
+void run_teardown(run *R, int agreed);
+
 /* eval.c (collective): the parameters of the checkpoint --resume names into R->st. */
 int eval_load_resume(run *R);
-/* generate.c (collective): `pipelm generate` after train.c's set-up; *agreed as train_run's. */
-int generate_after_setup(run *R, int *agreed);
 
+/* The model config of the checkpoint --resume names (a file or a directory's latest), for a
+ * run that takes its dimensions from it. */
+int train_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen);
 /* train_ckpt.c (collective) */
 int train_save_checkpoint(run *R, int step);
 int train_resume_checkpoint(run *R, int *first_step);

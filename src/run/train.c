@@ -22,7 +22,7 @@
 #include "cli/config.h"
 #include "formats/data.h"
 #include "pipeline/engine.h"
-#include "parallel/exact.h"
+#include "util/exact.h"
 #include "run/eval.h"
 #include "util/files.h"
 #include "formats/hf.h"
@@ -34,7 +34,7 @@
 #include "util/signals.h"
 #include "pipeline/split.h"
 #include "parallel/tp.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 #include "run/run.h"
 #include "formats/safetensors.h"
 #include "run/train.h"
@@ -90,7 +90,7 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
         if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
-    } else if (o->eval_mode && o->resume[0]) PL_TRY(eval_resume_config(o, &R->cfg, err, errlen));
+    } else if (o->eval_mode && o->resume[0]) PL_TRY(train_resume_config(o, &R->cfg, err, errlen));
     else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);
@@ -356,8 +356,8 @@ static int setup_tp(run *R, char *err, size_t errlen) {
         snprintf(err, errlen, "--tp %d: %s does not run with tensor parallelism yet (use --tp 1)", R->Tp, no);
         return PL_EINVAL;
     }
-    int kill = strcmp(o->fail_at, "tp-kill") == 0;
-    int fail = o->fail_rank == R->wrank && (kill || strcmp(o->fail_at, "tp") == 0) ? o->fail_step : -1;
+    int kill = strcmp(o->hooks.fail_at, "tp-kill") == 0;
+    int fail = o->hooks.fail_rank == R->wrank && (kill || strcmp(o->hooks.fail_at, "tp") == 0) ? o->hooks.fail_step : -1;
     PL_TRY(tp_init(&R->tp, R->tpc, R->be, fail, R->wrank, err, errlen));
     R->tp.fail_kill = kill;
     R->have_tp = 1;
@@ -442,8 +442,8 @@ static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
     PL_TRY(check_outputs(R, err, errlen));
     PL_TRY(lock_ckpt_dir(R, err, errlen));
-    if (o->fail_rank == R->wrank && o->fail_step == 0 && strcmp(o->fail_at, "during") == 0) {
-        snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->fail_rank);
+    if (hooks_fail_here(&o->hooks, R->wrank, 0, "during")) {
+        snprintf(err, errlen, "injected failure during set-up (--fail-rank %d --fail-step 0)", o->hooks.fail_rank);
         return PL_EPEER;
     }
     PL_TRY(setup_backend(R, err, errlen));
@@ -465,9 +465,9 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(train_ckpt_async_check(R, err, errlen)); /* --ckpt-async: MPI's thread level, the snapshot's memory */
     PL_TRY(engine_init(&R->eng, R->stv, R->V, &R->sc, R->comm, err, errlen));
     /* --fail-rank names a world rank */
-    engine_set_faults(&R->eng, o->fail_rank == R->wrank ? R->rank : -1, o->fail_step,
-                      strcmp(o->fail_at, "during") == 0);
-    if (o->slow_rank == R->rank) engine_set_slow(&R->eng, o->slow_ms); /* test-only: a straggler */
+    engine_set_faults(&R->eng, o->hooks.fail_rank == R->wrank ? R->rank : -1, o->hooks.fail_step,
+                      strcmp(o->hooks.fail_at, "during") == 0);
+    if (o->hooks.slow_rank == R->rank) engine_set_slow(&R->eng, o->hooks.slow_ms); /* test-only: a straggler */
     /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets */
     if (R->rank == 0 || R->rank == last_rank(R)) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
@@ -710,10 +710,10 @@ static int set_threads(run *R) {
 /* Test-only fault injection: does --fail-rank fail here, at --fail-at `where` of `step`? */
 static int fail_here(const run *R, int step, const char *where) {
     const pl_options *o = R->o;
-    if (o->fail_rank != R->wrank || o->fail_step != step || strcmp(o->fail_at, where) != 0) return 0;
+    if (!hooks_fail_here(&o->hooks, R->wrank, step, where)) return 0;
     if (strcmp(where, "nan") != 0)
-        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d on %s", o->fail_rank,
-                 o->fail_step, where, step, R->D > 1 ? "this replica's stage" : "this stage");
+        pl_error("injected failure (--fail-rank %d --fail-step %d --fail-at %s) at step %d on %s", o->hooks.fail_rank,
+                 o->hooks.fail_step, where, step, R->D > 1 ? "this replica's stage" : "this stage");
     return 1;
 }
 /* One training step: data, the pipeline, the optimizer. A failure that peers cannot see
@@ -866,8 +866,8 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     R->tty = o->progress && isatty(fileno(pl_out ? pl_out : stdout));
     /* every rank sees the same options and world size: the refusals below are agreed */
     if (layout_grid(R, o) != PL_OK) return PL_EINVAL;
-    if (o->fail_rank >= R->W) {
-        if (R->wrank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->fail_rank, R->W);
+    if (o->hooks.fail_rank >= R->W) {
+        if (R->wrank == 0) pl_error("--fail-rank %d is not a rank of this %d-rank job", o->hooks.fail_rank, R->W);
         return PL_EINVAL;
     }
     /* pipeline outermost: rank r is stage r / D of replica r % D, so a stage's replicas are
@@ -1049,40 +1049,56 @@ static void teardown(run *R, int agreed) {
     comm_step = -1;
 }
 
-int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
-    run R;
+int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace) {
     loop_state L;
-    *agreed = 1;
-    memset(&R, 0, sizeof R);
+    memset(R, 0, sizeof *R);
     memset(&L, 0, sizeof L);
-    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = L.nw.fwd_wrank = -1;
-    L.last_loss = NAN;
-    int rc = start_run(&R, o, comm, &L);
+    int rc = start_run(R, o, comm, &L);
+    *stop_grace = L.grace;
     if (rc != PL_OK) { /* nothing allocated yet; the tied communicator is the last step */
         signals_restore();
         return rc;
     }
+    R->set_up = 1;
     char err[1024] = "";
-    rc = setup(&R, err, sizeof err);
+    rc = setup(R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "set-up")) != PL_OK) goto done;
+    if ((rc = agree(R, rc, "set-up")) != PL_OK) return rc;
     err[0] = 0;
-    rc = setup_dp(&R, err, sizeof err);
+    rc = setup_dp(R, err, sizeof err);
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "the data-parallel set-up")) != PL_OK) goto done;
+    if ((rc = agree(R, rc, "the data-parallel set-up")) != PL_OK) return rc;
     err[0] = 0;
-    rc = train_ckpt_async_setup(&R, err, sizeof err); /* --ckpt-async: the writer's communicator */
+    rc = train_ckpt_async_setup(R, err, sizeof err); /* --ckpt-async: the writer's communicator */
     if (rc != PL_OK && err[0]) pl_error("%s", err);
-    if ((rc = agree(&R, rc, "the set-up of --ckpt-async")) != PL_OK) goto done;
-    L.first_step = 1;
-    rc = before_loop(&R, &L.first_step);
-    R.first_step = L.first_step;
-    if ((rc = agree(&R, rc, "the start of the run")) != PL_OK) goto done;
-    if ((rc = stop_before_first_step(&R, L.first_step)) != PL_OK) goto done;
-    if (o->eval_mode) { /* pipelm eval: the validation path over the weights, nothing trained */
-        rc = o->eval_mode == 2 ? generate_after_setup(&R, agreed) : eval_after_setup(&R, agreed);
-        goto done;
-    }
+    if ((rc = agree(R, rc, "the set-up of --ckpt-async")) != PL_OK) return rc;
+    int first_step = 1;
+    rc = before_loop(R, &first_step);
+    R->first_step = first_step;
+    if ((rc = agree(R, rc, "the start of the run")) != PL_OK) return rc;
+    return stop_before_first_step(R, first_step);
+}
+
+void run_teardown(run *R, int agreed) {
+    if (R->set_up) teardown(R, agreed);
+    R->set_up = 0;
+}
+
+int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
+    return train_bench(o, comm, agreed, NULL);
+}
+
+int train_bench(const pl_options *o, MPI_Comm comm, int *agreed, bench_summary *summary) {
+    run R;
+    loop_state L;
+    *agreed = 1;
+    memset(&L, 0, sizeof L);
+    L.nw.stop_rank = L.nw.fwd_stage = L.nw.fwd_mb = L.nw.fwd_wrank = -1;
+    L.last_loss = NAN;
+    int rc = run_setup(&R, o, comm, &L.grace);
+    R.summary = summary;
+    if (rc != PL_OK) goto done;
+    L.first_step = R.first_step;
     L.last_step = o->bench ? o->warmup + o->hp.total_steps : o->hp.total_steps;
     if (L.first_step > L.last_step)
         pl_info("the checkpoint is at step %d: nothing left to do for --steps %d\n", L.first_step - 1, L.last_step);
@@ -1094,6 +1110,6 @@ int train_run(const pl_options *o, MPI_Comm comm, int *agreed) {
     if (rc == PL_EINVAL) rc = PL_ESTATE; /* past set-up nothing is a bad setting (exit 1, not 2) */
 done:
     free(L.step_s);
-    teardown(&R, *agreed);
+    run_teardown(&R, *agreed);
     return rc;
 }

@@ -14,11 +14,15 @@
 
 #include <mpi.h>
 #include "cli/config.h"
+#include "run/bench.h"
 
 /* Run training with the parsed options on comm. Returns PL_OK or an error code; *agreed is
  * 1 when every rank returns the same code together, 0 when this rank failed alone (the
  * caller must then MPI_Abort, since its peers may be blocked waiting for it). */
 int train_run(const pl_options *o, MPI_Comm comm, int *agreed);
+/* The same for `pipelm bench` (o->bench set): rank 0's figures in *summary too (NULL: none),
+ * as pipelm tune --verify takes them. */
+int train_bench(const pl_options *o, MPI_Comm comm, int *agreed, bench_summary *summary);
 /* Learning rate at step (1-based): linear warm-up, then cosine to min_lr or constant. */
 double train_lr(const pl_options *o, int step);
 

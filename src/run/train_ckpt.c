@@ -20,7 +20,7 @@
 #include "parallel/comm.h"
 #include "util/common.h"
 #include "run/run.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 
 /* The training state that goes into a checkpoint beside the tensors. */
 static void fill_meta(const run *R, int step, ckpt_meta *m) {
@@ -91,7 +91,7 @@ int train_save_checkpoint(run *R, int step) {
     }
     if (rc == PL_OK) rc = comm_deadline_arm("the checkpoint save (collective HDF5)", ckpt_deadline_s(R));
     const pl_options *o = R->o;
-    if (rc == PL_OK && o->fail_rank == R->wrank && o->fail_step == step && strcmp(o->fail_at, "stall") == 0)
+    if (rc == PL_OK && hooks_fail_here(&o->hooks, R->wrank, step, "stall"))
         sleep(3600); /* test-only: a rank that hangs where the peers block inside HDF5 */
     comm_deadline_enter();
     if (rc == PL_OK)
@@ -362,4 +362,18 @@ void train_ckpt_async_free(run *R, int agreed) {
     }
     ckpt_async_free(R->ca, agreed && dummy);
     R->ca = NULL;
+}
+
+int train_resume_config(const pl_options *o, model_config *cfg, char *err, size_t errlen) {
+    char path[PL_PATH + 64], e2[1024];
+    if (ckpt_resolve(strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume, path, sizeof path, e2,
+                     sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--resume: %s", e2);
+        return PL_EIO;
+    }
+    if (ckpt_read_info(path, cfg, NULL, e2, sizeof e2) != PL_OK) {
+        snprintf(err, errlen, "--resume %s: %s", path, e2);
+        return PL_EIO;
+    }
+    return PL_OK;
 }

@@ -21,13 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/common.h"
+#include "util/hooks.h"
 #include "formats/llmc.h"
 #include "run/run.h"
 
 /* This rank's share of its node's available memory, in bytes (-1: unknown); collective over
  * the world (the ranks on each node are counted with MPI_Comm_split_type). */
 static double rank_memory(MPI_Comm world) {
-    const char *e = getenv("PIPELM_RANK_MEM_MB"); /* test-only */
+    const char *e = hooks_env("PIPELM_RANK_MEM_MB");
     if (e && e[0]) return atof(e) * 1e6;
     MPI_Comm node;
     int local = 1;

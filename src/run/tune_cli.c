@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/args.h"
 #include "util/common.h"
 #include "cli/config.h"
 #include "util/files.h"
@@ -84,11 +85,39 @@ static int train_options_model(const char *extra, model_config *cfg, int *T) {
     int argc = train_argv(buf, argv, 127);
     pl_options o;
     config_defaults(&o);
-    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || o.init[0] ||
+    if (config_parse(&o, argc, argv, 2, CFG_CMD_TUNE, err, sizeof err) != PL_OK || o.init[0] ||
         config_model(&o, config_vocab(&o), cfg, err, sizeof err) != PL_OK)
         return 0;
     *T = o.seq_len > 0 ? o.seq_len : o.max_seq_len;
     return 1;
+}
+
+/* tune's own options, in tune_parse's order */
+static const char *const tune_opt_names[] = {"costs", "costs-selective", "costs-full", "json", "stages", "ranks",
+    "batch", "top", "verify", "verify-steps", "verify-warmup", "measure", "max-microbatches", "costs-microbatches",
+    "n-layer", "mem-cap-gb"};
+#define NTUNE_OPTS (int)(sizeof tune_opt_names / sizeof tune_opt_names[0])
+
+/* Store option k's value v; 1 if it is not a valid value. */
+static int tune_set(tune_args *a, int k, const char *v, double *gb) {
+    switch (k) {
+    case 0: a->costs = v; return 0;
+    case 1: a->costs_mode[TUNE_SELECTIVE] = v; return 0;
+    case 2: a->costs_mode[TUNE_FULL] = v; return 0;
+    case 3: a->json = v; return 0;
+    case 4: return (a->q.P = int_arg(v, 1)) < 0;
+    case 5: return (a->q.ranks = int_arg(v, 1)) < 0;
+    case 6: return (a->q.batch = int_arg(v, 1)) < 0;
+    case 7: return (a->top = int_arg(v, 1)) < 0;
+    case 8: return (a->verify = int_arg(v, 0)) < 0;
+    case 9: return (a->verify_steps = int_arg(v, 1)) < 0;
+    case 10: return (a->verify_warmup = int_arg(v, 0)) < 0;
+    case 11: return (a->measure = a->q.costs_M = int_arg(v, 1)) < 0;
+    case 12: return (a->q.max_M = int_arg(v, 1)) < 0;
+    case 13: return (a->q.costs_M = int_arg(v, 1)) < 0;
+    case 14: return (a->q.n_layer = int_arg(v, 1)) < 0;
+    default: return !((*gb = strtod(v, NULL)) > 0);
+    }
 }
 
 /* Parse the command line; 0 to go on, else the exit status (+1: --help). */
@@ -96,35 +125,25 @@ static int tune_parse(int argc, char **argv, int first, int world, tune_args *a)
     memset(a, 0, sizeof *a);
     a->top = 5, a->verify_steps = 3, a->verify_warmup = 1, a->q.P = world > 1 ? world : 0, a->q.batch = 16, a->q.mem_cap_mb = -1;
     double gb = -1;
+    char err[512];
+    if (args_check_names(argc, argv, first, tune_opt_names, NTUNE_OPTS, "tune", err, sizeof err) != PL_OK) {
+        pl_error("%s (train options go after --)", err);
+        return 3;
+    }
     for (int i = first; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help")) { if (pl_rank == 0) tune_usage(); return 1; }
-        if (!strcmp(o, "--")) {
+        if (!strcmp(argv[i], "--")) {
             for (int j = i + 1, off = 0; j < argc && off < (int)sizeof a->extra - 2; j++)
                 off += snprintf(a->extra + off, sizeof a->extra - off, "%s%s", off ? " " : "", argv[j]);
             break;
         }
-        if (i + 1 >= argc) { pl_error("tune: option %s needs a value", o); return 3; }
-        const char *v = argv[++i];
-        int bad = 0;
-        if (!strcmp(o, "--costs")) a->costs = v;
-        else if (!strcmp(o, "--costs-selective")) a->costs_mode[TUNE_SELECTIVE] = v;
-        else if (!strcmp(o, "--costs-full")) a->costs_mode[TUNE_FULL] = v;
-        else if (!strcmp(o, "--json")) a->json = v;
-        else if (!strcmp(o, "--stages")) bad = (a->q.P = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--ranks")) bad = (a->q.ranks = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--batch")) bad = (a->q.batch = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--top")) bad = (a->top = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--verify")) bad = (a->verify = int_arg(v, 0)) < 0;
-        else if (!strcmp(o, "--verify-steps")) bad = (a->verify_steps = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--verify-warmup")) bad = (a->verify_warmup = int_arg(v, 0)) < 0;
-        else if (!strcmp(o, "--measure")) bad = (a->measure = a->q.costs_M = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--max-microbatches")) bad = (a->q.max_M = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--costs-microbatches")) bad = (a->q.costs_M = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--n-layer")) bad = (a->q.n_layer = int_arg(v, 1)) < 0;
-        else if (!strcmp(o, "--mem-cap-gb")) bad = !((gb = strtod(v, NULL)) > 0);
-        else { pl_error("tune: unknown option '%s' (see pipelm tune --help; train options go after --)", o); return 3; }
-        if (bad) { pl_error("tune: %s %s: not a valid value", o, v); return 3; }
+        int k;
+        const char *v;
+        if (args_next(argc, argv, &i, tune_opt_names, NTUNE_OPTS, "tune", &k, &v, err, sizeof err) != PL_OK) {
+            pl_error("%s", err);
+            return 3;
+        }
+        if (k == -1) { if (pl_rank == 0) tune_usage(); return 1; }
+        if (tune_set(a, k, v, &gb)) { pl_error("tune: --%s %s: not a valid value", tune_opt_names[k], v); return 3; }
     }
     if (!a->costs && !a->measure) {
         pl_error("tune: --costs FILE (pipelm bench --costs-out writes one) or --measure M0 is required");
@@ -218,10 +237,9 @@ static void job_file(const char *what, MPI_Comm comm, char *buf, size_t len) {
  * such as --costs-out FILE); *ms the median step, or -1. */
 static int bench_here(const tune_args *a, const char *layout, int steps, int warmup, const char *more, MPI_Comm comm,
                       double *ms) {
-    char cmd[3200], js[256];
-    job_file("bench.json", comm, js, sizeof js);
-    snprintf(cmd, sizeof cmd, "%s --batch %d --steps %d --warmup %d %s %s --json %s", layout, a->q.batch, steps,
-             warmup, a->extra, more ? more : "", js);
+    char cmd[3200];
+    snprintf(cmd, sizeof cmd, "%s --batch %d --steps %d --warmup %d %s %s", layout, a->q.batch, steps, warmup,
+             a->extra, more ? more : "");
     char *argv[160];
     int argc = train_argv(cmd, argv, 159);
     pl_options o;
@@ -229,22 +247,14 @@ static int bench_here(const tune_args *a, const char *layout, int steps, int war
     o.hp.total_steps = steps, o.warmup = warmup, o.log_every = 1000000, o.progress = 0;
     char err[1024];
     *ms = -1;
-    if (config_parse(&o, argc, argv, 2, 1, err, sizeof err) != PL_OK || config_validate(&o, err, sizeof err) != PL_OK) {
+    if (config_parse(&o, argc, argv, 2, CFG_CMD_TUNE, err, sizeof err) != PL_OK || config_validate(&o, err, sizeof err) != PL_OK) {
         if (pl_rank == 0) pl_error("tune: pipelm bench %s: %s", layout, err);
         return PL_EINVAL;
     }
     o.bench = 1;
-    int agreed = 1, rc = train_run(&o, comm, &agreed);
-    if (rc == PL_OK && pl_rank == 0) {
-        FILE *f = fopen(js, "r");
-        char buf[4096] = "";
-        size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[got] = 0;
-        if (f) fclose(f);
-        const char *p = strstr(buf, "\"median\":");
-        if (p) *ms = strtod(p + 9, NULL);
-    }
-    if (pl_rank == 0) unlink(js);
+    bench_summary sum = {-1, -1, -1, 0, 0, 0};
+    int agreed = 1, rc = train_bench(&o, comm, &agreed, &sum);
+    if (rc == PL_OK && pl_rank == 0) *ms = sum.step_ms_median;
     return rc;
 }
 

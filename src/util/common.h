@@ -74,4 +74,8 @@ double pl_mem_available(const char *env);
         if (pl_try_rc_ != PL_OK) return pl_try_rc_;                                     \
     } while (0)
 
+/* Exit status of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
+ * a job script requeues on it. */
+#define PIPELM_EXIT_PREEMPTED 75
+
 #endif

@@ -17,7 +17,7 @@ expect "bad integer named" 2 "bad value 'many' for --steps" run train --steps ma
 expect "bad number named" 2 "bad value '1e' for --lr" run train --lr 1e
 expect "missing value" 2 "needs a value" run train --steps
 expect "unknown preset" 2 "unknown preset 'huge'" run train --preset huge
-expect "bad schedule" 2 "must be 1f1b, gpipe, zb-h1, interleaved-1f1b, looped-bfs or interleaved-zb" run train --schedule zigzag
+expect "bad schedule" 2 "must be one of gpipe, 1f1b, zb-h1, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipev, or auto" run train --schedule zigzag
 expect "batch not divisible" 2 "not divisible by --microbatches" run train --batch 10 --microbatches 4
 expect "seq-len too long" 2 "is out of range (1..64, the model's max-seq-len)" run train --seq-len 1000 --steps 1
 expect "missing init file" 1 "nope.bin" run train --init nope.bin --steps 1
@@ -28,7 +28,7 @@ expect "bad lr-schedule" 2 "cosine or constant" run train --lr-schedule linear
 expect "abbreviated option refused" 2 "option '--step' is not spelled in full (did you mean --steps?" run train --step 3
 expect "abbreviated --name=value refused" 2 "'--microbatch' is not spelled in full" run train --microbatch=2
 expect "ambiguous prefix is unknown" 2 "unknown option '--val'" run train --val 3
-expect "bench option in train" 2 "unknown option '--warmup' for train (it is a bench option)" run train --warmup 1
+expect "bench option in train" 2 "unknown option '--warmup' for train: it is a bench option" run train --warmup 1
 expect "single-dash word refused" 2 "unexpected argument '-s'" run train -s 3
 expect "underscores as dashes" 0 "step     1/1" run train --steps=1 --batch 4 --seq_len 16 --progress 0
 expect "train --help lists --precision" 0 "--precision S .*bf16 inputs, fp32 accumulation; --backend onednn or cuda" run train --help

@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_exact.sh — `--grad-accum exact` (src/parallel/exact.h): each micro-batch's weight
+# test_exact.sh — `--grad-accum exact` (src/util/exact.h): each micro-batch's weight
 # gradient in 128-bit fixed point, summed as integers over micro-batches, replicas and the
 # tied embedding's two ends, rounded to fp32 once; the loss and the gradient norm summed the
 # same way. So a step's result does not depend on the layout at a fixed --tp:

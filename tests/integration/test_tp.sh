@@ -140,17 +140,18 @@ secs=$(( $(date +%s) - t0 ))
     || bad "TP failure" "rc $rc after ${secs} s: $(grep -m3 -i 'error\|fail' fail.out | tr '\n' ' ')"
 
 # a rank killed (SIGKILL) inside a TP all-reduce, its peers inside the same gather: mpiexec
-# ends the job within seconds ("BAD TERMINATION", the dead process's exit code 9; its TP peer
-# may die first of MPICH's shared-memory read from the gone process, or of mpiexec's SIGTERM);
-# the rank's note before its death names it and the phase (a killed process says nothing
-# itself: under srun it is srun's "task 3: Killed" that names it)
+# ends the job within seconds ("BAD TERMINATION"); the rank's note before its death names it
+# and the phase (a killed process says nothing itself: under srun it is srun's "task 3:
+# Killed" that names it). Which exit code mpiexec reports is not checked: it is the dead
+# process's 9 or, when mpiexec's SIGTERM of a peer is seen first, that peer's (2 failures in 4
+# runs on one machine)
 t0=$(date +%s)
 mpirun_t 60 4 train $COMMON --tp 2 --stages 2 --fail-rank 3 --fail-step 2 --fail-at tp-kill --watchdog 20 > kill.out 2>&1
 rc=$?
 secs=$(( $(date +%s) - t0 ))
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -lt 30 ] && grep -q "rank 3: note: --fail-at tp-kill: killing this rank (SIGKILL) inside the TP all-reduce of the forward, step 2" kill.out \
-    && grep -q "BAD TERMINATION" kill.out && grep -q "EXIT CODE: 9" kill.out \
-    && ok "a rank killed with SIGKILL inside a TP all-reduce: the job ends in ${secs} s (rc $rc), the killed process named" \
+    && grep -q "BAD TERMINATION" kill.out \
+    && ok "a rank killed with SIGKILL inside a TP all-reduce: the job ends in ${secs} s (rc $rc), the killed rank named" \
     || bad "TP kill" "rc $rc after ${secs} s: $(tail -n 4 kill.out | tr '\n' ' ')"
 
 # bench: the TP all-reduce time and share

@@ -2,7 +2,7 @@
 """ckpt_h5py.py LLMC_FILE CKPT_FILE — read a pipelm checkpoint with h5py (Debian's
 python3-h5py, an HDF5 reader independent of pipelm) and check it against the llm.c fp32 model
 file it was converted from: the root attributes, /config, every dataset's name, shape, dtype,
-contiguous layout and uint32 crc32c attribute (shared/notes/formats.md section 2), that
+contiguous layout and uint32 crc32c attribute (docs/formats.md section 2), that
 attribute recomputed here with a pure-Python CRC-32C on a few small datasets, the parameter
 values slice by slice, and zero AdamW moments. Exit 0 if all hold, 1 otherwise, 77 without h5py or numpy (the test fails on it).
 """

@@ -6,7 +6,10 @@
 #  - the op list is written once (backend_ops.h): no backend table or profiler names an op
 #    that only the list and the implementations may name;
 #  - docs/architecture.md names every source file and header, and holds the include graph
-#    docs/include_graph.sh prints from the sources.
+#    docs/include_graph.sh prints from the sources;
+#  - includes run down the layers (src/util < backend < model < parallel < formats < ckpt <
+#    pipeline < run < cli): an upward edge fails unless tests/lib/upward_edges.txt lists it
+#    (the list only shrinks: a listed edge that is gone fails too).
 . "$(dirname "$0")/../lib/lib.sh"
 top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$top" || exit 1
@@ -35,6 +38,25 @@ else bad "docs/architecture.md does not name" "$missing"; fi
 
 if out=$(bash docs/include_graph.sh --check 2>&1); then ok "the include graph in docs/architecture.md is current"
 else bad "include graph" "$out"; fi
+
+# the layer order, from the include graph
+layers="util backend model parallel formats ckpt pipeline run cli"
+layer_rank() { local i=0 l; for l in $layers; do [ "$l" = "$1" ] && { echo $i; return; }; i=$((i + 1)); done; echo -1; }
+upward=$(bash docs/include_graph.sh | while read -r f deps; do
+    fl=${f%%/*}; [ "$fl" = pipelm ] && continue
+    rf=$(layer_rank "$fl")
+    for d in $deps; do
+        dl=${d%%/*}; [ "$dl" = pipelm ] && continue
+        [ "$(layer_rank "$dl")" -gt "$rf" ] && echo "$f -> $d"
+    done
+done | LC_ALL=C sort)
+unknown=$(for f in $(find src -mindepth 1 -maxdepth 1 -type d | sort); do
+    [ "$(layer_rank "${f#src/}")" -ge 0 ] || echo "${f#src/}"; done)
+listed=$(sed 's/#.*//; s/ *$//; /^$/d' tests/lib/upward_edges.txt | sed 's/  */ /g' | LC_ALL=C sort)
+new=$(comm -23 <(echo "$upward") <(echo "$listed") | sed '/^$/d')
+gone=$(comm -13 <(echo "$upward") <(echo "$listed") | sed '/^$/d')
+if [ -z "$unknown$new$gone" ]; then ok "includes run down the layers ($(echo "$listed" | grep -c .) listed exceptions)"
+else bad "layer order" "folders in no layer: ${unknown:-none}; new upward edges: ${new:-none}; listed but gone (remove them from tests/lib/upward_edges.txt): ${gone:-none}"; fi
 
 # the checks can fail: a function of 81 lines is found
 printf 'int f(void) {\n%s\n}\n' "$(for i in $(seq 79); do echo '    ;'; done)" > "$WORK/long.c"

@@ -36,9 +36,7 @@
 #include <string.h>
 #include "model/arch.h"
 #include "util/common.h"
-#include "cli/config.h"
 #include "formats/hf.h"
-#include "formats/llmc.h"
 
 enum { XE_WTE };
 enum { X_ATTNORM, X_QKVW, X_ATTPROJW, X_MLPNORM, X_ROUTER, X_W1, X_W3, X_W2, X_RBIAS, X_SW1, X_SW3, X_SW2 };

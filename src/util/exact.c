@@ -7,7 +7,7 @@
 #include <config.h>
 #endif
 #include <math.h>
-#include "parallel/exact.h"
+#include "util/exact.h"
 
 _Static_assert(EXACT_FRAC == 90, "exact_to_float's scale table assumes units of 2^-90");
 

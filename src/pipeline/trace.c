@@ -11,7 +11,7 @@
 #include "parallel/comm.h"
 #include "util/common.h"
 #include "util/files.h"
-#include "run/trace.h"
+#include "pipeline/trace.h"
 
 /* One event, fixed size so ranks can ship arrays of them as bytes. */
 typedef struct {
