@@ -127,7 +127,5 @@ int ckpt_pid_alive(long pid);
  * existing regular file (no fallback to the newest file, nothing printed); else PL_EIO and
  * err says why. */
 int ckpt_latest(const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
-/* mkdir -p; 0, or -1 with errno. */
-int ckpt_make_dirs(const char *dir);
 
 #endif

@@ -35,6 +35,7 @@
 #include <unistd.h>
 #include "ckpt/ckpt_internal.h"
 #include "util/common.h"
+#include "util/files.h"
 
 #define LOCK_NAME ".lock"
 #define LOCK_FORMAT "pipelm-ckpt-lock 1"
@@ -201,7 +202,7 @@ int ckpt_lock_take(const char *dir, char *note, size_t notelen, char *err, size_
     lock_info me, li;
     note[0] = err[0] = 0;
     if (strlen(dir) > 4000) { snprintf(err, errlen, "directory name too long"); return PL_EINVAL; }
-    if (ckpt_make_dirs(dir) != 0) {
+    if (pl_make_dirs(dir) != 0) {
         snprintf(err, errlen, "cannot create directory %s: %s", dir, strerror(errno));
         return PL_EIO;
     }

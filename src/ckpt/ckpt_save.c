@@ -42,22 +42,6 @@ long long ckpt_name_step(const char *name) {
     return atoll(p);
 }
 
-/* mkdir -p. */
-int ckpt_make_dirs(const char *dir) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-    struct stat sb;
-    if (stat(buf, &sb) != 0) return -1;
-    if (!S_ISDIR(sb.st_mode)) { errno = ENOTDIR; return -1; }
-    return 0;
-}
 
 /* fsync a file or directory by path. */
 static int fsync_path(const char *path) {
@@ -342,7 +326,7 @@ int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int
     else if (meta->step < 0) rc = ckpt_fail(cx, PL_EINVAL, "negative step %lld", meta->step);
     else if (strlen(dir) > 4000) rc = ckpt_fail(cx, PL_EINVAL, "directory name too long");
     else if (rank == 0) {
-        if (ckpt_make_dirs(dir) != 0)
+        if (pl_make_dirs(dir) != 0)
             rc = ckpt_fail(cx, PL_EIO, "cannot create directory %s: %s", dir, strerror(errno));
         else remove_stale_temps(dir, tag);
     }

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include "model/hparams.h"
 #include "model/model.h"
+#include "model/model_check.h"
 #include "util/hooks.h"
 
 #define PL_PATH 4096
@@ -103,36 +104,11 @@ enum {
     CFG_SET_TIE = 1u << 12, CFG_SET_ROPESC = 1u << 13,
 };
 
-/* The Llama settings of a model, wide (64-bit integers, doubles) so that a file's or the
- * command line's values are checked before anything narrows them. */
-typedef struct {
-    long long n_head, n_kv_head, multiple_of, use_scaled_rope, ver_major, ver_minor;
-    double ffn_mult, norm_eps, rope_theta;
-} cfg_llama;
 
-/* The training settings a checkpoint records and its loader checks (64-bit, as read). */
-typedef struct {
-    optim_hparams hp;        /* the floats and the schedule (its warmup_steps and total_steps are not
-                              * read: the 64-bit ones below are) */
-    long long warmup_steps, total_steps, batch, seq_len, microbatches;
-    long long markov_branch; /* < 0: not recorded */
-    int no_run;              /* 1: batch, seq_len, microbatches all 0 (a file no run saved: pipelm convert) */
-} cfg_train;
 
-/* The one validation of a model's Llama settings, shared by the command line, config files,
- * --init headers and checkpoint loading (so whatever trains can resume): n-kv-head 1..n-head
- * dividing it, multiple-of 1..2^20, use-scaled-rope 0 or 1, Llama version 3.0..3.1000,
- * ffn-dim-multiplier 0..64 (0 none), norm-eps in (0, 1], rope-theta in (1, 1e30]. */
-int config_check_llama(const cfg_llama *l, cfg_naming naming, char *err, size_t errlen);
 /* The same for a model built already (nothing to check for GPT-2, whose dimensions
  * gpt2_config_make bounds). */
 int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen);
-/* The one validation of the training settings a checkpoint records: lr, min-lr, grad-clip,
- * weight-decay >= 0, beta1 and beta2 in [0, 1), eps > 0 (all finite), the lr schedule,
- * warm-up and total steps 0..INT_MAX, batch >= 1, seq-len 1..the model's max-seq-len,
- * micro-batches 1..batch dividing it, markov-branch 1..vocab-size. model NULL: the model is not
- * known yet (--init), its bounds are checked later. */
-int config_check_train(const cfg_train *t, const model_config *model, cfg_naming naming, char *err, size_t errlen);
 /* The training settings of the options, as the checkpoint will record them. */
 void config_train_of(const pl_options *o, cfg_train *t);
 /* The vocabulary a run without --init trains: --vocab-size, or the data's own (text: 256). */

@@ -10,6 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the spelling torch uses for each op, indexed by sched_op */
+const char *const sched_op_names[SCHED_NOPS] = {
+    "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "I", "W"
+};
+
+/* format an action for messages; never fails (falls back to "?") */
+const char *sched_act_str(const sched_action *a, char *buf, size_t len) {
+    if (sched_action_format(a, buf, len) != 0) snprintf(buf, len, "?");
+    return buf;
+}
+
 // ----------------------------------------------------------------------------
 // action strings
 

@@ -342,3 +342,20 @@ int pl_check_distinct(const char *out, const char *what_out, const char *in, con
     }
     return PL_OK;
 }
+
+/* mkdir -p. */
+int pl_make_dirs(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    struct stat sb;
+    if (stat(buf, &sb) != 0) return -1;
+    if (!S_ISDIR(sb.st_mode)) { errno = ENOTDIR; return -1; }
+    return 0;
+}

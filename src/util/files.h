@@ -64,4 +64,7 @@ int pl_check_distinct(const char *out, const char *what_out, const char *in, con
 /* Name of a file type from st_mode: "a directory", "a FIFO (named pipe)", ... */
 const char *pl_file_type_name(mode_t mode);
 
+/* mkdir -p dir (mode 0755): 0, or -1 with errno (ENOTDIR: a part of it is not a directory). */
+int pl_make_dirs(const char *dir);
+
 #endif

@@ -22,6 +22,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "pipelm/backend.h"
+
+/* whether the message that points to the oneDNN backend adds that it is not built here */
+#ifdef HAVE_ONEDNN
+#define BUILT_ONEDNN ""
+#else
+#define BUILT_ONEDNN ", not built here"
+#endif
 #include "backend/backend_host.h"
 #include "pipelm/backend_math.h"
 #include "backend/cpu/blas.h"
@@ -41,7 +48,7 @@ static int cpu_set_threads(int n);
 static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
     if (opt && opt->precision != PL_PREC_FP32) {
         snprintf(err, errlen, "backend cpu computes in fp32 only (--precision %s needs --backend onednn%s)",
-                 backend_precision_name(opt->precision), strstr(backend_list(), "onednn") ? "" : ", not built here");
+                 backend_precision_name(opt->precision), BUILT_ONEDNN);
         return PL_EINVAL;
     }
     if (opt && opt->threads > 0) cpu_set_threads(opt->threads);

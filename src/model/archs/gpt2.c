@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include "model/arch.h"
 #include "util/common.h"
-#include "formats/hf.h"
+#include "util/json.h"
 #include "formats/llmc.h"
 
 /* GPT-2's tables, each indexed by its own enum. */

@@ -22,8 +22,8 @@
 #include <string.h>
 #include "model/arch.h"
 #include "util/common.h"
-#include "cli/config.h"
-#include "formats/hf.h"
+#include "model/model_check.h"
+#include "util/json.h"
 #include "formats/llmc.h"
 
 /* Llama's tables, each indexed by its own enum. */

@@ -36,7 +36,8 @@
 #include <string.h>
 #include "model/arch.h"
 #include "util/common.h"
-#include "formats/hf.h"
+#include "model/model_check.h"
+#include "util/json.h"
 
 enum { XE_WTE };
 enum { X_ATTNORM, X_QKVW, X_ATTPROJW, X_MLPNORM, X_ROUTER, X_W1, X_W3, X_W2, X_RBIAS, X_SW1, X_SW3, X_SW2 };
