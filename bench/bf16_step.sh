@@ -16,6 +16,13 @@
 # (attention, norm/GELU/residual/embedding, loss, optimizer: <= 40 % of the former time), the
 # bf16/fp32 step ratio, and the optimizer class's GB/s at AdamW's 28 bytes a parameter against
 # the copy bandwidth (numpy, one thread; target within 1.5x).
+# Issue 41: the implementations a bf16 step's products used (--backend-opt impl-report=1: the
+# primitive's implementation name, queried after creation), with a WARNING for any fallback
+# (a bf16 product off oneDNN's brgemm kernels: gemm:jit, ref); BENCH_BASELINE=PIPELM2 runs a
+# second build's onednn bf16 step beside this one's, interleaved, in the same invocation (the
+# before/after of a change); BENCH_REPEAT (1) runs each pipelm step that many times and keeps
+# the fastest median (a machine other jobs load); BENCH_TORCH=0 skips PyTorch, BENCH_SCALE=0
+# the two-rank run, BENCH_AB_ROUNDS=0 the weight cache's A/B.
 # A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
 # BENCH_MODELS (default "tutorial gpt2"), BENCH_AB_ROUNDS (3: rounds of the weight cache's
 # A/B), BENCH_AB_PREC (bf16; fp32 only to try the script on a CPU without bf16).
@@ -35,12 +42,29 @@ echo "   bf16 ISA: $(grep -o -m1 -w 'amx_bf16\|avx512_bf16' /proc/cpuinfo | sort
 timeout 600 "$PIPELM" bench --peak --threads 1 --json "$tmp/peak.json" > "$tmp/peak.log" 2>&1
 grep -i "gflop" "$tmp/peak.log" | sed 's/^/   /'
 
-# pipelm_step TAG MODELARGS...: median ms of the timed steps (bench JSON), op split kept
+# pipelm_step TAG MODELARGS...: median ms of the timed steps (bench JSON), op split kept; with
+# BENCH_REPEAT > 1 the run with the fastest median of that many (BIN: the build, default PIPELM)
 pipelm_step() {
-    local tag=$1
+    local tag=$1 r best=""
     shift
-    timeout 1800 "$PIPELM" bench --steps "$STEPS" --warmup "$WARMUP" --microbatches 1 --threads 1 \
-        --json "$tmp/$tag.json" "$@" > "$tmp/$tag.log" 2>&1 || { echo "   $tag failed: $(tail -n 2 "$tmp/$tag.log")"; return; }
+    for r in $(seq 1 "${BENCH_REPEAT:-1}"); do
+        timeout 1800 "${BIN:-$PIPELM}" bench --steps "$STEPS" --warmup "$WARMUP" --microbatches 1 --threads 1 \
+            --json "$tmp/$tag.r.json" "$@" > "$tmp/$tag.r.log" 2>&1 \
+            || { echo "   $tag failed: $(tail -n 2 "$tmp/$tag.r.log")"; return; }
+        if [ -z "$best" ] || "$PY" -c 'import json,sys; m=lambda f: json.load(open(f))["step_ms"]["median"]; sys.exit(0 if m(sys.argv[1]) < m(sys.argv[2]) else 1)' \
+                "$tmp/$tag.r.json" "$tmp/$tag.json" 2> /dev/null; then
+            mv "$tmp/$tag.r.json" "$tmp/$tag.json"
+            mv "$tmp/$tag.r.log" "$tmp/$tag.log"
+            best=1
+        fi
+    done
+}
+# the implementations of a run's products (impl-report lines), counted, and its fallbacks
+impls() {
+    grep '^onednn: impl ' "$tmp/$1.log" | sed 's/.*: //; s/ (operands not dense)/, operands not dense/' | sort | uniq -c \
+        | sed 's/^ */      /'
+    grep '^onednn: WARNING' "$tmp/$1.log" | sort -u | sed 's/^/      /'
+    grep -q '^onednn: WARNING' "$tmp/$1.log" || echo "      no bf16 product on a fallback implementation"
 }
 torch_step() {
     local tag=$1
@@ -57,12 +81,35 @@ for model in $MODELS; do
     echo "-- $model: pipelm cpu/fp32, onednn/fp32, onednn/bf16; torch fp32, torch bf16 autocast ..."
     pipelm_step ${model}_cpu $P --backend cpu
     pipelm_step ${model}_dnn32 $P --backend onednn --precision fp32
-    pipelm_step ${model}_bf16 $P --backend onednn --precision bf16
-    if "$PY" -c 'import torch' > /dev/null 2>&1; then
+    if [ -n "$BENCH_BASELINE" ]; then # interleaved with the baseline's, the fastest of each kept
+        for r in $(seq 1 "${BENCH_REPEAT:-1}"); do
+            BENCH_REPEAT=1 BIN=$BENCH_BASELINE pipelm_step ${model}_base$r $P --backend onednn --precision bf16
+            BENCH_REPEAT=1 pipelm_step ${model}_bf16r$r $P --backend onednn --precision bf16 --backend-opt impl-report=1
+        done
+        "$PY" - "$tmp" "$model" "${BENCH_REPEAT:-1}" <<'PYEOF'
+import json, os, shutil, sys
+tmp, m, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def med(f):
+    try: return json.load(open(os.path.join(tmp, f + ".json")))["step_ms"]["median"]
+    except (OSError, ValueError, KeyError): return None
+for tag in ("base", "bf16r"):
+    runs = [(med("%s_%s%d" % (m, tag, r)), r) for r in range(1, n + 1)]
+    runs = [x for x in runs if x[0]]
+    if not runs: continue
+    best = min(runs)[1]
+    dst = m + ("_base" if tag == "base" else "_bf16")
+    for ext in (".json", ".log"): shutil.copy(os.path.join(tmp, "%s_%s%d%s" % (m, tag, best, ext)), os.path.join(tmp, dst + ext))
+PYEOF
+    else
+        pipelm_step ${model}_bf16 $P --backend onednn --precision bf16 --backend-opt impl-report=1
+    fi
+    echo "   implementations of the bf16 step's products (count of shapes: implementation):"
+    impls ${model}_bf16
+    if [ "${BENCH_TORCH:-1}" != 0 ] && "$PY" -c 'import torch' > /dev/null 2>&1; then
         torch_step ${model}_t32 $TA
         torch_step ${model}_t16 $TA --autocast bf16
     fi
-    for t in dnn32 bf16; do sed -n '/op classes/,/all ops/p' "$tmp/${model}_$t.log" | sed 's/^/   /'; done
+    for t in dnn32 base bf16; do [ -f "$tmp/${model}_$t.log" ] || continue; sed -n '/op classes/,/all ops/p' "$tmp/${model}_$t.log" | sed 's/^/   /'; done
 done
 # the machine's copy bandwidth, one thread (a memcpy of 256 MiB through Python's memoryview,
 # read + write bytes, best of 5 in CPU time, which a shared machine does not halve), for
@@ -76,7 +123,7 @@ for _ in range(5):
 print("%.2f" % (2 * len(a) / best / 1e9))
 PYEOF
 echo "-- two ranks x one thread vs one rank, bf16, tutorial, 8 micro-batches ..."
-for np in 1 2; do
+for np in $([ "${BENCH_SCALE:-1}" != 0 ] && echo 1 2); do
     timeout 1800 mpiexec -n $np "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches 8 --threads 1 \
         --steps "$STEPS" --warmup "$WARMUP" --backend onednn --precision bf16 --json "$tmp/scale$np.json" \
         > "$tmp/scale$np.log" 2>&1 || echo "   $np ranks failed: $(tail -n 2 "$tmp/scale$np.log")"
@@ -149,7 +196,10 @@ for m in models:
     bj = j(m + "_bf16")
     if bj: print("   bf16 MFU %.1f %% of %.1f GFLOP/s (the peak the run measured)" % (100 * bj["mfu"], bj["peak_gflops"]))
     if b16 and d32: print("   onednn bf16 / onednn fp32 step: %.2fx faster" % (d32 / b16))
-    for t, name in (("_dnn32", "onednn fp32"), ("_bf16", "onednn bf16")):
+    base = med(m + "_base")
+    if base and b16:
+        print("   onednn bf16 step, baseline build %.1f ms, this build %.1f ms: %.2fx" % (base, b16, base / b16))
+    for t, name in (("_dnn32", "onednn fp32"), ("_base", "onednn bf16, baseline build"), ("_bf16", "onednn bf16")):
         c = classes(m + t)
         if not c: continue
         rest = sum(c.get(k, 0) for k in NONMM)

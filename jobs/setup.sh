@@ -19,10 +19,11 @@ cd "$(dirname "$0")/.."
 
 PKGS="build-essential autoconf automake libtool autoconf-archive pkg-config mpich libmpich-dev
       libopenblas-dev libopenblas-openmp-dev libhdf5-mpich-dev hdf5-tools libinih-dev check gnuplot-nox
-      libdnnl-dev libisal-dev libjansson-dev"
+      libdnnl-dev libisal-dev libjansson-dev libpcre2-dev zlib1g-dev"
 # tests only: the independent PyTorch reference, h5py to read checkpoints, a local Slurm cluster,
-# clang's libFuzzer (with its OpenMP runtime) for the fuzz stage
-TEST_PKGS="python3-torch python3-numpy python3-h5py slurm-wlm slurmctld slurmd slurm-client munge
+# clang's libFuzzer (with its OpenMP runtime) for the fuzz stage; python3-regex for the
+# tokenizer's reference encoder, nodejs for the full tier's (tiktoken, from npm: below)
+TEST_PKGS="python3-torch python3-numpy python3-h5py python3-regex nodejs slurm-wlm slurmctld slurmd slurm-client munge
            clang libclang-rt-14-dev libomp-dev"
 
 want=$PKGS
@@ -39,6 +40,10 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
     printf 'stage %-10s %5d s  ok\n' install $(($(date +%s) - t_install))
+fi
+# npm: Debian's nodejs comes without it (another build of nodejs may bring its own)
+if [ "${1:-}" = "--test" ] && ! command -v npm > /dev/null; then
+    DEBIAN_FRONTEND=noninteractive ${SUDO:-$([ "$(id -u)" -ne 0 ] && echo sudo)} apt-get install -y -qq --no-install-recommends npm
 fi
 
 # stage_time NAME T0 RC: one line with the stage's time since T0 (date +%s) and its outcome

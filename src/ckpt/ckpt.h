@@ -72,6 +72,13 @@ void ckpt_set_opts(const ckpt_opts *c);
  * be->error()): print it from one rank. Same for ckpt_load. */
 int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int keep, MPI_Comm comm,
               char *path_out, size_t pathlen, double *bytes_out, char *err, size_t errlen);
+/* Rank 0 of a training run, once before its first save: every checkpoint in dir above step
+ * floor (the step it resumed from; 0 when it starts afresh) was written by another run, so
+ * ckpt_save's pruning (--ckpt-keep) leaves it alone unless this run saves that step itself.
+ * Always PL_OK (an unreadable directory protects nothing: there is nothing to prune). */
+int ckpt_keep_protect(const char *dir, long long floor);
+/* 1 if dir holds a ckpt_<step>.h5 file, *step the newest step (-1 when none). */
+int ckpt_dir_newest(const char *dir, long long *step);
 /* Resolve what --resume names: a file, or a directory: the checkpoint DIR/latest names. A
  * latest that is empty, unreadable, not a plain `ckpt_<step>.h5` name in DIR (a '/' or
  * '..'), or not a regular file is refused. A missing latest, or one naming a file that is

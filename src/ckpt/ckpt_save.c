@@ -107,12 +107,11 @@ static int cmp_ll(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Remove checkpoints beyond the newest `keep` (oldest first), never `current`. A file that
- * cannot be removed is reported as a warning: the save itself succeeded. */
-static void prune(const char *dir, int keep, long long current) {
-    if (keep <= 0) return;
+/* The steps of the ckpt_*.h5 files in dir, ascending (*n = 0, NULL when none or unreadable). */
+static long long *dir_steps(const char *dir, size_t *n_out) {
+    *n_out = 0;
     DIR *d = opendir(dir);
-    if (!d) return;
+    if (!d) return NULL;
     size_t n = 0, cap = 64;
     long long *steps = malloc(cap * sizeof *steps);
     struct dirent *e;
@@ -128,9 +127,60 @@ static void prune(const char *dir, int keep, long long current) {
         steps[n++] = s;
     }
     closedir(d);
-    if (!steps) return;
-    qsort(steps, n, sizeof *steps, cmp_ll);
-    for (size_t i = 0; i + (size_t)keep < n; i++) {
+    if (steps) qsort(steps, n, sizeof *steps, cmp_ll);
+    *n_out = steps ? n : 0;
+    return steps;
+}
+
+/* The checkpoints --ckpt-keep must not remove (ckpt_keep_protect): those the directory held
+ * when the run started, above the step it resumed from, until this run writes that step
+ * itself. One run per process, set before its first save; read and changed only by the
+ * thread that saves (one save at a time). */
+static long long *protected_steps;
+static size_t nprotected;
+
+int ckpt_keep_protect(const char *dir, long long floor) {
+    free(protected_steps);
+    protected_steps = NULL;
+    nprotected = 0;
+    size_t n;
+    long long *steps = dir_steps(dir, &n);
+    for (size_t i = 0; i < n; i++)
+        if (steps[i] > floor) steps[nprotected++] = steps[i];
+    protected_steps = steps;
+    return PL_OK;
+}
+
+int ckpt_dir_newest(const char *dir, long long *step) {
+    size_t n;
+    long long *steps = dir_steps(dir, &n);
+    *step = n ? steps[n - 1] : -1;
+    free(steps);
+    return n > 0;
+}
+
+/* Is step one the run must leave alone? With unmark: this run has just written it (it is
+ * the run's own from now on). */
+static int is_protected(long long step, int unmark) {
+    for (size_t i = 0; i < nprotected; i++)
+        if (protected_steps[i] == step) {
+            if (unmark) protected_steps[i] = -1;
+            return !unmark;
+        }
+    return 0;
+}
+
+/* Remove checkpoints beyond the newest `keep` (oldest first), never `current` and never one
+ * this run did not write that is newer than the step it resumed from (ckpt_keep_protect:
+ * those are neither removed nor counted). A
+ * file that cannot be removed is reported as a warning: the save itself succeeded. */
+static void prune(const char *dir, int keep, long long current) {
+    if (keep <= 0) return;
+    size_t n, m = 0;
+    long long *steps = dir_steps(dir, &n);
+    for (size_t i = 0; i < n; i++) /* what the run may remove (counted against keep) */
+        if (!is_protected(steps[i], 0)) steps[m++] = steps[i];
+    for (size_t i = 0; i + (size_t)keep < m; i++) {
         if (steps[i] == current) continue;
         char p[4400];
         snprintf(p, sizeof p, "%s/ckpt_%08lld.h5", dir, steps[i]);
@@ -338,6 +388,7 @@ int ckpt_save(const char *dir, stage *st, optim *opt, const ckpt_meta *meta, int
         if (rank == 0) unlink(tmp); /* the previous checkpoint and latest stay untouched */
         return rc;
     }
+    is_protected(meta->step, 1); /* written by this run now: its own to prune */
     if (rank == 0) prune(dir, keep, meta->step);
     PL_MPI_CHECK(MPI_Barrier(comm)); /* nobody looks at DIR before the pruning is over */
     return PL_OK;

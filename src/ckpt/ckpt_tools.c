@@ -215,7 +215,8 @@ int ckpt_convert_main(int argc, char **argv, int first) {
     const char *in = argv[first], *out = argv[first + 1];
     char err[2048] = "";
     /* the output is checked before any work: never the input itself, never a device or FIFO */
-    if (pl_check_distinct(out, "output", in, "input", err, sizeof err) != PL_OK) {
+    pl_io tin[] = {{"input", in}}, tout[] = {{"output", out}}; /* in a directory too (a Hugging Face model) */
+    if (pl_check_io(tin, 1, tout, 1, err, sizeof err) != PL_OK) {
         pl_error("convert: %s", err);
         return 2;
     }

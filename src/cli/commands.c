@@ -8,6 +8,7 @@
 #include "pipeline/tune.h"
 #include "run/eval.h"
 #include "run/generate.h"
+#include "run/tokenize.h"
 
 static int tune_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     *abort_needed = 0;
@@ -29,6 +30,11 @@ static int inspect_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_nee
     return rank == 0 ? ckpt_inspect_main(argc, argv, 2) : 0;
 }
 
+static int tokenize_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
+    *abort_needed = 0;
+    return tokenize_main(argc, argv, comm);
+}
+
 static int generate_cmd_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     return generate_main(argc, argv, comm, 0, abort_needed);
 }
@@ -37,6 +43,7 @@ const pl_command pl_commands[] = {
     {"train", train_cmd_main, "train a GPT-2 or Llama 3 model, one pipeline stage per MPI rank"},
     {"eval", eval_main, "the loss and perplexity of a model file or checkpoint on a data set, pipelined"},
     {"generate", generate_cmd_main, "sample from a model through the pipeline stages, with a KV cache per stage"},
+    {"tokenize", tokenize_cmd_main, "text or JSON-lines corpora to llm.c token shards with a BPE tokenizer, over R ranks"},
     {"schedule", schedule_main, "print a pipeline schedule as a grid (and write torch CSV)"},
     {"bench", bench_cmd_main, "measure performance (--peak: sgemm GFLOP/s; --generate: decoding)"},
     {"tune", tune_cmd_main, "the fastest schedule x micro-batches x chunks for measured costs (bench --costs-out)"},

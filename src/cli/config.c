@@ -178,7 +178,11 @@ static const opt_desc options[] = {
           "CPU allows; 0: keep the library's choice (default 1, or PIPELM_BLAS_AUTO)"),
     O_STR("ckpt-dir", ckpt_dir, "directory for checkpoints (one HDF5 file per save)"),
     OT_INT("ckpt-every", ckpt_every, "save a checkpoint every N steps (0: only on preemption/at the end)"),
-    OT_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all)"),
+    OT_INT("ckpt-keep", ckpt_keep, "keep the newest K checkpoints (0: keep all); it removes only checkpoints this run "
+           "wrote or older than the one it resumed from"),
+    OT_FLAG("ckpt-overwrite", ckpt_overwrite, "1: start over in a --ckpt-dir that already holds checkpoints without "
+            "resuming (its saves replace those of the same step and move latest to this run's; the others stay); "
+            "0 (default): such a directory is refused unless the run resumes"),
     O_CHOICE("ckpt-xfer", ckpt_xfer, "independent|collective", "MPI-IO data transfers of checkpoints: independent "
              "(each tensor's owner alone) or collective (default independent, or PIPELM_CKPT_XFER)"),
     O_STR("ckpt-hints", ckpt_hints, "MPI-IO hints key=value,key=value for checkpoint files, added to (or "
@@ -976,6 +980,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
             o->stop_grace);
     REQUIRE(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %d)", o->ckpt_every);
     REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);
+    REQUIRE(o->ckpt_overwrite == 0 || o->ckpt_overwrite == 1, "--ckpt-overwrite must be 0 or 1 (got %d)",
+            o->ckpt_overwrite);
     REQUIRE(!o->ckpt_every || o->ckpt_dir[0], "--ckpt-every needs --ckpt-dir");
     REQUIRE(strcmp(o->resume, "latest") != 0 || o->ckpt_dir[0], "a bare --resume needs --ckpt-dir (or give --resume FILE)");
     if (config_check_ckpt(o, err, errlen) != PL_OK) return PL_EINVAL;

@@ -19,9 +19,9 @@
 #include "model/hparams.h"
 #include "model/model.h"
 #include "model/model_check.h"
+#include "util/common.h" /* PL_PATH */
 #include "util/hooks.h"
 
-#define PL_PATH 4096
 
 struct gen_opts; /* generate.h */
 
@@ -68,6 +68,7 @@ typedef struct {
     /* checkpoints */
     char ckpt_dir[PL_PATH], resume[PL_PATH];
     int ckpt_every, ckpt_keep;
+    int ckpt_overwrite;   /* 1: start over in a --ckpt-dir that holds checkpoints (train_ckpt_guard) */
     char ckpt_xfer[16];   /* independent | collective: MPI-IO data transfers (config_check_ckpt checks it) */
     char ckpt_hints[1024]; /* MPI-IO hints "key=value,..." added to the built-in ones */
     int ckpt_verify, ckpt_space_check; /* 1 (default) or 0: re-read a save before publishing it; check the space */

@@ -41,8 +41,9 @@ static void print_schedule_summary(const sched *s) {
     sched_sim_free(&sim);
 }
 
-/* Predict the step with the measured costs in `path` (PL_OK, or the failure, reported). */
-static int predict_with_costs(const sched *s, const char *path, int tp) {
+/* Predict the step with the measured costs in `path` (PL_OK, or the failure, reported);
+ * quiet: only check that the costs fit the schedule (before anything is printed). */
+static int predict_with_costs(const sched *s, const char *path, int tp, int quiet) {
     char err[1024];
     FILE *f = NULL;
     if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
@@ -59,7 +60,7 @@ static int predict_with_costs(const sched *s, const char *path, int tp) {
         sched_costs_free(&c);
         return rc;
     }
-    if (ar > 0 || tp > 1)
+    if (!quiet && (ar > 0 || tp > 1))
         pl_info("--tp %d: F, B, I, W divided by %d, each F and I with its stage's TP all-reduces at %.1f us each "
                 "(%.0f bytes)%s\n", tp, tp, 1e6 * ar, c.msg_bytes,
                 c.bytes_per_s > 0 ? "" : "; the costs have no message bandwidth (one stage): all-reduces counted at 0");
@@ -68,6 +69,11 @@ static int predict_with_costs(const sched *s, const char *path, int tp) {
         pl_error("schedule: %s: %s", path, err);
         sched_costs_free(&c);
         return rc;
+    }
+    if (quiet) {
+        sched_pred_free(&pr);
+        sched_costs_free(&c);
+        return PL_OK;
     }
     pl_info("predicted from %s: step %.2f ms (pipeline %.2f ms + optimizer), bubble %.1f%% (message %.0f bytes: "
             "%.1f us)\n", path, 1e3 * pr.step_s, 1e3 * pr.makespan_s, 100.0 * pr.bubble, c.msg_bytes,
@@ -288,6 +294,10 @@ int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
         sched_free(&s);
         return 1;
     }
+    if (costs && predict_with_costs(&s, costs, sa.tp, 1) != PL_OK) { /* costs that do not fit the schedule: */
+        sched_free(&s);                                             /* said before any grid, exit 2 */
+        return 2;
+    }
     double t0 = pl_now();
     sched_sim sim;
     int big = 0;
@@ -298,7 +308,7 @@ int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     if (strcmp(grid, "yes") == 0 || (strcmp(grid, "auto") == 0 && !big)) sched_print_grid(&s, pl_out ? pl_out : stdout);
     else print_schedule_summary(&s);
     pl_info("simulated in %.2f s\n", pl_now() - t0);
-    if (costs && predict_with_costs(&s, costs, sa.tp) != PL_OK) {
+    if (costs && predict_with_costs(&s, costs, sa.tp, 0) != PL_OK) {
         sched_free(&s);
         return 1;
     }

@@ -1,5 +1,6 @@
 /*
- * data.c — the Markov chain source, llm.c token files and raw-byte text files.
+ * data.c — the Markov chain source, llm.c token files and raw-byte text files (shard sets:
+ * shards.c).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 #include "util/common.h"
 #include "formats/data.h"
+#include "formats/shards.h"
 #include "util/files.h"
 #include "util/rng.h"
 
@@ -150,7 +152,7 @@ static int read_exact(const data_source *d, void *buf, size_t n, size_t off, cha
 /* Validate an llm.c token file: magic and version (20240520 v1 uint16, or 20240801 v7
  * uint32), size = 1024 + tok_bytes ntok, every token < V (read in chunks; nothing is kept in
  * memory). */
-static int tokens_open(data_source *d, const char *path, char *err, size_t errlen) {
+int data_open_tokens(data_source *d, const char *path, char *err, size_t errlen) {
     PL_TRY(open_file(d, path, err, errlen));
     if (d->file_bytes < TOKENS_HEADER_BYTES) {
         snprintf(err, errlen, "token file %s: %zu bytes, shorter than the 1024-byte header", path, d->file_bytes);
@@ -170,9 +172,13 @@ static int tokens_open(data_source *d, const char *path, char *err, size_t errle
         return PL_EIO;
     }
     size_t tb = h[0] == TOKENS_MAGIC ? 2 : 4;
-    if (h[2] < 0 || d->file_bytes != TOKENS_HEADER_BYTES + tb * (size_t)h[2]) {
+    if (h[2] < 0) { /* no size to compare with */
+        snprintf(err, errlen, "token file %s: header says %d tokens, a negative count (a corrupt header)", path, h[2]);
+        return PL_EIO;
+    }
+    if (d->file_bytes != TOKENS_HEADER_BYTES + tb * (size_t)h[2]) {
         snprintf(err, errlen, "token file %s: header says %d tokens (%zu bytes) but the file has %zu bytes",
-                 path, h[2], TOKENS_HEADER_BYTES + tb * (size_t)(h[2] < 0 ? 0 : h[2]), d->file_bytes);
+                 path, h[2], TOKENS_HEADER_BYTES + tb * (size_t)h[2], d->file_bytes);
         return PL_EIO;
     }
     d->ntok = (size_t)h[2];
@@ -238,15 +244,21 @@ int data_open(data_source *d, const char *spec, int V, int branch, uint64_t seed
         d->ntok = d->file_bytes;
         return rc;
     }
+    if (shards_spec(spec)) {
+        int rc = shards_open(d, spec, seed, err, errlen);
+        if (rc != PL_OK) data_close(d);
+        return rc;
+    }
     d->kind = DATA_TOKENS;
     snprintf(d->desc, sizeof d->desc, "%s", spec);
-    int rc = tokens_open(d, spec, err, errlen);
+    int rc = data_open_tokens(d, spec, err, errlen);
     if (rc != PL_OK) data_close(d); /* closes the file */
     return rc;
 }
 
 int data_check_batch(const data_source *d, int B, int T, char *err, size_t errlen) {
     if (d->kind == DATA_MARKOV) return PL_OK;
+    if (d->kind == DATA_SHARDS) return shards_check(d, T, err, errlen);
     size_t need = (size_t)B * T + 1;
     if (d->ntok < need) {
         snprintf(err, errlen, "data %s: %zu tokens, fewer than one batch of %d x %d + 1 = %zu",
@@ -272,12 +284,25 @@ int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs
         }
         return PL_OK;
     }
+    if (d->kind == DATA_SHARDS) return shards_read_batch(d, k, B, T, inputs, targets, err, errlen);
     size_t bt = (size_t)B * T, nbatch = (d->ntok - 1) / bt;
     if (k < 0 || nbatch == 0) {
         snprintf(err, errlen, "data %s: batch %lld of %d x %d does not exist", d->desc, k, B, T);
         return PL_EINVAL;
     }
     size_t start = (size_t)((unsigned long long)k % nbatch) * bt;
+    int *tok = malloc((bt + 1) * sizeof(int));
+    if (!tok) {
+        snprintf(err, errlen, "data file %s: out of memory for a batch", d->path);
+        return PL_ENOMEM;
+    }
+    int rc = data_read_tokens(d, start, bt + 1, tok, err, errlen);
+    for (size_t i = 0; i < bt && rc == PL_OK; i++) inputs[i] = tok[i], targets[i] = tok[i + 1];
+    free(tok);
+    return rc;
+}
+
+int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, char *err, size_t errlen) {
     struct stat sb;
     if (fstat(d->fd, &sb) != 0) {
         snprintf(err, errlen, "data file %s: fstat: %s", d->path, strerror(errno));
@@ -291,13 +316,13 @@ int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs
         return PL_EIO;
     }
     size_t esz = d->kind == DATA_TEXT ? 1 : (size_t)d->tok_bytes, off = d->kind == DATA_TEXT ? 0 : TOKENS_HEADER_BYTES;
-    unsigned char *raw = malloc((bt + 1) * esz);
+    unsigned char *raw = malloc(n * esz);
     if (!raw) {
         snprintf(err, errlen, "data file %s: out of memory for a batch", d->path);
         return PL_ENOMEM;
     }
-    int rc = read_exact(d, raw, (bt + 1) * esz, off + start * esz, err, errlen);
-    for (size_t i = 0; i <= bt && rc == PL_OK; i++) {
+    int rc = read_exact(d, raw, n * esz, off + start * esz, err, errlen);
+    for (size_t i = 0; i < n && rc == PL_OK; i++) {
         int t;
         if (esz == 1) t = raw[i];
         else if (esz == 2) {
@@ -315,14 +340,14 @@ int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs
             rc = PL_EIO;
             break;
         }
-        if (i < bt) inputs[i] = t;
-        if (i > 0) targets[i - 1] = t;
+        out[i] = t;
     }
     free(raw);
     return rc;
 }
 
 void data_close(data_source *d) {
+    if (d->kind == DATA_SHARDS) shards_close(d);
     free(d->succ);
     free(d->cdf);
     free(d->stationary);

@@ -9,6 +9,8 @@
  *   "FILE": an llm.c token file: magic 20240520, version 1, uint16 tokens (GPT-2), or magic
  *       20240801, version 7, uint32 tokens (llm.c's Llama 3 files).
  *   "text:FILE": any file, one token per byte (vocabulary 256).
+ *   "GLOB" or "A,B,...": many llm.c token files, shuffled per epoch (shards.h; "inorder:"
+ *       in front: in order).
  * Files are not memory-mapped (a file truncated under a mapping kills the process with
  * SIGBUS): each batch is read with pread, and a file that changed size or holds a token
  * >= V since it was opened is refused with a message naming it.
@@ -24,9 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { DATA_MARKOV, DATA_TOKENS, DATA_TEXT } data_kind;
+typedef enum { DATA_MARKOV, DATA_TOKENS, DATA_TEXT, DATA_SHARDS } data_kind;
 
-typedef struct {
+typedef struct data_source {
     data_kind kind;
     char desc[512];        /* for messages and metrics: "markov(V=256,branch=4,seed=1)" */
     int V;                 /* token ids are < V */
@@ -44,6 +46,9 @@ typedef struct {
     size_t file_bytes;     /* size at open: a batch refuses a file whose size changed */
     size_t ntok;
     int tok_bytes;         /* bytes per token in a token file: 2 (uint16) or 4 (uint32) */
+    /* shard sets (shards.h) */
+    int nshards, shuffle;  /* shuffle: per epoch, seeded by seed */
+    struct data_source *shard; /* (nshards) each an llm.c token file */
 } data_source;
 
 /* Open a source. V is the model's vocabulary: a file token >= V is an error. For "markov",
@@ -57,6 +62,11 @@ int data_check_batch(const data_source *d, int B, int T, char *err, size_t errle
 int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
                     size_t errlen);
 void data_close(data_source *d);
+/* Open one llm.c token file (d->V set): its header, size and every token checked. */
+int data_open_tokens(data_source *d, const char *path, char *err, size_t errlen);
+/* Tokens [start, start + n) of a token or text file into out, checked against V and against
+ * a change of the file's size since it was opened. */
+int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, char *err, size_t errlen);
 /* Vocabulary the spec implies (256 for text:, 0 if it does not say). */
 int data_spec_vocab(const char *spec);
 /* Write an llm.c token file (used by tests and tools). */

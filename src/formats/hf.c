@@ -7,6 +7,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <dirent.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -71,6 +72,51 @@ int hf_read_config(const char *path, model_config *cfg, char *err, size_t errlen
     return rc;
 }
 
+/* A directory read through its index: every .safetensors file in it must be one the index
+ * names (a model.safetensors or shards left by another save would be a second model). */
+static int check_unnamed(const char *path, char (*names)[HF_PATH], int n, char *err, size_t errlen) {
+    DIR *d = opendir(path);
+    if (!d) return PL_OK;
+    struct dirent *e;
+    int rc = PL_OK;
+    while (rc == PL_OK && (e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l <= 12 || strcmp(e->d_name + l - 12, ".safetensors") != 0) continue;
+        char full[HF_PATH];
+        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        int named = 0;
+        for (int i = 0; i < n && !named; i++) named = strcmp(names[i], full) == 0;
+        if (!named) {
+            snprintf(err, errlen, "%s holds %.255s, which its model.safetensors.index.json does not name: %s",
+                     path, e->d_name, strcmp(e->d_name, "model.safetensors") == 0 ? "a single file and an index "
+                     "(two models; remove the stale one)" : "a stale shard (remove it)");
+            rc = PL_EIO;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* The directory has no index: shards named like an index's (model-00001-of-00002...) are
+ * left from a sharded save whose index is gone. */
+static int check_orphans(const char *path, char *err, size_t errlen) {
+    DIR *d = opendir(path);
+    if (!d) return PL_OK;
+    struct dirent *e;
+    int rc = PL_OK;
+    while (rc == PL_OK && (e = readdir(d))) {
+        int a, b;
+        char tail[32];
+        if (sscanf(e->d_name, "model-%d-of-%d%31s", &a, &b, tail) == 3 && strcmp(tail, ".safetensors") == 0) {
+            snprintf(err, errlen, "%s holds %.255s but no model.safetensors.index.json: shards of another save "
+                     "(remove them)", path, e->d_name);
+            rc = PL_EIO;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
 /* The shard files: the index's weight_map values (each once), or model.safetensors, or the
  * one file given. */
 static int shard_names(const char *path, char (**names)[HF_PATH], int *n, char *err, size_t errlen) {
@@ -86,7 +132,7 @@ static int shard_names(const char *path, char (**names)[HF_PATH], int *n, char *
     snprintf(ix, sizeof ix, "%s/model.safetensors.index.json", path);
     if (stat(ix, &sb) != 0) {
         snprintf((*names)[(*n)++], HF_PATH, "%s/model.safetensors", path);
-        return PL_OK;
+        return check_orphans(path, err, errlen);
     }
     json_error_t je;
     json_t *root = json_load_file(ix, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(root, "weight_map");
@@ -116,7 +162,7 @@ static int shard_names(const char *path, char (**names)[HF_PATH], int *n, char *
         if (!seen) snprintf((*names)[(*n)++], HF_PATH, "%s", full);
     }
     json_decref(root);
-    return rc;
+    return rc == PL_OK ? check_unnamed(path, *names, *n, err, errlen) : rc;
 }
 
 static void close_files(hf_files *h) {

@@ -8,6 +8,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -211,6 +212,19 @@ static int write_stage(const hf_out *o, long id, stage *st, char *err, size_t er
     return PL_OK;
 }
 
+/* A JSON file written beside path and renamed over it (pl_output_replace: a FIFO, device or
+ * link named config.json is never opened or replaced). */
+static int dump_json(const json_t *j, const char *path, size_t flags, long id, char *err, size_t errlen) {
+    char tmp[4600];
+    pl_output_tmp_name(path, id, tmp, sizeof tmp);
+    if (json_dump_file(j, tmp, flags) != 0) {
+        unlink(tmp);
+        snprintf(err, errlen, "writing %.600s failed", tmp);
+        return PL_EIO;
+    }
+    return pl_output_replace(tmp, path, "Hugging Face file", err, errlen);
+}
+
 /* Rank 0, after every rank wrote: the shards renamed into place, config.json and the index. */
 static int publish(const hf_out *o, const model_config *c, long id, char *err, size_t errlen) {
     for (int s = 0; s < o->nshards; s++) {
@@ -229,7 +243,7 @@ static int publish(const hf_out *o, const model_config *c, long id, char *err, s
     json_object_set_new(cfg, "model_type", json_string(A->hf_model_type));
     json_object_set_new(cfg, "torch_dtype", json_string(o->t[0].dtype == ST_F32 ? "float32" : "bfloat16"));
     snprintf(p, sizeof p, "%s/config.json", o->path);
-    int rc = json_dump_file(cfg, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) == 0 ? PL_OK : PL_EIO;
+    int rc = dump_json(cfg, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9), id, err, errlen);
     json_decref(cfg);
     if (rc == PL_OK && o->nshards > 1) {
         json_t *ix = json_object(), *wm = json_object(), *md = json_object();
@@ -244,21 +258,61 @@ static int publish(const hf_out *o, const model_config *c, long id, char *err, s
         json_object_set_new(ix, "metadata", md);
         json_object_set_new(ix, "weight_map", wm);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", o->path);
-        rc = json_dump_file(ix, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 ? PL_OK : PL_EIO;
+        rc = dump_json(ix, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER, id, err, errlen);
         json_decref(ix);
     }
-    if (rc != PL_OK) snprintf(err, errlen, "writing %.600s failed", p);
     return rc;
 }
 
-/* Rank 0's first checks: the target (a file name, or a directory made if missing). */
+/* Is name one of the files this save writes into its directory? */
+static int out_writes(const hf_out *o, const char *name) {
+    if (o->nshards > 1 && strcmp(name, "model.safetensors.index.json") == 0) return 1;
+    for (int s = 0; s < o->nshards; s++) {
+        char fin[4400];
+        shard_name(o, s, 0, 0, fin, sizeof fin);
+        if (strcmp(strrchr(fin, '/') + 1, name) == 0) return 1;
+    }
+    return 0;
+}
+
+/* An existing directory must not hold model files this save would not replace (an index and
+ * shards beside a new single file, or the reverse, would be read as the model later). */
+static int check_stale(const hf_out *o, char *err, size_t errlen) {
+    DIR *d = opendir(o->path);
+    if (!d) return PL_OK; /* pl_check_output_dir says why */
+    struct dirent *e;
+    int rc = PL_OK;
+    while (rc == PL_OK && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        int model = strcmp(e->d_name, "model.safetensors.index.json") == 0 ||
+                    (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0);
+        char full[4400];
+        struct stat sb;
+        snprintf(full, sizeof full, "%s/%s", o->path, e->d_name);
+        if ((model || strcmp(e->d_name, "config.json") == 0) && lstat(full, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+            snprintf(err, errlen, "%.600s/%.255s: is %s, which is never replaced", o->path, e->d_name,
+                     S_ISLNK(sb.st_mode) ? "a symbolic link" : pl_file_type_name(sb.st_mode));
+            rc = PL_EINVAL;
+        } else if (model && !out_writes(o, e->d_name)) {
+            snprintf(err, errlen, "%.600s already holds %.255s, which this %s model would leave beside its own files: "
+                     "give a new or empty directory", o->path, e->d_name, o->nshards > 1 ? "sharded" : "one-file");
+            rc = PL_EINVAL;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Rank 0's first checks: the target (a file name, or a directory made if missing, holding
+ * no model files of another layout). */
 static int prepare_target(hf_out *o, char *err, size_t errlen) {
     if (!o->dir) return pl_check_output_file(o->path, "safetensors file", err, errlen);
     if (mkdir(o->path, 0755) != 0 && errno != EEXIST) {
         snprintf(err, errlen, "%.600s: %s", o->path, strerror(errno));
         return PL_EIO;
     }
-    return pl_check_output_dir(o->path, "Hugging Face model directory", err, errlen);
+    PL_TRY(pl_check_output_dir(o->path, "Hugging Face model directory", err, errlen));
+    return check_stale(o, err, errlen);
 }
 
 int hf_save(const char *path, stage *st, int dtype, size_t shard_bytes, MPI_Comm comm) {

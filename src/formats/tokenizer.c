@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/common.h"
+#include "util/files.h"
 #include "formats/tokenizer.h"
 
 /* The header: magic, version, vocabulary (the model's), end-of-text id. */
@@ -69,22 +70,64 @@ static int tok_table(tokenizer *t, const char *path, FILE *f, char *err, size_t 
     return PL_OK;
 }
 
-int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
-    memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "tokenizer %s: cannot open it", path);
+/* A BPE tokenizer file (its bytes read from f): its vocabulary within the model's. */
+static int tok_bpe(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {
+    size_t cap = 1 << 16, n = 0, got;
+    char *text = malloc(cap + 1);
+    while (text && (got = fread(text + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *bigger = realloc(text, 2 * cap + 1);
+            if (!bigger) { free(text); text = NULL; break; }
+            text = bigger, cap *= 2;
+        }
+    }
+    if (!text) {
+        snprintf(err, errlen, "tokenizer %s: out of memory", path);
+        return PL_ENOMEM;
+    }
+    int rc = bpe_load_mem(&t->bpe, path, text, n, NULL, err, errlen);
+    free(text);
+    PL_TRY(rc);
+    t->n = bpe_vocab(t->bpe);
+    t->eot = bpe_end_token(t->bpe);
+    if (t->n > V) {
+        snprintf(err, errlen, "tokenizer %s has %d tokens but the model's vocabulary is %d: it does not match the "
+                 "model", path, t->n, V);
         return PL_EIO;
     }
+    return PL_OK;
+}
+
+/* llm.c's tokenizer file (by its magic), else a BPE tokenizer file. */
+int tokenizer_read(tokenizer *t, const char *path, FILE *f, int V, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    uint32_t magic = 0;
+    if (fread(&magic, 4, 1, f) != 1 || magic != TOKENIZER_MAGIC) {
+        rewind(f);
+        int rc = tok_bpe(t, path, f, V, err, errlen);
+        if (rc != PL_OK) tokenizer_free(t);
+        return rc;
+    }
+    rewind(f);
     int rc = tok_header(t, path, f, V, err, errlen);
     if (rc == PL_OK) rc = tok_table(t, path, f, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "tokenizer %s: out of memory", path);
-    fclose(f);
     if (rc != PL_OK) tokenizer_free(t);
     return rc;
 }
 
+int tokenizer_load(tokenizer *t, const char *path, int V, char *err, size_t errlen) {
+    FILE *f;
+    memset(t, 0, sizeof *t);
+    PL_TRY(pl_open_input(path, "tokenizer", 1 << 26, &f, err, errlen));
+    int rc = tokenizer_read(t, path, f, V, err, errlen);
+    fclose(f);
+    return rc;
+}
+
 void tokenizer_free(tokenizer *t) {
+    bpe_free(t->bpe);
     free(t->len);
     free(t->off);
     free(t->bytes);
@@ -92,6 +135,9 @@ void tokenizer_free(tokenizer *t) {
 }
 
 void tokenizer_write(const tokenizer *t, int id, FILE *out) {
-    if (id < 0 || id >= t->n) fprintf(out, "<%d>", id);
+    size_t len;
+    const char *s = t->bpe ? bpe_token(t->bpe, id, &len) : NULL;
+    if (t->bpe && s) fwrite(s, 1, len, out);
+    else if (id < 0 || id >= t->n || t->bpe) fprintf(out, "<%d>", id);
     else fwrite(t->bytes + t->off[id], 1, t->len[id], out);
 }

@@ -366,6 +366,12 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
     if (rc != PL_OK) { free(t); snprintf(err, errlen, "tune: out of memory"); return rc; }
     qsort(t, (size_t)k, sizeof *t, by_step);
     *out = t, *n = k;
+    if (k == 0 && *tried == 0 && c[TUNE_NONE]->P != q->P) { /* nothing played: the costs are another layout's */
+        snprintf(err, errlen, "tune: the costs file holds %d stages but --stages is %d: no layout could be played "
+                 "(measure the costs on %d stages, or search with --ranks and a model whose costs name each "
+                 "stage's blocks)", c[TUNE_NONE]->P, q->P, q->P);
+        return PL_EINVAL;
+    }
     if (k == 0) {
         snprintf(err, errlen, "tune: no layout of the %d tried fits %.1f MB of activations per rank (costs for %d "
                  "stages, P=%d, batch %d)", *tried, q->mem_cap_mb, c[TUNE_NONE]->P, q->P, q->batch);

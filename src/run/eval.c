@@ -58,7 +58,8 @@ int sub_opts_take(int argc, char **argv, int first, int cmd, sub_opt *opts, int 
                   char *err, size_t errlen) {
     const char *names[32];
     for (int k = 0; k < n && k < 32; k++) names[k] = opts[k].name;
-    if (config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK) return PL_EINVAL;
+    if (cmd >= 0 && config_check_names(argc, argv, first, cmd, names, n < 32 ? n : 32, err, errlen) != PL_OK)
+        return PL_EINVAL;
     char **r = calloc((size_t)argc + 2, sizeof(char *));
     if (!r) return PL_ENOMEM;
     int k = 0;
@@ -133,6 +134,11 @@ static int eval_batches(run *R, int *nb) {
     if (R->have_val && R->val.kind != DATA_MARKOV) have = (long long)((R->val.ntok - 1) / ((size_t)R->Bg * R->T));
     PL_TRY(comm_allreduce(MPI_IN_PLACE, &have, 1, MPI_LONG_LONG, MPI_MAX, R->world, "the batch count"));
     if (n <= 0) n = have > 0 ? have : R->o->val_batches;
+    if (R->have_val && R->val.kind != DATA_MARKOV && have > 0 && n > have) { /* never a batch twice */
+        pl_note("--batches %lld: %s holds %lld whole batches of %d x %d tokens; evaluating those %lld", n,
+                R->o->val_data, have, R->Bg, R->T, have);
+        n = have;
+    }
     if (n > INT_MAX) n = INT_MAX;
     *nb = (int)n;
     return PL_OK;

@@ -28,8 +28,8 @@ typedef struct {
 enum { SUB_VALUE, SUB_FLAG, SUB_SWITCH };
 /* Take the subcommand's own options out of argv[first..argc): the rest (with argv[0] and
  * argv[1] in front) go to *rest (malloc'ed, free it) for config_parse(.., first = 2). Every
- * option name is checked first (config_check_names for subcommand cmd, with these as its own):
- * an unknown one is refused by name before any value is read. `--name value` and `--name=value` both work; a missing or
+ * option name is checked first (config_check_names for subcommand cmd, with these as its own;
+ * cmd < 0: the caller checked them): an unknown one is refused by name before any value is read. `--name value` and `--name=value` both work; a missing or
  * empty value is refused by name, and so is a value that is the next word and starts with
  * "--" (a value that starts with "--" is given as --name=--value). */
 int sub_opts_take(int argc, char **argv, int first, int cmd, sub_opt *opts, int n, char ***rest, int *nrest,

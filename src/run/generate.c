@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include "parallel/comm.h"
+#include "pipeline/sched.h"
 #include "util/common.h"
 #include "run/eval.h"
 #include "util/files.h"
@@ -65,8 +66,9 @@ static double gen_cpu_now(void) {
     return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec + 1e-9 * ts.tv_nsec : 0.0;
 }
 
-/* The rank that owns global stage s (stage s on rank s mod P). */
-static int gen_owner(const gen_state *gs, int s) { return s % gs->P; }
+/* The rank that owns global stage s: the schedule's placement (the loop: rank s mod P; the V:
+ * rank 0 holds the first and the last stage). */
+static int gen_owner(const gen_state *gs, int s) { return sched_place_rank(gs->R->sc.place, gs->P, s); }
 
 /* A logit and its id, for sorting. */
 typedef struct {
@@ -200,7 +202,8 @@ static int gen_group_item(gen_state *gs, int grp, float *h) {
 /* Rank 0: the next item in round-robin group order; when every group's sequences wait for
  * their tokens, it waits for the oldest answer if the last stage answers it in an earlier
  * round (chunks run lag items apart: waiting for a later round would deadlock), else it
- * sends an empty item through; an end item when every sequence is done or a stop was asked
+ * sends an empty item through (always when rank 0 holds the last stage, as under a V: its
+ * answer comes from this rank's own later chunk); an end item when every sequence is done or a stop was asked
  * for. */
 static int gen_next_item(gen_state *gs, float *h) {
     int nprompts = gs->g->nprompts;
@@ -227,7 +230,7 @@ static int gen_next_item(gen_state *gs, float *h) {
             }
         }
         if (!any_wait) return PL_OK; /* nothing can go on (not reached) */
-        if (gs->pend[gs->pend_head] + (long)(gs->V - 1) * gs->lag >= gs->items) {
+        if (gs->last_rank == 0 || gs->pend[gs->pend_head] + (long)(gs->V - 1) * gs->lag >= gs->items) {
             h[H_KIND] = K_WORK; /* answered in this round or later: an empty item keeps the rounds going */
             gs->items++;
             return PL_OK;
@@ -310,7 +313,7 @@ static int gen_input(gen_state *gs, int s, float *h) {
 /* Chunk c's part of one item: its input, the stage's blocks, then on to the next stage (or,
  * on the last, the sampling). *end: it was the end item. */
 static int gen_step(gen_state *gs, int c, int *end) {
-    int s = c * gs->P + gs->rank, C = gs->R->cfg.C;
+    int s = sched_place_stage(gs->R->sc.place, gs->P, gs->rank, c), C = gs->R->cfg.C;
     float *h = gs->rbuf, *out = NULL;
     MPI_Request *rq = NULL;
     PL_TRY(gen_input(gs, s, h));
@@ -532,18 +535,21 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     const gen_opts *g = gs->g;
     run *R = gs->R;
     PL_TRY(gen_check(R, g, err, errlen));
-    if (g->tokenizer[0]) {
-        PL_TRY(tokenizer_load(tk, g->tokenizer, R->cfg.V, err, errlen));
+    if (g->tokenizer[0]) { /* read once by rank 0, parsed alike everywhere */
+        char *text = NULL;
+        size_t len = 0;
+        PL_TRY(pl_read_bcast(g->tokenizer, "--tokenizer", 1 << 26, R->world, &text, &len, err, errlen));
+        FILE *f = fmemopen(text, len ? len : 1, "rb");
+        int rc = f ? tokenizer_read(tk, g->tokenizer, f, R->cfg.V, err, errlen) : PL_ENOMEM;
+        if (f) fclose(f);
+        free(text);
+        PL_TRY(rc);
         gs->tk = tk;
     }
     if (gs->rank == 0 && g->tokens_out[0]) PL_TRY(pl_check_output_file(g->tokens_out, "--tokens-out", err, errlen));
     if (gs->rank == 0 && g->bench_json[0]) PL_TRY(pl_check_output_file(g->bench_json, "--json", err, errlen));
     if (gs->rank == gs->last_rank && g->logits_out[0]) {
-        PL_TRY(pl_check_output_file(g->logits_out, "--logits-out", err, errlen));
-        if (!(gs->lf = fopen(g->logits_out, "w"))) {
-            snprintf(err, errlen, "--logits-out %s: cannot open it", g->logits_out);
-            return PL_EIO;
-        }
+        PL_TRY(pl_open_output(g->logits_out, "--logits-out", &gs->lf, err, errlen)); /* never a FIFO or device */
     }
     int rc = gen_alloc(gs, err, errlen);
     if (rc == PL_ENOMEM) snprintf(err, errlen, "out of memory for the generation buffers");
@@ -560,7 +566,7 @@ static int generate_after_setup(run *R, int *agreed) {
     gs.R = R;
     gs.g = &g;
     gs.P = R->P; gs.V = R->V; gs.S = R->S; gs.rank = R->rank;
-    gs.last_rank = (R->S - 1) % R->P;
+    gs.last_rank = sched_place_rank(R->sc.place, R->P, R->S - 1);
     char err[PL_PATH + 512] = "";
     int rc = R->o->resume[0] ? eval_load_resume(R) : PL_OK;
     if (rc != PL_OK) return rc; /* agreed: the load is collective */
@@ -573,6 +579,14 @@ static int generate_after_setup(run *R, int *agreed) {
     }
     if (rc == PL_OK && gs.rank == 0 && !g.bench) gen_print(&gs);
     if (rc == PL_OK && gs.rank == 0 && g.tokens_out[0]) rc = gen_write_tokens(&gs, g.tokens_out);
+    if (gs.lf) { /* a write that failed (a full disk) is reported, not lost in fclose */
+        FILE *f = gs.lf;
+        gs.lf = NULL;
+        if (pl_close_output(f, g.logits_out, "--logits-out", err, sizeof err) != PL_OK && rc == PL_OK) {
+            pl_error("%s", err);
+            rc = PL_EIO;
+        }
+    }
     if (*agreed) rc = comm_agree(R->world, rc, NULL);
     if (rc == PL_OK) rc = gen_report(&gs);
     if (*agreed) rc = comm_agree(R->world, rc, NULL);
@@ -586,12 +600,35 @@ static int generate_after_setup(run *R, int *agreed) {
     return rc;
 }
 
+/* Append the prompt t[0..n) (malloc'ed, taken) to g's list. */
+static int gen_add_ids(gen_opts *g, int *t, int n, const char *where, char *err, size_t errlen) {
+    int **np = t ? realloc(g->prompt, sizeof(int *) * (g->nprompts + 1)) : NULL;
+    int *nl = np ? realloc(g->plen, sizeof(int) * (g->nprompts + 1)) : NULL;
+    if (np) g->prompt = np;
+    if (!np || !nl) { free(t); return PL_ENOMEM; }
+    g->plen = nl;
+    if (n == 0) {
+        snprintf(err, errlen, "%s: an empty prompt", where);
+        free(t);
+        return PL_EINVAL;
+    }
+    g->prompt[g->nprompts] = t;
+    g->plen[g->nprompts++] = n;
+    return PL_OK;
+}
+
 /* One prompt from text: token ids separated by commas or spaces, appended to g's list. */
 static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char *err, size_t errlen) {
     int cap = 16, n = 0, *t = malloc(sizeof(int) * cap);
     const char *p = text;
     while (t) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+        int commas = 0;
+        for (; *p == ',' || *p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'; p++) commas += *p == ',';
+        if (commas > (n > 0 && *p) || (commas && !*p)) { /* "1,,2", ",1" or "1,": an empty id */
+            snprintf(err, errlen, "%s: an empty token id between commas in '%.60s'", where, text);
+            free(t);
+            return PL_EINVAL;
+        }
         if (!*p) break;
         char *end;
         errno = 0;
@@ -609,46 +646,85 @@ static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char
         t[n++] = (int)v;
         p = end;
     }
-    int **np = t ? realloc(g->prompt, sizeof(int *) * (g->nprompts + 1)) : NULL;
-    int *nl = np ? realloc(g->plen, sizeof(int) * (g->nprompts + 1)) : NULL;
-    if (np) g->prompt = np;
-    if (!np || !nl) { free(t); return PL_ENOMEM; }
-    g->plen = nl;
-    if (n == 0) {
-        snprintf(err, errlen, "%s: an empty prompt", where);
-        free(t);
-        return PL_EINVAL;
-    }
-    g->prompt[g->nprompts] = t;
-    g->plen[g->nprompts++] = n;
-    return PL_OK;
+    return gen_add_ids(g, t, n, where, err, errlen);
 }
 
-/* Every non-blank line of a prompt file is one prompt. */
-static int gen_read_prompts(gen_opts *g, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, errlen, "--prompt-file %s: cannot open it: %s", path, strerror(errno));
-        return PL_EIO;
-    }
-    char line[1 << 16], where[PL_PATH + 64];
-    int rc = PL_OK;
-    for (int ln = 1; rc == PL_OK && fgets(line, sizeof line, f); ln++) {
-        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+/* Every line of a prompt file is one prompt (a blank line is refused by its number): rank 0
+ * reads the file and every rank parses the same bytes (pl_read_bcast; a FIFO is refused). */
+static int gen_read_prompts(gen_opts *g, const char *path, MPI_Comm comm, char *err, size_t errlen) {
+    char *text = NULL, where[PL_PATH + 64];
+    size_t len = 0;
+    PL_TRY(pl_read_bcast(path, "--prompt-file", 1 << 24, comm, &text, &len, err, errlen));
+    int rc = PL_OK, ln = 1;
+    for (char *p = text; rc == PL_OK && p < text + len; ln++) {
+        char *nl = memchr(p, '\n', (size_t)(text + len - p));
+        if (nl) *nl = 0;
         snprintf(where, sizeof where, "--prompt-file %s line %d", path, ln);
-        rc = gen_add_prompt(g, line, where, err, errlen);
+        if (strspn(p, " \t\r") == strlen(p)) {
+            snprintf(err, errlen, "%s: a blank line (one prompt per line: remove it)", where);
+            rc = PL_EINVAL;
+        } else rc = gen_add_prompt(g, p, where, err, errlen);
+        p = nl ? nl + 1 : text + len;
     }
-    fclose(f);
+    free(text);
+    return rc;
+}
+
+/* One text prompt encoded with b (special-token text allowed), appended to g's list. */
+static int gen_add_text(gen_opts *g, bpe *b, const char *text, size_t len, const char *where, char *err,
+                        size_t errlen) {
+    bpe_ids ids = {0};
+    int rc = bpe_encode(b, text, len, 1, &ids);
+    if (rc != PL_OK) {
+        bpe_ids_free(&ids);
+        snprintf(err, errlen, "%s: out of memory", where);
+        return rc;
+    }
+    return gen_add_ids(g, ids.v, (int)ids.n, where, err, errlen);
+}
+
+/* --prompt TEXT (repeatable, first) and, with --prompt-format text, --prompt-file's non-blank
+ * lines: encoded with the BPE --tokenizer (tokenizer.json or tiktoken ranks). A text file taken
+ * here is cleared from so[1] (the id prompts' reader). */
+static int gen_text_prompts(gen_opts *g, int argc, char **argv, sub_opt *so, const char *fmt, char *err,
+                            size_t errlen) {
+    int text_file = fmt && strcmp(fmt, "text") == 0, any = text_file && so[1].val, rc = PL_OK;
+    if (fmt && !text_file && strcmp(fmt, "ids") != 0) {
+        snprintf(err, errlen, "--prompt-format '%.40s' is not text or ids", fmt);
+        return PL_EINVAL;
+    }
+    for (int i = 2; i < argc; i++) any |= strcmp(argv[i], "--prompt") == 0 || strncmp(argv[i], "--prompt=", 9) == 0;
+    if (!any) return PL_OK;
+    bpe *b = NULL;
+    if (!so[12].val) snprintf(err, errlen, "--prompt TEXT needs --tokenizer FILE (a tokenizer.json or tiktoken file)");
+    PL_TRY(so[12].val ? bpe_load(&b, so[12].val, NULL, err, errlen) : PL_EINVAL);
+    for (int i = 2; rc == PL_OK && i < argc; i++)
+        if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
+            rc = gen_add_text(g, b, argv[i + 1], strlen(argv[i + 1]), "--prompt", err, errlen), i++;
+        else if (strncmp(argv[i], "--prompt=", 9) == 0)
+            rc = gen_add_text(g, b, argv[i] + 9, strlen(argv[i] + 9), "--prompt", err, errlen);
+    FILE *f = NULL;
+    if (rc == PL_OK && text_file) rc = pl_open_input(so[1].val, "--prompt-file", 0, &f, err, errlen);
+    char line[1 << 16], where[PL_PATH + 64];
+    for (int ln = 1; rc == PL_OK && f && fgets(line, sizeof line, f); ln++) {
+        size_t n = strcspn(line, "\r\n");
+        snprintf(where, sizeof where, "--prompt-file %s line %d", so[1].val, ln);
+        if (strspn(line, " \t\r\n") < strlen(line)) rc = gen_add_text(g, b, line, n, where, err, errlen);
+    }
+    if (f) fclose(f);
+    if (text_file) so[1].val = NULL;
+    bpe_free(b);
     return rc;
 }
 
 /* The options of generate: numbers in range, strings that fit. */
-static int gen_parse(gen_opts *g, sub_opt *so, char *err, size_t errlen) {
+static int gen_parse(gen_opts *g, sub_opt *so, MPI_Comm comm, char *err, size_t errlen) {
     long long v;
     if (so[0].val) PL_TRY(gen_add_prompt(g, so[0].val, "--prompt-tokens", err, errlen));
-    if (so[1].val) PL_TRY(gen_read_prompts(g, so[1].val, err, errlen));
+    if (so[1].val) PL_TRY(gen_read_prompts(g, so[1].val, comm, err, errlen));
+    if (so[1].val) snprintf(g->prompt_file, sizeof g->prompt_file, "%s", so[1].val);
     if (!g->nprompts) {
-        snprintf(err, errlen, "no prompt: give --prompt-tokens ID,ID,... or --prompt-file FILE");
+        snprintf(err, errlen, "no prompt: give --prompt TEXT, --prompt-tokens ID,ID,... or --prompt-file FILE");
         return PL_EINVAL;
     }
     int *ints[] = {&g->max_new, &g->top_k, &g->groups, &g->chunk, &g->kv_cache, &g->eot};
@@ -683,12 +759,14 @@ static int gen_parse(gen_opts *g, sub_opt *so, char *err, size_t errlen) {
 
 /* Help text of generate (and of bench --generate). */
 static void gen_usage(FILE *out, int bench) {
-    fprintf(out, "usage: mpiexec -n P pipelm %s --init FILE|--resume CKPT (--prompt-tokens ID,ID,..|--prompt-file FILE)\n"
+    fprintf(out, "usage: mpiexec -n P pipelm %s --init FILE|--resume CKPT (--prompt TEXT|--prompt-tokens ID,..|--prompt-file FILE)\n"
                  "       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [options]\n\n"
                  "Generates from a model on P pipeline stages with a KV cache per stage; prompts are spread over\n"
                  "groups (micro-batches) that keep every stage busy. Greedy at --temperature 0.\n\n"
+                 "  --prompt TEXT         one prompt as text, encoded with --tokenizer (repeatable; first)\n"
                  "  --prompt-tokens IDS   one prompt: token ids, comma-separated\n"
                  "  --prompt-file FILE    one prompt per line (ids separated by commas or spaces)\n"
+                 "  --prompt-format F     ids (default) or text: --prompt-file's lines as text\n"
                  "  --max-new-tokens N    tokens to generate per prompt (default 32)\n"
                  "  --temperature T       0 (default): greedy; else softmax(logits / T) sampling\n"
                  "  --top-k K             sample among the K most likely tokens (0: all)\n"
@@ -698,7 +776,8 @@ static void gen_usage(FILE *out, int bench) {
                  "  --prefill-chunk N     prompt tokens per prefill step (default 64)\n"
                  "  --kv-cache 0|1        0: recompute the whole prefix every step (a reference; slow)\n"
                  "  --eot-token ID        stop a sequence at this id (default: the tokenizer's end-of-text)\n"
-                 "  --tokenizer FILE      llm.c's gpt2_tokenizer.bin: print text, not ids\n"
+                 "  --tokenizer FILE      print text, not ids: llm.c's gpt2_tokenizer.bin, or a BPE\n"
+                 "                        tokenizer.json / tiktoken file (which also encodes --prompt)\n"
                  "  --tokens-out FILE     one line per prompt: the generated ids, comma-separated\n"
                  "  --logits-out FILE     (last stage) seq,position,token,logits... per generated token\n"
                  "%s\noptions shared with train:\n", bench ? "bench --generate" : "generate",
@@ -725,9 +804,18 @@ int generate_main(int argc, char **argv, MPI_Comm comm, int bench, int *abort_ne
     int nrest = 0, nso = bench ? 15 : 13;
     pl_options o;
     config_defaults(&o);
-    int rc = sub_opts_take(argc, argv, 2, CFG_CMD_GENERATE, so, nso, &rest, &nrest, err, sizeof err);
+    sub_opt to[] = {{"prompt", 0, NULL}, {"prompt-format", 0, NULL}}; /* text prompts */
+    const char *names[20];
+    for (int k = 0; k < nso; k++) names[k] = so[k].name;
+    names[nso] = to[0].name, names[nso + 1] = to[1].name;
+    char **rest0 = NULL;
+    int nrest0 = 0, rc = config_check_names(argc, argv, 2, CFG_CMD_GENERATE, names, nso + 2, err, sizeof err);
+    if (rc == PL_OK) rc = sub_opts_take(argc, argv, 2, -1, to, 2, &rest0, &nrest0, err, sizeof err);
+    if (rc == PL_OK) rc = sub_opts_take(nrest0, rest0, 2, -1, so, nso, &rest, &nrest, err, sizeof err);
     if (rc == PL_OK) rc = config_parse(&o, nrest, rest, 2, CFG_CMD_GENERATE, err, sizeof err);
-    if (rc == PL_OK) rc = gen_parse(&g, so, err, sizeof err);
+    if (rc == PL_OK) rc = gen_text_prompts(&g, argc, argv, so, to[1].val, err, sizeof err);
+    if (rc == PL_OK) rc = gen_parse(&g, so, comm, err, sizeof err);
+    free(rest0);
     free(rest);
     if (rc == PL_OK && o.dp > 1) {
         snprintf(err, sizeof err, "generate runs one pipeline: --dp %d is not supported (use --dp 1)", o.dp);

@@ -26,6 +26,7 @@ typedef struct gen_opts {
     int max_new, top_k, groups, chunk, kv_cache, eot;
     double temperature, top_p;
     char tokens_out[PL_PATH], logits_out[PL_PATH], tokenizer[PL_PATH], bench_json[PL_PATH];
+    char prompt_file[PL_PATH];  /* --prompt-file (an input: no output may be it) */
     int bench;                  /* pipelm bench --generate: report the figures, print no text */
 } gen_opts;
 

@@ -117,6 +117,9 @@ int train_resume_config(const pl_options *o, model_config *cfg, char *err, size_
 /* train_ckpt.c (collective) */
 int train_save_checkpoint(run *R, int step);
 int train_resume_checkpoint(run *R, int *first_step);
+/* Rank 0, at set-up: refuse (PL_EINVAL) a run that does not resume into a --ckpt-dir holding
+ * checkpoints, unless --ckpt-overwrite 1. */
+int train_ckpt_guard(const run *R, char *err, size_t errlen);
 /* --ckpt-async (train_ckpt.c): the set-up's check (thread level, snapshot memory; not
  * collective), the writer's set-up (collective, after the agreed set-up), after each step the
  * agreement on finished writers, the wait for the write in flight at the end of the run, and

@@ -19,11 +19,13 @@
 #include "ckpt/ckpt_async.h"
 #include "parallel/comm.h"
 #include "util/common.h"
+#include "util/crc32c.h"
 #include "cli/config.h"
 #include "formats/data.h"
 #include "pipeline/engine.h"
 #include "util/exact.h"
 #include "run/eval.h"
+#include "run/generate.h"
 #include "util/files.h"
 #include "formats/hf.h"
 #include "run/layout.h"
@@ -77,6 +79,18 @@ static int init_conflicts(const pl_options *o, const model_config *c, char *err,
         }
     return arch_of(c)->init_conflicts(o, c, err, errlen); /* the architecture's own settings */
 }
+/* eval and generate from --resume: a model setting given on the command line that differs
+ * from the checkpoint's is refused as --init's is (the message names the checkpoint). */
+static int resume_conflicts(const pl_options *o, const model_config *c, char *err, size_t errlen) {
+    pl_options *named = malloc(sizeof *named);
+    if (!named) return PL_ENOMEM;
+    *named = *o;
+    snprintf(named->init, sizeof named->init, "checkpoint %.4000s",
+             strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume);
+    int rc = init_conflicts(named, c, err, errlen);
+    free(named);
+    return rc;
+}
 /* Resolve the model dimensions: from --init's header, else from the options; then the
  * training settings that depend on the model (seq-len, markov-branch), by the one validation
  * the checkpoint loader uses too. */
@@ -90,31 +104,34 @@ static int resolve_config(run *R, char *err, size_t errlen) {
         PL_TRY(llmc_read_config(o->init, &R->cfg, &version, err, errlen));
         PL_TRY(init_conflicts(o, &R->cfg, err, errlen));
         if (arch_of(&R->cfg)->llmc_options) PL_TRY(arch_of(&R->cfg)->llmc_options(o, &R->cfg, err, errlen));
-    } else if (o->eval_mode && o->resume[0]) PL_TRY(train_resume_config(o, &R->cfg, err, errlen));
+    } else if (o->eval_mode && o->resume[0]) {
+        PL_TRY(train_resume_config(o, &R->cfg, err, errlen));
+        PL_TRY(resume_conflicts(o, &R->cfg, err, errlen));
+    }
     else PL_TRY(config_model(o, config_vocab(o), &R->cfg, err, errlen));
     cfg_train t;
     config_train_of(o, &t);
     return config_check_train(&t, &R->cfg, CFG_NAME_OPTION, err, errlen);
 }
-/* No output may be an input, or another output: each output against every input file and
- * every other output (by inode, or by resolved name for files not written yet). */
+/* No output may be an input, or another output: the table of train, bench, eval and
+ * generate (pl_check_io: by inode, inside an input directory, or by resolved name for files
+ * not written yet). */
 static int check_outputs_distinct(const pl_options *o, char *err, size_t errlen) {
     const char *data = strncmp(o->data, "text:", 5) == 0 ? o->data + 5 : o->data;
     const char *val = strncmp(o->val_data, "text:", 5) == 0 ? o->val_data + 5 : o->val_data;
-    const char *ins[] = {data, val, o->init, o->config, o->resume, o->schedule_csv};
-    const char *in_names[] = {"--data", "--val-data", "--init", "--config", "--resume", "--schedule-csv"};
-    const char *outs[] = {o->save_final, o->trace, o->dump_grads, o->metrics,
-                          o->bench ? o->json : "", o->bench ? o->csv : "", o->bench ? o->costs_out : ""};
-    const char *out_names[] = {"--save-final", "--trace", "--dump-grads", "--metrics", "--json", "--csv", "--costs-out"};
-    for (int i = 0; i < 7; i++) {
-        if (!outs[i][0]) continue;
-        for (int j = 0; j < 6; j++)
-            if (strcmp(ins[j], "markov") != 0)
-                PL_TRY(pl_check_distinct(outs[i], out_names[i], ins[j], in_names[j], err, errlen));
-        for (int j = i + 1; j < 7; j++)
-            if (outs[j][0]) PL_TRY(pl_check_distinct(outs[i], out_names[i], outs[j], out_names[j], err, errlen));
-    }
-    return PL_OK;
+    const char *resume = strcmp(o->resume, "latest") == 0 ? o->ckpt_dir : o->resume;
+    const gen_opts *g = o->eval_mode == 2 ? o->gen : NULL;
+    int bench = o->bench || (g && g->bench);
+    pl_io in[] = {{"--data", strcmp(data, "markov") ? data : ""}, {"--val-data", strcmp(val, "markov") ? val : ""},
+                  {"--init", o->init}, {"--config", o->config}, {"--resume", resume},
+                  {"--schedule-csv", o->schedule_csv}, {"--costs-in", o->costs_in}, {"--ckpt-dir", o->ckpt_dir},
+                  {"--prompt-file", g ? g->prompt_file : ""}, {"--tokenizer", g ? g->tokenizer : ""}};
+    pl_io out[] = {{"--save-final", o->save_final}, {"--trace", o->trace}, {"--dump-grads", o->dump_grads},
+                   {"--metrics", o->metrics}, {"--json", o->bench ? o->json : o->eval_json},
+                   {"--csv", o->bench ? o->csv : ""}, {"--costs-out", o->bench ? o->costs_out : ""},
+                   {"--tokens-out", g ? g->tokens_out : ""}, {"--logits-out", g ? g->logits_out : ""},
+                   {"--json", g && bench ? g->bench_json : ""}};
+    return pl_check_io(in, (int)(sizeof in / sizeof in[0]), out, (int)(sizeof out / sizeof out[0]), err, errlen);
 }
 
 /* Every output path must be writable before step 1: work is not lost at the end. */
@@ -143,7 +160,7 @@ static int lock_ckpt_dir(const run *R, char *err, size_t errlen) {
     char note[1024];
     PL_TRY(ckpt_lock_take(o->ckpt_dir, note, sizeof note, err, errlen));
     if (note[0]) pl_note("%s", note);
-    return PL_OK;
+    return train_ckpt_guard(R, err, errlen);
 }
 /* The backend named by --backend (auto: config_backend's choice), set up with --precision
  * and this rank's threads. */
@@ -452,6 +469,11 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(setup_tp(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
+    /* the attention buffer as the backend keeps it (a fused kernel's output and log-sum-exp,
+     * not T x T), so the split's memory model and the stage table count what the stages
+     * allocate (stage_init asks the same) */
+    if (be->attention_cols && R->cfg.NH)
+        R->cfg.att_cols = be->attention_cols(R->B / R->M, R->T, R->cfg.NH, R->cfg.C / R->cfg.NH);
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
@@ -769,7 +791,10 @@ static int before_loop(run *R, int *first_step) {
     }
     report_stage_table(R);
     PL_TRY(report_grid(R));
-    if (isfinite(R->train.entropy))
+    if (o->eval_mode == 1 && R->have_val) /* what eval reads: --val-data, else --data */
+        pl_info("evaluated data: %s\n", R->val.desc);
+    else if (o->eval_mode) {
+    } else if (isfinite(R->train.entropy))
         pl_info("data: %s, entropy floor %.4f nats/token (the best loss any model can reach)\n", R->train.desc,
                 R->train.entropy);
     else if (R->have_train)
@@ -777,6 +802,8 @@ static int before_loop(run *R, int *first_step) {
     report_run_line(R);
     *first_step = 1;
     if (o->resume[0] && !o->eval_mode) PL_TRY(train_resume_checkpoint(R, first_step));
+    if (o->ckpt_dir[0] && !o->eval_mode && !o->bench && R->wrank == 0) /* what --ckpt-keep must leave alone */
+        ckpt_keep_protect(o->ckpt_dir, *first_step - 1);
     if (o->trace[0] && R->d == 0) { /* replica 0's pipeline: the others run the same schedule */
         trace *tr = trace_open(R->comm);
         if (!tr) return PL_ENOMEM;
@@ -1049,6 +1076,17 @@ static void teardown(run *R, int agreed) {
     comm_step = -1;
 }
 
+/* Collective: a set-up failure printed by every rank that failed, or once (by rank 0) when
+ * every rank failed with the same message: a setting each rank checks alike is one line, not
+ * one per rank. */
+static void setup_error(const run *R, int rc, const char *err) {
+    unsigned h = rc != PL_OK && err[0] ? crc32c(err, strlen(err)) | 1u : 0u, lo = h, hi = h;
+    if (MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED, MPI_MIN, R->world) != MPI_SUCCESS ||
+        MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED, MPI_MAX, R->world) != MPI_SUCCESS)
+        lo = 0, hi = 1; /* cannot tell: every failing rank says why */
+    if (h && (R->wrank == 0 || lo != hi)) pl_error("%s", err);
+}
+
 int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace) {
     loop_state L;
     memset(R, 0, sizeof *R);
@@ -1062,7 +1100,7 @@ int run_setup(run *R, const pl_options *o, MPI_Comm comm, double *stop_grace) {
     R->set_up = 1;
     char err[1024] = "";
     rc = setup(R, err, sizeof err);
-    if (rc != PL_OK && err[0]) pl_error("%s", err);
+    setup_error(R, rc, err);
     if ((rc = agree(R, rc, "set-up")) != PL_OK) return rc;
     err[0] = 0;
     rc = setup_dp(R, err, sizeof err);

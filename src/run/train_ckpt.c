@@ -115,6 +115,19 @@ int train_save_checkpoint(run *R, int step) {
     ckpt_metrics_line(R, step, bytes, t1 - t0, t1 - t0, 0.0, 0.0, 0.0, 0);
     return PL_OK;
 }
+/* Rank 0, before step 1: a run that does not resume never writes into a --ckpt-dir that
+ * holds checkpoints (it would replace them, move latest back below them and let --ckpt-keep
+ * remove them), unless --ckpt-overwrite 1 says to start over. */
+int train_ckpt_guard(const run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    long long newest;
+    if (o->resume[0] || o->ckpt_overwrite || o->eval_mode || !ckpt_dir_newest(o->ckpt_dir, &newest)) return PL_OK;
+    snprintf(err, errlen, "--ckpt-dir %s holds checkpoints (the newest: step %lld) and this run does not resume: "
+             "resume from them (--resume), start over in it with --ckpt-overwrite 1, or give another directory",
+             o->ckpt_dir, newest);
+    return PL_EINVAL;
+}
+
 /* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
  * step after the saved one. Settings that would change the data stream must match. */
 int train_resume_checkpoint(run *R, int *first_step) {
@@ -297,6 +310,12 @@ static int save_async(run *R, int step) {
     ckpt_meta m;
     fill_meta(R, step, &m);
     char err[1024] = "";
+    const pl_options *o = R->o;
+    if (hooks_fail_here(&o->hooks, R->wrank, step, "stall")) {
+        char how[32]; /* test-only: this rank's writer hangs inside HDF5 (the writer's own injection) */
+        snprintf(how, sizeof how, "stall:%d", R->wrank);
+        setenv("PIPELM_CKPT_FAIL", how, 1);
+    }
     trace_event(R->eng.tr, "checkpoint snapshot", "ckpt", -1, t0, t0);
     rc = R->have_dp ? dp_moments_full(&R->dp, 1) : PL_OK; /* ZeRO-1: whole moments, as for a synchronous save */
     rc = comm_agree(R->world, rc, NULL);

@@ -11,7 +11,9 @@
  * stands in for it) must hold the largest stage's parameters, gradients and AdamW moments
  * (16 bytes a parameter; ZeRO-1: 8 + 8 / D), the stage being at least 1/P of the model and at
  * least its token embedding, plus the --ckpt-async snapshot (12 bytes a parameter it writes).
- * Activations are not counted. More replicas first: data parallelism has no pipeline bubble,
+ * Activations are not counted. A layout the schedule cannot run is passed over too (V chunks
+ * on one pipeline rank, or what sched_build_chunks refuses for P, V and --microbatches), so
+ * zb-v on 4 ranks picks 2 x 2, not 4 x 1. More replicas first: data parallelism has no pipeline bubble,
  * and at a fixed D a checkpoint resumes bit-identically on any P.
  */
 #ifdef HAVE_CONFIG_H
@@ -23,6 +25,7 @@
 #include "util/common.h"
 #include "util/hooks.h"
 #include "formats/llmc.h"
+#include "pipeline/sched.h"
 #include "run/run.h"
 
 /* This rank's share of its node's available memory, in bytes (-1: unknown); collective over
@@ -49,7 +52,10 @@ static double stage_bytes(const model_config *c, const pl_options *o, int D, int
     return stage * (per + snap);
 }
 
-/* Why D x P cannot run (into why), or "" if it can. */
+static void judge_schedule(const pl_options *o, int P, int V, char *why, size_t len);
+
+/* Why D x P cannot run (into why), or "" if it can: the model, the batch, the memory, then
+ * the schedule. */
 static void judge(const model_config *c, const pl_options *o, int W, int D, int P, int V, double mem, char *why,
                   size_t len) {
     int M = o->microbatches;
@@ -62,12 +68,38 @@ static void judge(const model_config *c, const pl_options *o, int W, int D, int 
     else if (mem >= 0 && stage_bytes(c, o, D, P) > mem)
         snprintf(why, len, "a stage needs about %.0f MB, more than the %.0f MB of a rank", stage_bytes(c, o, D, P) / 1e6,
                  mem / 1e6);
+    else judge_schedule(o, P, V, why, len);
     (void)W;
+}
+
+/* Why --schedule cannot run on P pipeline ranks with V chunks each and --microbatches (into
+ * why), or "" if it can: the schedule is built as the run would build it (auto and a
+ * --schedule-csv file are judged when the run reads them). */
+static void judge_schedule(const pl_options *o, int P, int V, char *why, size_t len) {
+    if (o->schedule_csv[0] || strcmp(o->schedule, "auto") == 0) return;
+    if (V > 1 && P < 2) {
+        snprintf(why, len, "--schedule %s runs %d chunks per rank, which needs at least 2 pipeline ranks", o->schedule, V);
+        return;
+    }
+    sched sc;
+    char e[512] = "";
+    memset(&sc, 0, sizeof sc);
+    if (sched_build_chunks(o->schedule, P, V, o->microbatches, &sc, e, sizeof e) != PL_OK)
+        snprintf(why, len, "--schedule %s: %.200s", o->schedule, e);
+    else sched_free(&sc);
+}
+
+/* How the layout line names a setting: auto, not given, or its value. */
+static const char *layout_word(int v, char *buf, size_t len) {
+    if (v < 0) return "auto";
+    if (v == 0) return "not given";
+    snprintf(buf, len, "%d", v);
+    return buf;
 }
 
 /* Collective: the most replicas D (and P = W / D) that fit, printed with the reason. */
 int train_layout_auto(run *R, const pl_options *o, int *D, int *P) {
-    int W = R->W, V = o->chunks > 0 ? o->chunks : 1;
+    int W = R->W, V = o->chunks > 0 ? o->chunks : strcmp(o->schedule, "auto") ? sched_default_chunks(o->schedule) : 1;
     model_config c;
     char err[1024] = "", why[256], passed[1024] = "";
     int version, rc = o->init[0] ? llmc_read_config(o->init, &c, &version, err, sizeof err)
@@ -88,17 +120,18 @@ int train_layout_auto(run *R, const pl_options *o, int *D, int *P) {
         } else if (off < (int)sizeof passed - 64)
             off += snprintf(passed + off, sizeof passed - off, "; %d x %d: %s", d, W / d, why);
     }
+    char bd[16], bp[16];
+    const char *wd = layout_word(o->dp, bd, sizeof bd), *wp = layout_word(o->stages, bp, sizeof bp);
     if (!found) {
-        if (R->wrank == 0)
-            pl_error("--dp %s --stages %s: no layout of %d ranks fits%s", o->dp < 0 ? "auto" : "given",
-                     o->stages < 0 ? "auto" : "given", W, passed);
+        if (R->wrank == 0) pl_error("--dp %s --stages %s: no layout of %d ranks fits%s", wd, wp, W, passed);
         return PL_EINVAL;
     }
     char memtxt[64] = "unknown";
     if (mem >= 0) snprintf(memtxt, sizeof memtxt, "%.0f MB", mem / 1e6);
     pl_info("layout: D x P = %d x %d on %d rank%s (--dp %s --stages %s): the most replicas whose stage fits (about "
-            "%.0f MB of parameters, gradients and moments of the %s a rank)%s%s\n", *D, *P, W, W > 1 ? "s" : "",
-            o->dp < 0 ? "auto" : "given", o->stages < 0 ? "auto" : "given", stage_bytes(&c, o, *D, *P) / 1e6, memtxt,
+            "%.0f MB of parameters, gradients and moments of the %s a rank) and whose pipeline --schedule %s runs "
+            "(%d chunk%s a rank, %d micro-batches)%s%s\n", *D, *P, W, W > 1 ? "s" : "", wd, wp,
+            stage_bytes(&c, o, *D, *P) / 1e6, memtxt, o->schedule, V, V > 1 ? "s" : "", o->microbatches,
             passed[0] ? "; passed over" : "", passed);
     return PL_OK;
 }

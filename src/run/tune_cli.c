@@ -291,6 +291,14 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
     tune_args a;
     int x = tune_parse(argc, argv, first, world, &a);
     if (x) return x == 1 ? 0 : 2;
+    char err[1024];
+    pl_io in[] = {{"--costs", a.costs}, {"--costs-selective", a.costs_mode[TUNE_SELECTIVE]},
+                  {"--costs-full", a.costs_mode[TUNE_FULL]}};
+    pl_io out[] = {{"--json", a.json}};
+    if (pl_check_io(in, 3, out, 1, err, sizeof err) != PL_OK) {
+        if (pl_rank == 0) pl_error("tune: %s", err);
+        return 2;
+    }
     sched_costs cm[TUNE_NMODES];
     const sched_costs *c[TUNE_NMODES] = {NULL, NULL, NULL};
     int rc = a.measure ? measure_costs(&a, comm) : PL_OK;
@@ -302,7 +310,6 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
         if (a.measured[m][0] && pl_rank == 0) unlink(a.measured[m]);
     tune_cand *t = NULL;
     int n = 0, tried = 0;
-    char err[1024];
     double t0 = pl_now();
     if (rc == PL_OK) rc = tune_search(&a.q, c, &t, &n, &tried, err, sizeof err);
     else snprintf(err, sizeof err, "tune: a costs file could not be read (above)");
@@ -328,5 +335,5 @@ int tune_main(int argc, char **argv, int first, MPI_Comm comm) {
                     1e3 * t[i].step_s, ms > 0 ? 100.0 * (ms / (1e3 * t[i].step_s) - 1.0) : 0.0);
     }
     free(t);
-    return rc == PL_OK ? 0 : 1;
+    return rc == PL_OK ? 0 : rc == PL_EINVAL ? 2 : 1; /* a bad option after -- is a usage error */
 }

@@ -78,4 +78,7 @@ double pl_mem_available(const char *env);
  * a job script requeues on it. */
 #define PIPELM_EXIT_PREEMPTED 75
 
+/* The longest path a setting or a message holds (PATH_MAX). */
+#define PL_PATH 4096
+
 #endif

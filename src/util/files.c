@@ -5,6 +5,7 @@
 #include <config.h>
 #endif
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -358,4 +359,90 @@ int pl_make_dirs(const char *dir) {
     if (stat(buf, &sb) != 0) return -1;
     if (!S_ISDIR(sb.st_mode)) { errno = ENOTDIR; return -1; }
     return 0;
+}
+
+/* An output against every regular file directly inside the input directory dir. */
+static int check_in_dir(const pl_io *out, const pl_io *dir, char *err, size_t errlen) {
+    DIR *d = opendir(dir->path);
+    if (!d) return PL_OK; /* unreadable: its reader says so */
+    struct dirent *e;
+    int rc = PL_OK;
+    char file[PATH_MAX + 256], what[1024];
+    while (rc == PL_OK && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(file, sizeof file, "%s/%s", dir->path, e->d_name);
+        snprintf(what, sizeof what, "%s %.256s's file", dir->opt, dir->path);
+        struct stat sb;
+        if (stat(file, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        rc = pl_check_distinct(out->path, out->opt, file, what, err, errlen);
+    }
+    closedir(d);
+    return rc;
+}
+
+int pl_check_io(const pl_io *in, int nin, const pl_io *out, int nout, char *err, size_t errlen) {
+    for (int i = 0; i < nout; i++) {
+        if (!out[i].path || !out[i].path[0]) continue;
+        for (int j = 0; j < nin; j++) {
+            struct stat sb;
+            if (!in[j].path || !in[j].path[0]) continue;
+            PL_TRY(pl_check_distinct(out[i].path, out[i].opt, in[j].path, in[j].opt, err, errlen));
+            if (stat(in[j].path, &sb) == 0 && S_ISDIR(sb.st_mode)) PL_TRY(check_in_dir(&out[i], &in[j], err, errlen));
+        }
+        for (int j = i + 1; j < nout; j++)
+            if (out[j].path && out[j].path[0])
+                PL_TRY(pl_check_distinct(out[i].path, out[i].opt, out[j].path, out[j].opt, err, errlen));
+    }
+    return PL_OK;
+}
+
+/* Rank 0's part of pl_read_bcast: the whole file, or -1 with err. */
+static long read_whole(const char *path, const char *what, size_t max_bytes, char **text, char *err, size_t errlen) {
+    FILE *f = NULL;
+    *text = NULL;
+    if (pl_open_input(path, what, max_bytes, &f, err, errlen) != PL_OK) return -1;
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap + 1);
+    while (b) {
+        n += fread(b + n, 1, cap - n, f);
+        if (n < cap || cap >= max_bytes) break;
+        char *nb = realloc(b, (cap *= 2) + 1);
+        if (!nb) { free(b); b = NULL; }
+        else b = nb;
+    }
+    int bad = !b || ferror(f);
+    fclose(f);
+    if (bad) {
+        snprintf(err, errlen, "%s %s: %s", what, path, b ? "cannot read it" : "out of memory");
+        free(b);
+        return -1;
+    }
+    b[n] = 0;
+    *text = b;
+    return (long)n;
+}
+
+int pl_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
+                  char *err, size_t errlen) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    long n = rank == 0 ? read_whole(path, what, max_bytes ? max_bytes : (size_t)1 << 30, text, err, errlen) : 0;
+    PL_MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG, 0, comm));
+    if (n < 0) {
+        if (rank != 0 && errlen) err[0] = 0; /* rank 0 says why, once */
+        return PL_EIO;
+    }
+    if (rank != 0 && !(*text = malloc((size_t)n + 1))) n = -1;
+    long worst = n;
+    PL_MPI_CHECK(MPI_Allreduce(&n, &worst, 1, MPI_LONG, MPI_MIN, comm));
+    if (worst < 0) {
+        free(*text);
+        *text = NULL;
+        snprintf(err, errlen, "%s %s: out of memory", what, path);
+        return PL_ENOMEM;
+    }
+    PL_MPI_CHECK(MPI_Bcast(*text, (int)n, MPI_CHAR, 0, comm));
+    (*text)[n] = 0;
+    *len = (size_t)n;
+    return PL_OK;
 }

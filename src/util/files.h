@@ -17,6 +17,7 @@
 #ifndef PIPELM_FILES_H
 #define PIPELM_FILES_H
 
+#include <mpi.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -61,6 +62,25 @@ int pl_output_replace(const char *tmp, const char *path, const char *what, char 
  * same resolved name when neither does (two outputs); /dev/null is never the same. */
 int pl_check_distinct(const char *out, const char *what_out, const char *in, const char *what_in, char *err,
                       size_t errlen);
+/* Collective over comm: rank 0 reads the whole of a small input (at most max_bytes, through
+ * pl_open_input: a FIFO, device or directory is refused by name, never opened blocking) and
+ * broadcasts it, so every rank parses the same bytes and a stream is never read differently
+ * by two ranks. *text (NUL-terminated, *len bytes; free it) on every rank, or the same failure
+ * on every rank, with the message in err on rank 0 (empty on the others: one line, not P). */
+int pl_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
+                  char *err, size_t errlen);
+/* One input or output of a subcommand, for pl_check_io: the option that names it ("--json",
+ * "input") and its path ("" or NULL: not given). */
+typedef struct {
+    const char *opt;
+    const char *path;
+} pl_io;
+/* A subcommand's table of inputs and outputs, checked at once: every output against every
+ * input (pl_check_distinct), against every file inside an input that is a directory (a
+ * checkpoint or Hugging Face directory), and against every other output. PL_EINVAL with
+ * "OUT PATH is the same file as IN PATH: refusing to overwrite it" (exit 2) for the first
+ * pair that is one file. */
+int pl_check_io(const pl_io *in, int nin, const pl_io *out, int nout, char *err, size_t errlen);
 /* Name of a file type from st_mode: "a directory", "a FIFO (named pipe)", ... */
 const char *pl_file_type_name(mode_t mode);
 

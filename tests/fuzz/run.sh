@@ -16,7 +16,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 mode=fuzz
 case "${1:-}" in --replay) mode=replay; shift ;; --build) mode=build; shift ;; esac
-all="llmc tokens ini cli sched ckpt config safetensors costs"
+all="llmc tokens ini cli sched ckpt config safetensors costs bpe"
 targets=${*:-$all}
 out=${FUZZ_BUILD:-$top/build-fuzz}
 secs=${FUZZ_SECONDS:-60}
@@ -30,8 +30,8 @@ done
 version=$(sed -n 's/^AC_INIT(\[pipelm\], \[\([^]]*\)\].*/\1/p' "$top/configure.ac")
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cflags=(-g -O1 -fopenmp -Wno-pass-failed $san "-DPACKAGE_VERSION=\"${version:-0}\"" -I"$top/src" -I"$top/include" -I"$top/tests/fuzz"
-        $(pkg-config --cflags openblas hdf5-mpich inih jansson mpich))
-libs="$(pkg-config --libs hdf5-mpich inih jansson openblas mpich) -lm"
+        $(pkg-config --cflags openblas hdf5-mpich inih jansson libpcre2-8 mpich))
+libs="$(pkg-config --libs hdf5-mpich inih jansson libpcre2-8 zlib openblas mpich) -lm"
 mkdir -p "$out/obj" "$out/artifacts" "$out/corpus"
 
 # the library, without main.c, compiled once with coverage instrumentation (fuzzer-no-link):

@@ -185,3 +185,39 @@ put("safetensors", "hdr-past-end", (10**6).to_bytes(8, "little") + b"{}")
 put("safetensors", "not-object", st(None, raw_header=b"[1, 2]"))
 put("safetensors", "dup-key", st(None, raw_header=b'{"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}, "a": 1}', data=f4[:4]))
 
+
+# ---- BPE tokenizer files: 2-byte length, the file (tokenizer.json or tiktoken ranks), a text
+def b2u():
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+def tokjson(split=None, merges=("Ġ t", "h e", "Ġt he"), extra=("Ġt", "he", "Ġthe"), ignore=False, added=True):
+    import json
+    u = b2u()
+    vocab = {u[b]: b for b in range(256)}
+    for i, t in enumerate(extra):
+        vocab[t] = 256 + i
+    pre = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    if split:
+        pre = {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
+                                                       "invert": False}, {"type": "ByteLevel", "use_regex": False}]}
+    return json.dumps({"added_tokens": [{"id": 256 + len(extra), "content": "<|endoftext|>", "special": True}] if added else [],
+                       "normalizer": None, "pre_tokenizer": pre, "decoder": {"type": "ByteLevel"},
+                       "model": {"type": "BPE", "ignore_merges": ignore, "vocab": vocab, "merges": list(merges)}},
+                      ensure_ascii=False).encode()
+
+def bpe_input(f, text):
+    return len(f).to_bytes(2, "little") + f + text
+
+TEXT = "the then <|endoftext|> théâtre 東京 \U0001F600  \n\n x\u180e y 123456 don't".encode() + b"\xff\xc3"
+put("bpe", "gpt2-like", bpe_input(tokjson(), TEXT))
+put("bpe", "llama3-like", bpe_input(tokjson(split=r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", ignore=True), TEXT))
+put("bpe", "merge-missing", bpe_input(tokjson(merges=("Ġ t", "x y")), TEXT))
+put("bpe", "bad-regex", bpe_input(tokjson(split="(unclosed"), TEXT))
+put("bpe", "not-byte-level", bpe_input(tokjson(extra=("Ġt", "he", "Ġthe", "\u4e00")), TEXT))
+put("bpe", "ranks-short", bpe_input(b"IQ== 0\nIg== 1\n", TEXT))
+put("bpe", "empty", b"")

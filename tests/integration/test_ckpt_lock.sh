@@ -142,9 +142,10 @@ else bad "corrupted before publication" "rc=$rc $(grep error f2.out | head -3) $
 [ ! -e bad/.lock ] && ok "no lock is left after a failed save" || bad "lock after a failed save" "$(cat bad/.lock)"
 mpirun_t 60 2 train $C --steps 2 --ckpt-dir bad --resume > f3.out 2>&1 && grep -q "resumed from bad/ckpt_00000001.h5" f3.out &&
     [ "$(cat bad/latest)" = ckpt_00000002.h5 ] && ok "and it resumes" || bad "resume after the refused save" "$(grep error f3.out)"
-# a run that is not resuming, with a checkpoint file but no latest: its failed save says so
+# a run that is not resuming (told to start over: --ckpt-overwrite 1), with a checkpoint file
+# but no latest: its failed save says so
 rm bad/latest
-PIPELM_CKPT_FAIL=corrupt mpirun_t 60 2 train $C --steps 2 --ckpt-dir bad > f4.out 2>&1
+PIPELM_CKPT_FAIL=corrupt mpirun_t 60 2 train $C --steps 2 --ckpt-dir bad --ckpt-overwrite 1 > f4.out 2>&1
 rc=$?
 if [ $rc -eq 1 ] && ! grep -q "resuming" f4.out && ! grep -q "intact" f4.out &&
     grep -q "checkpoint at step 2 failed; no earlier checkpoint is named by bad/latest (bad/latest is missing)" f4.out; then

@@ -17,6 +17,11 @@ expect "bad integer named" 2 "bad value 'many' for --steps" run train --steps ma
 expect "bad number named" 2 "bad value '1e' for --lr" run train --lr 1e
 expect "missing value" 2 "needs a value" run train --steps
 expect "unknown preset" 2 "unknown preset 'huge'" run train --preset huge
+# costs for another stage count: refused before any grid is printed (issue 37, item 9)
+printf 'stages 2\nstage 0 F 1 B 2 A 3\nstage 1 F 1 B 2 A 5\n' > c2.txt
+expect "costs for 2 stages, schedule of 4" 2 "costs are for 2 stages, the schedule has 4" run schedule --stages 4 --microbatches 4 --costs c2.txt
+if run schedule --stages 4 --microbatches 4 --costs c2.txt 2>&1 | grep -q 'F0'; then bad "costs mismatch" "the grid was printed first"
+else ok "costs mismatch: no grid printed before the refusal"; fi
 expect "bad schedule" 2 "must be one of gpipe, 1f1b, zb-h1, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipev, or auto" run train --schedule zigzag
 expect "batch not divisible" 2 "not divisible by --microbatches" run train --batch 10 --microbatches 4
 expect "seq-len too long" 2 "is out of range (1..64, the model's max-seq-len)" run train --seq-len 1000 --steps 1

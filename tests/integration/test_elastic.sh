@@ -8,7 +8,10 @@
 #      over named with the reason; D changed, so the losses agree within 1e-5 (relative);
 #   c. on 1 rank: 1 x 1, within 1e-5;
 #   d. no layout fits: refused (exit 2), naming each candidate and why;
-#   e. jobs/train.sbatch (dry run) hands --dp auto --stages auto to pipelm as they are.
+#   e. jobs/train.sbatch (dry run) hands --dp auto --stages auto to pipelm as they are;
+#   f. only layouts the schedule can run are chosen: zb-v on 4 ranks is 2 x 2 (4 x 1 passed
+#      over by name), a 2 x 2 zb-v checkpoint resumes on 2 ranks as 1 x 2, with --stages auto
+#      alone too, and the layout line names what was given.
 # Every mpiexec runs under a timeout.
 . "$(dirname "$0")/../lib/lib.sh"
 TOP=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -54,8 +57,22 @@ else bad "2 x 2 -> 1 rank" "rc=$rc $(grep -E 'layout: D|error' c.out | head -2)"
 PIPELM_RANK_MEM_MB=1 expect "no layout fits: refused naming each candidate" 2 \
     "rank 0: error: --dp auto --stages auto: no layout of 2 ranks fits; 2 x 1: a stage needs about .*; 1 x 2: a stage needs about" \
     mpirun_t 60 2 train $C --dp auto --stages auto --steps 2
-expect "--dp auto with --stages given: the other follows" 0 "layout: D x P = 1 x 2 on 2 ranks (--dp auto --stages given)" \
+expect "--dp auto with --stages given: the other follows" 0 "layout: D x P = 1 x 2 on 2 ranks (--dp auto --stages 2)" \
     mpirun_t 60 2 train $C --dp auto --stages 2 --steps 1
+
+# f. only layouts the schedule runs (issue 37, item 6): zb-v's 2 chunks need 2 pipeline ranks
+expect "zb-v on 4 ranks, auto: 2 x 2, the 4 x 1 it passed over named" 0 \
+    "layout: D x P = 2 x 2 on 4 ranks (--dp auto --stages auto).*--schedule zb-v runs (2 chunks a rank.*passed over; 4 x 1: --schedule zb-v runs 2 chunks per rank, which needs at least 2 pipeline ranks" \
+    mpirun_t 120 4 train $C --dp auto --stages auto --schedule zb-v --steps 1
+mpirun_t 120 4 train $C --dp 2 --stages 2 --schedule zb-v --steps 2 --ckpt-dir vk > vk.out 2>&1 || bad "zb-v 2 x 2" "$(grep error vk.out)"
+for S in "--dp auto --stages auto" "--stages auto"; do
+    mpirun_t 120 2 train $C $S --schedule zb-v --steps 3 --ckpt-dir vk --resume --ckpt-every 0 > v.out 2>&1; rc=$?
+    want="(--dp auto --stages auto)"; [ "$S" = "--stages auto" ] && want="(--dp not given --stages auto)"
+    if [ $rc -eq 0 ] && grep -qF "layout: D x P = 1 x 2 on 2 ranks $want" v.out && grep -q "resumed from vk/ckpt_00000002.h5" v.out; then
+        ok "a 2 x 2 zb-v checkpoint on 2 ranks, $S: 1 x 2 (2 x 1 cannot run zb-v), the layout line says $want"
+    else bad "zb-v resume $S" "rc=$rc $(grep -E 'layout: D|error' v.out | head -2)"; fi
+    rm -f vk/ckpt_00000003.h5; echo ckpt_00000002.h5 > vk/latest
+done
 
 # e. the job script passes auto through
 out=$(PIPELM_DRY_RUN=1 PIPELM_NTASKS=2 PIPELM_NNODES=1 PIPELM_RUNS=$WORK/runs PIPELM=$PIPELM bash "$TOP/jobs/train.sbatch" \

@@ -1399,6 +1399,10 @@ int main(void) {
     verbose = vb && *vb && strcmp(vb, "0") != 0;
     unsetenv("PIPELM_CUDA_TF32"); /* fp32 means fp32 here; test_tf32 sets it itself */
     char err[512] = "";
+    /* the CPU reference keeps the (T, T) probabilities, which the attention cases compare
+     * (its tiled path is test_attention.c's); the variable also reaches the CPU backend's
+     * init inside another host backend's */
+    setenv("PIPELM_CPU_ATTENTION", "full", 1);
     backend_options co = {PL_PREC_FP32, 1, -1, 0, 0, NULL};
     if (cpu->init(&co, err, sizeof err) != 0) {
         fprintf(stderr, "test_cuda: cpu backend init failed: %s\n", err);

@@ -657,10 +657,13 @@ START_TEST(test_dims_and_split) {
     ck_assert_int_eq(c.Vp, 16777216);
     ck_assert_int_eq(gpt2_config_make(&c, 16777215, 8, 1, 1, 8, err, sizeof err), 0);
     ck_assert_int_eq(c.Vp, 16777216);
-    /* a micro-batch whose buffers would exceed 2^31 floats */
+    /* a micro-batch whose buffers would exceed 2^31 floats: the (T, T) attention of a backend
+     * that keeps the probabilities (the CPU backend's fused path would keep T (HS + 1)) */
     stage st;
+    backend probs = backend_cpu;
+    probs.attention_cols = NULL;
     ck_assert_int_eq(gpt2_config_make(&c, 256, 1048576, 1, 64, 64, err, sizeof err), 0);
-    EXPECT_REFUSED(stage_init(&st, &c, 0, 1, 1, 1, 1, 1048576, 1, &backend_cpu, err, sizeof err), err,
+    EXPECT_REFUSED(stage_init(&st, &c, 0, 1, 1, 1, 1, 1048576, 1, &probs, err, sizeof err), err,
                    "micro-batch too large");
     /* --split entries */
     ck_assert_int_eq(gpt2_config_make(&c, 256, 64, 4, 4, 64, err, sizeof err), 0);
@@ -999,18 +1002,19 @@ static size_t block_floats_by_formula(const model_config *c) {
  * with N a multiple of 16 (no padding), the formula (input C, tokens 1, per block the kept
  * rows and NH T probabilities, head GPT-2 2C + 2, Llama 2C + 1). */
 /* A backend whose attention keeps hs + 1 floats a (token, head) (backend.h's attention_cols,
- * the CUDA fused kernels' output and log-sum-exp) gets a stage whose attention buffer is that
- * size, not T x T; a backend without it (every host backend) keeps T. */
+ * the CUDA fused kernels' and the CPU's tiled path's output and log-sum-exp) gets a stage
+ * whose attention buffer is that size, not T x T; a backend without it (onednn) keeps T. */
 static int cols_hs1(int B, int T, int NH, int HS) { (void)B; (void)NH; return T > HS ? HS + 1 : T; }
 START_TEST(test_attention_cols) {
     model_config cfg;
     char err[256];
     ck_assert_int_eq(gpt2_config_make(&cfg, 256, 64, 2, 4, 64, err, sizeof err), 0); /* HS = 16 */
-    backend fused = backend_cpu;
+    backend fused = backend_cpu, probs = backend_cpu;
     fused.attention_cols = cols_hs1;
+    probs.attention_cols = NULL;
     stage a, b, c;
     int B = 2, T = 40;
-    ck_assert_int_eq(stage_init(&a, &cfg, 0, 2, 1, 1, B, T, 1, &backend_cpu, err, sizeof err), 0);
+    ck_assert_int_eq(stage_init(&a, &cfg, 0, 2, 1, 1, B, T, 1, &probs, err, sizeof err), 0);
     ck_assert_int_eq(stage_init(&b, &cfg, 0, 2, 1, 1, B, T, 1, &fused, err, sizeof err), 0);
     ck_assert_int_eq(a.cfg.att_cols, 0);
     ck_assert_int_eq(b.cfg.att_cols, 17);

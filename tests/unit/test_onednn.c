@@ -53,6 +53,7 @@
 #include "pipelm/backend.h"
 #include "util/common.h"
 #include "backend/onednn/onednn_auto.h"
+#include "backend/onednn/onednn_elem.h"
 #include "backend/onednn/onednn_wcache.h"
 #include "backend_compare.h"
 
@@ -60,6 +61,8 @@ extern const backend backend_onednn;
 /* test hooks exported by src/backend/onednn/backend_onednn.c */
 void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar);
 long onednn_primitives_created(void);
+long onednn_nondense_created(void);
+const char *onednn_impl_made(int i, const char **what);
 
 /* the registered backend (its NULL ops filled with backend_cpu's) and its own table */
 static const backend *dn;
@@ -203,6 +206,20 @@ START_TEST(test_convert) {
         if (lens[l] < M) ck_assert_uint_eq(p[lens[l]], 0xABAB); /* no write past n */
     }
     for (size_t i = 0; i < M; i++) ck_assert_msg(p[i] == bits16(round_bf16(x[i])), "value %.9g", x[i]);
+    /* the transposed conversion (matmul_bwd_weight's dout^T): each (N, OC) as (OC, N), every
+     * value the rounding above, nothing written past OC N; row counts around its 32-row blocks
+     * and column counts around its 256-column chunks */
+    const int tr[][2] = {{1, 1}, {37, 61}, {32, 16}, {33, 257}, {64, 3}, {95, 513}};
+    for (size_t t = 0; t < sizeof tr / sizeof tr[0]; t++) {
+        int N = tr[t][0], OC = tr[t][1];
+        memset(p, 0xAB, 2 * M);
+        onednn_cvt_bf16_t(p, x, N, OC);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < OC; j++)
+                ck_assert_msg(p[(size_t)j * N + i] == bits16(round_bf16(x[(size_t)i * OC + j])),
+                              "transposed N=%d OC=%d: (%d, %d)", N, OC, i, j);
+        ck_assert_uint_eq(p[(size_t)N * OC], 0xABAB);
+    }
     free(p);
     free(q);
     dn->free(x);
@@ -1004,6 +1021,62 @@ START_TEST(test_auto) {
 END_TEST
 
 // ----------------------------------------------------------------------------
+// dense operands: every bf16 product is made on dense views (what oneDNN's brgemm kernels, AMX
+// among them, take); on any CPU (bf16 emulated where it is not native), and where the CPU has
+// AMX, every bf16 product made runs on a brgemm kernel, none on a fallback (gemm:jit, ref)
+
+/* Every bf16 op with products, on odd shapes: matmuls, multi-head and grouped-query attention
+ * (G = 1, 2 and 8 query heads a kv head; T >= 64 as the models' causal products). */
+static void dense_ops(void) {
+    const int mm[][3] = {{37, 24, 61}, {64, 128, 96}};
+    const gqa_shape att[] = {{2, 13, 3, 3, 8}, {1, 96, 4, 4, 16}, {2, 17, 4, 2, 6}, {1, 64, 8, 1, 8}};
+    size_t n = 1 << 16;
+    float *a = falloc(n), *b = falloc(n), *c = falloc(n), *d = falloc(n), *e = falloc(n);
+    fill_rand(a, n, -1, 1);
+    fill_rand(b, n, -1, 1);
+    fill_rand(d, n, -1, 1);
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        int N = mm[i][0], C = mm[i][1], OC = mm[i][2];
+        OK(dn->matmul_fwd(c, a, b, d, N, C, OC));
+        OK(dn->matmul_bwd_input(c, a, b, N, C, OC));
+        OK(dn->matmul_bwd_weight(c, e, a, b, N, C, OC));
+    }
+    for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) {
+        const gqa_shape *s = &att[i];
+        OK(dn->attention_gqa_fwd(c, e, a, s->B, s->T, s->NH, s->NKV, s->HS));
+        OK(dn->attention_gqa_bwd(d, b, a, e, s->B, s->T, s->NH, s->NKV, s->HS));
+    }
+    float *bufs[] = {a, b, c, d, e};
+    for (size_t i = 0; i < 5; i++) dn->free(bufs[i]);
+}
+
+START_TEST(test_dense) {
+    backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0, "allow-emulated=1"};
+    char err[512] = "";
+    ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "bf16 init (allow-emulated=1): %s", err);
+    rng_seed(41);
+    long made0 = onednn_primitives_created(), nd0 = onednn_nondense_created();
+    dense_ops();
+    ck_assert_msg(onednn_primitives_created() > made0, "no bf16 product was made");
+    ck_assert_msg(onednn_nondense_created() == nd0, "%ld bf16 products made on operands that are not dense",
+                  onednn_nondense_created() - nd0);
+    const char *impl, *what;
+    char desc[256];
+    dn->describe(desc, sizeof desc);
+    int amx = strstr(desc, "ISA avx512_core_amx") != NULL; /* oneDNN's effective ISA: AMX tiles */
+    int nbf = 0; /* every bf16 product this process made, the other cases' included */
+    for (int i = 0; (impl = onednn_impl_made(i, &what)) != NULL; i++) {
+        nbf += strstr(what, "bf16") != NULL;
+        if (verbose) printf("test_onednn: made %s: %s\n", what, impl);
+        if (amx && strstr(what, "bf16"))
+            ck_assert_msg(strncmp(impl, "brg:", 4) == 0, "bf16 product %s on a fallback: %s", what, impl);
+    }
+    ck_assert_msg(nbf > 0, "no bf16 product recorded");
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+// ----------------------------------------------------------------------------
 
 static Suite *onednn_suite(void) {
     Suite *s = suite_create("onednn");
@@ -1014,7 +1087,7 @@ static Suite *onednn_suite(void) {
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
         {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
-        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto},
+        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
@@ -1026,6 +1099,9 @@ static Suite *onednn_suite(void) {
 }
 
 int main(void) {
+    /* the CPU reference keeps the (T, T) probabilities, which the attention cases compare (its
+     * tiled path is test_attention.c's): set before the oneDNN backend's init runs the CPU's */
+    setenv("PIPELM_CPU_ATTENTION", "full", 1);
     dn = backend_find("onednn");
     if (!dn) {
         fprintf(stderr, "test_onednn: backend onednn not registered: %s\n", backend_refusal());

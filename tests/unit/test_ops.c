@@ -1407,7 +1407,9 @@ int main(void) {
     default_threads = omp_get_max_threads();
 #endif
     char err[256] = "";
-    backend_options bo = {PL_PREC_FP32, 0, -1, 0, 0, NULL};
+    /* attention=full: these cases check the (T, T) path (the probabilities it keeps) against
+     * double references; the tiled path is checked against it in test_attention.c */
+    backend_options bo = {PL_PREC_FP32, 0, -1, 0, 0, "attention=full"};
     if (be->init(&bo, err, sizeof(err)) != 0) {
         fprintf(stderr, "test_ops: cpu backend init failed: %s\n", err);
         return EXIT_FAILURE;

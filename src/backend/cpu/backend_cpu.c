@@ -34,6 +34,7 @@
 #include "backend/cpu/blas.h"
 #include "util/common.h"
 #include "backend/cpu/cpu_decode.h"
+#include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_moe.h"
 
 /* Threads of this backend (OpenMP loops and OpenBLAS), set through its set_threads. */
@@ -44,6 +45,22 @@ static int cpu_threads = 1;
 
 static int cpu_set_threads(int n);
 
+/* The settings of this backend (--backend-opt). */
+static const backend_opt_decl cpu_opts[] = {
+    {"attention", "tiled: fused causal attention keeping the output and the row log-sum-exp (O(T) memory, "
+     "FlashAttention-2's backward) wherever T exceeds the head size; full: the (T, T) probabilities (the "
+     "reference); auto: tiled from T = 128 (where it measured faster), full below",
+     "auto", "auto|tiled|full", "PIPELM_CPU_ATTENTION"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* attention=: which path attention_gqa_fwd / _bwd take (att_tiled_for). */
+enum { ATT_FULL, ATT_TILED, ATT_AUTO };
+static int att_mode = ATT_AUTO;
+/* attention=auto's smallest T for the tiled path: below it the (T, T) path measured as fast
+ * or faster (bench/attention_cpu.sh: head sizes 16, 64, 128). */
+#define ATT_AUTO_MIN_T 128
+
 /* fp32 only: the reference precision. */
 static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
     if (opt && opt->precision != PL_PREC_FP32) {
@@ -51,13 +68,32 @@ static int cpu_init(const backend_options *opt, char *err, size_t errlen) {
                  backend_precision_name(opt->precision), BUILT_ONEDNN);
         return PL_EINVAL;
     }
+    char v[16];
+    backend_opt_get(cpu_opts, opt, "attention", v, sizeof v);
+    att_mode = strcmp(v, "full") == 0 ? ATT_FULL : strcmp(v, "tiled") == 0 ? ATT_TILED : ATT_AUTO;
     if (opt && opt->threads > 0) cpu_set_threads(opt->threads);
     return 0;
 }
 static void cpu_finalize(void) {}
 
 static void cpu_describe(char *buf, size_t len) {
-    snprintf(buf, len, "cpu: OpenBLAS %s, kernel %s, fp32", blas_flavour(), blas_kernel());
+    static const char *const name[] = {"full", "tiled", "auto"};
+    snprintf(buf, len, "cpu: OpenBLAS %s, kernel %s, fp32, attention %s", blas_flavour(), blas_kernel(),
+             name[att_mode]);
+}
+
+/* Whether attention of T tokens, head size HS runs tiled: only where its state (HS + 1
+ * floats per token and head) is smaller than the T probabilities of the full path, and under
+ * auto only from ATT_AUTO_MIN_T. */
+static int att_tiled_for(int T, int HS) {
+    return att_mode != ATT_FULL && T > HS && (att_mode == ATT_TILED || T >= ATT_AUTO_MIN_T);
+}
+
+/* backend.h's attention_cols: the tiled path keeps O and the log-sum-exp. */
+static int cpu_attention_cols(int B, int T, int NH, int HS) {
+    (void)B;
+    (void)NH;
+    return att_tiled_for(T, HS) ? HS + 1 : T;
 }
 
 /* 64-byte aligned, zero-filled (backend_host.c). */
@@ -428,6 +464,12 @@ static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, con
 /* a = softmax_causal(q_h k_g^T / sqrt(HS)), o_h = a v_g with g = h / (NH / NKV); parallel over
  * the B*NH (b, h) pairs, each pair's products on one thread. */
 static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    if (att_tiled_for(T, HS)) {
+        int changed = blas_threads_outside();
+        int rc = cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS);
+        blas_threads_restore(changed);
+        return rc;
+    }
     if (NKV < 1 || NH % NKV)
         return host_fail(PL_EBACKEND, "attention_gqa_fwd: %d query heads do not divide into %d kv heads", NH, NKV);
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
@@ -469,6 +511,12 @@ static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const flo
  * fixed order whatever the thread count; dqkv is overwritten. */
 static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int NH, int NKV, int HS) {
+    if (att_tiled_for(T, HS)) {
+        int changed = blas_threads_outside();
+        int rc = cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS);
+        blas_threads_restore(changed);
+        return rc;
+    }
     if (NKV < 1 || NH % NKV)
         return host_fail(PL_EBACKEND, "attention_gqa_bwd: %d query heads do not divide into %d kv heads", NH, NKV);
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nt = 1;
@@ -543,6 +591,8 @@ const backend backend_cpu = {
     .describe = cpu_describe,
     .set_threads = cpu_set_threads,
     .get_threads = cpu_get_threads,
+    .opts = cpu_opts,
+    .attention_cols = cpu_attention_cols,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_host = cpu_copy,

@@ -8,15 +8,18 @@
  *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is onednn_elem.c's loop: threads
  *     split the columns in chunks of 256 and each chunk sums the rows in order, so db does not
  *     depend on the thread count and is backend_cpu's bits; in bf16 the same pass writes dout's
- *     bf16 copy for the product.
- *   attention_gqa_fwd / attention_gqa_bwd: G = NH/NKV batched 4-D matmuls over the (B, NKV)
- *     pairs (one per query head of a group), on strided views of the fused qkv (B, T, (NH + 2 NKV)
- *     HS); dk and dv accumulate over the group's query heads in ascending order through the sum
- *     post-op. GPT-2's multi-head attention is NKV == NH: one batched matmul per product over
- *     the (B, NH) pairs. The causal softmax and its backward are fp32 loops of our own, parallel
- *     over rows (each row's arithmetic fixed, so thread-count independent). In bf16, for T >= 64,
- *     each T x T-causal product is two (mm_causal): the rows before T/2 leave out the columns or
- *     inner indices after it, which the mask zeroes (3/4 of the multiplies).
+ *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own.
+ *   attention_gqa_fwd / attention_gqa_bwd: fp32: G = NH/NKV batched 4-D matmuls over the
+ *     (B, NKV) pairs (one per query head of a group), on strided views of the fused qkv (B, T,
+ *     (NH + 2 NKV) HS); dk and dv accumulate over the group's query heads in ascending order
+ *     through the sum post-op (GPT-2's NKV == NH: one batched matmul per product over (B, NH)).
+ *     bf16: the conversion writes q, k and v (and dy) head-major into dense (B, H, T, HS)
+ *     copies, and every product runs on dense operands, which oneDNN's brgemm kernels (AMX's
+ *     among them) take, where the strided views went to gemm:jit at half the speed; a kv
+ *     head's G query heads are one product (rows j T + t), so their gradient sums lie inside
+ *     its inner dimension; dq, dk, dv come out dense and are put back into dqkv's heads. The
+ *     causal softmax and its backward are fp32 loops of our own, parallel over rows (each
+ *     row's arithmetic fixed, so thread-count independent); the products are full T x T.
  *   LayerNorm, GELU, cross-entropy, AdamW, sumsq: onednn_ops.c's vector loops (GELU through a
  *     sigmoid in bf16). Encoder, residual, add, scale: onednn_elem.c's (backend_cpu's bits).
  *     RMSNorm, SwiGLU: onednn_llama.c's in bf16, backend_cpu's in fp32.
@@ -36,7 +39,10 @@
  *   (weight-cache=1, the default): one conversion per optimizer step instead of two per
  *   micro-batch, with the same bits. Softmax, its backward, bias, and all accumulation stay fp32.
  * Primitives are created once per (shapes, strides, data type, post-ops, scale, threads) and
- *   kept in a small table (MM_CACHE entries, round-robin replacement).
+ *   kept in a small table (MM_CACHE entries, round-robin replacement). Each one made is
+ *   counted by its label and the implementation oneDNN chose (impl-report=1 prints them as
+ *   they are made, with a WARNING for a bf16 product off the brgemm kernels; the tests read
+ *   the table and the count of bf16 products made on operands that are not dense).
  * Determinism: same inputs and thread count give bit-identical outputs (oneDNN's matmuls use a
  *   fixed partition for a given primitive and thread count; tests/unit/test_onednn.c checks it).
  *   Only db and the softmax loops are thread-count independent by construction.
@@ -107,6 +113,15 @@ typedef struct {
     dnnl_memory_t mem[4]; /* src, weights, dst, bias */
 } mm_entry;
 
+/* A product made, by its label (op, precision, shapes) and the implementation oneDNN chose. */
+#define MAX_IMPLS 512
+typedef struct {
+    char what[112];
+    char impl[48];
+    int dense;   /* every operand dense (a permutation of a plain layout) */
+    long made;   /* primitives created with this label and implementation */
+} impl_use;
+
 static struct {
     int inited;
     dnnl_engine_t eng;
@@ -120,6 +135,10 @@ static struct {
     mm_entry cache[MM_CACHE];
     int next_victim;
     long created;          /* primitives created (tests, diagnostics) */
+    long nondense;         /* of them, bf16 ones with an operand that is not dense (tests) */
+    int impl_report;       /* --backend-opt impl-report=1: print each new impls[] entry */
+    impl_use impls[MAX_IMPLS];
+    int nimpls;
     /* scratch: bf16 copies and fp32 temporaries, grown on demand, freed by finalize */
     void *scr[5];
     size_t scr_bytes[5];
@@ -325,6 +344,58 @@ static int make_pd(const mm_key *k, dnnl_primitive_desc_t *pd, const char *what)
     return 0;
 }
 
+/* Whether the nd-D view (dims d, strides st) is dense: some order of its dims lays it out with
+ * no gaps (row-major, transposed, or a plain layout with two dims swapped; dims of 1 do not
+ * count). oneDNN 2.6's brgemm matmul (AMX included) takes only those; a sub-block or a view
+ * into a wider row (the fused qkv's heads) sends the product to gemm:jit. */
+static int view_dense(int nd, const int64_t *d, const int64_t *st) {
+    int used[MAXD] = {0};
+    int64_t want = 1;
+    for (int n = 0; n < nd; n++) { /* the dim with stride `want` is the next one out */
+        int f = -1;
+        for (int i = 0; i < nd && f < 0; i++)
+            if (!used[i] && (d[i] == 1 || st[i] == want)) f = i;
+        if (f < 0) return 0;
+        used[f] = 1;
+        want *= d[f];
+    }
+    return 1;
+}
+static int key_dense(const mm_key *k) {
+    return view_dense(k->nd, k->ad, k->as) && view_dense(k->nd, k->bd, k->bs) && view_dense(k->nd, k->cd, k->cs);
+}
+
+/* bf16 on anything but oneDNN's brgemm kernels (gemm:jit, ref) is the slow path. */
+static int impl_fallback(const char *impl) { return strncmp(impl, "brg:", 4) != 0; }
+
+/* impl-report=1: each new (label, implementation) as it is made, to stderr, a fallback of a
+ * bf16 product flagged. */
+static void impl_print(const impl_use *u, int bf) {
+    fprintf(stderr, "onednn: impl %s: %s%s\n", u->what, u->impl, u->dense ? "" : " (operands not dense)");
+    if (bf && impl_fallback(u->impl))
+        fprintf(stderr, "onednn: WARNING: bf16 product on a fallback implementation: %s: %s\n", u->what, u->impl);
+}
+
+/* The product e was made: its label and implementation counted (the report, the tests). */
+static void impl_record(const mm_entry *e, const char *what) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) impl = "?";
+    int dense = key_dense(&e->key);
+    if (e->key.dt == dnnl_bf16 && !dense) S.nondense++;
+    for (int i = 0; i < S.nimpls; i++)
+        if (strcmp(S.impls[i].what, what) == 0 && strcmp(S.impls[i].impl, impl) == 0) {
+            S.impls[i].made++;
+            return;
+        }
+    if (S.nimpls == MAX_IMPLS) return; /* the report names the first ones */
+    impl_use *u = &S.impls[S.nimpls++];
+    snprintf(u->what, sizeof u->what, "%s", what);
+    snprintf(u->impl, sizeof u->impl, "%s", impl);
+    u->dense = dense;
+    u->made = 1;
+    if (S.impl_report) impl_print(u, e->key.dt == dnnl_bf16);
+}
+
 static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     for (int i = 0; i < MM_CACHE; i++)
         if (S.cache[i].used && memcmp(&S.cache[i].key, k, sizeof *k) == 0) {
@@ -350,6 +421,7 @@ static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     }
     e->used = 1;
     S.created++;
+    impl_record(e, what);
     *out = e;
     return 0;
 }
@@ -454,6 +526,8 @@ static int probe_impl(int prec, char *buf, size_t len) {
 static void dn_finalize(void) {
     cache_clear();
     wcache_clear();
+    S.nimpls = 0;
+    S.nondense = 0;
     for (int i = 0; i < 5; i++) { free(S.scr[i]); S.scr[i] = NULL; S.scr_bytes[i] = 0; }
     if (S.st) dnnl_stream_destroy(S.st);
     if (S.eng) dnnl_engine_destroy(S.eng);
@@ -469,6 +543,9 @@ static const backend_opt_decl dn_opts[] = {
      "0|1", "PIPELM_ONEDNN_ALLOW_EMULATED"},
     {"vec-ops", "1: the backend's AVX-512 LayerNorm, GELU, softmax, loss, AdamW, residual, embedding and bias sums "
      "(RMSNorm, SwiGLU in bf16) where the CPU has AVX-512; 0: the CPU backend's loops (the former bits)", "1", "0|1",
+     NULL},
+    {"impl-report", "1: print each matmul oneDNN makes (op, precision, shapes) with the implementation it chose, "
+     "to stderr as it is made, and a WARNING for a bf16 product off the brgemm kernels (a fallback)", "0", "0|1",
      NULL},
     {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
      "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
@@ -516,6 +593,7 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     onednn_ops_select(backend_opt_flag(dn_opts, opt, "vec-ops"));
     onednn_ops_bf16(prec == PL_PREC_BF16);
     S.wcache = prec == PL_PREC_BF16 && backend_opt_flag(dn_opts, opt, "weight-cache");
+    S.impl_report = backend_opt_flag(dn_opts, opt, "impl-report");
     wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
@@ -662,18 +740,19 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
         char what[96];
         snprintf(what, sizeof what, "matmul_bwd_weight %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
         const void *A = dout, *B = inp;
-        if (bf) {
-            /* dout's bf16 copy and db's column sums in one pass where the CPU allows */
-            void *a16 = NULL;
-            PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)N * OC, &a16));
-            A = a16;
-            if (onednn_colsum_bf16(db, a16, dout, N, OC)) db = NULL; /* summed */
-            else PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
-            PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
-        }
         mm_key k;
         key_init(&k, 2, bf, 1, 0, 1.0f);
-        key_2d(&k, OC, N, C, 1, OC, C, 1, C);
+        if (bf) {
+            /* dout^T's bf16 as a dense (OC, N): oneDNN's kernel reads a transposed A through
+             * a copy of its own at every call (measured 490-690 GFLOP/s against 620-1020);
+             * db's column sums in the same pass where the CPU allows */
+            void *a16 = NULL;
+            PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)N * OC, &a16));
+            if (onednn_colsum_bf16_t(db, a16, dout, N, OC)) db = NULL; /* summed in the same pass */
+            A = a16;
+            PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
+            key_2d(&k, OC, N, C, N, 1, C, 1, C);
+        } else key_2d(&k, OC, N, C, 1, OC, C, 1, C);
         PL_TRY(mm_run(&k, A, B, dw, NULL, what));
     }
     if (db) onednn_colsum_bf16(db, NULL, dout, N, OC); /* host_colsum's order: the CPU backend's bits */
@@ -690,51 +769,15 @@ static void view4(int64_t *d, int64_t *s, int64_t B, int64_t NH, int64_t r, int6
     s[0] = sb; s[1] = sh; s[2] = sr; s[3] = sc;
 }
 
-/* Which part of a causal product is needed: the output's lower triangle (QK^T, dy V^T), or all
- * of the output with the first factor lower triangular (att V, dpre K) or upper triangular
- * (att^T dy, dpre^T q: a key row j only meets query rows i >= j). */
-enum { CAUSAL_OUT = 0, CAUSAL_A_LOWER = 1, CAUSAL_A_UPPER = 2 };
-
-/* The rows [m0, m1), inner range [k0, k1) and columns [n0, n1) of the 4-D product k on A, B -> C
- * (es: bytes per input element; C is f32): the same strides, offset pointers. */
-static int mm_part(const mm_key *k, int64_t m0, int64_t m1, int64_t k0, int64_t k1, int64_t n0, int64_t n1,
-                   const void *A, const void *B, float *C, size_t es, const char *what) {
-    mm_key p = *k;
-    p.ad[2] = m1 - m0; p.ad[3] = k1 - k0;
-    p.bd[2] = k1 - k0; p.bd[3] = n1 - n0;
-    p.cd[2] = m1 - m0; p.cd[3] = n1 - n0;
-    const char *a = (const char *)A + es * (size_t)(m0 * k->as[2] + k0 * k->as[3]);
-    const char *b = (const char *)B + es * (size_t)(k0 * k->bs[2] + n0 * k->bs[3]);
-    return mm_run(&p, a, b, C + m0 * k->cs[2] + n0 * k->cs[3], NULL, what);
-}
-
-/* The 4-D (T x T)-causal product k in bf16: two products that leave out the block a causal
- * mask zeroes (the rows before T/2 against the columns or inner indices after it), 3/4 of the
- * multiplies; the block of C left unwritten (CAUSAL_OUT's upper right) is one the caller's
- * softmax overwrites or never reads. fp32, and T < 64, run the one full product (the former
- * bits). */
-static int mm_causal(const mm_key *k, int kind, const void *A, const void *B, float *C, const char *what) {
-    int64_t M = k->ad[2], K = k->ad[3], N = k->bd[3];
-    int64_t T = kind == CAUSAL_OUT ? M : K, h = T / 2;
-    if (k->dt != dnnl_bf16 || T < 64) return mm_run(k, A, B, C, NULL, what);
-    if (kind == CAUSAL_OUT) {
-        PL_TRY(mm_part(k, 0, h, 0, K, 0, h, A, B, C, 2, what));
-        return mm_part(k, h, M, 0, K, 0, N, A, B, C, 2, what);
-    }
-    if (kind == CAUSAL_A_LOWER) {
-        PL_TRY(mm_part(k, 0, h, 0, h, 0, N, A, B, C, 2, what));
-        return mm_part(k, h, M, 0, K, 0, N, A, B, C, 2, what);
-    }
-    PL_TRY(mm_part(k, 0, h, 0, K, 0, N, A, B, C, 2, what));
-    return mm_part(k, h, M, h, K, 0, N, A, B, C, 2, what);
+/* A dense 4-D (B, H, rows, cols) view, or its last two dims swapped (the transposed view of a
+ * dense (B, H, cols, rows)). */
+static void dense4(int64_t *d, int64_t *s, int64_t B, int64_t H, int64_t r, int64_t c, int transposed) {
+    if (transposed) view4(d, s, B, H, r, c, H * r * c, r * c, 1, r);
+    else view4(d, s, B, H, r, c, H * r * c, r * c, c, 1);
 }
 
 /* Grouped-query attention on a fused qkv (B, T, W), W = (NH + 2 NKV) HS: query head h = g G + j
- * (G = NH / NKV) reads kv head g. For each j the G-th query heads form a 4-D batch (B, NKV) of
- * products against the kv heads (query head stride G HS, kv head stride HS), so the products
- * are G batched matmuls; the softmax loops are the ones above. NKV == NH (G = 1) builds the
- * primitives the former multi-head attention op built (one batched product over (B, NH)), so
- * GPT-2's attention keeps its bits. */
+ * (G = NH / NKV) reads kv head g. */
 static int check_gqa(const char *op, int B, int T, int NH, int NKV, int HS) {
     if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || NH % NKV != 0)
         return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape B=%d T=%d NH=%d NKV=%d HS=%d "
@@ -742,114 +785,254 @@ static int check_gqa(const char *op, int B, int T, int NH, int NKV, int HS) {
     return 0;
 }
 
-/* att = softmax_causal(q_h k_g^T / sqrt(HS)); out_h = att v_g. */
-static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
-    NEED_INIT("attention_gqa_fwd");
-    PL_TRY(check_gqa("attention_gqa_fwd", B, T, NH, NKV, HS));
-    if (B == 0 || T == 0) return 0;
-    int bf = S.prec == PL_PREC_BF16;
+/* fp32: G batched 4-D matmuls over the (B, NKV) pairs (one per query head j of a group), on
+ * strided views of the fused qkv: for each j the j-th query heads form a batch (B, NKV)
+ * against the kv heads (query head stride G HS, kv head stride HS). NKV == NH (G = 1) is one
+ * batched product over (B, NH): GPT-2's former multi-head attention and its bits. */
+static int att_fwd_fp32(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                        const char *what) {
     int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
     int64_t sbw = (int64_t)T * W;
-    char what[128];
-    snprintf(what, sizeof what, "attention_gqa_fwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
-             NKV, HS);
-    const void *base = qkv;
-    size_t es = bf ? 2 : 4;
-    if (bf) PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * W, &base));
-    const char *q = base, *kk = (const char *)base + es * NH * HS, *v = (const char *)base + es * (NH + NKV) * HS;
+    const float *q = qkv, *kk = qkv + (size_t)NH * HS, *v = qkv + (size_t)(NH + NKV) * HS;
     mm_key k;
     for (int64_t j = 0; j < G; j++) {
-        key_init(&k, 4, bf, 0, 0, 1.0f / sqrtf((float)hs));
+        key_init(&k, 4, 0, 0, 0, 1.0f / sqrtf((float)hs));
         view4(k.ad, k.as, B, NKV, T, hs, sbw, G * hs, W, 1);      /* q_h (T, hs) */
         view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);          /* k_g^T (hs, T) */
         view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h (T, T) */
-        PL_TRY(mm_causal(&k, CAUSAL_OUT, q + es * j * hs, kk, att + j * TT, what));
+        PL_TRY(mm_run(&k, q + j * hs, kk, att + j * TT, NULL, what));
     }
-    /* bf16: the softmax writes the bf16 copy of att in its own pass where it can */
-    const void *a = att;
-    if (bf) {
-        void *a16 = NULL;
-        PL_TRY(scratch(SCR_B, sizeof(uint16_t) * (size_t)B * NH * TT, &a16));
-        a = a16;
-        if (!onednn_softmax_causal(att, a16, B * NH, T)) PL_TRY(to_bf16(SCR_B, att, (size_t)B * NH * TT, &a));
-    } else onednn_softmax_causal(att, NULL, B * NH, T);
+    onednn_softmax_causal(att, NULL, B * NH, T);
     for (int64_t j = 0; j < G; j++) {
-        key_init(&k, 4, bf, 0, 0, 1.0f);
+        key_init(&k, 4, 0, 0, 0, 1.0f);
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h */
         view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);          /* v_g (T, hs) */
         view4(k.cd, k.cs, B, NKV, T, hs, T * CO, G * hs, CO, 1);  /* out_h (T, hs) of (B,T,NH HS) */
-        PL_TRY(mm_causal(&k, CAUSAL_A_LOWER, (const char *)a + es * j * TT, v, out + j * hs, what));
+        PL_TRY(mm_run(&k, att + j * TT, v, out + j * hs, NULL, what));
     }
     return 0;
 }
 
 /* datt_h = dy_h v_g^T; dv_g (+)= att_h^T dy_h; dpre = softmax backward; dq_h = s dpre_h k_g;
  * dk_g (+)= s dpre_h^T q_h. j = 0 overwrites dk, dv; j > 0 accumulates (sum post-op), so each kv
- * head's gradient sums its query heads in ascending h. */
+ * head's gradient sums its query heads in ascending h. fp32, on the fused views. */
+static int att_bwd_fp32(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int NH,
+                        int NKV, int HS, const char *what) {
+    int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
+    int64_t sbw = (int64_t)T * W, sbo = (int64_t)T * CO;
+    float scale = 1.0f / sqrtf((float)hs), *datt = NULL;
+    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, (void **)&datt));
+    const float *q = qkv, *kk = qkv + (size_t)NH * HS, *v = qkv + (size_t)(NH + NKV) * HS;
+    float *dq = dqkv, *dk = dqkv + (size_t)NH * HS, *dv = dqkv + (size_t)(NH + NKV) * HS;
+    mm_key k;
+    for (int64_t j = 0; j < G; j++) {
+        key_init(&k, 4, 0, 0, 0, 1.0f); /* datt_h = dy_h v_g^T */
+        view4(k.ad, k.as, B, NKV, T, hs, sbo, G * hs, CO, 1);
+        view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);
+        view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);
+        PL_TRY(mm_run(&k, dout + j * hs, v, datt + j * TT, NULL, what));
+        key_init(&k, 4, 0, j > 0, 0, 1.0f); /* dv_g (+)= att_h^T dy_h */
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbo, G * hs, CO, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
+        PL_TRY(mm_run(&k, att + j * TT, dout + j * hs, dv, NULL, what));
+    }
+    onednn_softmax_causal_bwd(datt, NULL, att, B * NH, T);
+    for (int64_t j = 0; j < G; j++) {
+        key_init(&k, 4, 0, 0, 0, scale); /* dq_h = s dpre_h k_g */
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, G * hs, W, 1);
+        PL_TRY(mm_run(&k, datt + j * TT, kk, dq + j * hs, NULL, what));
+        key_init(&k, 4, 0, j > 0, 0, scale); /* dk_g (+)= s dpre_h^T q_h */
+        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
+        view4(k.bd, k.bs, B, NKV, T, hs, sbw, G * hs, W, 1);
+        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
+        PL_TRY(mm_run(&k, datt + j * TT, q + j * hs, dk, NULL, what));
+    }
+    return 0;
+}
+
+/* bf16 runs every product on dense operands, which oneDNN's brgemm kernels (AMX's among them)
+ * take; on the fused qkv's strided views oneDNN 2.6 falls back to gemm:jit, at half the speed.
+ * The G query heads of kv head g are one product: the dense (B, NH, T, HS) copy of q is the
+ * dense (B, NKV, G T, HS), and att (B, NH, T, T) the dense (B, NKV, G T, T), so query head
+ * h = g G + j is rows [j T, (j + 1) T) of batch g; kv head g's gradients sum the G heads
+ * inside the product's inner dimension (a fixed order). The products are full T x T (the
+ * softmax writes zeros above the diagonal, and overwrites or never reads what a product puts
+ * there): a causal split would take sub-blocks, which are not dense. */
+
+/* A (B, T, ld) tensor's rows as np head-major parts: part p is H[p] heads of HS, dense (B, H[p],
+ * T, HS) at d[p], the parts' heads side by side from column 0 of each row. One pass over the
+ * rows (each read or written in order), parallel over rows. */
+typedef struct {
+    int np, H[3];
+    void *d[3];
+} heads_parts;
+
+/* Where head h of part p holds row (b, t). */
+static size_t head_at(const heads_parts *hp, int p, int64_t b, int64_t t, int64_t h, int T, int HS) {
+    return (size_t)(((b * hp->H[p] + h) * T + t) * HS);
+}
+
+#ifdef DN_HAVE_X86
+#define DN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+DN_BF16_TARGET static void rows_to_heads_vec(const heads_parts *hp, const float *src, int B, int T, int HS, int64_t ld) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *s = src + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, s += HS)
+                cvt_avx512((uint16_t *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), s, (size_t)HS);
+    }
+}
+__attribute__((target("avx512f"))) static void heads_to_rows_vec(float *dst, const heads_parts *hp, int B, int T,
+                                                                 int HS, int64_t ld) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        float *o = dst + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, o += HS) {
+                const float *s = (const float *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS);
+                for (int i = 0; i < HS; i += 16) {
+                    __mmask16 m = HS - i >= 16 ? 0xffff : (__mmask16)((1u << (HS - i)) - 1u);
+                    _mm512_mask_storeu_ps(o + i, m, _mm512_maskz_loadu_ps(m, s + i));
+                }
+            }
+    }
+}
+#endif
+
+/* The rows of src (B, T, ld) in bf16 into the parts (the dense copies the products take). */
+static void rows_to_heads_bf16(const heads_parts *hp, const float *src, int B, int T, int HS, int64_t ld) {
+#ifdef DN_HAVE_X86
+    if (S.native_bf16) { rows_to_heads_vec(hp, src, B, T, HS, ld); return; }
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const float *s = src + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, s += HS)
+                cvt_scalar((uint16_t *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), s, (size_t)HS);
+    }
+}
+
+/* The reverse, in fp32: the parts (dense products' outputs) into the rows of dst (B, T, ld). */
+static void heads_to_rows(float *dst, const heads_parts *hp, int B, int T, int HS, int64_t ld) {
+#ifdef DN_HAVE_X86
+    if (__builtin_cpu_supports("avx512f")) { heads_to_rows_vec(dst, hp, B, T, HS, ld); return; }
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        float *o = dst + bt * ld;
+        for (int p = 0; p < hp->np; p++)
+            for (int64_t h = 0; h < hp->H[p]; h++, o += HS)
+                memcpy(o, (const float *)hp->d[p] + head_at(hp, p, bt / T, bt % T, h, T, HS), sizeof(float) * HS);
+    }
+}
+
+/* Dense bf16 q (B, NH, T, HS), k and v (B, NKV, T, HS) of qkv, one after the other in slot SCR_A. */
+static int qkv_dense_bf16(const float *qkv, int B, int T, int NH, int NKV, int HS, uint16_t **q, uint16_t **k,
+                          uint16_t **v) {
+    int64_t W = (int64_t)(NH + 2 * NKV) * HS, nq = (int64_t)B * NH * T * HS, nk = (int64_t)B * NKV * T * HS;
+    void *p = NULL;
+    PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)(nq + 2 * nk), &p));
+    *q = p;
+    *k = *q + nq;
+    *v = *k + nk;
+    heads_parts hp = {3, {NH, NKV, NKV}, {*q, *k, *v}};
+    rows_to_heads_bf16(&hp, qkv, B, T, HS, W);
+    return 0;
+}
+
+/* One batched bf16 product over (B, NKV) on dense views: C (M, N) = s A (M, K) B (K, N), A or
+ * B read transposed (ta, tb: the dense (K, M) or (N, K) behind it), C dense. */
+static int mm_dense(int64_t B, int64_t H, int64_t M, int64_t K, int64_t N, const void *A, int ta, const void *Bm,
+                    int tb, float *C, float s, const char *what) {
+    mm_key k;
+    key_init(&k, 4, 1, 0, 0, s);
+    dense4(k.ad, k.as, B, H, M, K, ta);
+    dense4(k.bd, k.bs, B, H, K, N, tb);
+    dense4(k.cd, k.cs, B, H, M, N, 0);
+    return mm_run(&k, A, Bm, C, NULL, what);
+}
+
+/* bf16 forward: att = softmax_causal(q k^T / sqrt(HS)), out = att v, on dense copies. */
+static int att_fwd_bf16(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                        const char *what) {
+    int64_t G = NH / NKV, GT = G * T, TT = (int64_t)T * T, CO = (int64_t)NH * HS;
+    uint16_t *q, *kk, *v;
+    PL_TRY(qkv_dense_bf16(qkv, B, T, NH, NKV, HS, &q, &kk, &v));
+    PL_TRY(mm_dense(B, NKV, GT, HS, T, q, 0, kk, 1, att, 1.0f / sqrtf((float)HS), what)); /* (B,NKV,GT,T) */
+    void *a16 = NULL; /* the softmax writes att's bf16 copy in its own pass where it can */
+    PL_TRY(scratch(SCR_B, sizeof(uint16_t) * (size_t)B * NH * TT, &a16));
+    if (!onednn_softmax_causal(att, a16, B * NH, T)) onednn_cvt_bf16(a16, att, (size_t)B * NH * TT, 0);
+    if (G == 1) { /* out (B, T, NH HS) is the dense (B, NH, T, HS) with its middle dims swapped */
+        mm_key k;
+        key_init(&k, 4, 1, 0, 0, 1.0f);
+        dense4(k.ad, k.as, B, NH, T, T, 0);
+        dense4(k.bd, k.bs, B, NH, T, HS, 0);
+        view4(k.cd, k.cs, B, NH, T, HS, T * CO, HS, CO, 1);
+        return mm_run(&k, a16, v, out, NULL, what);
+    }
+    float *o = NULL; /* (B, NKV, GT, HS) = dense (B, NH, T, HS), then into out's heads */
+    PL_TRY(scratch(SCR_D, sizeof(float) * (size_t)B * NH * T * HS, (void **)&o));
+    PL_TRY(mm_dense(B, NKV, GT, T, HS, a16, 0, v, 0, o, 1.0f, what));
+    heads_parts hp = {1, {NH, 0, 0}, {o, NULL, NULL}};
+    heads_to_rows(out, &hp, B, T, HS, CO);
+    return 0;
+}
+
+/* bf16 backward on dense copies: datt = dy v^T; dv = att^T dy; dpre = softmax backward;
+ * dq = s dpre k; dk = s dpre^T q; the three into dqkv's heads. */
+static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int NH,
+                        int NKV, int HS, const char *what) {
+    int64_t G = NH / NKV, GT = G * T, TT = (int64_t)T * T, W = (int64_t)(NH + 2 * NKV) * HS;
+    int64_t nq = (int64_t)B * NH * T * HS, nk = (int64_t)B * NKV * T * HS;
+    float s = 1.0f / sqrtf((float)HS), *datt = NULL, *g = NULL;
+    uint16_t *q, *kk, *v, *dy = NULL, *a16 = NULL;
+    PL_TRY(qkv_dense_bf16(qkv, B, T, NH, NKV, HS, &q, &kk, &v));
+    PL_TRY(scratch(SCR_B, sizeof(uint16_t) * (size_t)nq, (void **)&dy));
+    PL_TRY(scratch(SCR_C, sizeof(uint16_t) * (size_t)B * NH * TT, (void **)&a16));
+    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, (void **)&datt));
+    PL_TRY(scratch(SCR_D, sizeof(float) * (size_t)(nq + 2 * nk), (void **)&g)); /* dq, dk, dv dense */
+    heads_parts hy = {1, {NH, 0, 0}, {dy, NULL, NULL}};
+    rows_to_heads_bf16(&hy, dout, B, T, HS, (int64_t)NH * HS);
+    onednn_cvt_bf16(a16, att, (size_t)B * NH * TT, 0);
+    PL_TRY(mm_dense(B, NKV, GT, HS, T, dy, 0, v, 1, datt, 1.0f, what));       /* datt (B,NKV,GT,T) */
+    PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, dy, 0, g + nq + nk, 1.0f, what)); /* dv (B,NKV,T,HS) */
+    /* the bf16 att is not needed any more: the bf16 dpre takes its place */
+    if (!onednn_softmax_causal_bwd(datt, a16, att, B * NH, T)) onednn_cvt_bf16(a16, datt, (size_t)B * NH * TT, 0);
+    PL_TRY(mm_dense(B, NKV, GT, T, HS, a16, 0, kk, 0, g, s, what));      /* dq (B,NKV,GT,HS) */
+    PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, q, 0, g + nq, s, what));  /* dk (B,NKV,T,HS) */
+    heads_parts hg = {3, {NH, NKV, NKV}, {g, g + nq, g + nq + nk}};
+    heads_to_rows(dqkv, &hg, B, T, HS, W);
+    return 0;
+}
+
+static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    NEED_INIT("attention_gqa_fwd");
+    PL_TRY(check_gqa("attention_gqa_fwd", B, T, NH, NKV, HS));
+    if (B == 0 || T == 0) return 0;
+    int bf = S.prec == PL_PREC_BF16;
+    char what[128];
+    snprintf(what, sizeof what, "attention_gqa_fwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
+             NKV, HS);
+    if (bf) return att_fwd_bf16(out, att, qkv, B, T, NH, NKV, HS, what);
+    return att_fwd_fp32(out, att, qkv, B, T, NH, NKV, HS, what);
+}
+
 static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
                                 int NH, int NKV, int HS) {
     NEED_INIT("attention_gqa_bwd");
     PL_TRY(check_gqa("attention_gqa_bwd", B, T, NH, NKV, HS));
     if (B == 0 || T == 0) return 0;
     int bf = S.prec == PL_PREC_BF16;
-    int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
-    int64_t sbw = (int64_t)T * W, sbo = (int64_t)T * CO;
-    float scale = 1.0f / sqrtf((float)hs);
     char what[128];
     snprintf(what, sizeof what, "attention_gqa_bwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
              NKV, HS);
-    size_t es = bf ? 2 : 4;
-    const void *base = qkv, *dyv = dout, *av = att;
-    void *datt_v = NULL;
-    PL_TRY(scratch(SCR_F, sizeof(float) * (size_t)B * NH * TT, &datt_v));
-    float *datt = datt_v;
-    if (bf) {
-        PL_TRY(to_bf16(SCR_A, qkv, (size_t)B * T * W, &base));
-        PL_TRY(to_bf16(SCR_B, dout, (size_t)B * T * CO, &dyv));
-        PL_TRY(to_bf16(SCR_C, att, (size_t)B * NH * TT, &av));
-    }
-    const char *q = base, *kk = (const char *)base + es * NH * HS, *v = (const char *)base + es * (NH + NKV) * HS;
-    const char *dy = dyv, *a = av;
-    float *dq = dqkv, *dk = dqkv + (size_t)NH * HS, *dv = dqkv + (size_t)(NH + NKV) * HS;
-    mm_key k;
-    for (int64_t j = 0; j < G; j++) {
-        /* datt_h = dy_h v_g^T */
-        key_init(&k, 4, bf, 0, 0, 1.0f);
-        view4(k.ad, k.as, B, NKV, T, hs, sbo, G * hs, CO, 1);
-        view4(k.bd, k.bs, B, NKV, hs, T, sbw, hs, 1, W);
-        view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);
-        PL_TRY(mm_causal(&k, CAUSAL_OUT, dy + es * j * hs, v, datt + j * TT, what));
-        /* dv_g (+)= att_h^T dy_h */
-        key_init(&k, 4, bf, j > 0, 0, 1.0f);
-        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
-        view4(k.bd, k.bs, B, NKV, T, hs, sbo, G * hs, CO, 1);
-        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
-        PL_TRY(mm_causal(&k, CAUSAL_A_UPPER, a + es * j * TT, dy + es * j * hs, dv, what));
-    }
-    const void *dpv = datt;
-    if (bf) { /* the bf16 att in SCR_C is not needed any more: the bf16 dpre takes its place */
-        void *d16 = NULL;
-        PL_TRY(scratch(SCR_C, sizeof(uint16_t) * (size_t)B * NH * TT, &d16));
-        dpv = d16;
-        if (!onednn_softmax_causal_bwd(datt, d16, att, B * NH, T))
-            PL_TRY(to_bf16(SCR_C, datt, (size_t)B * NH * TT, &dpv));
-    } else onednn_softmax_causal_bwd(datt, NULL, att, B * NH, T);
-    const char *dp = dpv;
-    for (int64_t j = 0; j < G; j++) {
-        /* dq_h = s dpre_h k_g */
-        key_init(&k, 4, bf, 0, 0, scale);
-        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);
-        view4(k.bd, k.bs, B, NKV, T, hs, sbw, hs, W, 1);
-        view4(k.cd, k.cs, B, NKV, T, hs, sbw, G * hs, W, 1);
-        PL_TRY(mm_causal(&k, CAUSAL_A_LOWER, dp + es * j * TT, kk, dq + j * hs, what));
-        /* dk_g (+)= s dpre_h^T q_h */
-        key_init(&k, 4, bf, j > 0, 0, scale);
-        view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, 1, T);
-        view4(k.bd, k.bs, B, NKV, T, hs, sbw, G * hs, W, 1);
-        view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
-        PL_TRY(mm_causal(&k, CAUSAL_A_UPPER, dp + es * j * TT, q + es * j * hs, dk, what));
-    }
-    return 0;
+    if (bf) return att_bwd_bf16(dqkv, dout, qkv, att, B, T, NH, NKV, HS, what);
+    return att_bwd_fp32(dqkv, dout, qkv, att, B, T, NH, NKV, HS, what);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -904,6 +1087,17 @@ static int dn_scale(float *x, float s, size_t n) {
 /* Exported for tests/unit/test_onednn.c only: primitives created so far (the cache's misses). */
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
+/* Exported for tests/unit/test_onednn.c only: bf16 primitives created with an operand that is
+ * not dense (0: every bf16 product could take the brgemm kernels), and the implementation of
+ * the i-th (label, implementation) made, NULL past the last. */
+long onednn_nondense_created(void);
+long onednn_nondense_created(void) { return S.nondense; }
+const char *onednn_impl_made(int i, const char **what);
+const char *onednn_impl_made(int i, const char **what) {
+    if (i < 0 || i >= S.nimpls) return NULL;
+    if (what) *what = S.impls[i].what;
+    return S.impls[i].impl;
+}
 
 /* Only what differs from the CPU backend: the matrix products and attention (oneDNN matmuls),
  * threads, init and describe. Every other op, memory included, is the CPU backend's (filled in

@@ -4,12 +4,16 @@
  * run in 4 lanes (the column sum in whatever the compiler makes of a chunked loop); here they
  * run in 16, with the CPU backend's arithmetic and order, so their bits are its bits. Used only
  * when onednn_ops_select found AVX-512 (the column sum's bf16 copy also needs AVX512-BF16).
+ * Also the transposed bf16 conversion of matmul_bwd_weight's dout (onednn_cvt_bf16_t,
+ * onednn_colsum_bf16_t), with the column sums in the same pass.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
 #include <stdint.h>
+#include <string.h>
 #include "pipelm/backend.h"
+#include "pipelm/backend_math.h"
 #include "backend/backend_host.h"
 #include "backend/onednn/onednn_elem.h"
 #include "backend/onednn/onednn_ops.h"
@@ -100,7 +104,96 @@ VEC_BF16 static void colsum_bf16_vec(float *db, uint16_t *o16, const float *dout
         COLSUM_BLOCK(BF16_CVT)
     }
 }
+
+/* 16 x 16 floats transposed in registers: row k in r[k] becomes column k in r[k]. */
+VEC static inline void tr16(__m512 *r) {
+    __m512 t[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {
+        r[k] = _mm512_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int k = 0; k < 4; k++) {
+            t[h + k] = _mm512_shuffle_f32x4(r[h + k], r[h + k + 4], 0x88);
+            t[h + k + 4] = _mm512_shuffle_f32x4(r[h + k], r[h + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+/* Columns [j0, j1) (at most COLSUM_CHUNK) of src (N, OC) as rows of dst (OC, N) in bf16: 32
+ * rows at a time (read along the rows), 16 columns by 32 rows a block (two register transposes,
+ * one VCVTNE2PS2BF16 a column); with db, the column sums in the same pass, each column's rows
+ * in order from db's value (host_colsum's bits), kept in acc between the row blocks. */
+VEC_BF16 static void colsum_t_cols(float *db, uint16_t *dst, const float *src, int N, int OC, int j0, int j1) {
+    float acc[COLSUM_CHUNK] __attribute__((aligned(64)));
+    if (db) memcpy(acc, db + j0, sizeof(float) * (size_t)(j1 - j0));
+    for (int i = 0; i < N; i += 32) {
+        int nr = N - i < 32 ? N - i : 32;
+        __mmask32 m = nr == 32 ? 0xffffffffu : (1u << nr) - 1u;
+        for (int j = j0; j < j1; j += 16) {
+            __mmask16 kc = tail(j, j1);
+            __m512 a[32], s = db ? _mm512_maskz_loadu_ps(kc, acc + (j - j0)) : _mm512_setzero_ps();
+            for (int k = 0; k < 32; k++) {
+                a[k] = k < nr ? _mm512_maskz_loadu_ps(kc, src + (size_t)(i + k) * OC + j) : _mm512_setzero_ps();
+                if (db && k < nr) s = _mm512_add_ps(s, a[k]);
+            }
+            if (db) _mm512_mask_storeu_ps(acc + (j - j0), kc, s);
+            tr16(a);
+            tr16(a + 16);
+            for (int c = 0; c < 16 && j + c < j1; c++)
+                _mm512_mask_storeu_epi16(dst + (size_t)(j + c) * N + i, m, (__m512i)_mm512_cvtne2ps_pbh(a[16 + c], a[c]));
+        }
+    }
+    if (db) memcpy(db + j0, acc, sizeof(float) * (size_t)(j1 - j0));
+}
 #endif /* OPS_X86 */
+
+/* Portable: columns [j0, j1) of src (N, OC) as rows of dst (OC, N), in blocks of 32 rows. */
+static void cvt_t_scalar(uint16_t *dst, const float *src, int N, int OC, int j0, int j1) {
+    for (int i0 = 0; i0 < N; i0 += 32)
+        for (int j = j0; j < j1; j++)
+            for (int i = i0; i < i0 + 32 && i < N; i++) dst[(size_t)j * N + i] = f32_to_bf16(src[(size_t)i * OC + j]);
+}
+
+/* The transposed conversion over column chunks, with db's sums where the vector loop runs
+ * (returns 1 then); 0: converted by the portable loop, db untouched. */
+static int colsum_t(float *db, uint16_t *dst, const float *src, int N, int OC) {
+    int nchunk = (OC + COLSUM_CHUNK - 1) / COLSUM_CHUNK, vec = 0;
+#ifdef OPS_X86
+    vec = __builtin_cpu_supports("avx512bf16");
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int kc = 0; kc < nchunk; kc++) {
+        int j0 = kc * COLSUM_CHUNK, j1 = j0 + COLSUM_CHUNK < OC ? j0 + COLSUM_CHUNK : OC;
+#ifdef OPS_X86
+        if (vec) { colsum_t_cols(db, dst, src, N, OC, j0, j1); continue; }
+#endif
+        cvt_t_scalar(dst, src, N, OC, j0, j1);
+    }
+    return vec;
+}
+
+void onednn_cvt_bf16_t(uint16_t *dst, const float *src, int N, int OC) {
+    if (N > 0 && OC > 0) colsum_t(NULL, dst, src, N, OC);
+}
+
+int onednn_colsum_bf16_t(float *db, uint16_t *dst, const float *dout, int N, int OC) {
+    if (N <= 0 || OC <= 0) return 1;
+    if (db && !onednn_ops_active()) { /* the CPU backend's loops: the caller sums */
+        colsum_t(NULL, dst, dout, N, OC);
+        return 0;
+    }
+    return colsum_t(db, dst, dout, N, OC);
+}
 
 int onednn_residual_fwd(float *out, const float *a, const float *b, size_t n) {
 #ifdef OPS_X86

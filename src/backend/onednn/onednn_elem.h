@@ -24,5 +24,13 @@ int onednn_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int *t
  * returns 1, or, without AVX512-BF16 or with the vector ops off, does nothing and returns 0 (the
  * caller converts and sums). With out16 NULL it sums and returns 0. db may be NULL (only the copy). */
 int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int OC);
+/* dst (OC, N) = the bf16 of src (N, OC) transposed (round to nearest even, f32_to_bf16's
+ * rounding; register transposes and VCVTNE2PS2BF16 where the CPU has AVX512-BF16), in parallel
+ * over column chunks: the dense dout^T the weight-gradient product takes without a
+ * transposing copy of its own. onednn_colsum_bf16_t adds db's column sums in the same pass
+ * (onednn_colsum_bf16's bits) and returns 1, or returns 0 with db untouched (the caller sums):
+ * without AVX512-BF16, or with the vector ops off. */
+void onednn_cvt_bf16_t(uint16_t *dst, const float *src, int N, int OC);
+int onednn_colsum_bf16_t(float *db, uint16_t *dst, const float *dout, int N, int OC);
 
 #endif

@@ -1,0 +1,291 @@
+/*
+ * cpu_attention.c — fused causal grouped-query attention on the CPU (cpu_attention.h): the
+ * tiled forward with an online softmax, and the FlashAttention-2 backward that recomputes
+ * the probabilities tile by tile from the row log-sum-exp.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "pipelm/backend_math.h"
+#include "backend/backend_host.h"
+#include "backend/cpu/cpu_attention.h"
+#include "util/common.h"
+
+#define TQ CPU_ATT_TQ /* query rows of a forward tile */
+#define TK CPU_ATT_TK /* key columns of a forward tile */
+#define TB CPU_ATT_TB /* key columns of a backward tile */
+#define LANES 16
+
+/* The row loops (exponentials, maxima, sums) in an AVX-512 copy where the CPU has it, chosen
+ * once at load time (the build targets the baseline ISA; OpenBLAS picks its kernels at run
+ * time too): the same machine always runs the same copy, so the bits stay fixed there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PIPELM_NO_CLONES)
+#define ROW_CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define ROW_CLONES
+#endif
+
+/* max(m, x[0..n)): LANES running maxima, then compared in a fixed tree. */
+static inline float row_max(const float *x, int n, float m) {
+    float lane[LANES];
+    for (int l = 0; l < LANES; l++) lane[l] = m;
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] = x[c + l] > lane[l] ? x[c + l] : lane[l];
+    for (; c < n; c++) lane[0] = x[c] > lane[0] ? x[c] : lane[0];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] = lane[l + w] > lane[l] ? lane[l + w] : lane[l];
+    return lane[0];
+}
+
+/* x[c] = exp(x[c] - m) for c < n; returns their sum: LANES partial sums (lane l adds columns
+ * l, l + LANES, ...; the tail goes to lane 0), then added in a fixed tree. */
+static inline float row_exp_sum(float *x, int n, float m) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) {
+            x[c + l] = exp_fast(x[c + l] - m);
+            lane[l] += x[c + l];
+        }
+    for (; c < n; c++) {
+        x[c] = exp_fast(x[c] - m);
+        lane[0] += x[c];
+    }
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* Per-thread scratch of the forward: scores / probabilities s (TQ, TK), the running output
+ * o (TQ, HS), the running maximum m (TQ) and sum l (TQ). */
+typedef struct {
+    float *s, *o, *m, *l;
+} fwd_scratch;
+
+/* The online softmax of a tile's rows (fwd_tile): per row, over its causal columns, the new
+ * maximum, o and l rescaled by exp(m_old - m_new), p = exp(s - m_new) (0 past the diagonal),
+ * l += sum p. */
+ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs, int first) {
+    for (int r = 0; r < nq; r++) {
+        float *sr = w->s + (size_t)r * TK, *orow = w->o + (size_t)r * hs;
+        int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile (none: <= 0) */
+        nv = nv < nk ? nv : nk;
+        nv = nv > 0 ? nv : 0;
+        if (nv == 0) { /* the whole tile is past this row's diagonal */
+            memset(sr, 0, sizeof(float) * nk);
+            continue;
+        }
+        float mx = row_max(sr, nv, first ? sr[0] : w->m[r]);
+        float alpha = first ? 0.0f : exp_fast(w->m[r] - mx);
+        float sum = row_exp_sum(sr, nv, mx);
+        memset(sr + nv, 0, sizeof(float) * (nk - nv));
+        w->l[r] = (first ? 0.0f : w->l[r] * alpha) + sum;
+        w->m[r] = mx;
+        if (first) memset(orow, 0, sizeof(float) * hs);
+        else for (int c = 0; c < hs; c++) orow[c] *= alpha;
+    }
+}
+
+/* One key tile [k0, k0 + nk) for the query rows [r0, r0 + nq): s = scale q k^T, the online
+ * softmax (fwd_rows), then o += p v. first: the rows' first tile. */
+static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float *v, int r0, int nq, int k0, int nk,
+                     int W, int hs, float scale, int first) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, W, k + (size_t)k0 * W, W, 0.0f, w->s,
+                TK); // s (nq, nk)
+    fwd_rows(w, r0, nq, k0, nk, hs, first);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, w->s, TK, v + (size_t)k0 * W, W, 1.0f,
+                w->o, hs); // o (nq, hs) += p (nq, nk) v (nk, hs)
+}
+
+/* One query tile [r0, r0 + nq) of one (sequence, query head): q, k, v are the head's columns
+ * of the sequence's qkv rows (leading dimension W); out (ldo), O (T, hs) and lse (T) get the
+ * tile's rows. */
+static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
+                           const float *v, int r0, int nq, int W, int ldo, int hs) {
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int k0 = 0; k0 < r0 + nq; k0 += TK) {
+        int nk = r0 + nq - k0 < TK ? r0 + nq - k0 : TK;
+        fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale, k0 == 0);
+    }
+    for (int r = 0; r < nq; r++) {
+        float inv = 1.0f / w->l[r];
+        const float *orow = w->o + (size_t)r * hs;
+        float *dst = out + (size_t)(r0 + r) * ldo, *keep = O + (size_t)(r0 + r) * hs;
+        for (int c = 0; c < hs; c++) {
+            dst[c] = orow[c] * inv;
+            keep[c] = dst[c];
+        }
+        lse[r0 + r] = w->m[r] + logf(w->l[r]);
+    }
+}
+
+static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
+    if (B < 1 || T < 1 || HS < 1 || NKV < 1 || NH % NKV)
+        return host_fail(PL_EBACKEND, "%s: bad shape B=%d T=%d NH=%d NKV=%d HS=%d (query heads must divide into kv "
+                         "heads)", op, B, T, NH, NKV, HS);
+    return 0;
+}
+
+/* Parallel over the (sequence, query head, query tile) triples: each is independent and
+ * computed the same way on whichever thread, so the bits do not depend on the thread count. */
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
+    #pragma omp parallel
+    {
+        fwd_scratch w = {0};
+        float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
+        if (buf) w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
+        else {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (long it = 0; it < (long)B * NH * nqt; it++) {
+            if (!buf) continue;
+            int bh = (int)(it / nqt), qt = nqt - 1 - (int)(it % nqt); /* the long tiles first */
+            int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TQ, nq = T - r0 < TQ ? T - r0 : TQ;
+            const float *row = qkv + (size_t)b * T * W; // (T, W)
+            float *O = state + (size_t)bh * T * (HS + 1); // (T, HS), then lse (T)
+            fwd_query_tile(&w, out + (size_t)b * T * CO + (size_t)h * HS, O, O + (size_t)T * HS, row + (size_t)h * HS,
+                           row + (size_t)(NH + g) * HS, row + (size_t)(NH + NKV + g) * HS, r0, nq, W, CO, HS);
+        }
+        free(buf);
+    }
+    if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
+    return 0;
+}
+
+/* Per-thread scratch of the backward: probabilities p (T, TB) of a key tile against every
+ * query row, their gradient dp (T, TB), and D (T) = rowsum(dO * O) of the current query
+ * head. */
+typedef struct {
+    float *p, *dp, *D;
+} bwd_scratch;
+
+/* The views of one (sequence, query head) pair for the backward: rows of leading dimension
+ * W (q, k, v and their gradients) or ldo (dO), O (T, hs) and lse (T) from the state. */
+typedef struct {
+    const float *q, *k, *v, *dO, *O, *lse;
+    float *dq, *dk, *dv;
+    int T, W, ldo, hs;
+    float scale;
+} bwd_head;
+
+/* p (nq, TB) = exp(s - lse) over each row's causal columns of the key tile [k0, k0 + nk),
+ * 0 past the diagonal. */
+ROW_CLONES static void bwd_probs(float *p, const float *lse, int r0, int nq, int k0, int nk) {
+    for (int r = 0; r < nq; r++) {
+        float *pr = p + (size_t)r * TB, l = lse[r0 + r];
+        int nv = r0 + r - k0 + 1;
+        nv = nv < nk ? nv : nk;
+        nv = nv > 0 ? nv : 0;
+        for (int c = 0; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
+        for (int c = nv; c < nk; c++) pr[c] = 0.0f;
+    }
+}
+
+/* ds = p (dp - D) in place of dp (nq, TB). */
+ROW_CLONES static void bwd_dscores(float *dp, const float *p, const float *D, int r0, int nq, int nk) {
+    for (int r = 0; r < nq; r++) {
+        const float *pr = p + (size_t)r * TB;
+        float *dr = dp + (size_t)r * TB, d = D[r0 + r];
+        for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - d);
+    }
+}
+
+/* Query rows [r0, r0 + nq) against key tile [k0, k0 + nk): p = exp(scale q k^T - lse) (0
+ * past the diagonal); dv += p^T dO; dp = dO v^T; ds = p (dp - D); dk += scale ds^T q;
+ * dq += scale ds k. */
+static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, int nk) {
+    int W = a->W, hs = a->hs;
+    const float *q = a->q + (size_t)r0 * W, *k = a->k + (size_t)k0 * W, *v = a->v + (size_t)k0 * W;
+    const float *dO = a->dO + (size_t)r0 * a->ldo;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
+                TB); // s (nq, nk)
+    bwd_probs(w->p, a->lse, r0, nq, k0, nk);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
+                a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
+                TB); // dp (nq, nk)
+    bwd_dscores(w->dp, w->p, w->D, r0, nq, nk);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, a->scale, w->dp, TB, q, W, 1.0f,
+                a->dk + (size_t)k0 * W, W); // dk (nk, hs) += scale ds^T q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, a->scale, w->dp, TB, k, W, 1.0f,
+                a->dq + (size_t)r0 * W, W); // dq (nq, hs) += scale ds k
+}
+
+/* One query head's share of its kv head's backward: D, then key tiles ascending, each
+ * against every query row at or below it in one product of each kind. */
+static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
+    for (int t = 0; t < a->T; t++) {
+        const float *o = a->O + (size_t)t * a->hs, *d = a->dO + (size_t)t * a->ldo;
+        float s = 0.0f;
+        for (int c = 0; c < a->hs; c++) s += d[c] * o[c];
+        w->D[t] = s;
+    }
+    for (int k0 = 0; k0 < a->T; k0 += TB) {
+        int nk = a->T - k0 < TB ? a->T - k0 : TB;
+        bwd_tile(w, a, k0, a->T - k0, k0, nk);
+    }
+}
+
+/* Zero rows of n columns at p, T rows of leading dimension W. */
+static void zero_cols(float *p, int T, int W, int n) {
+    for (int t = 0; t < T; t++) memset(p + (size_t)t * W, 0, sizeof(float) * n);
+}
+
+/* One (sequence, kv head g): its G query heads in ascending order into dq of each and the
+ * shared dk, dv. */
+static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state, int b,
+                      int g, int T, int NH, int NKV, int HS) {
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
+    const float *row = qkv + (size_t)b * T * W; // (T, W)
+    float *drow = dqkv + (size_t)b * T * W;    // (T, W)
+    bwd_head a = {.k = row + (size_t)(NH + g) * HS, .v = row + (size_t)(NH + NKV + g) * HS,
+                  .dk = drow + (size_t)(NH + g) * HS, .dv = drow + (size_t)(NH + NKV + g) * HS,
+                  .T = T, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
+    zero_cols(a.dk, T, W, HS);
+    zero_cols(a.dv, T, W, HS);
+    for (int h = g * G; h < (g + 1) * G; h++) {
+        const float *O = state + ((size_t)b * NH + h) * T * (HS + 1); // (T, HS), then lse (T)
+        a.q = row + (size_t)h * HS;
+        a.dq = drow + (size_t)h * HS;
+        a.dO = dout + (size_t)b * T * CO + (size_t)h * HS;
+        a.O = O;
+        a.lse = O + (size_t)T * HS;
+        zero_cols(a.dq, T, W, HS);
+        bwd_one_head(w, &a);
+    }
+}
+
+/* Parallel over the (sequence, kv head) pairs, each on one thread (cpu_attention.h). */
+int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
+                            int NH, int NKV, int HS) {
+    PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
+    int failed = 0;
+    #pragma omp parallel
+    {
+        bwd_scratch w = {0};
+        float *buf = malloc(sizeof(float) * (2 * (size_t)TB * T + (size_t)T));
+        if (buf) w.p = buf, w.dp = buf + (size_t)TB * T, w.D = w.dp + (size_t)TB * T;
+        else {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int bg = 0; bg < B * NKV; bg++)
+            if (buf) bwd_group(&w, dqkv, dout, qkv, state, bg / NKV, bg % NKV, T, NH, NKV, HS);
+        free(buf);
+    }
+    if (failed) return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for scratch of T = %d", T);
+    return 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * cpu_attention.h — the CPU backend's fused causal grouped-query attention in O(T) memory
+ * (FlashAttention-2, Dao 2023): the forward walks the key tiles of each query tile with a
+ * running row maximum and sum (online softmax) and keeps, per (sequence, query head), only
+ * the output O (T, HS) and the row log-sum-exp (T); the backward recomputes each tile's
+ * probabilities from the log-sum-exp. Contracts as attention_gqa_fwd / _bwd in backend_ops.h,
+ * except that att holds this state, B * NH * T * (HS + 1) floats, instead of the (T, T)
+ * probabilities.
+ *
+ * Fixed order: the tiles have fixed sizes whatever the thread count; a query row's key tiles
+ * are visited in ascending order, a row's maximum and sum in 16 lanes added in a fixed tree;
+ * the backward runs each (sequence, kv head) on one thread, its query heads ascending, then
+ * key tiles ascending, so every sum of dq, dk and dv has one order. Each tile's products are
+ * single-threaded OpenBLAS sgemm calls of fixed shapes (the OpenMP flavour of OpenBLAS runs
+ * one thread inside a parallel region; the caller tells the pthread flavour, as the backend's
+ * ops do). The results are therefore the same bits for any thread count, stage split or
+ * schedule.
+ */
+#ifndef PIPELM_CPU_ATTENTION_H
+#define PIPELM_CPU_ATTENTION_H
+
+/* The forward's tiles: CPU_ATT_TQ query rows against CPU_ATT_TK key columns; the backward's:
+ * CPU_ATT_TB key columns against every query row at or below them (one product each). */
+#define CPU_ATT_TQ 64
+#define CPU_ATT_TK 256
+#define CPU_ATT_TB 128
+
+/* out (B, T, NH HS) and state (B, NH, T, HS + 1: O rows, then the T log-sum-exps) from qkv
+ * (B, T, (NH + 2 NKV) HS); scale 1/sqrt(HS). Any T >= 1. */
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS);
+/* dqkv (B, T, (NH + 2 NKV) HS, overwritten) from dout (B, T, NH HS), qkv and the forward's
+ * state. */
+int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
+                            int NH, int NKV, int HS);
+
+#endif
