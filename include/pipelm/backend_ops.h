@@ -137,5 +137,19 @@ PL_COMPUTE_OP(int, matmul_decode_fwd, (float *out, const float *inp, const float
 PL_COMPUTE_OP(int, attention_kv_fwd, (float *out, float *kc, float *vc, const float *qkv, int pos, int n, int NH,
               int NKV, int HS), (out, kc, vc, qkv, pos, n, NH, NKV, HS), ATTENTION)
 
+/* ---- compute: mixture of experts (Mixtral's sparse layer; rows and slots are backend memory) ---- */
+/* out(M,C): row i = x[rows[i]], times scale[i] (scale NULL: 1). Dispatch into expert-contiguous
+ * order, and the combine's backward (scale: each assignment's router weight). */
+PL_COMPUTE_OP(int, moe_gather, (float *out, const float *x, const int *rows, const float *scale, int M, int C),
+              (out, x, rows, scale, M, C), ELEMENTWISE)
+/* out(N,C) += sum over k = 0..K-1, in that order, of w[t K + k] y[slot[t K + k]] (y (M,C); a slot
+ * below 0 adds nothing; w NULL: 1). The combine, and the dispatch's backward. */
+PL_COMPUTE_OP(int, moe_combine, (float *out, const float *y, const int *slot, const float *w, int N, int K, int C),
+              (out, y, slot, w, N, K, C), ELEMENTWISE)
+/* dw(N,K): dw[t K + k] = dout[t] . y[slot[t K + k]] over C in channel order (0 for a slot below
+ * 0): the router weights' gradient. */
+PL_COMPUTE_OP(int, moe_rowdot, (float *dw, const float *dout, const float *y, const int *slot, int N, int K, int C),
+              (dw, dout, y, slot, N, K, C), ELEMENTWISE)
+
 #undef PL_MEM_OP
 #undef PL_COMPUTE_OP

@@ -33,7 +33,8 @@
 /* What a file is, from its first bytes. */
 enum { KIND_UNKNOWN, KIND_LLMC, KIND_HDF5, KIND_HF };
 
-/* Sniff a file: llm.c model magic (int32 20240326 GPT-2, 20240803 Llama 3) or the HDF5 signature. */
+/* Sniff a file: an architecture's model-file magic (int32 20240326 GPT-2, 20240803 Llama 3,
+ * 20261206 pipelm's Mixtral: the registry's) or the HDF5 signature. */
 static int file_kind(const char *path, char *err, size_t errlen) {
     unsigned char b[8] = {0};
     FILE *f = NULL;
@@ -43,7 +44,8 @@ static int file_kind(const char *path, char *err, size_t errlen) {
     static const unsigned char h5sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     if (got == 8 && memcmp(b, h5sig, 8) == 0) return KIND_HDF5;
     int32_t magic = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
-    if (got >= 4 && (magic == LLMC_MODEL_MAGIC || magic == LLMC_LLAMA_MAGIC)) return KIND_LLMC;
+    for (int i = 0; got >= 4 && i < arch_count; i++)
+        if (magic == arch_registry[i]->magic) return KIND_LLMC;
     return KIND_UNKNOWN;
 }
 

@@ -79,15 +79,17 @@ typedef struct {
 #define OT_FLAG(n, f, h) {n, OPT_INT, offsetof(pl_options, f), sizeof(int), h, CMDS_TRAIN, "1", NULL}
 
 static const opt_desc options[] = {
-    O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium | llama-tiny | llama-1b (default tiny)"),
+    O_STR("preset", preset, "model preset: tiny | tutorial | gpt2 | gpt2-medium | llama-tiny | llama-1b | "
+          "mixtral-tiny (default tiny)"),
     O_STR("config", config, "INI file of `name = value` settings (command line wins)"),
     O_INT("vocab-size", vocab_size, "vocabulary size V"),
     O_INT("max-seq-len", max_seq_len, "maximum sequence length (position table rows)"),
     O_INT("n-layer", n_layer, "transformer blocks L"),
     O_INT("n-head", n_head, "attention heads NH"),
     O_INT("n-embd", n_embd, "channels C"),
-    O_CHOICE("arch", arch, "gpt2|llama", "architecture: gpt2 (llm.c GPT-2) or llama (Llama 3: RMSNorm, RoPE, "
-             "grouped-query attention, SwiGLU, untied head)"),
+    O_CHOICE("arch", arch, "gpt2|llama|mixtral", "architecture: gpt2 (llm.c GPT-2), llama (Llama 3: RMSNorm, RoPE, "
+             "grouped-query attention, SwiGLU, untied head) or mixtral (Llama 3's attention, a sparse mixture of "
+             "SwiGLU experts)"),
     O_INT("n-kv-head", n_kv_head, "(llama) key/value heads; n-head must be a multiple (0: n-head)"),
     O_DBL("ffn-dim-multiplier", ffn_dim_multiplier, "(llama) MLP hidden size factor on int(8C/3) (0: none)"),
     O_INT("multiple-of", multiple_of, "(llama) round the MLP hidden size up to a multiple of this"),
@@ -101,6 +103,18 @@ static const opt_desc options[] = {
     O_DBL("rope-high-freq-factor", rope_high_freq, "(llama) rope_scaling high_freq_factor (default 4)"),
     O_INT("rope-original-max-pos", rope_orig_ctx, "(llama) rope_scaling original_max_position_embeddings "
           "(default 8192)"),
+    O_INT("n-experts", n_experts, "(mixtral) routed experts E per layer"),
+    O_INT("experts-per-token", experts_per_token, "(mixtral) experts K each token is sent to (top-k, 1..E; default 2)"),
+    O_INT("moe-ffn-dim", moe_ffn_dim, "(mixtral) each expert's SwiGLU hidden size"),
+    O_DBL("router-aux-coef", router_aux_coef, "(mixtral) load-balancing loss coefficient (default 0.02, Mixtral's)"),
+    O_INT("shared-experts", shared_experts, "(mixtral) always-on experts added to the routed ones (DeepSeek-V3; 0: none)"),
+    O_CHOICE("router", router, "softmax|sigmoid-bias", "(mixtral) softmax (Mixtral) or sigmoid-bias (DeepSeek-V3: "
+             "sigmoid scores, a balancing bias for the choice only, updated each step)"),
+    O_DBL("router-bias-rate", router_bias_rate, "(mixtral) the sigmoid-bias router's bias step per optimizer step "
+          "(default 0.001)"),
+    O_DBL("capacity-factor", capacity_factor, "(mixtral) drop tokens over ceil(c N K / E) per expert, lowest router "
+          "weight first (0: dropless, the default)"),
+    OT_INT("ep", ep, "(mixtral) expert-parallel ranks carved from --dp (only 1 is implemented yet)"),
     OT_INT("steps", hp.total_steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
@@ -266,6 +280,13 @@ void config_defaults(pl_options *o) {
     o->rope_low_freq = 1.0;
     o->rope_high_freq = 4.0;
     o->rope_orig_ctx = 8192;
+    o->n_experts = 8; /* Mixtral 8x7B's routing; the dimensions come from a preset or the options */
+    o->experts_per_token = 2;
+    o->moe_ffn_dim = 128;
+    o->router_aux_coef = 0.02;
+    o->router_bias_rate = 0.001;
+    strcpy(o->router, "softmax");
+    o->ep = 1;
     o->log_every = 1;
     o->progress = 1;
     hooks_defaults(&o->hooks);
@@ -298,6 +319,13 @@ int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
         o->rope_theta = 10000.0; o->use_scaled_rope = 0;
         o->seq_len = 64; o->batch = 16; o->hp.total_steps = 400; o->hp.lr = 3e-3; o->hp.min_lr = 3e-4;
         o->hp.warmup_steps = 20; o->eval_every = 100;
+    } else if (strcmp(name, "mixtral-tiny") == 0) { /* tests: llama-tiny's attention, 5 experts top-2 */
+        o->vocab_size = 256; o->max_seq_len = 64; o->n_layer = 4; o->n_head = 6; o->n_embd = 72;
+        o->n_kv_head = 2; o->norm_eps = 1e-5; o->rope_theta = 10000.0; o->use_scaled_rope = 0;
+        o->n_experts = 5; o->experts_per_token = 2; o->moe_ffn_dim = 48; o->shared_experts = 0;
+        o->router_aux_coef = 0.02;
+        o->seq_len = 64; o->batch = 16; o->hp.total_steps = 400; o->hp.lr = 3e-3; o->hp.min_lr = 3e-4;
+        o->hp.warmup_steps = 20; o->eval_every = 100;
     } else if (strcmp(name, "llama-1b") == 0) { /* Llama 3.2 1B (meta-llama/Llama-3.2-1B's config.json) */
         o->vocab_size = 128256; o->max_seq_len = 131072; o->n_layer = 16; o->n_head = 32; o->n_embd = 2048;
         o->n_kv_head = 8; o->multiple_of = 256; o->ffn_dim_multiplier = 1.5; o->norm_eps = 1e-5;
@@ -307,11 +335,13 @@ int config_preset(pl_options *o, const char *name, char *err, size_t errlen) {
         o->seq_len = 1024; o->batch = 4; o->hp.total_steps = 100; o->hp.lr = 3e-4; o->hp.min_lr = 3e-5;
         o->hp.warmup_steps = 10; o->eval_every = 50;
     } else {
-        snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium, llama-tiny, llama-1b)",
+        snprintf(err, errlen, "unknown preset '%s' (known: tiny, tutorial, gpt2, gpt2-medium, llama-tiny, llama-1b, "
+                 "mixtral-tiny)",
                  name);
         return PL_EINVAL;
     }
-    snprintf(o->arch, sizeof o->arch, "%s", strncmp(name, "llama", 5) == 0 ? "llama" : "gpt2");
+    snprintf(o->arch, sizeof o->arch, "%s",
+             strncmp(name, "llama", 5) == 0 ? "llama" : strncmp(name, "mixtral", 7) == 0 ? "mixtral" : "gpt2");
     snprintf(o->preset, sizeof o->preset, "%s", name);
     return PL_OK;
 }

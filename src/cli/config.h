@@ -29,7 +29,7 @@ typedef struct {
     char preset[32];
     /* model */
     int vocab_size, max_seq_len, n_layer, n_head, n_embd;
-    char arch[16];               /* gpt2 | llama */
+    char arch[16];               /* gpt2 | llama | mixtral */
     int n_kv_head;               /* llama: key/value heads (0: n_head) */
     int multiple_of, use_scaled_rope;
     double ffn_dim_multiplier;   /* llama: 0 = none */
@@ -37,6 +37,10 @@ typedef struct {
     int tie_embeddings;          /* llama: 1 = lm_head is wte (Llama 3.2's tie_word_embeddings) */
     double rope_factor, rope_low_freq, rope_high_freq; /* llama: rope_scaling (with use_scaled_rope) */
     int rope_orig_ctx;           /* llama: rope_scaling's original_max_position_embeddings */
+    int n_experts, experts_per_token, moe_ffn_dim, shared_experts; /* mixtral: E, K, F, S */
+    char router[16];             /* mixtral: softmax | sigmoid-bias */
+    double router_aux_coef, router_bias_rate, capacity_factor; /* mixtral */
+    int ep;                      /* mixtral: expert-parallel ranks (1: none; more is refused for now) */
     /* training */
     optim_hparams hp;            /* --lr .. --grad-clip, and --steps (hp.total_steps) */
     int batch, seq_len, microbatches;

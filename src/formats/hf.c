@@ -65,7 +65,7 @@ int hf_read_config(const char *path, model_config *cfg, char *err, size_t errlen
     for (int i = 0; mt && i < arch_count; i++)
         if (arch_registry[i]->hf_model_type && strcmp(arch_registry[i]->hf_model_type, mt) == 0) A = arch_registry[i];
     int rc = PL_EIO;
-    if (!A) snprintf(err, errlen, "%s: model_type %.64s%s is not one pipelm trains (gpt2 or llama)", cp,
+    if (!A) snprintf(err, errlen, "%s: model_type %.64s%s is not one pipelm trains (gpt2, llama or mixtral)", cp,
                      mt ? mt : "(missing)", "");
     else rc = A->hf_config_read(root, cp, cfg, err, errlen);
     json_decref(root);
@@ -269,28 +269,43 @@ static void full_name(const hf_files *h, const char *name, char *out, size_t len
     if (snprintf(out, len, "%s%s", h->prefix, name) >= (int)len) out[len - 1] = 0;
 }
 
+/* One part's name: fmt with the layer put in for "%d" (layer INT_MIN: kept) and expert e for
+ * "%e" (e < 0: none). */
+static void part_name(const char *fmt, int layer, int e, char *out, size_t len) {
+    char a[ST_MAX_NAME];
+    const char *x = e >= 0 ? strstr(fmt, "%e") : NULL;
+    if (x && snprintf(a, sizeof a, "%.*s%d%s", (int)(x - fmt), fmt, e, x + 2) >= (int)sizeof a) a[sizeof a - 1] = 0;
+    if (!x) snprintf(a, sizeof a, "%s", fmt);
+    char *d = layer == INT_MIN ? NULL : strstr(a, "%d");
+    if (d) {
+        *d = 0;
+        if (snprintf(out, len, "%s%d%s", a, layer, d + 2) >= (int)len)
+            out[len - 1] = 0; /* too long to be any file's name: reported missing */
+    } else snprintf(out, len, "%s", a);
+}
+
 /* Split a row's hf_name into its parts (each with its '~' / '^' flags and the layer put in;
- * layer INT_MIN: the names keep their "%d", patterns for name_matches). */
-int hf_split_parts(const char *spec, int layer, hf_part *p) {
+ * layer INT_MIN: the names keep their "%d", patterns for name_matches); a part naming "%e"
+ * is nexp parts, experts 0..nexp-1 (Mixtral's, at most HF_MAX_PARTS in all). */
+int hf_split_parts(const char *spec, int layer, int nexp, hf_part *p) {
     int n = 0;
-    for (const char *s = spec; *s && n < HF_MAX_PARTS; n++) {
+    for (const char *s = spec; *s && n < HF_MAX_PARTS;) {
         const char *bar = strchr(s, '|');
         size_t len = bar ? (size_t)(bar - s) : strlen(s);
-        hf_part *q = &p[n];
-        q->transposed = q->permuted = 0;
+        int tr = 0, pm = 0;
         while (len && (*s == '~' || *s == '^')) {
-            if (*s == '~') q->transposed = 1;
-            else q->permuted = 1;
+            if (*s == '~') tr = 1;
+            else pm = 1;
             s++, len--;
         }
         char fmt[ST_MAX_NAME];
         snprintf(fmt, sizeof fmt, "%.*s", (int)len, s);
-        char *d = layer == INT_MIN ? NULL : strstr(fmt, "%d");
-        if (d) {
-            *d = 0;
-            if (snprintf(q->name, sizeof q->name, "%s%d%s", fmt, layer, d + 2) >= (int)sizeof q->name)
-                q->name[sizeof q->name - 1] = 0; /* too long to be any file's name: reported missing */
-        } else snprintf(q->name, sizeof q->name, "%s", fmt);
+        int ne = strstr(fmt, "%e") ? nexp : 1;
+        for (int e = 0; e < ne && n < HF_MAX_PARTS; e++, n++) {
+            p[n].transposed = tr;
+            p[n].permuted = pm;
+            part_name(fmt, layer, strstr(fmt, "%e") ? e : -1, p[n].name, sizeof p[n].name);
+        }
         s += len + (bar ? 1 : 0);
     }
     return n;
@@ -302,6 +317,8 @@ size_t hf_part_rows(const model_config *c, const param_tensor *t, int k, int n) 
     arch_dim d = p->rows[t->row].rows;
     size_t all = arch_dim_value(c, 0, d == AD_VP ? AD_V : d), C = (size_t)c->C;
     if (n <= 1) return all;
+    const char *spec = hf_tensor_spec(c, t);
+    if (spec && strstr(spec, "%e")) return all / (size_t)n; /* stacked experts: equal shares */
     return k == 0 ? C : (all - C) / (size_t)(n - 1);
 }
 
@@ -360,7 +377,7 @@ static int name_known(const model_config *c, const char *name) {
         for (int i = 0; i < parts[p]->n; i++) {
             const char *spec = row_spec(c, p, i);
             hf_part hp[HF_MAX_PARTS];
-            int n = spec ? hf_split_parts(spec, INT_MIN, hp) : 0;
+            int n = spec ? hf_split_parts(spec, INT_MIN, c->moe.n_experts, hp) : 0;
             for (int k = 0; k < n; k++)
                 if (name_matches(hp[k].name, name, &l)) return p != PART_BLOCK || (l >= 0 && l < c->L);
         }
@@ -386,7 +403,7 @@ static int check_names(const model_config *c, const hf_files *h, char *err, size
             for (int l = p == PART_BLOCK ? 0 : -1; l < (p == PART_BLOCK ? c->L : 0); l++) {
                 const char *spec = row_spec(c, p, i);
                 hf_part hp[HF_MAX_PARTS];
-                int n = spec ? hf_split_parts(spec, l, hp) : 0;
+                int n = spec ? hf_split_parts(spec, l, c->moe.n_experts, hp) : 0;
                 for (int k = 0; k < n; k++) {
                     char full[ST_MAX_NAME + 64];
                     const st_file *in;
@@ -447,7 +464,7 @@ static int load_tensor(const hf_files *h, const stage *st, const param_tensor *t
     const char *spec = hf_tensor_spec(c, t);
     size_t r0 = 0;
     hf_part hp[HF_MAX_PARTS];
-    int n = spec ? hf_split_parts(spec, t->layer, hp) : 0;
+    int n = spec ? hf_split_parts(spec, t->layer, c->moe.n_experts, hp) : 0;
     memset(dst, 0, t->numel * sizeof(float));
     for (int k = 0; k < n; k++)
         PL_TRY(read_part(h, &hp[k], t, c->C / c->NH, hf_part_rows(c, t, k, n), &r0, dst, err, errlen));

@@ -59,7 +59,7 @@ static int out_list(const model_config *c, int dtype, hf_out *o) {
     for (int i = 0; i < nt; i++) {
         const char *spec = hf_tensor_spec(c, &pt[i]);
         hf_part hp[HF_MAX_PARTS];
-        int np = spec ? hf_split_parts(spec, pt[i].layer, hp) : 0;
+        int np = spec ? hf_split_parts(spec, pt[i].layer, c->moe.n_experts, hp) : 0;
         for (int k = 0; k < np; k++) {
             st_tensor *t = &o->t[o->n++];
             size_t rows = hf_part_rows(c, &pt[i], k, np), cols = pt[i].ndim == 2 ? (size_t)pt[i].shape[1] : 1;
@@ -192,7 +192,7 @@ static int write_stage(const hf_out *o, long id, stage *st, char *err, size_t er
             return PL_EBACKEND;
         }
         hf_part hp[HF_MAX_PARTS];
-        int np = hf_split_parts(spec, t->layer, hp), rc = PL_OK;
+        int np = hf_split_parts(spec, t->layer, c->moe.n_experts, hp), rc = PL_OK;
         size_t r0 = 0, cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
         for (int k = 0; k < np && rc == PL_OK; k++) {
             size_t rows = hf_part_rows(c, t, k, np);
@@ -324,7 +324,9 @@ int hf_save(const char *path, stage *st, int dtype, size_t shard_bytes, MPI_Comm
     o.dir = !hf_is_safetensors_name(path);
     char err[1024] = "";
     long id = (long)getpid();
-    int rc = out_list(&st->cfg, dtype, &o);
+    const model_arch *A = arch_of(&st->cfg);
+    int rc = A->hf_check ? A->hf_check(&st->cfg, err, sizeof err) : PL_OK;
+    if (rc == PL_OK) rc = out_list(&st->cfg, dtype, &o);
     if (rc == PL_OK) rc = out_layout(&o, o.dir ? shard_bytes : 0);
     if (rc == PL_ENOMEM) snprintf(err, sizeof err, "out of memory");
     if (rc == PL_OK && rank == 0) rc = prepare_target(&o, err, sizeof err);

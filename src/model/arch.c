@@ -15,13 +15,14 @@
 #include "util/common.h"
 #include "util/rng.h"
 
-const model_arch *const arch_registry[] = {&arch_gpt2, &arch_llama};
+const model_arch *const arch_registry[] = {&arch_gpt2, &arch_llama, &arch_mixtral};
 const int arch_count = (int)(sizeof arch_registry / sizeof arch_registry[0]);
 
 const char *const param_kind_name[P_NKINDS] = {
     "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
     "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b", "lnf_w", "lnf_b",
     "attn_norm_w", "mlp_norm_w", "fc2_w", "lm_head",
+    "router_w", "experts_w1", "experts_w3", "experts_w2", "router_bias", "shared_w1", "shared_w3", "shared_w2",
 };
 
 /* Look an architecture up by its name, as backend_find does backends. */
@@ -66,6 +67,14 @@ size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
     case AD_HALF_HS: return HS / 2;
     case AD_WIDE: return tp > 1 && C > wide ? C : wide;
     case AD_CA: return NH * HS;
+    case AD_E: return (size_t)c->moe.n_experts;
+    case AD_EF: return (size_t)c->moe.n_experts * (size_t)c->moe.ffn;
+    case AD_EC: return (size_t)c->moe.n_experts * C;
+    case AD_F: return (size_t)c->moe.ffn;
+    case AD_SF: return (size_t)c->moe.shared * (size_t)c->moe.ffn;
+    case AD_K: return (size_t)c->moe.top_k;
+    case AD_KC: return (size_t)c->moe.top_k * C;
+    case AD_KF: return (size_t)c->moe.top_k * (size_t)c->moe.ffn;
     }
     return 0;
 }
@@ -112,6 +121,7 @@ static void add_row(const model_config *c, param_tensor *out, int *n, size_t *of
     model_add_tensor(out, n, off, kind, layer, r->cols == AD_NONE ? 1 : 2, d0, d1);
     param_tensor *t = &out[*n - 1];
     t->decay = r->decay;
+    t->rule = r->kind == P_ROUTERB ? UPDATE_SIGN : UPDATE_ADAMW;
     t->part = part;
     t->row = row;
     t->tied_copy = tied_copy;
@@ -254,6 +264,11 @@ void model_tp_vocab(const model_config *c, int *lo, int *n) {
 /* --tp T must divide the heads, the kv heads (or be a multiple of them) and the MLP. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen) {
     if (T <= 1) return PL_OK;
+    if (c->moe.n_experts > 0) {
+        snprintf(err, errlen, "--tp %d with --arch %s: tensor parallelism does not split the experts of a "
+                 "mixture-of-experts model (run --tp 1)", T, arch_of(c)->name);
+        return PL_EINVAL;
+    }
     const char *what = NULL;
     int v = 0;
     if (c->NH % T) { what = "the head count (--n-head)"; v = c->NH; }
@@ -266,14 +281,17 @@ int model_tp_check(const model_config *c, int T, char *err, size_t errlen) {
 }
 
 /* Floats of a part's rows (skip_tied: leave out rows tied to another; only_2d: matrices only;
- * only_mfu: rows the MFU counts). */
+ * only_mfu: rows the MFU counts, the routed experts' as the K of E a token uses). */
 static size_t part_params(const model_config *c, const arch_params *p, int skip_tied, int only_2d, int only_mfu) {
     size_t n = 0;
     for (int i = 0; i < p->n; i++) {
         const arch_param *r = &p->rows[i];
         int tied = p == &arch_of(c)->head ? model_head_row_tied(c, i) >= 0 : r->tied >= 0;
         if ((skip_tied && tied) || (only_2d && r->cols == AD_NONE) || (only_mfu && !r->mfu)) continue;
-        n += arch_param_numel(c, r, 0);
+        size_t k = arch_param_numel(c, r, 0);
+        if ((only_2d || only_mfu) && (r->rows == AD_EF || r->rows == AD_EC) && c->moe.n_experts > 0)
+            k = k / (size_t)c->moe.n_experts * (size_t)c->moe.top_k; /* active experts only */
+        n += k;
     }
     return n;
 }

@@ -37,7 +37,19 @@ typedef enum {
     AD_HALF_HS,  /* half a head (a rotary table row) */
     AD_WIDE,     /* max(H, QKV) (with --tp: of the slices, and at least C) */
     AD_CA,       /* the attention's width NH HS = C (with --tp: this rank's heads, C / T) */
+    AD_E,        /* Mixtral: routed experts E */
+    AD_EF,       /* Mixtral: E F, the experts' stacked hidden rows */
+    AD_EC,       /* Mixtral: E C, the experts' stacked output rows */
+    AD_F,        /* Mixtral: one expert's hidden size F */
+    AD_SF,       /* Mixtral: the shared experts' hidden size S F (0 without them) */
+    AD_K,        /* Mixtral: experts per token K */
+    AD_KC,       /* Mixtral: K C (a token's K routed copies) */
+    AD_KF,       /* Mixtral: K F */
 } arch_dim;
+
+/* Update rules of a parameter tensor (param_tensor.rule): AdamW, or, for the kind P_ROUTERB
+ * (the sigmoid-bias router's bias), b -= rate sign(g) with g the step's load error (optim.c). */
+enum { UPDATE_ADAMW = 0, UPDATE_SIGN = 1 };
 
 /* Initial-value rules of a parameter row (model_init_tensor). */
 enum { INIT_ONE, INIT_ZERO, INIT_NORMAL, INIT_RESID };
@@ -184,6 +196,9 @@ typedef struct model_arch {
     const char *const *hf_ignore;
     int (*hf_config_read)(const void *json, const char *path, model_config *c, char *err, size_t errlen);
     void (*hf_config_write)(const model_config *c, void *json); /* the keys transformers loads */
+    /* what the Hugging Face layout cannot hold (Mixtral's shared experts, sigmoid-bias router):
+     * PL_EINVAL and a message, checked before a model is written; NULL: everything fits */
+    int (*hf_check)(const model_config *c, char *err, size_t errlen);
 } model_arch;
 
 /* The architectures, in id order; the count. */
@@ -200,7 +215,7 @@ size_t arch_param_numel(const model_config *c, const arch_param *r, int file);
 /* "gpt2|llama" and "gpt2 or llama": the registry's names, for help and messages. */
 void arch_names(const char *sep, char *buf, size_t len);
 
-/* The registry's rows (model.c, model_llama.c). */
-extern const model_arch arch_gpt2, arch_llama;
+/* The registry's rows (archs/gpt2.c, archs/llama.c, archs/mixtral.c). */
+extern const model_arch arch_gpt2, arch_llama, arch_mixtral;
 
 #endif

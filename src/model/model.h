@@ -19,7 +19,7 @@
 
 /* Architecture ids: model_config.arch, the index of the architecture's row in the registry
  * (arch.h). Only code that has not moved to the table yet compares against them. */
-enum { MODEL_GPT2 = 0, MODEL_LLAMA = 1 };
+enum { MODEL_GPT2 = 0, MODEL_LLAMA = 1, MODEL_MIXTRAL = 2 };
 
 /* Llama's own settings (llm.c's Llama 3 header). */
 typedef struct {
@@ -35,13 +35,28 @@ typedef struct {
     int rope_orig_ctx;
 } llama_config;
 
+/* Mixtral's sparse MoE layer (archs/mixtral.c); all zero for a dense architecture. */
+enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID_BIAS = 1 };
+typedef struct {
+    int n_experts;         /* E routed experts per layer */
+    int top_k;             /* K experts a token is sent to (1..E) */
+    int ffn;               /* F: each expert's SwiGLU hidden size */
+    int shared;            /* S always-on experts (DeepSeek-V3), one SwiGLU of hidden S F; 0: none */
+    int router;            /* MOE_ROUTER_*: softmax (Mixtral) or sigmoid scores with a balancing bias */
+    float aux_coef;        /* load-balancing loss coefficient (Mixtral's router_aux_loss_coef) */
+    float bias_rate;       /* sigmoid-bias router: the bias step per optimizer step */
+    float capacity;        /* capacity factor c: an expert takes at most ceil(c N K / E) tokens; 0: dropless */
+    float mb_share;        /* a run's: one micro-batch's share of the step (Bm / Bg), the aux loss's weight */
+} moe_config;
+
 /* Model dimensions, one struct for every architecture. Vp = V rounded up to a multiple of 128;
  * for GPT-2 NKV = NH, H = 4 C and the Llama settings (cfg.llama) are 0. */
 typedef struct {
     int V, Vp, maxT, L, NH, C;
     int arch;              /* architecture id: arch_of(cfg) is its descriptor */
     int NKV, H;            /* key/value heads (NH for GPT-2), MLP hidden size (4 C for GPT-2) */
-    llama_config llama;    /* Llama's own settings (model_llama.c) */
+    llama_config llama;    /* Llama's own settings (model_llama.c; Mixtral's attention too) */
+    moe_config moe;        /* Mixtral's MoE settings (archs/mixtral.c) */
     int tie_embed;         /* 1: the head's matrix is the token embedding (Llama 3.2's
                             * tie_word_embeddings); GPT-2 ties by its table and leaves it 0 */
     int tp, tpr;           /* tensor parallelism (tp.h): a stage's config on TP rank tpr of tp > 1 ranks
@@ -63,6 +78,14 @@ enum {
     P_MLPNORMW,  /* Llama: the RMSNorm weight before the MLP (C) */
     P_FC2W,      /* Llama: the MLP's gate input, through silu (llm.c c_fc2, Meta w1) (H, C) */
     P_LMHEAD,    /* Llama: the untied output head (Vp, C) */
+    P_ROUTERW,   /* Mixtral: the router (gate) (E, C) */
+    P_EXPW1,     /* Mixtral: the experts' gate inputs, through silu (E F, C), expert e rows [eF, (e+1)F) */
+    P_EXPW3,     /* Mixtral: the experts' up inputs (E F, C) */
+    P_EXPW2,     /* Mixtral: the experts' down projections (E C, F) */
+    P_ROUTERB,   /* Mixtral: the sigmoid-bias router's balancing bias (E); not trained by AdamW */
+    P_SHW1,      /* Mixtral: the shared experts' gate input (S F, C) */
+    P_SHW3,      /* Mixtral: the shared experts' up input (S F, C) */
+    P_SHW2,      /* Mixtral: the shared experts' down projection (C, S F) */
     P_NKINDS
 };
 #define P_NKINDS_GPT2 16
@@ -82,13 +105,14 @@ typedef struct {
     int decay;         /* 1: AdamW weight decay (the row's flag) */
     int part;          /* PART_* */
     int row;           /* index of its row in the part's table (the architecture's own enum) */
+    int rule;          /* the row's update rule (arch.h: UPDATE_*): AdamW, or the balancing bias's sign step */
     int tied_copy;     /* 1: the head's copy of an embedding tensor the first stage owns (GPT-2's
                         * wte on a last stage without the embeddings): counted, written and
                         * reduced once, from the owner */
 } param_tensor;
 
 /* The most rows one part of an architecture's table has (block parameters, activations...). */
-#define ARCH_MAX_ROWS 16
+#define ARCH_MAX_ROWS 24
 
 /* Pointers to one block's tensors (parameters, gradients, activations or output gradients)
  * inside a stage buffer, indexed by the architecture's own enum for that table. */
@@ -219,6 +243,12 @@ void model_tp_vocab(const model_config *c, int *lo, int *n);
 /* The dimension checks of --tp T for a config: NH, H (and NKV unless T % NKV == 0) divisible
  * by T. PL_EINVAL with a message naming the setting. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
+
+/* Mixtral (archs/mixtral.c): the router's statistics of this process's weight parts since the
+ * last call, which resets them: [0] the step's aux loss share (sum over its layers and
+ * micro-batches of mb_share aux / L), [1] dropped (token, expert) assignments, [2] the sum over
+ * (layer, micro-batch) of max / mean tokens per expert, [3] that count. All zero for a dense model. */
+void model_moe_stats_take(double out[4]);
 
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);

@@ -201,6 +201,21 @@ int optim_clip(optim *o, double norm) {
     return PL_OK;
 }
 
+/* A row with UPDATE_SIGN (Mixtral's balancing bias): p -= rate sign(g) on [lo, lo + n), on
+ * host copies; it has no moments. */
+static int sign_step(optim *o, size_t lo, size_t n) {
+    stage *st = o->st;
+    float rate = st->cfg.moe.bias_rate, *h = n ? malloc(2 * n * sizeof(float)) : NULL;
+    if (!n) return PL_OK;
+    if (!h) return PL_ENOMEM;
+    int rc = o->be->to_host(h, st->grads + lo, n * sizeof(float));
+    if (rc == PL_OK) rc = o->be->to_host(h + n, st->params + lo, n * sizeof(float));
+    for (size_t i = 0; rc == PL_OK && i < n; i++) h[n + i] -= h[i] > 0 ? rate : h[i] < 0 ? -rate : 0.0f;
+    if (rc == PL_OK) rc = o->be->from_host(st->params + lo, h + n, n * sizeof(float));
+    free(h);
+    return rc;
+}
+
 /* The one AdamW loop: tensor by tensor, each over the ranges the optimizer owns (the whole
  * buffer when not sharded: then every tensor in one call). */
 int optim_step(optim *o, int step, double lr, double norm) {
@@ -217,6 +232,10 @@ int optim_step(optim *o, int step, double lr, double norm) {
             size_t lo, n;
             if (!optim_overlap(t, rg[k].lo, rg[k].n, &lo, &n)) continue;
             size_t at = mo + (lo - rg[k].lo);
+            if (t->rule == UPDATE_SIGN) {
+                PL_TRY(sign_step(o, lo, n));
+                continue;
+            }
             PL_TRY(o->be->adamw(st->params + lo, st->grads + lo, o->m + at, o->v + at, n, (float)lr, (float)h->beta1,
                                 (float)h->beta2, (float)h->eps, wd, step));
         }
@@ -253,6 +272,10 @@ int optim_step_range(optim *o, size_t lo, size_t n, int step, double lr, double 
         size_t xlo, xn;
         if (!optim_overlap(t, lo, n, &xlo, &xn)) continue;
         size_t at = base + (xlo - lo);
+        if (t->rule == UPDATE_SIGN) {
+            PL_TRY(sign_step(o, xlo, xn));
+            continue;
+        }
         PL_TRY(o->be->adamw(st->params + xlo, st->grads + xlo, o->m + at, o->v + at, xn, (float)lr, (float)h->beta1,
                             (float)h->beta2, (float)h->eps, wd, step));
     }

@@ -317,6 +317,7 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     PL_TRY(recompute_modes(R, err, errlen));
     model_config lc = R->cfg; /* --tp: the stages hold this rank's slice of the blocks */
     if (R->Tp > 1) { lc.tp = R->Tp; lc.tpr = R->t; }
+    lc.moe.mb_share = (float)((double)(R->B / R->M) / R->Bg); /* a micro-batch's share of the step (MoE aux loss) */
     for (int c = 0; c < V; c++) {
         int s = sched_place_stage(R->sc.place, P, R->rank, c), nslots = sched_max_inflight_stage(&R->sc, s);
         stage *st = &R->stv[c];
@@ -925,6 +926,23 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
 }
 
 /* After a step: timers, validation, checkpoint, as the options ask. */
+/* A MoE model's router statistics of the step, summed over the world (model_moe_stats_take):
+ * rank 0 prints them beside the step line and writes a metrics event "moe". */
+static int report_moe(run *R, int step, int last_step) {
+    double v[4];
+    model_moe_stats_take(v);
+    if (R->cfg.moe.n_experts <= 0) return PL_OK;
+    PL_TRY(comm_allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the router statistics"));
+    if (R->rank != 0) return PL_OK;
+    double lb = v[3] > 0 ? v[2] / v[3] : 0;
+    if (step % R->o->log_every == 0 || step == last_step)
+        pl_info("moe   %5d | aux_loss %.6f (x %g) | load max/mean %.3f | dropped %.0f\n", step, v[0],
+                (double)R->cfg.moe.aux_coef, lb, v[1]);
+    metrics_line(&R->mx, "{\"event\":\"moe\",\"step\":%d,\"aux_loss\":%.9g,\"load_max_mean\":%.6g,\"dropped\":%.0f}",
+                 step, v[0], lb, v[1]);
+    return PL_OK;
+}
+
 static int after_step(run *R, const loop_state *L, int *agreed) {
     const pl_options *o = R->o;
     int step = L->step, rc;
@@ -968,6 +986,7 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
         L->last_loss = loss;
         L->stopped = L->nw.stop_sig != 0;
         report_step(R, step, L->first_step, L->last_step, loss, lr, norm, secs, L->t_start);
+        PL_TRY(report_moe(R, step, L->last_step));
         PL_TRY(after_step(R, L, agreed));
         if (L->stopped) break;
     }

@@ -35,6 +35,7 @@
 #include "util/common.h"
 #include "backend/cpu/cpu_decode.h"
 #include "backend/cpu/cpu_attention.h"
+#include "backend/cpu/cpu_moe.h"
 
 /* Threads of this backend (OpenMP loops and OpenBLAS), set through its set_threads. */
 static int cpu_threads = 1;
@@ -629,4 +630,7 @@ const backend backend_cpu = {
     .swiglu_fwd = cpu_swiglu_fwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .attention_kv_fwd = cpu_attention_kv_fwd,
+    .moe_gather = cpu_moe_gather,
+    .moe_combine = cpu_moe_combine,
+    .moe_rowdot = cpu_moe_rowdot,
 };

@@ -744,6 +744,37 @@ __global__ void k_swiglu_bwd(float *dup, float *dgate, const float *dout, const 
     }
 }
 
+/* ---- mixture of experts (backend_ops.h moe_*): one thread per output float / per dot ---- */
+__global__ void k_moe_gather(float *out, const float *x, const int *rows, const float *scale, int M, int C) {
+    GRID_STRIDE(i, (size_t)M * C) {
+        size_t r = i / (size_t)C, c = i % (size_t)C;
+        float v = x[(size_t)rows[r] * C + c];
+        out[i] = scale ? scale[r] * v : v;
+    }
+}
+/* each output float sums its K terms in k order, as the CPU does */
+__global__ void k_moe_combine(float *out, const float *y, const int *slot, const float *w, int N, int K, int C) {
+    GRID_STRIDE(i, (size_t)N * C) {
+        size_t t = i / (size_t)C, c = i % (size_t)C;
+        float o = out[i];
+        for (int k = 0; k < K; k++) {
+            int j = slot[t * K + k];
+            if (j >= 0) o += (w ? w[t * K + k] : 1.0f) * y[(size_t)j * C + c];
+        }
+        out[i] = o;
+    }
+}
+/* one thread per (token, k): a sequential double dot over C (small N K; not a hot op) */
+__global__ void k_moe_rowdot(float *dw, const float *dout, const float *y, const int *slot, int N, int K, int C) {
+    GRID_STRIDE(i, (size_t)N * K) {
+        int j = slot[i];
+        double acc = 0.0;
+        const float *d = dout + (i / (size_t)K) * C;
+        for (int c = 0; j >= 0 && c < C; c++) acc += (double)d[c] * (double)y[(size_t)j * C + c];
+        dw[i] = (float)acc;
+    }
+}
+
 /* ======================================================================================== */
 /* host side: state, errors                                                                 */
 /* ======================================================================================== */
@@ -1782,6 +1813,22 @@ static int cu_swiglu_bwd(float *dup, float *dgate, const float *dout, const floa
     return 0;
 }
 
+static int cu_moe_gather(float *out, const float *x, const int *rows, const float *scale, int M, int C) {
+    OP("moe_gather", "M=%lld C=%lld", M, C, 0, 0);
+    if ((size_t)M * C > 0) KERNEL(k_moe_gather, ew_grid((size_t)M * C), EW_THREADS, out, x, rows, scale, M, C);
+    return 0;
+}
+static int cu_moe_combine(float *out, const float *y, const int *slot, const float *w, int N, int K, int C) {
+    OP("moe_combine", "N=%lld K=%lld C=%lld", N, K, C, 0);
+    if ((size_t)N * C > 0) KERNEL(k_moe_combine, ew_grid((size_t)N * C), EW_THREADS, out, y, slot, w, N, K, C);
+    return 0;
+}
+static int cu_moe_rowdot(float *dw, const float *dout, const float *y, const int *slot, int N, int K, int C) {
+    OP("moe_rowdot", "N=%lld K=%lld C=%lld", N, K, C, 0);
+    if ((size_t)N * K > 0) KERNEL(k_moe_rowdot, ew_grid((size_t)N * K), EW_THREADS, dw, dout, y, slot, N, K, C);
+    return 0;
+}
+
 /* ---- decoding with a KV cache (backend_ops.h attention_kv_fwd) ---- */
 #define KV_MAXLEN 4096 /* cache positions one block's shared scores hold */
 
@@ -1886,4 +1933,7 @@ extern "C" const backend backend_cuda = {
     .swiglu_bwd = cu_swiglu_bwd,
     .matmul_decode_fwd = cu_matmul_fwd, /* cuBLAS's product does not repack per call: the same op */
     .attention_kv_fwd = cu_attention_kv_fwd,
+    .moe_gather = cu_moe_gather,
+    .moe_combine = cu_moe_combine,
+    .moe_rowdot = cu_moe_rowdot,
 };
