@@ -30,7 +30,7 @@ g++ -std=c++20 -O1 -g -Wall -Wextra -Wno-unknown-pragmas $san -pthread -DPIPELM_
 mpicc -std=gnu11 -O1 -g $san -DHAVE_CUDA -I"$top/src" -I"$top/include" -c "$top/src/backend/backend.c" -o "$out/backend.o"
 # the host sources the backends need (the CPU backend takes its decode kernels from cpu_decode.c,
 # its fused attention from cpu_attention.c)
-for f in src/backend/backend_opts.c src/util/hooks.c src/backend/cpu/backend_cpu.c src/backend/cpu/cpu_attention.c src/backend/backend_host.c src/backend/cpu/blas.c src/backend/cpu/cpu_decode.c src/backend/cuda/backend_cuda_load.c; do
+for f in src/backend/backend_opts.c src/util/hooks.c src/backend/cpu/backend_cpu.c src/backend/cpu/cpu_attention.c src/backend/cpu/cpu_moe.c src/backend/backend_host.c src/backend/cpu/blas.c src/backend/cpu/cpu_decode.c src/backend/cuda/backend_cuda_load.c; do
     mpicc -std=gnu11 -O1 -g $san -fopenmp -DHAVE_CONFIG_H -I"$build" -I"$top/src" -I"$top/include" $blas_cflags \
         -c "$top/$f" -o "$out/$(basename "$f" .c).o"
 done
@@ -40,7 +40,7 @@ for t in test_cuda test_backends; do
 done
 mkdir "$out/lib" && mv "$out"/*.o "$out/lib/"
 for t in test_cuda test_backends; do
-    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/hooks.o" "$out/lib/blas.o" "$out/lib/cpu_decode.o" "$out/lib/cpu_attention.o" "$out/lib/$t.test.o" \
+    mpicc $san -fopenmp -pthread -o "$out/${t}_emu" "$out"/lib/backend*.o "$out/lib/hooks.o" "$out/lib/blas.o" "$out/lib/cpu_decode.o" "$out/lib/cpu_attention.o" "$out/lib/cpu_moe.o" "$out/lib/$t.test.o" \
         $blas_libs $(pkg-config --libs check) -lstdc++ -lm
 done
 set +x
