@@ -10,7 +10,7 @@ doc=$top/docs/architecture.md
 
 graph() {
     cd "$top" || exit 1
-    for f in include/pipelm/*.h $(find src -name '*.[ch]' -o -name '*.cu' | LC_ALL=C sort); do
+    for f in include/pipelm/*.h $(find src -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' | LC_ALL=C sort); do
         [ -e "$f" ] || continue
         deps=$(sed -n 's/^#include "\([a-z]*\/[a-z0-9_/]*\)\.h".*/\1/p' "$f" | LC_ALL=C sort -u | tr '\n' ' ')
         printf '%-28s %s\n' "$(echo "$f" | sed 's|^include/||; s|^src/||')" "${deps% }" | sed 's/ *$//'

@@ -14,7 +14,7 @@
 top=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$top" || exit 1
 
-srcs=$(find src -name '*.c' -o -name '*.cu' | sort)
+srcs=$(find src -name '*.c' -o -name '*.cu' -o -name '*.cuh' | sort)
 long=$(awk -f tests/lib/funclen.awk $srcs | awk '$1 > 80')
 if [ -z "$long" ]; then ok "no function in src/ over 80 lines"; else bad "functions over 80 lines" "$long"; fi
 
