@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "parallel/comm.h"
 #include "util/common.h"
+#include "util/files.h"
 #include "util/hooks.h"
 #include "util/signals.h"
 
@@ -224,4 +225,34 @@ int comm_init_thread(int *argc, char ***argv, int multiple) {
     for (int i = 0; e && i < 4; i++)
         if (strcmp(e, names[i]) == 0) want = levels[i];
     return MPI_Init_thread(argc, argv, want, &got);
+}
+
+int comm_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
+                    char *err, size_t errlen) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    *text = NULL;
+    long n = rank == 0 ? pl_read_whole(path, what, max_bytes ? max_bytes : (size_t)1 << 30, text, err, errlen) : 0;
+    PL_TRY(comm_bcast(&n, 1, MPI_LONG, 0, comm, what));
+    if (n < 0) {
+        if (rank != 0 && errlen) err[0] = 0; /* rank 0 says why, once */
+        return PL_EIO;
+    }
+    if (rank != 0 && !(*text = malloc((size_t)n + 1))) n = -1;
+    long worst = n;
+    int rc = comm_allreduce(&n, &worst, 1, MPI_LONG, MPI_MIN, comm, what);
+    if (rc == PL_OK && worst < 0) {
+        snprintf(err, errlen, "%s %s: out of memory", what, path);
+        rc = PL_ENOMEM;
+    }
+    for (long off = 0; rc == PL_OK && off < n; off += 1L << 30) /* counts are int */
+        rc = comm_bcast(*text + off, (int)(n - off < (1L << 30) ? n - off : 1L << 30), MPI_CHAR, 0, comm, what);
+    if (rc != PL_OK) {
+        free(*text);
+        *text = NULL;
+        return rc;
+    }
+    (*text)[n] = 0;
+    *len = (size_t)n;
+    return PL_OK;
 }

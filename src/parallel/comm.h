@@ -47,6 +47,14 @@ int comm_allreduce(const void *in, void *out, int n, MPI_Datatype t, MPI_Op op, 
 int comm_bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm c, const char *what);
 int comm_gather(const void *in, int n, MPI_Datatype t, void *out, int root, MPI_Comm c, const char *what);
 int comm_barrier(MPI_Comm c, const char *what);
+/* Collective over comm: rank 0 reads the whole of a small input (pl_read_whole: at most
+ * max_bytes, 0 for 1 GiB; a FIFO, device or directory refused by name) and broadcasts it under
+ * the watchdog, so every rank parses the same bytes, a stream is never read differently by two
+ * ranks, and a rank 0 stuck in the read ends the job by the others' watchdog. *text
+ * (NUL-terminated, *len bytes; free it) on every rank, or the same failure on every rank with
+ * the message in err on rank 0 (empty on the others: one line, not P). */
+int comm_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
+                    char *err, size_t errlen);
 /* Every rank agrees on a status: the worst code wins, *who is the lowest failing rank (or -1). */
 int comm_agree(MPI_Comm c, int rc, int *who);
 

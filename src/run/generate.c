@@ -538,7 +538,7 @@ static int gen_prepare(gen_state *gs, tokenizer *tk, char *err, size_t errlen) {
     if (g->tokenizer[0]) { /* read once by rank 0, parsed alike everywhere */
         char *text = NULL;
         size_t len = 0;
-        PL_TRY(pl_read_bcast(g->tokenizer, "--tokenizer", 1 << 26, R->world, &text, &len, err, errlen));
+        PL_TRY(comm_read_bcast(g->tokenizer, "--tokenizer", 1 << 26, R->world, &text, &len, err, errlen));
         FILE *f = fmemopen(text, len ? len : 1, "rb");
         int rc = f ? tokenizer_read(tk, g->tokenizer, f, R->cfg.V, err, errlen) : PL_ENOMEM;
         if (f) fclose(f);
@@ -650,11 +650,11 @@ static int gen_add_prompt(gen_opts *g, const char *text, const char *where, char
 }
 
 /* Every line of a prompt file is one prompt (a blank line is refused by its number): rank 0
- * reads the file and every rank parses the same bytes (pl_read_bcast; a FIFO is refused). */
+ * reads the file and every rank parses the same bytes (comm_read_bcast; a FIFO is refused). */
 static int gen_read_prompts(gen_opts *g, const char *path, MPI_Comm comm, char *err, size_t errlen) {
     char *text = NULL, where[PL_PATH + 64];
     size_t len = 0;
-    PL_TRY(pl_read_bcast(path, "--prompt-file", 1 << 24, comm, &text, &len, err, errlen));
+    PL_TRY(comm_read_bcast(path, "--prompt-file", 1 << 24, comm, &text, &len, err, errlen));
     int rc = PL_OK, ln = 1;
     for (char *p = text; rc == PL_OK && p < text + len; ln++) {
         char *nl = memchr(p, '\n', (size_t)(text + len - p));

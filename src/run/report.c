@@ -436,9 +436,7 @@ static int split_on_root(run *R, const double *cf, const double *wait_ms, double
     for (int st = 0; rc == PL_OK && st < S; st++) flops[st] = split_stage_flops(&R->sp, &R->cfg, st, R->T);
     char err[1024] = "";
     if (rc == PL_OK && R->o->costs_in[0]) {
-        FILE *f = NULL;
-        rc = pl_open_input(R->o->costs_in, "costs file", 1 << 24, &f, err, sizeof err);
-        if (rc == PL_OK) { rc = sched_costs_read(f, &base, err, sizeof err); fclose(f); }
+        rc = run_costs_read(R, &base, err, sizeof err);
     }
     wait_split w;
     if (rc == PL_OK) rc = wait_split_compute(&R->sc, &meas, R->o->costs_in[0] ? &base : NULL, flops, xfer, ws, &w, err,

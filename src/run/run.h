@@ -18,6 +18,7 @@
 #include "run/metrics.h"
 #include "model/optim.h"
 #include "pipeline/sched.h"
+#include "pipeline/sched_cost.h"
 #include "pipeline/split.h"
 #include "model/stage.h"
 #include "parallel/tp.h"
@@ -60,6 +61,8 @@ typedef struct {
     int polite;
     layout lay;
     int *rc_modes;              /* S: each global stage's STAGE_RECOMPUTE_* */
+    char *costs_text, *csv_text; /* --costs-in, --schedule-csv: read by rank 0, broadcast (or NULL) */
+    size_t costs_len, csv_len;
     int first_step;             /* the run's first step: weights as loaded or initialised */
     int set_up;                 /* run_setup got past its first phase: run_teardown frees */
     bench_summary *summary;     /* bench: where rank 0 leaves the figures (train_bench), or NULL */
@@ -69,6 +72,10 @@ typedef struct {
     double ca_fence;             /* and the optimizer's wait for its deferred snapshot (ckpt_async_fence) */
 } run;
 
+/* --costs-in's file, as rank 0 read it for every rank in the set-up, parsed into *c
+ * (sched_costs_free it). */
+int run_costs_read(const run *R, sched_costs *c, char *err, size_t errlen);
+
 /* What one step's all-reduce tells every rank besides the norm and the loss. */
 typedef struct {
     int stop_sig, stop_rank;   /* a stop signal seen by a rank (the lowest), or 0 / -1 */
@@ -76,10 +83,6 @@ typedef struct {
     int fwd_wrank;             /* the world rank that ran that forward, or -1 */
 } step_news;
 
-/* train.c (collective over the replica's pipeline and, with --tp, its TP groups): write an
- * llm.c model file (or, by its name, safetensors) of the weights (grads = 1: of the
- * gradients, llm.c only) from replica d's ranks; with --tp gathered whole first. */
-int train_save_model(run *R, const char *path, int grads);
 
 /* report.c */
 void report_stage_table(run *R);

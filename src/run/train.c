@@ -239,11 +239,8 @@ static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_
         return PL_EINVAL;
     }
     sched_costs c;
-    FILE *f = NULL;
-    PL_TRY(pl_open_input(o->costs_in, "costs file", 1 << 24, &f, err, errlen));
-    int rc = sched_costs_read(f, &c, err, errlen);
-    fclose(f);
-    PL_TRY(rc);
+    PL_TRY(run_costs_read(R, &c, err, errlen));
+    int rc;
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
     tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1, 1};
     tune_cand *t = NULL;
@@ -272,8 +269,11 @@ static int choose_schedule(run *R, char *err, size_t errlen) {
     snprintf(name, sizeof name, "%s", o->schedule);
     if (!o->schedule_csv[0] && strcmp(o->schedule, "auto") == 0) PL_TRY(auto_schedule(R, name, sizeof name, &V, err, errlen));
     if (o->schedule_csv[0]) {
-        FILE *f = NULL;
-        PL_TRY(pl_open_input(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, &f, err, errlen));
+        FILE *f = fmemopen(R->csv_text, R->csv_len, "r");
+        if (!f) {
+            snprintf(err, errlen, "schedule file %.512s: out of memory", o->schedule_csv);
+            return PL_ENOMEM;
+        }
         int rc = sched_read_csv(f, "csv", &R->sc, err, errlen);
         fclose(f);
         PL_TRY(rc);
@@ -404,7 +404,7 @@ static int load_init(run *R, char *err, size_t errlen) {
 }
 
 /* --save-final / --dump-grads (run.h): the model file, whole, from TP rank 0's pipeline. */
-int train_save_model(run *R, const char *path, int grads) {
+static int train_save_model(run *R, const char *path, int grads) {
     const pl_options *o = R->o;
     tp_whole w;
     stage *from = &R->st;
@@ -455,8 +455,33 @@ static int setup_dp(run *R, char *err, size_t errlen) {
 
 /* Split, schedule, stage, data, metrics: everything that can fail before step 1, none of it
  * collective (the ranks agree on the outcome before anything collective runs). */
+/* The small inputs every rank parses (--costs-in, --schedule-csv): read by rank 0 and broadcast
+ * (collective: first in the set-up, before any step that can fail on some ranks only). */
+static int read_shared_inputs(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (o->costs_in[0])
+        PL_TRY(comm_read_bcast(o->costs_in, "costs file", 1 << 24, R->world, &R->costs_text, &R->costs_len, err,
+                               errlen));
+    if (o->schedule_csv[0])
+        PL_TRY(comm_read_bcast(o->schedule_csv, "schedule file", SCHED_CSV_MAX_BYTES, R->world, &R->csv_text,
+                               &R->csv_len, err, errlen));
+    return PL_OK;
+}
+
+int run_costs_read(const run *R, sched_costs *c, char *err, size_t errlen) {
+    FILE *f = R->costs_text ? fmemopen(R->costs_text, R->costs_len, "r") : NULL;
+    if (!f) {
+        snprintf(err, errlen, "costs file %.512s: %s", R->o->costs_in, R->costs_text ? "out of memory" : "not read");
+        return R->costs_text ? PL_ENOMEM : PL_EINVAL;
+    }
+    int rc = sched_costs_read(f, c, err, errlen);
+    fclose(f);
+    return rc;
+}
+
 static int setup(run *R, char *err, size_t errlen) {
     const pl_options *o = R->o;
+    PL_TRY(read_shared_inputs(R, err, errlen));
     PL_TRY(check_outputs(R, err, errlen));
     PL_TRY(lock_ckpt_dir(R, err, errlen));
     if (hooks_fail_here(&o->hooks, R->wrank, 0, "during")) {
@@ -1071,6 +1096,8 @@ static void teardown(run *R, int agreed) {
     if (R->have_train) data_close(&R->train);
     if (R->have_val) data_close(&R->val);
     free(R->rc_modes);
+    free(R->costs_text);
+    free(R->csv_text);
     ckpt_lock_release(); /* rank 0's lock of --ckpt-dir, on every way out of the run */
     signals_restore();
     comm_step = -1;

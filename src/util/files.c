@@ -396,8 +396,7 @@ int pl_check_io(const pl_io *in, int nin, const pl_io *out, int nout, char *err,
     return PL_OK;
 }
 
-/* Rank 0's part of pl_read_bcast: the whole file, or -1 with err. */
-static long read_whole(const char *path, const char *what, size_t max_bytes, char **text, char *err, size_t errlen) {
+long pl_read_whole(const char *path, const char *what, size_t max_bytes, char **text, char *err, size_t errlen) {
     FILE *f = NULL;
     *text = NULL;
     if (pl_open_input(path, what, max_bytes, &f, err, errlen) != PL_OK) return -1;
@@ -422,27 +421,3 @@ static long read_whole(const char *path, const char *what, size_t max_bytes, cha
     return (long)n;
 }
 
-int pl_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
-                  char *err, size_t errlen) {
-    int rank;
-    MPI_Comm_rank(comm, &rank);
-    long n = rank == 0 ? read_whole(path, what, max_bytes ? max_bytes : (size_t)1 << 30, text, err, errlen) : 0;
-    PL_MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG, 0, comm));
-    if (n < 0) {
-        if (rank != 0 && errlen) err[0] = 0; /* rank 0 says why, once */
-        return PL_EIO;
-    }
-    if (rank != 0 && !(*text = malloc((size_t)n + 1))) n = -1;
-    long worst = n;
-    PL_MPI_CHECK(MPI_Allreduce(&n, &worst, 1, MPI_LONG, MPI_MIN, comm));
-    if (worst < 0) {
-        free(*text);
-        *text = NULL;
-        snprintf(err, errlen, "%s %s: out of memory", what, path);
-        return PL_ENOMEM;
-    }
-    PL_MPI_CHECK(MPI_Bcast(*text, (int)n, MPI_CHAR, 0, comm));
-    (*text)[n] = 0;
-    *len = (size_t)n;
-    return PL_OK;
-}

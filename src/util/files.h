@@ -17,7 +17,6 @@
 #ifndef PIPELM_FILES_H
 #define PIPELM_FILES_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -62,13 +61,11 @@ int pl_output_replace(const char *tmp, const char *path, const char *what, char 
  * same resolved name when neither does (two outputs); /dev/null is never the same. */
 int pl_check_distinct(const char *out, const char *what_out, const char *in, const char *what_in, char *err,
                       size_t errlen);
-/* Collective over comm: rank 0 reads the whole of a small input (at most max_bytes, through
- * pl_open_input: a FIFO, device or directory is refused by name, never opened blocking) and
- * broadcasts it, so every rank parses the same bytes and a stream is never read differently
- * by two ranks. *text (NUL-terminated, *len bytes; free it) on every rank, or the same failure
- * on every rank, with the message in err on rank 0 (empty on the others: one line, not P). */
-int pl_read_bcast(const char *path, const char *what, size_t max_bytes, MPI_Comm comm, char **text, size_t *len,
-                  char *err, size_t errlen);
+/* The whole of a small input (at most max_bytes, through pl_open_input: a FIFO, device or
+ * directory is refused by name, never opened blocking): its length, *text malloc'ed and
+ * NUL-terminated (free it), or -1 with err. comm_read_bcast (parallel/comm.h) reads one on
+ * rank 0 for every rank. */
+long pl_read_whole(const char *path, const char *what, size_t max_bytes, char **text, char *err, size_t errlen);
 /* One input or output of a subcommand, for pl_check_io: the option that names it ("--json",
  * "input") and its path ("" or NULL: not given). */
 typedef struct {
