@@ -130,10 +130,6 @@ typedef struct {
 int ckpt_view_map(const backend *be, float *base, const param_tensor *t, int mode, const char *dpath, ckpt_view *v,
                   h5ctx *cx);
 int ckpt_view_unmap(const backend *be, int mode, const char *dpath, ckpt_view *v, h5ctx *cx);
-/* The other tensor of st with t's kind and layer (the head's copy of a tied wte on a stage
- * holding both ends as two chunks), or NULL; ckpt_fill_twin copies what was read into t's
- * host view src into it. */
-const param_tensor *ckpt_tied_twin(const stage *st, const param_tensor *t);
 int ckpt_fill_twin(const backend *be, float *base, const stage *st, const param_tensor *t, const void *src,
                    const char *dpath, h5ctx *cx);
 

@@ -87,7 +87,7 @@ const param_tensor *ckpt_written_tensor(const stage *st, const optim *opt, const
 /* The second tensor of this stage with t's kind and layer, or NULL: a stage that holds both
  * ends of a tied embedding as two chunks (the V placement's rank 0) keeps the head's copy of
  * wte beside wte itself, and a read fills both. */
-const param_tensor *ckpt_tied_twin(const stage *st, const param_tensor *t) {
+static const param_tensor *ckpt_tied_twin(const stage *st, const param_tensor *t) {
     for (int i = 0; t && i < st->ntensors; i++)
         if (&st->tensors[i] != t && st->tensors[i].kind == t->kind && st->tensors[i].layer == t->layer)
             return &st->tensors[i];

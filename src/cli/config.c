@@ -159,7 +159,7 @@ static const opt_desc options[] = {
     OT_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
              "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
              "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
-             "and schedule at fixed --tp; 16 bytes a parameter more; host-memory backends)"),
+             "and schedule at fixed --tp and the same micro-batches (--batch, and D x M, the same); 16 bytes a parameter more; host-memory backends)"),
     OT_FLAG("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -865,10 +865,6 @@ out:
     pending_free(&cli);
     pending_free(&file);
     return rc;
-}
-
-int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen) {
-    return arch_of(c)->config_check(c, naming, err, errlen);
 }
 
 void config_train_of(const pl_options *o, cfg_train *t) {

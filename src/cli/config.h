@@ -107,9 +107,6 @@ enum {
 
 
 
-/* The same for a model built already (nothing to check for GPT-2, whose dimensions
- * gpt2_config_make bounds). */
-int config_check_model(const model_config *c, cfg_naming naming, char *err, size_t errlen);
 /* The training settings of the options, as the checkpoint will record them. */
 void config_train_of(const pl_options *o, cfg_train *t);
 /* The vocabulary a run without --init trains: --vocab-size, or the data's own (text: 256). */

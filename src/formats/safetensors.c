@@ -124,7 +124,10 @@ bad:
     return PL_EIO;
 }
 
-int st_parse_header(const char *json, size_t len, size_t data_bytes, st_file *f, char *err, size_t errlen) {
+/* Parse a header (len bytes of JSON, not NUL-terminated) for a file whose data holds
+ * data_bytes: f->t, f->n filled (f->path names the file in messages). PL_EIO and a message
+ * naming the entry on any malformed input. */
+static int st_parse_header(const char *json, size_t len, size_t data_bytes, st_file *f, char *err, size_t errlen) {
     json_error_t je;
     f->n = 0;
     f->t = NULL;

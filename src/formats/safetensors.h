@@ -39,10 +39,6 @@ typedef struct {
 size_t st_dtype_size(int dtype);
 /* "F32", "BF16", "F16". */
 const char *st_dtype_name(int dtype);
-/* Parse a header (len bytes of JSON, not NUL-terminated) for a file whose data holds
- * data_bytes: f->t, f->n filled (f->path names the file in messages). PL_EIO and a message
- * naming the entry on any malformed input. */
-int st_parse_header(const char *json, size_t len, size_t data_bytes, st_file *f, char *err, size_t errlen);
 /* Open a file: read and parse its header. */
 int st_open(const char *path, st_file *f, char *err, size_t errlen);
 void st_close(st_file *f);

@@ -50,7 +50,8 @@ static uint64_t nseq(const data_source *d, int s, int T) {
     return d->shard[s].ntok > 0 ? (d->shard[s].ntok - 1) / (size_t)T : 0;
 }
 
-void shards_locate(const data_source *d, long long q, int T, int *shard, size_t *pos) {
+/* The shard and first token of sequence q. */
+static void shards_locate(const data_source *d, long long q, int T, int *shard, size_t *pos) {
     uint64_t N = 0;
     for (int s = 0; s < d->nshards; s++) N += nseq(d, s, T);
     uint64_t e = (uint64_t)q / N, r = (uint64_t)q % N, ke = mix64(d->seed ^ mix64(e + 1));

@@ -27,8 +27,6 @@ int shards_check(const data_source *d, int T, char *err, size_t errlen);
 /* Batch k: B sequences of T tokens and their targets. */
 int shards_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
                       size_t errlen);
-/* The shard and first token of sequence q (for tests and messages). */
-void shards_locate(const data_source *d, long long q, int T, int *shard, size_t *pos);
 void shards_close(data_source *d);
 
 #endif

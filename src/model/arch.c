@@ -351,8 +351,3 @@ size_t model_slot_act_bytes(const model_config *c, int Bm, int T, int nb, int ha
     return n * sizeof(float);
 }
 
-size_t model_douts_bytes(const model_config *c, int Bm, int T, int nb, int has_embed) {
-    size_t N = (size_t)Bm * T;
-    size_t n = (size_t)nb * rows_floats(c, &arch_of(c)->douts, N, T, 0) + (has_embed ? carved(N * c->C) : 0);
-    return n * sizeof(float);
-}

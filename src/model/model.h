@@ -144,12 +144,6 @@ int gpt2_config_make(model_config *cfg, int V, int maxT, int L, int NH, int C, c
 int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV, int C, int multiple_of,
                       float ffn_mult, float norm_eps, float rope_theta, int use_scaled_rope, cfg_naming naming,
                       char *err, size_t errlen);
-/* Set a Llama config's rope_scaling (factor, low/high frequency factors, original context),
- * range-checked: factor 1..1e6, 0 < low < high <= 1e6, original 1..2^30. */
-int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
-                           size_t errlen);
-/* MLP hidden size: int(2 * 4C / 3), times ffn_mult (if > 0), rounded up to multiple_of. */
-int llama_hidden_size(int C, float ffn_mult, int multiple_of);
 /* The RoPE tables for positions 0..T-1 (host, T x HS/2 each), computed in double. */
 void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin);
 /* Parameter count of the whole model (model_num_params; the name tests and ckpt.c call). */
@@ -191,9 +185,8 @@ double model_train_flops_per_token(const model_config *c, int T);
 size_t model_block_act_floats_per_token(const model_config *c);
 /* Bytes of one activation slot of a stage (its input, its tokens on the first stage, the
  * blocks' kept activations under recompute mode `mode`, the head's), 64-byte aligned each,
- * exactly as the stage carves its slot arena; and of one set of output gradients. */
+ * exactly as the stage carves its slot arena. */
 size_t model_slot_act_bytes(const model_config *c, int Bm, int T, int nb, int has_embed, int has_head, int mode);
-size_t model_douts_bytes(const model_config *c, int Bm, int T, int nb, int has_embed);
 /* The embedding row that head row `row` holds the values of in this config: the table's tie
  * (GPT-2's wte), or, for the head's matrix when cfg->tie_embed, the token embedding (embedding
  * row 0 of every architecture); -1 when untied. */

@@ -195,7 +195,7 @@ static int clip_factor(const optim_hparams *h, double norm, float *s) {
 }
 
 /* Global-norm clipping: every gradient scaled by grad_clip / (norm + 1e-6). */
-int optim_clip(optim *o, double norm) {
+static int optim_clip(optim *o, double norm) {
     float s;
     if (clip_factor(&o->h, norm, &s)) PL_TRY(o->be->scale(o->st->grads, s, o->st->nparams));
     return PL_OK;

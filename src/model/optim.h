@@ -72,9 +72,6 @@ int optim_tied_grads(optim *o, MPI_Comm tied, int nranks);
 int optim_tied_grads_exact(optim *o, MPI_Comm tied, int nranks);
 /* Squared gradient norm of each tensor into sq[i] (the tensor table's order). */
 int optim_grad_sumsq(const optim *o, double *sq);
-/* Scale the gradients to grad_clip given the global norm the caller computed (over all
- * stages and replicas); a no-op when under it or clipping is off. */
-int optim_clip(optim *o, double norm);
 /* optim_clip, then AdamW with each tensor's group weight decay on every tensor, or, sharded,
  * on the shard's part of each. */
 int optim_step(optim *o, int step, double lr, double norm);

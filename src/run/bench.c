@@ -38,14 +38,14 @@ double bench_sgemm_gflops(int n, int threads, double seconds) {
 
 /* What the last bench_matmul_* call ran on (the backend's describe line) or why it could not. */
 static char matmul_info[512];
-const char *bench_matmul_info(void) { return matmul_info; }
+static const char *bench_matmul_info(void) { return matmul_info; }
 
 /* GFLOP/s of out(N,OC) = inp(N,C) W^T through backend_name's matmul_fwd in `precision` with
  * `threads` threads, repeated for at least `seconds` after one warm-up call. In bf16 the time
  * includes the fp32 -> bf16 conversion of both inputs, which matmul_fwd does on every call.
  * Negative when the backend is not built, refuses the precision, or a call fails (reason in
  * bench_matmul_info()). Initialises the backend with (precision, threads) and leaves it so. */
-double bench_matmul_shape_gflops(const char *backend_name, int precision, int N, int C, int OC, int threads,
+static double bench_matmul_shape_gflops(const char *backend_name, int precision, int N, int C, int OC, int threads,
                                  double seconds) {
     matmul_info[0] = 0;
     const backend *be = backend_find(backend_name);

@@ -51,14 +51,8 @@ int bench_report(const bench_result *br, const char *json, const char *csv, benc
 double bench_sgemm_gflops(int n, int threads, double seconds);
 /* GFLOP/s of an n x n x n product through backend_name's matmul_fwd in precision (PL_PREC_*)
  * with `threads` threads; negative when that backend or precision is unavailable here (the
- * reason in bench_matmul_info()). (Re)initialises that backend with precision and threads. */
+ * reason printed by the peak report). (Re)initialises that backend with precision and threads. */
 double bench_matmul_gflops(const char *backend_name, int precision, int n, int threads, double seconds);
-/* The same for out(N,OC) = inp(N,C) W^T. */
-double bench_matmul_shape_gflops(const char *backend_name, int precision, int N, int C, int OC, int threads,
-                                 double seconds);
-/* After bench_matmul_*: the backend's describe line (library, ISA, kernel, precision), or why
- * the measurement could not run. */
-const char *bench_matmul_info(void);
 /* `pipelm bench --peak [--json FILE] [--threads N]`: the sgemm figures, then the oneDNN fp32
  * and bf16 matmul figures (or "not available: why") (rank 0). */
 int bench_peak_main(int argc, char **argv, int first, MPI_Comm comm);

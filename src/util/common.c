@@ -58,18 +58,6 @@ void pl_warn(const char *fmt, ...) {
     va_end(ap);
 }
 
-void *pl_malloc(size_t bytes, const char *what) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) pl_error("out of memory allocating %zu bytes for %s", bytes, what);
-    return p;
-}
-
-void *pl_calloc(size_t n, size_t size, const char *what) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) pl_error("out of memory allocating %zu x %zu bytes for %s", n, size, what);
-    return p;
-}
-
 double pl_now(void) { return MPI_Wtime(); }
 
 /* MemAvailable: what the kernel says a new allocation can take without swapping; the stand-in

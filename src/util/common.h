@@ -44,9 +44,6 @@ void pl_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "pipelm: rank R: warning: ..." to stderr: something failed that costs no result (a
  * diagnostic output); the run goes on. */
 void pl_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Allocate or report (with the size and purpose); returns NULL on failure. */
-void *pl_malloc(size_t bytes, const char *what);
-void *pl_calloc(size_t n, size_t size, const char *what);
 /* Wall-clock seconds (MPI_Wtime). */
 double pl_now(void);
 /* The host memory the node can still give (MemAvailable of /proc/meminfo) in bytes, or a

@@ -18,7 +18,9 @@ static const char *const pre_avx2[] = {"Prescott", "Core2", "Penryn", "Dunningto
                                        "Opteron", "Opteron_SSE3", "Barcelona", "Nano", "Bobcat", "Bulldozer",
                                        "Piledriver", "Steamroller", "Excavator", "Unknown", NULL};
 
-const char *blas_better_kernel(const char *detected) {
+/* The kernel pipelm would choose on this CPU for a library that fell back to `detected`, or
+ * NULL to leave it. */
+static const char *blas_better_kernel(const char *detected) {
     int weak = 0;
     for (int i = 0; pre_avx2[i]; i++) weak |= detected && strcasecmp(detected, pre_avx2[i]) == 0;
     if (!weak) return NULL;

@@ -22,8 +22,5 @@ const char *blas_kernel(void);
 const char *blas_kernel_origin(void);
 /* The library's threading: "OpenMP" (one runtime with pipelm's loops), "pthreads", "sequential". */
 const char *blas_flavour(void);
-/* The kernel pipelm would choose on this CPU for a library that fell back to `detected`, or
- * NULL to leave it (exposed for tests). */
-const char *blas_better_kernel(const char *detected);
 
 #endif

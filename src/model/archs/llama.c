@@ -108,7 +108,7 @@ static const arch_scratch llama_scratch[] = {
 #define LLAMA_MAX_PARAMS (1LL << 40)
 
 /* int(2 * 4C / 3), int(ffn_mult * that) when ffn_mult > 0, rounded up to multiple_of. */
-int llama_hidden_size(int C, float ffn_mult, int multiple_of) {
+static int llama_hidden_size(int C, float ffn_mult, int multiple_of) {
     long long h = 2LL * 4 * C / 3;
     if (ffn_mult > 0) h = (long long)((double)ffn_mult * (double)h);
     if (multiple_of < 1) multiple_of = 1;
@@ -191,7 +191,9 @@ int llama_config_make(model_config *cfg, int V, int maxT, int L, int NH, int NKV
     return PL_OK;
 }
 
-int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
+/* Set a Llama config's rope_scaling (factor, low/high frequency factors, original context),
+ * range-checked: factor 1..1e6, 0 < low < high <= 1e6, original 1..2^30. */
+static int llama_set_rope_scaling(model_config *cfg, double factor, double low, double high, long long orig, char *err,
                            size_t errlen) {
     if (!(factor >= 1 && factor <= 1e6) || !(low > 0 && low <= 1e6) || !(high > low && high <= 1e6) ||
         orig < 1 || orig > (1 << 30)) {
