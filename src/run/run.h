@@ -42,6 +42,8 @@ typedef struct {
     MPI_Comm epc;               /* --ep E: the E replicas of this stage sharing its experts, rank = d % E */
     ep_group ep;
     int have_ep;
+    double moe_lb, moe_dropped; /* a MoE model's timed steps: sums of load max/mean and dropped (bench) */
+    int moe_steps;
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */

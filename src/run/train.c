@@ -962,8 +962,11 @@ static int report_moe(run *R, int step, int last_step) {
     model_moe_stats_take(v);
     if (R->cfg.moe.n_experts <= 0) return PL_OK;
     PL_TRY(comm_allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the router statistics"));
-    if (R->rank != 0) return PL_OK;
     double lb = v[3] > 0 ? v[2] / v[3] : 0;
+    R->moe_lb += lb;
+    R->moe_dropped += v[1];
+    R->moe_steps++;
+    if (R->rank != 0) return PL_OK;
     if (step % R->o->log_every == 0 || step == last_step)
         pl_info("moe   %5d | aux_loss %.6f (x %g) | load max/mean %.3f | dropped %.0f\n", step, v[0],
                 (double)R->cfg.moe.aux_coef, lb, v[1]);
@@ -999,6 +1002,9 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
             memset(R->tm, 0, sizeof R->tm);
             if (R->have_dp) dp_reset_timers(&R->dp);
             if (R->have_tp) tp_reset_timers(&R->tp);
+            if (R->have_ep) ep_reset_timers(&R->ep);
+            R->moe_lb = R->moe_dropped = 0;
+            R->moe_steps = 0;
             R->tm_steps = 0;
             backend_prof_reset();
             engine_reset_costs(&R->eng);
