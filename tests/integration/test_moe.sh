@@ -107,7 +107,7 @@ refused() { # refused NAME PATTERN RANKS ARGS...
 refused "top-k above the expert count" "--experts-per-token is out of range" 1 train $COMMON --experts-per-token 6
 refused "no experts" "--n-experts is out of range" 1 train $COMMON --n-experts 0
 refused "a negative capacity factor" "--capacity-factor is out of range" 1 train $COMMON --capacity-factor -1
-refused "--ep (expert parallelism is not built yet)" "--ep 2: expert parallelism is not implemented" 2 train $COMMON --ep 2 --dp 2
+refused "--ep not dividing the 5 experts" "--ep 2: it must divide --n-experts" 2 train $COMMON --ep 2 --dp 2
 refused "--tp on a MoE model" "does not split the experts" 2 train $COMMON --tp 2
 refused "an unknown router" "router" 1 train $COMMON --router top1
 finish
