@@ -74,6 +74,18 @@ resume() { # FILE NAME ARGS...
 if full_tier; then resume r_E4 "at E = 4" --dp 4 --microbatches 2 --ep 4; else full_only "resume at E = 4"; fi
 resume r_E1_P2 "at E = 1 on 2 stages" --dp 2 --stages 2 --microbatches 4 --ep 1
 
+# 4b. bf16 (oneDNN), exact sums: D = 2 with E = 2 gives one process's bits (full tier; a CPU
+# without native bf16 skips it)
+if full_tier; then
+    BFC="--preset mixtral-tiny --n-experts 4 --steps 3 --batch 8 --seq-len 16 --eval-every 0 --progress 0 --backend onednn --precision bf16 $EX"
+    mpirun_t 120 1 train $BFC --microbatches 4 --save-final bf1.bin > bf1.out 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && grep -q "no native bf16\|bf16 support" bf1.out; then echo "skip - bf16 EP: no native bf16 here"
+    elif [ $rc -eq 0 ] && mpirun_t 120 2 train $BFC --dp 2 --ep 2 --microbatches 2 --save-final bf2.bin > bf2.out 2>&1 \
+            && cmp -s bf1.bin bf2.bin; then ok "bf16 (oneDNN), exact: D = 2, E = 2 bit-identical to one process"
+    else bad "bf16 EP" "rc $rc $(tail -n 2 bf1.out bf2.out | tr '\n' ' ')"; fi
+else full_only "bf16 (oneDNN) with --ep 2"; fi
+
 # 5. refusals, by name
 refused() { # NAME PATTERN RANKS ARGS...
     local name=$1 pat=$2 r=$3
