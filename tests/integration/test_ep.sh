@@ -4,10 +4,11 @@
 # exact a run is bit-identical across E = 1, 2, 4 at D = 4 (and with pipeline stages, zb-h1,
 # ZeRO-1, dualpipev); within 1e-5 without; a checkpoint saved at E = 2 resumes at E = 4 and at
 # E = 1 on two stages with the same bits; E not dividing D (or the experts), --ep on a dense
-# model and with --tp refused by name; a rank killed inside an all-to-all ends the job in
-# seconds, named. Tiny runs (2 steps); every mpiexec under a timeout.
+# model and with --tp refused by name; an EP rank whose experts get no token; a rank killed
+# inside an all-to-all ends the job in seconds, named. Tiny runs (2 steps); every mpiexec under a timeout.
 . "$(dirname "$0")/../lib/lib.sh"
-PY=/usr/bin/python3 # the weights' comparison: the standard library only
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+need_torch # PY; torch for section 4c's model writer (the weights' comparison needs the standard library only)
 cd "$WORK"
 COMMON="--preset mixtral-tiny --n-experts 4 --steps 2 --batch 16 --seq-len 16 --eval-every 0 --progress 0 --log-every 100"
 EX="--grad-accum exact"
@@ -85,6 +86,29 @@ if full_tier; then
             && cmp -s bf1.bin bf2.bin; then ok "bf16 (oneDNN), exact: D = 2, E = 2 bit-identical to one process"
     else bad "bf16 EP" "rc $rc $(tail -n 2 bf1.out bf2.out | tr '\n' ' ')"; fi
 else full_only "bf16 (oneDNN) with --ep 2"; fi
+
+# 4c. an EP rank whose experts receive no token: a sigmoid-bias model (tests/reference/
+# torch_moe.py's writer) whose bias of 10 on experts 0 and 1 sends every token there, so at
+# E = 2 rank 1's experts get nothing; exact sums at D = 2 give E = 1's bits
+if [ $TORCH = 1 ]; then
+    "$PY" - "$SRC/tests/reference" skew.bin > skew.out 2>&1 <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch_moe as tm
+cfg = tm.Config(V=256, C=48, L=2, NH=6, NKV=2, maxT=32, E=4, K=2, F=24, router=1, rate=0.0)
+p = tm.random_model(cfg, 3)
+b = p[tm.names(cfg).index("bias")]
+b[:, 0] = b[:, 1] = 10.0
+tm.write_model(sys.argv[2], cfg, p)
+PYEOF
+    SK="--init skew.bin --steps 2 --batch 8 --seq-len 16 --eval-every 0 --progress 0 --log-every 100 $EX --dp 2 --microbatches 2"
+    for E in 1 2; do
+        mpirun_t 120 2 train $SK --ep $E --metrics k$E.jsonl --save-final k$E.bin > k$E.out 2>&1 || bad "skewed E=$E" "$(tail -n 2 k$E.out | tr '\n' ' ')"
+    done
+    if cmp -s k1.bin k2.bin && [ "$(losses k1.jsonl)" = "$(losses k2.jsonl)" ] && grep -q '"load_max_mean":2,' k2.jsonl; then
+        ok "every token on experts 0 and 1 (rank 1's experts idle at E = 2): E = 2 bit-identical to E = 1"
+    else bad "skewed routing" "$(cat skew.out | tail -n 2) $(tail -n 2 k2.out | tr '\n' ' ')"; fi
+fi
 
 # 5. refusals, by name
 refused() { # NAME PATTERN RANKS ARGS...
