@@ -24,6 +24,12 @@
  * Routing runs on the host (a micro-batch's N x E logits and N x K choices cross with
  * to_host / from_host); the expert products are one matmul per expert over its
  * expert-contiguous rows; the permutations are the backend's moe_* ops.
+ *
+ * Under --ep E (parallel/ep.h, through model_set_ep_hook) the products run on the experts'
+ * ranks: a rank's rows for EP rank j's experts go there (counts, then rows), which runs one
+ * product per (source rank, local expert), the call the source makes at E = 1, and sends the
+ * results back; the rank keeps y, up and gate for its backward. In exact mode the weight part
+ * folds each source's share as its own addend (block_dims.acc), so E does not change a bit.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -373,11 +379,11 @@ static int experts_bwd_w(const backend *be, const block_dims *d, float *const *g
 
 /* ---- expert parallelism (--ep: parallel/ep.h) ---- */
 
-static model_ep_hook ep_hook; /* size 0: none installed */
+static model_ep_hook ep_group_hook; /* size 0: none installed */
 
 void model_set_ep_hook(const model_ep_hook *h) {
-    if (h) ep_hook = *h;
-    else memset(&ep_hook, 0, sizeof ep_hook);
+    if (h) ep_group_hook = *h;
+    else memset(&ep_group_hook, 0, sizeof ep_group_hook);
 }
 
 /* An exchange's plan: this rank's rows to each EP rank (scount, S), the rows each rank sends
@@ -391,7 +397,7 @@ typedef struct {
 
 /* Counts first: each rank's kept rows per expert to the experts' ranks. */
 static int ep_plan_make(ep_plan *pl, const route *r, int phase) {
-    int S = ep_hook.size, El = r->E / S;
+    int S = ep_group_hook.size, El = r->E / S;
     memset(pl, 0, sizeof *pl);
     pl->mem = malloc(sizeof(int) * (2 * (size_t)S + (size_t)r->E + 2 * (size_t)S * El));
     if (!pl->mem) return PL_ENOMEM;
@@ -400,7 +406,7 @@ static int ep_plan_make(ep_plan *pl, const route *r, int phase) {
     pl->ex = pl->kept + r->E; pl->n = pl->ex + (size_t)S * El;
     for (int e = 0; e < r->E; e++) pl->kept[e] = r->off[e + 1] - r->off[e];
     for (int j = 0; j < S; j++) pl->scount[j] = r->off[(j + 1) * El] - r->off[j * El];
-    int rc = ep_hook.counts(ep_hook.ctx, pl->kept, pl->n, El, phase);
+    int rc = ep_group_hook.counts(ep_group_hook.ctx, pl->kept, pl->n, El, phase);
     if (rc != PL_OK) {
         free(pl->mem);
         pl->mem = NULL;
@@ -410,7 +416,7 @@ static int ep_plan_make(ep_plan *pl, const route *r, int phase) {
     for (int j = 0; j < S; j++) {
         pl->rcount[j] = 0;
         for (int k = 0; k < El; k++) {
-            pl->ex[j * El + k] = ep_hook.rank * El + k;
+            pl->ex[j * El + k] = ep_group_hook.rank * El + k;
             pl->rcount[j] += pl->n[j * El + k];
         }
         R += pl->rcount[j];
@@ -440,11 +446,11 @@ static int experts_forward_ep(const backend *be, const block_dims *d, float *con
     const float *s1[1] = {a[XA_XG]};
     float *r1[1] = {b.x};
     int w1[1] = {(int)C}, w3[3] = {(int)C, (int)F, (int)F};
-    if (rc == PL_OK) rc = ep_hook.rows(ep_hook.ctx, 1, s1, r1, w1, pl.scount, pl.rcount, EP_PHASE_DISPATCH);
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 1, s1, r1, w1, pl.scount, pl.rcount, EP_PHASE_DISPATCH);
     if (rc == PL_OK) rc = experts_fwd(be, d, p, &pl.ch, &b, be->matmul_fwd);
     const float *s3[3] = {b.y, b.up, b.gate};
     float *r3[3] = {a[XA_Y], a[XA_UP], a[XA_GATE]};
-    if (rc == PL_OK) rc = ep_hook.rows(ep_hook.ctx, 3, s3, r3, w3, pl.rcount, pl.scount, EP_PHASE_COMBINE);
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s3, r3, w3, pl.rcount, pl.scount, EP_PHASE_COMBINE);
     if (rc == PL_OK) rc = be->swiglu_fwd(a[XA_PROD], a[XA_UP], a[XA_GATE], (size_t)r->M * F); // (M, F)
     free(m);
     free(pl.mem);
@@ -466,11 +472,11 @@ static int experts_backward_ep(const backend *be, const block_dims *d, float *co
     int w[3] = {(int)C, (int)F, (int)F};
     const float *s1[3] = {dd[XD_Y], a[XA_UP], a[XA_GATE]};
     float *r1[3] = {b.dy, b.up, b.gate};
-    if (rc == PL_OK) rc = ep_hook.rows(ep_hook.ctx, 3, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_BWD_DISPATCH);
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_BWD_DISPATCH);
     if (rc == PL_OK) rc = experts_bwd_in(be, d, p, &pl.ch, &b);
     const float *s2[3] = {b.dx, b.dup, b.dgate};
     float *r2[3] = {d->x[XX_KC], dd[XD_UP], dd[XD_GATE]};
-    if (rc == PL_OK) rc = ep_hook.rows(ep_hook.ctx, 3, s2, r2, w, pl.rcount, pl.scount, EP_PHASE_BWD_COMBINE);
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s2, r2, w, pl.rcount, pl.scount, EP_PHASE_BWD_COMBINE);
     free(m);
     free(pl.mem);
     return rc;
@@ -491,7 +497,7 @@ static int experts_weight_ep(const backend *be, const block_dims *d, float *cons
     int w[5] = {(int)C, (int)F, (int)C, (int)F, (int)F};
     const float *s1[5] = {a[XA_XG], a[XA_PROD], dd[XD_Y], dd[XD_UP], dd[XD_GATE]};
     float *r1[5] = {b.x, b.prod, b.dy, b.dup, b.dgate};
-    if (rc == PL_OK) rc = ep_hook.rows(ep_hook.ctx, 5, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_WGRAD);
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 5, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_WGRAD);
     if (rc == PL_OK) rc = experts_bwd_w(be, d, g, &pl.ch, &b, d->acc ? pl.El : 0);
     free(m);
     free(pl.mem);
@@ -541,7 +547,7 @@ static int moe_forward(const backend *be, const block_dims *d, float *const *p, 
         if (rc == PL_OK) rc = be->from_host(d->x[XX_K], r.rows, (size_t)r.M * sizeof(int));
     }
     if (rc == PL_OK) rc = be->moe_gather(a[XA_XG], a[XA_MLPNORM], (const int *)d->x[XX_K], NULL, r.M, C); // (M, C)
-    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r, mm, drops && ep_hook.size > 1);
+    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r, mm, drops && ep_group_hook.size > 1);
     if (rc == PL_OK) rc = shared_forward(be, d, p, a, a[XA_MLPNORM], a[XA_RES3], mm);
     if (rc == PL_OK) rc = be->moe_combine(a[XA_RES3], a[XA_Y], (const int *)a[XA_SLOT], a[XA_TOPW], N, K, C);
     if (rc == PL_OK) rc = be->residual_fwd(a[XA_RES3], a[XA_RES3], a[XA_RES2], (size_t)N * C);
@@ -610,7 +616,7 @@ static int experts_backward(const backend *be, const block_dims *d, float *const
     PL_TRY(be->from_host(d->x[XX_K], r->rows, (size_t)r->M * sizeof(int)));
     PL_TRY(be->from_host(d->x[XX_KW], r->wsorted, (size_t)r->M * sizeof(float)));
     PL_TRY(be->moe_gather(dd[XD_Y], dres, (const int *)d->x[XX_K], d->x[XX_KW], r->M, d->C)); // dY (M, C)
-    if (ep_hook.size > 1) return experts_backward_ep(be, d, p, a, dd, r);
+    if (ep_group_hook.size > 1) return experts_backward_ep(be, d, p, a, dd, r);
     int ex[MIXTRAL_MAX_EXPERTS], n[MIXTRAL_MAX_EXPERTS];
     chunks ch = chunks_of_route(r, ex, n);
     xbufs b = {.dy = dd[XD_Y], .up = a[XA_UP], .gate = a[XA_GATE], .dprod = d->x[XX_KF], .dup = dd[XD_UP],
@@ -693,7 +699,7 @@ static int moe_backward_weight(const backend *be, const block_dims *d, float *co
     int rc, ex[MIXTRAL_MAX_EXPERTS], n[MIXTRAL_MAX_EXPERTS];
     chunks ch = chunks_of_route(&r, ex, n);
     xbufs b = {.x = a[XA_XG], .prod = a[XA_PROD], .dy = dd[XD_Y], .dup = dd[XD_UP], .dgate = dd[XD_GATE]};
-    rc = ep_hook.size > 1 ? experts_weight_ep(be, d, g, a, dd, &r) : experts_bwd_w(be, d, g, &ch, &b, 0);
+    rc = ep_group_hook.size > 1 ? experts_weight_ep(be, d, g, a, dd, &r) : experts_bwd_w(be, d, g, &ch, &b, 0);
     if (rc == PL_OK) moe_stats_add(&r, c);
     if (rc == PL_OK && c->moe.router == MOE_ROUTER_SIGMOID_BIAS) { /* the load error, scaled (see the top) */
         for (int e = 0; e < E; e++) r.bias[e] = (float)(LOAD_SCALE * (r.cnt[e] - (double)N * c->moe.top_k / E));
