@@ -114,7 +114,8 @@ static const opt_desc options[] = {
           "(default 0.001)"),
     O_DBL("capacity-factor", capacity_factor, "(mixtral) drop tokens over ceil(c N K / E) per expert, lowest router "
           "weight first (0: dropless, the default)"),
-    OT_INT("ep", ep, "(mixtral) expert-parallel ranks carved from --dp (only 1 is implemented yet)"),
+    OT_INT("ep", ep, "(mixtral) expert-parallel ranks E carved from --dp: each of E replicas computes n-experts / E "
+           "experts for the group (E divides --dp and --n-experts; not with --tp)"),
     OT_INT("steps", hp.total_steps, "total optimizer steps of the run"),
     O_INT("batch", batch, "sequences per step B (the global batch)"),
     O_INT("seq-len", seq_len, "tokens per sequence T"),
@@ -210,7 +211,8 @@ static const opt_desc options[] = {
     OH_INT("fail-rank", hooks.fail_rank, CMDS_RUN, "rank that fails on purpose"),
     OH_INT("fail-step", hooks.fail_step, CMDS_RUN, "step at which --fail-rank fails"),
     OH_STR("fail-at", hooks.fail_at, CMDS_RUN, "where in --fail-step: before | during | after | save | nan | stall (hang inside the "
-          "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there)"),
+          "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there) | ep-kill (SIGKILL inside the step's "
+          "first EP all-to-all)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
     O_DBL("stop-grace", stop_grace, "seconds a stop signal waits for a step that cannot end before the job is aborted "
@@ -987,8 +989,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(strcmp(o->hooks.fail_at, "before") == 0 || strcmp(o->hooks.fail_at, "during") == 0 ||
                 strcmp(o->hooks.fail_at, "after") == 0 || strcmp(o->hooks.fail_at, "save") == 0 ||
                 strcmp(o->hooks.fail_at, "nan") == 0 || strcmp(o->hooks.fail_at, "stall") == 0 || strcmp(o->hooks.fail_at, "tp") == 0 ||
-                strcmp(o->hooks.fail_at, "tp-kill") == 0,
-            "--fail-at must be before, during, after, save, nan, stall, tp or tp-kill (got '%s')", o->hooks.fail_at);
+                strcmp(o->hooks.fail_at, "tp-kill") == 0 || strcmp(o->hooks.fail_at, "ep-kill") == 0,
+            "--fail-at must be before, during, after, save, nan, stall, tp, tp-kill or ep-kill (got '%s')",
+            o->hooks.fail_at);
     char kinds[512];
     sched_kind_names(kinds, sizeof kinds);
     REQUIRE(sched_kind_find(o->schedule) != NULL || strcmp(o->schedule, "auto") == 0,

@@ -40,7 +40,7 @@ typedef struct {
     int n_experts, experts_per_token, moe_ffn_dim, shared_experts; /* mixtral: E, K, F, S */
     char router[16];             /* mixtral: softmax | sigmoid-bias */
     double router_aux_coef, router_bias_rate, capacity_factor; /* mixtral */
-    int ep;                      /* mixtral: expert-parallel ranks (1: none; more is refused for now) */
+    int ep;                      /* mixtral: expert-parallel ranks carved from --dp (1: none; parallel/ep.h) */
     /* training */
     optim_hparams hp;            /* --lr .. --grad-clip, and --steps (hp.total_steps) */
     int batch, seq_len, microbatches;

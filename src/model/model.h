@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include "pipelm/backend.h"
+#include "util/exact.h"
 
 /* Architecture ids: model_config.arch, the index of the architecture's row in the registry
  * (arch.h). Only code that has not moved to the table yet compares against them. */
@@ -128,6 +129,10 @@ typedef struct {
                                      * --tp (cfg->tp > 1) NH, NKV, H, QKV are this rank's slice */
     const model_config *cfg;
     float *const *x;                /* the stage's scratch rows, by the architecture's enum */
+    pl_fx *acc;                     /* --grad-accum exact: the stage's fixed-point sums (acc[i] is
+                                     * grads[i]'s), for a weight part that folds a share early
+                                     * (--ep: one per source rank); NULL otherwise */
+    float *grads;
 } block_dims;
 
 /* How the model checks (config_check_llama in config.c) name a setting in a message: as the
@@ -242,6 +247,24 @@ int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
  * micro-batches of mb_share aux / L), [1] dropped (token, expert) assignments, [2] the sum over
  * (layer, micro-batch) of max / mean tokens per expert, [3] that count. All zero for a dense model. */
 void model_moe_stats_take(double out[4]);
+
+/* Expert parallelism (--ep E, parallel/ep.h): the exchanges of the EP group the MoE layer
+ * calls, installed by the run (model_set_ep_hook; size 1 or no hook: every rank computes its
+ * own tokens' experts). counts: n ints to each of the size ranks (send[j n ..]) and n from each
+ * (recv[j n ..]). rows: nbuf arrays exchanged at once, array i sends scount[j] rows of width[i]
+ * floats to rank j from send[i] (rank j's rows after rank j - 1's) and receives rcount[j] rows
+ * from rank j into recv[i] (likewise in rank order). phase (EP_PHASE_*) names the exchange. */
+enum { EP_PHASE_DISPATCH, EP_PHASE_COMBINE, EP_PHASE_BWD_DISPATCH, EP_PHASE_BWD_COMBINE, EP_PHASE_WGRAD,
+       EP_NPHASE };
+typedef struct {
+    int size, rank;
+    void *ctx;
+    int (*counts)(void *ctx, const int *send, int *recv, int n, int phase);
+    int (*rows)(void *ctx, int nbuf, const float *const *send, float *const *recv, const int *width,
+                const int *scount, const int *rcount, int phase);
+} model_ep_hook;
+/* Install (h copied) or remove (NULL) the EP group's exchanges for this process. */
+void model_set_ep_hook(const model_ep_hook *h);
 
 /* Append one tensor (named "kind" or "h.<layer>.kind") to a table, 64-byte aligned. */
 void model_add_tensor(param_tensor *out, int *n, size_t *off, int kind, int layer, int ndim, int d0, int d1);

@@ -529,7 +529,7 @@ static block_dims dims_of(const stage *st) {
     const model_config *c = &st->cfg;
     int HS = c->C / c->NH, NH = (int)arch_dim_value(c, 1, AD_NHT), QKV = (int)arch_dim_value(c, st->T, AD_QKV);
     block_dims d = {st->Bm, st->T, c->C, NH, st->N, (QKV / HS - NH) / 2, HS, (int)arch_dim_value(c, 1, AD_H),
-                    QKV, c, st->scr.t};
+                    QKV, c, st->scr.t, st->exact ? st->acc : NULL, st->grads};
     return d;
 }
 

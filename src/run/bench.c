@@ -193,6 +193,12 @@ static void bench_print(const bench_result *br, const bench_figures *f) {
         pl_info("  stage %d: TP all-reduce %.2f ms per step, %.1f %% of the step (T=%d; TP rank 0's)\n", r, s[15],
                 s[3] > 0 ? 100 * s[15] / s[3] : 0.0, br->Tp);
     }
+    for (int r = 0; br->moe && r < P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        pl_info("  stage %d: EP all-to-all %.2f ms per step (E=%d), exposed %.2f ms (%.1f %% of the step); tokens "
+                "per expert max/mean %.3f, dropped %.1f per step\n", r, s[16], br->ep > 1 ? br->ep : 1, s[17],
+                s[3] > 0 ? 100 * s[17] / s[3] : 0.0, s[18], s[19]);
+    }
 }
 
 /* The results as one JSON object. */
@@ -211,12 +217,14 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
                    "\"idle_ms\":%.3f,\"peak_rss_mb\":%.1f,\"sgemm_gflops\":%.2f,\"threads\":%d,"
                    "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
                    "\"inflight_bound\":%d,\"act_mb_peak\":%.3f,\"dp_pending_mb\":%.3f,\"zero_gather_ms\":%.3f,"
-                   "\"tp_allreduce_ms\":%.3f,\"tp_allreduce_share\":%.6f}",
+                   "\"tp_allreduce_ms\":%.3f,\"tp_allreduce_share\":%.6f,\"ep_alltoall_ms\":%.3f,"
+                   "\"ep_alltoall_exposed_ms\":%.3f,\"moe_load_max_mean\":%.6f,\"moe_dropped\":%.3f}",
                 r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
-                s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14], s[15], s[3] > 0 ? s[15] / s[3] : 0.0);
+                s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14], s[15], s[3] > 0 ? s[15] / s[3] : 0.0,
+                s[16], s[17], s[18], s[19]);
     }
-    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d,\"tp\":%d", g->D, br->zero, g->V,
-            br->Tp > 1 ? br->Tp : 1);
+    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d,\"tp\":%d,\"ep\":%d", g->D, br->zero, g->V,
+            br->Tp > 1 ? br->Tp : 1, br->ep > 1 ? br->ep : 1);
     fprintf(f, "%s%s}\n", br->extra_json ? "," : "", br->extra_json ? br->extra_json : "");
 }
 

@@ -19,14 +19,18 @@
  * micro-batches held at most (measured by the engine), the schedule's bound for the rank
  * (sched_max_inflight), the activation MB held at most (measured); data parallelism: the
  * gradient MB whose reduction the backward had not finished, the ZeRO-1 parameter all-gather
- * ms (per step); tensor parallelism: the ms per step inside the TP all-reduces (tp.h). */
-#define BENCH_NSTAT 16
+ * ms (per step); tensor parallelism: the ms per step inside the TP all-reduces (tp.h); a MoE
+ * model: the ms per step inside the EP all-to-alls and the part of them the compute did not
+ * hide (ep.h), the tokens per expert max / mean (the mean over layers and micro-batches) and
+ * the dropped assignments per step. */
+#define BENCH_NSTAT 20
 
 typedef struct {
     int P, M, B, T;             /* pipeline ranks, micro-batches per replica, global batch, sequence */
     int V;                      /* chunks per rank (P V stages); 0 is read as 1 */
     int D, zero;                /* data-parallel replicas (1: none), ZeRO-1 on */
     int Tp;                     /* tensor-parallel ranks per stage (0 or 1: none); stage_stats are TP rank 0's */
+    int moe, ep;                /* a mixture-of-experts model; its expert-parallel ranks (0 or 1: none) */
     char schedule[32];
     int nsteps;
     const double *step_s;       /* nsteps wall times (rank 0) */

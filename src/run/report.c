@@ -47,8 +47,13 @@ int report_grid(run *R) {
         } else {
             pl_info("data parallel: %d replicas x %d stages = %d ranks, batch %d = %d x %d sequences per replica%s\n",
                     R->D, R->P, R->W, R->Bg, R->D, R->B, R->o->zero ? ", AdamW moments sharded (ZeRO-1)" : "");
-            pl_info("  stage  replica  rank  host\n");
-            for (int r = 0; r < R->W; r++) pl_info("  %5d  %7d  %4d  %s\n", r / R->D, r % R->D, r, all[r]);
+            int E = R->have_ep ? R->ep.E : 1, El = R->cfg.moe.n_experts / E; /* --ep: replica d computes d % E's */
+            pl_info("  stage  replica  rank  %shost\n", E > 1 ? "experts  " : "");
+            for (int r = 0; r < R->W; r++) {
+                char ex[32] = "";
+                if (E > 1) snprintf(ex, sizeof ex, "%3d-%-3d  ", r % R->D % E * El, (r % R->D % E + 1) * El - 1);
+                pl_info("  %5d  %7d  %4d  %s%s\n", r / R->D, r % R->D, r, ex, all[r]);
+            }
         }
     }
     free(all);
@@ -86,6 +91,11 @@ void report_stage_table(run *R) {
         pl_info("tensor parallel: T=%d ranks per stage, each %d of %d heads and %d of %d MLP columns (params and "
                 "GFLOP below are the stage's, all T together)\n", R->Tp, R->cfg.NH / R->Tp, R->cfg.NH, R->cfg.H / R->Tp,
                 R->cfg.H);
+    if (R->have_ep)
+        pl_info("expert parallel: E=%d replicas share each stage's experts (%d groups of the %d replicas): each rank "
+                "computes %d of the %d experts of every MoE layer for its group (the experts column below); the "
+                "expert weights stay whole on every rank\n", R->ep.E, R->D / R->ep.E, R->D,
+                R->cfg.moe.n_experts / R->ep.E, R->cfg.moe.n_experts);
     pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute%s\n",
             R->Tp > 1 ? "  T" : "");
     for (int s = 0; s < sp->P; s++) {
@@ -524,6 +534,10 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[13] = R->have_dp ? R->dp.pending_floats * sizeof(float) / 1048576.0 / k : 0.0;
     mine[14] = R->have_dp ? 1e3 * R->dp.t_gather / k : 0.0;
     mine[15] = R->have_tp ? 1e3 * R->tp.t_sum / k : 0.0;
+    mine[16] = R->have_ep ? 1e3 * R->ep.t_a2a / k : 0.0;
+    mine[17] = R->have_ep ? 1e3 * R->ep.t_exposed / k : 0.0;
+    mine[18] = R->moe_steps ? R->moe_lb / R->moe_steps : 0.0;
+    mine[19] = R->moe_steps ? R->moe_dropped / R->moe_steps : 0.0;
     static char split_json[16384];
     split_json[0] = split_text[0] = 0;
     if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
@@ -536,6 +550,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         memset(&br, 0, sizeof br);
         br.P = R->P;
         br.Tp = R->Tp;
+        br.moe = R->cfg.moe.n_experts > 0;
+        br.ep = R->have_ep ? R->ep.E : 1;
         br.V = R->V;
         br.M = R->M;
         br.B = R->Bg;

@@ -22,6 +22,7 @@
 #include "pipeline/split.h"
 #include "model/stage.h"
 #include "parallel/tp.h"
+#include "parallel/ep.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
@@ -39,6 +40,11 @@ typedef struct {
     int Tp, t;                  /* tensor-parallel ranks per stage (1: none), this rank's index */
     tp_group tp;
     int have_tp;
+    MPI_Comm epc;               /* --ep E: the E replicas of this stage sharing its experts, rank = d % E */
+    ep_group ep;
+    int have_ep;
+    double moe_lb, moe_dropped; /* a MoE model's timed steps: sums of load max/mean and dropped (bench) */
+    int moe_steps;
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */

@@ -382,6 +382,32 @@ static int setup_tp(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* --ep E: a Mixtral model whose experts split evenly over E of the D replicas, on a
+ * host-memory backend without --tp; the group (nothing collective) and the MoE layer's hook. */
+static int setup_ep(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    int E = o->ep, n = R->cfg.moe.n_experts;
+    if (E == 1 || o->eval_mode) return PL_OK;
+    const char *why = E < 1 ? "it must be at least 1"
+                      : n <= 0 ? "expert parallelism needs a mixture-of-experts model (--arch mixtral)"
+                      : R->D % E != 0 ? "it must divide --dp (the EP ranks are carved from the data-parallel replicas)"
+                      : n % E != 0 ? "it must divide --n-experts (each EP rank holds n-experts / E of them)"
+                      : R->Tp > 1 ? "--tp > 1 is not supported with --ep > 1 yet (use --tp 1)"
+                      : !R->be->host_memory ? "the experts' exchange runs on host-memory backends (cpu, onednn)"
+                      : NULL;
+    if (why) {
+        snprintf(err, errlen, "--ep %d: %s (--dp %d, --n-experts %d, --tp %d, backend %s)", E, why, R->D, n, R->Tp,
+                 R->be->name);
+        return PL_EINVAL;
+    }
+    int kill = strcmp(o->hooks.fail_at, "ep-kill") == 0 && o->hooks.fail_rank == R->wrank;
+    ep_init(&R->ep, R->epc, kill ? o->hooks.fail_step : -1, R->wrank);
+    model_ep_hook h = ep_hook(&R->ep);
+    model_set_ep_hook(&h);
+    R->have_ep = 1;
+    return PL_OK;
+}
+
 /* --init's weights (a Hugging Face model or an llm.c file); with --tp read whole into a
  * copy of the stage and cut (nothing collective: every TP rank reads the file). */
 static int load_init(run *R, char *err, size_t errlen) {
@@ -492,6 +518,7 @@ static int setup(run *R, char *err, size_t errlen) {
     const backend *be = R->be;
     PL_TRY(resolve_config(R, err, errlen));
     PL_TRY(setup_tp(R, err, errlen));
+    PL_TRY(setup_ep(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
     /* the attention buffer as the backend keeps it (a fused kernel's output and log-sum-exp,
@@ -908,7 +935,7 @@ static int layout_grid(run *R, const pl_options *o) {
 static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) {
     R->o = o;
     R->world = R->comm = comm;
-    R->tied = R->dpc = R->tpc = MPI_COMM_NULL;
+    R->tied = R->dpc = R->tpc = R->epc = MPI_COMM_NULL;
     R->Tp = 1;
     MPI_Comm_rank(comm, &R->wrank);
     MPI_Comm_size(comm, &R->W);
@@ -932,6 +959,8 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     if (R->D > 1 || R->Tp > 1) {
         PL_MPI_CHECK(MPI_Comm_split(comm, R->d * R->Tp + R->t, R->rank, &R->comm));
         if (R->D > 1) PL_MPI_CHECK(MPI_Comm_split(comm, R->rank * R->Tp + R->t, R->d, &R->dpc));
+        if (R->D > 1 && o->ep > 1 && R->D % o->ep == 0) /* --ep: setup_ep refuses what does not fit */
+            PL_MPI_CHECK(MPI_Comm_split(R->dpc, R->d / o->ep, R->d, &R->epc));
         if (R->Tp > 1) PL_MPI_CHECK(MPI_Comm_split(comm, g, R->t, &R->tpc));
     }
     PL_TRY(set_threads(R));
@@ -958,8 +987,11 @@ static int report_moe(run *R, int step, int last_step) {
     model_moe_stats_take(v);
     if (R->cfg.moe.n_experts <= 0) return PL_OK;
     PL_TRY(comm_allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, R->world, "the all-reduce of the router statistics"));
-    if (R->rank != 0) return PL_OK;
     double lb = v[3] > 0 ? v[2] / v[3] : 0;
+    R->moe_lb += lb;
+    R->moe_dropped += v[1];
+    R->moe_steps++;
+    if (R->rank != 0) return PL_OK;
     if (step % R->o->log_every == 0 || step == last_step)
         pl_info("moe   %5d | aux_loss %.6f (x %g) | load max/mean %.3f | dropped %.0f\n", step, v[0],
                 (double)R->cfg.moe.aux_coef, lb, v[1]);
@@ -995,6 +1027,9 @@ static int run_steps(run *R, loop_state *L, int *agreed) {
             memset(R->tm, 0, sizeof R->tm);
             if (R->have_dp) dp_reset_timers(&R->dp);
             if (R->have_tp) tp_reset_timers(&R->tp);
+            if (R->have_ep) ep_reset_timers(&R->ep);
+            R->moe_lb = R->moe_dropped = 0;
+            R->moe_steps = 0;
             R->tm_steps = 0;
             backend_prof_reset();
             engine_reset_costs(&R->eng);
@@ -1079,6 +1114,8 @@ static void teardown(run *R, int agreed) {
     if (R->dpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->dpc);
     if (R->tpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->tpc);
     if (R->have_tp) { model_set_tp_hook(NULL, NULL, NULL); tp_free(&R->tp); R->have_tp = 0; }
+    if (R->have_ep) { model_set_ep_hook(NULL); R->have_ep = 0; }
+    if (R->epc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->epc);
     free(R->gin);
     free(R->gtg);
     R->inputs = R->targets = NULL;

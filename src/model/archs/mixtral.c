@@ -24,6 +24,12 @@
  * Routing runs on the host (a micro-batch's N x E logits and N x K choices cross with
  * to_host / from_host); the expert products are one matmul per expert over its
  * expert-contiguous rows; the permutations are the backend's moe_* ops.
+ *
+ * Under --ep E (parallel/ep.h, through model_set_ep_hook) the products run on the experts'
+ * ranks: a rank's rows for EP rank j's experts go there (counts, then rows), which runs one
+ * product per (source rank, local expert), the call the source makes at E = 1, and sends the
+ * results back; the rank keeps y, up and gate for its backward. In exact mode the weight part
+ * folds each source's share as its own addend (block_dims.acc), so E does not change a bit.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -281,24 +287,232 @@ static void route_from_slots(route *r) {
  * independent of how many rows an expert gets, so a decode's bits do not depend on the items). */
 typedef int (*mm_fn)(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC);
 
-/* The per-expert products of the dispatched rows: up, gate, product, expert output. */
-static int experts_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, const route *r,
-                           mm_fn mm) {
-    int C = d->C, F = d->cfg->moe.ffn;
-    for (int e = 0; e < r->E; e++) {
-        int o = r->off[e], n = r->off[e + 1] - o;
+/* The rows one call of the experts' math runs over: chunk i is expert ex[i]'s n[i] rows, the
+ * chunks consecutive from row 0 (one per expert in a rank's own order; with --ep one per
+ * (source rank, local expert), each the rows that rank's own order holds for that expert, so
+ * every product is the call one process makes: a token's bits do not depend on E). */
+typedef struct {
+    int nch, rows;
+    int *ex, *n;
+} chunks;
+
+/* The experts' buffers over a call's rows (R): x, y, dy, dx, tmp (R, C); up, gate, prod,
+ * dprod, dup, dgate (R, F). */
+typedef struct {
+    float *x, *up, *gate, *prod, *y, *dy, *dprod, *dup, *dgate, *dx, *tmp;
+} xbufs;
+
+/* The chunks of a rank's own routed micro-batch: one per expert. */
+static chunks chunks_of_route(const route *r, int *ex, int *n) {
+    for (int e = 0; e < r->E; e++) { ex[e] = e; n[e] = r->off[e + 1] - r->off[e]; }
+    return (chunks){r->E, r->M, ex, n};
+}
+
+/* The experts' forward over the chunks: up, gate, product, expert output. */
+static int experts_fwd(const backend *be, const block_dims *d, float *const *p, const chunks *ch, const xbufs *b,
+                       mm_fn mm) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn, o = 0;
+    for (int i = 0; i < ch->nch; o += (size_t)ch->n[i++]) {
+        int n = ch->n[i], e = ch->ex[i];
         if (!n) continue; /* an expert no token chose */
-        const float *xg = a[XA_XG] + (size_t)o * C;                     // (n, C)
-        PL_TRY(mm(a[XA_UP] + (size_t)o * F, xg, p[X_W3] + (size_t)e * F * C, NULL, n, C, F));
-        PL_TRY(mm(a[XA_GATE] + (size_t)o * F, xg, p[X_W1] + (size_t)e * F * C, NULL, n, C, F));
+        PL_TRY(mm(b->up + o * F, b->x + o * C, p[X_W3] + (size_t)e * F * C, NULL, n, (int)C, (int)F)); // (n, F)
+        PL_TRY(mm(b->gate + o * F, b->x + o * C, p[X_W1] + (size_t)e * F * C, NULL, n, (int)C, (int)F));
     }
-    PL_TRY(be->swiglu_fwd(a[XA_PROD], a[XA_UP], a[XA_GATE], (size_t)r->M * F)); // (M, F)
-    for (int e = 0; e < r->E; e++) {
-        int o = r->off[e], n = r->off[e + 1] - o;
-        if (n) PL_TRY(mm(a[XA_Y] + (size_t)o * C, a[XA_PROD] + (size_t)o * F, p[X_W2] + (size_t)e * C * F,
-                                     NULL, n, F, C)); // (n, C)
+    PL_TRY(be->swiglu_fwd(b->prod, b->up, b->gate, (size_t)ch->rows * F)); // (R, F)
+    o = 0;
+    for (int i = 0; i < ch->nch; o += (size_t)ch->n[i++])
+        if (ch->n[i])
+            PL_TRY(mm(b->y + o * C, b->prod + o * F, p[X_W2] + (size_t)ch->ex[i] * C * F, NULL, ch->n[i], (int)F,
+                      (int)C)); // (n, C)
+    return PL_OK;
+}
+
+/* The experts' input part over the chunks: dprod = dy w2, dup / dgate through SwiGLU, dx =
+ * dup w3 + dgate w1 (tmp: the second product). */
+static int experts_bwd_in(const backend *be, const block_dims *d, float *const *p, const chunks *ch, const xbufs *b) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn, o = 0;
+    for (int i = 0; i < ch->nch; o += (size_t)ch->n[i++])
+        if (ch->n[i])
+            PL_TRY(be->matmul_bwd_input(b->dprod + o * F, b->dy + o * C, p[X_W2] + (size_t)ch->ex[i] * C * F,
+                                        ch->n[i], (int)F, (int)C)); // (n, F)
+    PL_TRY(be->swiglu_bwd(b->dup, b->dgate, b->dprod, b->up, b->gate, (size_t)ch->rows * F));
+    o = 0;
+    for (int i = 0; i < ch->nch; o += (size_t)ch->n[i++]) {
+        int n = ch->n[i], e = ch->ex[i];
+        if (!n) continue;
+        PL_TRY(be->matmul_bwd_input(b->dx + o * C, b->dup + o * F, p[X_W3] + (size_t)e * F * C, n, (int)C, (int)F));
+        PL_TRY(be->matmul_bwd_input(b->tmp + o * C, b->dgate + o * F, p[X_W1] + (size_t)e * F * C, n, (int)C,
+                                    (int)F)); // (n, C)
+    }
+    return be->add_inplace(b->dx, b->tmp, (size_t)ch->rows * C);
+}
+
+/* --grad-accum exact under --ep: experts [e0, e0 + ne)'s gradients so far into the fixed-point
+ * sums (each source rank's share one addend, as that rank's own would be with --ep 1). */
+static void experts_fold(const block_dims *d, float *const *g, int e0, int ne) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn, n = (size_t)ne * F * C;
+    const int rows[3] = {X_W1, X_W3, X_W2};
+    for (int k = 0; d->acc && k < 3; k++) {
+        float *at = g[rows[k]] + (size_t)e0 * F * C;
+        exact_fold(d->acc + (at - d->grads), at, n);
+    }
+}
+
+/* The experts' weight part over the chunks; fold > 0 (exact mode under --ep): fold after
+ * every `fold` chunks (one source rank's), experts ex[0]..ex[fold - 1]. */
+static int experts_bwd_w(const backend *be, const block_dims *d, float *const *g, const chunks *ch, const xbufs *b,
+                         int fold) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn, o = 0;
+    for (int i = 0; i < ch->nch; o += (size_t)ch->n[i++]) {
+        int n = ch->n[i], e = ch->ex[i];
+        if (n) {
+            const float *x = b->x + o * C; // (n, C)
+            PL_TRY(be->matmul_bwd_weight(g[X_W2] + (size_t)e * C * F, NULL, b->dy + o * C, b->prod + o * F, n, (int)F,
+                                         (int)C));
+            PL_TRY(be->matmul_bwd_weight(g[X_W3] + (size_t)e * F * C, NULL, b->dup + o * F, x, n, (int)C, (int)F));
+            PL_TRY(be->matmul_bwd_weight(g[X_W1] + (size_t)e * F * C, NULL, b->dgate + o * F, x, n, (int)C, (int)F));
+        }
+        if (fold > 0 && (i + 1) % fold == 0) experts_fold(d, g, ch->ex[0], fold);
     }
     return PL_OK;
+}
+
+/* ---- expert parallelism (--ep: parallel/ep.h) ---- */
+
+static model_ep_hook ep_group_hook; /* size 0: none installed */
+
+void model_set_ep_hook(const model_ep_hook *h) {
+    if (h) ep_group_hook = *h;
+    else memset(&ep_group_hook, 0, sizeof ep_group_hook);
+}
+
+/* An exchange's plan: this rank's rows to each EP rank (scount, S), the rows each rank sends
+ * each local expert (the chunks: source-major, S x El), their sums per source (rcount). */
+typedef struct {
+    int S, El;
+    int *scount, *rcount, *kept, *ex, *n;
+    chunks ch;
+    void *mem;
+} ep_plan;
+
+/* Counts first: each rank's kept rows per expert to the experts' ranks. */
+static int ep_plan_make(ep_plan *pl, const route *r, int phase) {
+    int S = ep_group_hook.size, El = r->E / S;
+    memset(pl, 0, sizeof *pl);
+    pl->mem = malloc(sizeof(int) * (2 * (size_t)S + (size_t)r->E + 2 * (size_t)S * El));
+    if (!pl->mem) return PL_ENOMEM;
+    pl->S = S; pl->El = El;
+    pl->scount = pl->mem; pl->rcount = pl->scount + S; pl->kept = pl->rcount + S;
+    pl->ex = pl->kept + r->E; pl->n = pl->ex + (size_t)S * El;
+    for (int e = 0; e < r->E; e++) pl->kept[e] = r->off[e + 1] - r->off[e];
+    for (int j = 0; j < S; j++) pl->scount[j] = r->off[(j + 1) * El] - r->off[j * El];
+    int rc = ep_group_hook.counts(ep_group_hook.ctx, pl->kept, pl->n, El, phase);
+    if (rc != PL_OK) {
+        free(pl->mem);
+        pl->mem = NULL;
+        return rc;
+    }
+    int R = 0;
+    for (int j = 0; j < S; j++) {
+        pl->rcount[j] = 0;
+        for (int k = 0; k < El; k++) {
+            pl->ex[j * El + k] = ep_group_hook.rank * El + k;
+            pl->rcount[j] += pl->n[j * El + k];
+        }
+        R += pl->rcount[j];
+    }
+    pl->ch = (chunks){S * El, R, pl->ex, pl->n};
+    return PL_OK;
+}
+
+/* Host room for R rows of nc arrays of C floats and nf of F (x, then y..., in xbufs order as
+ * asked): what the owner of the experts computes into. */
+static float *ep_room(size_t R, const block_dims *d, int nc, int nf) {
+    return malloc(sizeof(float) * (R * ((size_t)nc * d->C + (size_t)nf * d->cfg->moe.ffn) + 1));
+}
+
+/* The forward under --ep: xg's rows to their experts' ranks, the products there, y, up and gate
+ * back into this rank's order; prod = swiglu(up, gate) here. */
+static int experts_forward_ep(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                              const route *r) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn;
+    ep_plan pl;
+    PL_TRY(ep_plan_make(&pl, r, EP_PHASE_DISPATCH));
+    size_t R = (size_t)pl.ch.rows;
+    float *m = ep_room(R, d, 2, 3);
+    int rc = m ? PL_OK : PL_ENOMEM;
+    xbufs b = {.x = m, .y = m + R * C, .up = m + 2 * R * C, .gate = m + 2 * R * C + R * F,
+               .prod = m + 2 * R * C + 2 * R * F};
+    const float *s1[1] = {a[XA_XG]};
+    float *r1[1] = {b.x};
+    int w1[1] = {(int)C}, w3[3] = {(int)C, (int)F, (int)F};
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 1, s1, r1, w1, pl.scount, pl.rcount, EP_PHASE_DISPATCH);
+    if (rc == PL_OK) rc = experts_fwd(be, d, p, &pl.ch, &b, be->matmul_fwd);
+    const float *s3[3] = {b.y, b.up, b.gate};
+    float *r3[3] = {a[XA_Y], a[XA_UP], a[XA_GATE]};
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s3, r3, w3, pl.rcount, pl.scount, EP_PHASE_COMBINE);
+    if (rc == PL_OK) rc = be->swiglu_fwd(a[XA_PROD], a[XA_UP], a[XA_GATE], (size_t)r->M * F); // (M, F)
+    free(m);
+    free(pl.mem);
+    return rc;
+}
+
+/* The input part under --ep: dy, up, gate to the experts' ranks; dx, dup, dgate back (dx into
+ * d->x[KC], dup / dgate into their output-gradient rows for the weight part). */
+static int experts_backward_ep(const backend *be, const block_dims *d, float *const *p, float *const *a,
+                               float *const *dd, const route *r) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn;
+    ep_plan pl;
+    PL_TRY(ep_plan_make(&pl, r, EP_PHASE_BWD_DISPATCH));
+    size_t R = (size_t)pl.ch.rows;
+    float *m = ep_room(R, d, 3, 5);
+    int rc = m ? PL_OK : PL_ENOMEM;
+    xbufs b = {.dy = m, .dx = m + R * C, .tmp = m + 2 * R * C, .up = m + 3 * R * C, .gate = m + 3 * R * C + R * F,
+               .dprod = m + 3 * R * C + 2 * R * F, .dup = m + 3 * R * C + 3 * R * F, .dgate = m + 3 * R * C + 4 * R * F};
+    int w[3] = {(int)C, (int)F, (int)F};
+    const float *s1[3] = {dd[XD_Y], a[XA_UP], a[XA_GATE]};
+    float *r1[3] = {b.dy, b.up, b.gate};
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_BWD_DISPATCH);
+    if (rc == PL_OK) rc = experts_bwd_in(be, d, p, &pl.ch, &b);
+    const float *s2[3] = {b.dx, b.dup, b.dgate};
+    float *r2[3] = {d->x[XX_KC], dd[XD_UP], dd[XD_GATE]};
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 3, s2, r2, w, pl.rcount, pl.scount, EP_PHASE_BWD_COMBINE);
+    free(m);
+    free(pl.mem);
+    return rc;
+}
+
+/* The weight part under --ep: x, prod, dy, dup, dgate to the experts' ranks, whose gradients
+ * sum every source's rows (exact mode: one fixed-point addend per source rank). */
+static int experts_weight_ep(const backend *be, const block_dims *d, float *const *g, float *const *a,
+                             float *const *dd, const route *r) {
+    size_t C = (size_t)d->C, F = (size_t)d->cfg->moe.ffn;
+    ep_plan pl;
+    PL_TRY(ep_plan_make(&pl, r, EP_PHASE_WGRAD));
+    size_t R = (size_t)pl.ch.rows;
+    float *m = ep_room(R, d, 2, 3);
+    int rc = m ? PL_OK : PL_ENOMEM;
+    xbufs b = {.x = m, .dy = m + R * C, .prod = m + 2 * R * C, .dup = m + 2 * R * C + R * F,
+               .dgate = m + 2 * R * C + 2 * R * F};
+    int w[5] = {(int)C, (int)F, (int)C, (int)F, (int)F};
+    const float *s1[5] = {a[XA_XG], a[XA_PROD], dd[XD_Y], dd[XD_UP], dd[XD_GATE]};
+    float *r1[5] = {b.x, b.prod, b.dy, b.dup, b.dgate};
+    if (rc == PL_OK) rc = ep_group_hook.rows(ep_group_hook.ctx, 5, s1, r1, w, pl.scount, pl.rcount, EP_PHASE_WGRAD);
+    if (rc == PL_OK) rc = experts_bwd_w(be, d, g, &pl.ch, &b, d->acc ? pl.El : 0);
+    free(m);
+    free(pl.mem);
+    return rc;
+}
+
+/* The experts of a routed micro-batch: here (one chunk per expert), or under --ep (ep: a
+ * training forward with an EP group) on the experts' ranks. */
+static int experts_forward(const backend *be, const block_dims *d, float *const *p, float *const *a, const route *r,
+                           mm_fn mm, int ep) {
+    if (ep) return experts_forward_ep(be, d, p, a, r);
+    int ex[MIXTRAL_MAX_EXPERTS], n[MIXTRAL_MAX_EXPERTS];
+    chunks ch = chunks_of_route(r, ex, n);
+    xbufs b = {.x = a[XA_XG], .up = a[XA_UP], .gate = a[XA_GATE], .prod = a[XA_PROD], .y = a[XA_Y]};
+    return experts_fwd(be, d, p, &ch, &b, mm);
 }
 
 /* out(N,C) = the shared experts of h, or zeros. */
@@ -333,7 +547,7 @@ static int moe_forward(const backend *be, const block_dims *d, float *const *p, 
         if (rc == PL_OK) rc = be->from_host(d->x[XX_K], r.rows, (size_t)r.M * sizeof(int));
     }
     if (rc == PL_OK) rc = be->moe_gather(a[XA_XG], a[XA_MLPNORM], (const int *)d->x[XX_K], NULL, r.M, C); // (M, C)
-    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r, mm);
+    if (rc == PL_OK) rc = experts_forward(be, d, p, a, &r, mm, drops && ep_group_hook.size > 1);
     if (rc == PL_OK) rc = shared_forward(be, d, p, a, a[XA_MLPNORM], a[XA_RES3], mm);
     if (rc == PL_OK) rc = be->moe_combine(a[XA_RES3], a[XA_Y], (const int *)a[XA_SLOT], a[XA_TOPW], N, K, C);
     if (rc == PL_OK) rc = be->residual_fwd(a[XA_RES3], a[XA_RES3], a[XA_RES2], (size_t)N * C);
@@ -395,29 +609,19 @@ static int router_backward(const backend *be, const block_dims *d, float *const 
     return rc;
 }
 
-/* The experts' input part: dY = w dres per assignment, through w2, SwiGLU, w1 and w3; the
- * dispatched rows' gradient into d->x[KC] (M, C). */
+/* The experts' input part: dY = w dres per assignment, through w2, SwiGLU, w1 and w3 (here
+ * or under --ep on the experts' ranks); the dispatched rows' gradient into d->x[KC] (M, C). */
 static int experts_backward(const backend *be, const block_dims *d, float *const *p, float *const *a,
                             float *const *dd, const float *dres, const route *r) {
-    int C = d->C, F = d->cfg->moe.ffn;
-    float *dprod = d->x[XX_KF], *dxg = d->x[XX_KC], *tmp = d->x[XX_KC2];
     PL_TRY(be->from_host(d->x[XX_K], r->rows, (size_t)r->M * sizeof(int)));
     PL_TRY(be->from_host(d->x[XX_KW], r->wsorted, (size_t)r->M * sizeof(float)));
-    PL_TRY(be->moe_gather(dd[XD_Y], dres, (const int *)d->x[XX_K], d->x[XX_KW], r->M, C)); // dY (M, C)
-    for (int e = 0; e < r->E; e++) {
-        int o = r->off[e], n = r->off[e + 1] - o;
-        if (n) PL_TRY(be->matmul_bwd_input(dprod + (size_t)o * F, dd[XD_Y] + (size_t)o * C, p[X_W2] + (size_t)e * C * F,
-                                           n, F, C)); // (n, F)
-    }
-    PL_TRY(be->swiglu_bwd(dd[XD_UP], dd[XD_GATE], dprod, a[XA_UP], a[XA_GATE], (size_t)r->M * F));
-    for (int e = 0; e < r->E; e++) {
-        int o = r->off[e], n = r->off[e + 1] - o;
-        if (!n) continue;
-        PL_TRY(be->matmul_bwd_input(dxg + (size_t)o * C, dd[XD_UP] + (size_t)o * F, p[X_W3] + (size_t)e * F * C, n, C, F));
-        PL_TRY(be->matmul_bwd_input(tmp + (size_t)o * C, dd[XD_GATE] + (size_t)o * F, p[X_W1] + (size_t)e * F * C, n, C,
-                                    F));
-    }
-    return be->add_inplace(dxg, tmp, (size_t)r->M * C);
+    PL_TRY(be->moe_gather(dd[XD_Y], dres, (const int *)d->x[XX_K], d->x[XX_KW], r->M, d->C)); // dY (M, C)
+    if (ep_group_hook.size > 1) return experts_backward_ep(be, d, p, a, dd, r);
+    int ex[MIXTRAL_MAX_EXPERTS], n[MIXTRAL_MAX_EXPERTS];
+    chunks ch = chunks_of_route(r, ex, n);
+    xbufs b = {.dy = dd[XD_Y], .up = a[XA_UP], .gate = a[XA_GATE], .dprod = d->x[XX_KF], .dup = dd[XD_UP],
+               .dgate = dd[XD_GATE], .dx = d->x[XX_KC], .tmp = d->x[XX_KC2]};
+    return experts_bwd_in(be, d, p, &ch, &b);
 }
 
 /* The shared experts' input part, added into dh (N, C). */
@@ -492,16 +696,10 @@ static int moe_backward_weight(const backend *be, const block_dims *d, float *co
     int N = d->N, C = d->C, F = c->moe.ffn, E = c->moe.n_experts, SF = c->moe.shared * F;
     route r;
     PL_TRY(route_fetch(be, d, a, &r));
-    int rc = PL_OK;
-    for (int e = 0; rc == PL_OK && e < E; e++) {
-        int o = r.off[e], n = r.off[e + 1] - o;
-        if (!n) continue;
-        const float *xg = a[XA_XG] + (size_t)o * C;
-        rc = be->matmul_bwd_weight(g[X_W2] + (size_t)e * C * F, NULL, dd[XD_Y] + (size_t)o * C,
-                                   a[XA_PROD] + (size_t)o * F, n, F, C);
-        if (rc == PL_OK) rc = be->matmul_bwd_weight(g[X_W3] + (size_t)e * F * C, NULL, dd[XD_UP] + (size_t)o * F, xg, n, C, F);
-        if (rc == PL_OK) rc = be->matmul_bwd_weight(g[X_W1] + (size_t)e * F * C, NULL, dd[XD_GATE] + (size_t)o * F, xg, n, C, F);
-    }
+    int rc, ex[MIXTRAL_MAX_EXPERTS], n[MIXTRAL_MAX_EXPERTS];
+    chunks ch = chunks_of_route(&r, ex, n);
+    xbufs b = {.x = a[XA_XG], .prod = a[XA_PROD], .dy = dd[XD_Y], .dup = dd[XD_UP], .dgate = dd[XD_GATE]};
+    rc = ep_group_hook.size > 1 ? experts_weight_ep(be, d, g, a, dd, &r) : experts_bwd_w(be, d, g, &ch, &b, 0);
     if (rc == PL_OK) moe_stats_add(&r, c);
     if (rc == PL_OK && c->moe.router == MOE_ROUTER_SIGMOID_BIAS) { /* the load error, scaled (see the top) */
         for (int e = 0; e < E; e++) r.bias[e] = (float)(LOAD_SCALE * (r.cnt[e] - (double)N * c->moe.top_k / E));
@@ -669,11 +867,6 @@ static int mixtral_from_options(const pl_options *o, int V, model_config *cfg, c
     moe_config m = {o->n_experts, o->experts_per_token, o->moe_ffn_dim, o->shared_experts,
                     strcmp(o->router, "sigmoid-bias") == 0 ? MOE_ROUTER_SIGMOID_BIAS : MOE_ROUTER_SOFTMAX,
                     (float)o->router_aux_coef, (float)o->router_bias_rate, (float)o->capacity_factor, 0};
-    if (o->ep != 1) {
-        snprintf(err, errlen, "--ep %d: expert parallelism is not implemented yet (run --ep 1: every rank holds "
-                 "every expert)", o->ep);
-        return PL_EINVAL;
-    }
     if (o->tie_embeddings) {
         snprintf(err, errlen, "--tie-embeddings 1: pipelm's Mixtral has an untied lm_head");
         return PL_EINVAL;
