@@ -42,9 +42,9 @@ static void time_pair(double *tf, double *tb, float *out, float *att, float *dq,
     *tf = *tb = 1e30;
     for (int it = -1; it < 3 || total < seconds; it++) {
         double t0 = now();
-        if (be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
+        if (be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
         double t1 = now();
-        if (be->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
+        if (be->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS, NULL)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
         double t2 = now();
         if (it < 0) continue;
         total += t2 - t0;

@@ -124,10 +124,10 @@ static void tiled_vs_full(const shape *s) {
     float *out_f = fconst(no, 0), *att_f = fconst((size_t)B * NH * T * T, 0), *dq_f = fconst(nq, 1000);
     float *out_t = fconst(no, 999), *st = fconst((size_t)B * NH * T * (HS + 1), 7), *dq_t = fconst(nq, 1000);
     cpu_mode("attention=full", 2);
-    ck_assert_int_eq(be->attention_gqa_fwd(out_f, att_f, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(be->attention_gqa_bwd(dq_f, dout, qkv, att_f, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS), 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(out_f, att_f, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(be->attention_gqa_bwd(dq_f, dout, qkv, att_f, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS, NULL), 0);
     char what[128];
     snprintf(what, sizeof what, "out B%d T%d NH%d NKV%d HS%d", B, T, NH, NKV, HS);
     check_close(what, out_t, out_f, no, TOL);
@@ -177,8 +177,8 @@ START_TEST(test_tiled_threads) {
     for (int r = 0; r < 3; r++) {
         be->set_threads(r + 1);
         out[r] = fconst(no, 0), st[r] = fconst(ns, 0), dq[r] = fconst(nq, 0);
-        ck_assert_int_eq(be->attention_gqa_fwd(out[r], st[r], qkv, B, T, NH, NKV, HS), 0);
-        ck_assert_int_eq(be->attention_gqa_bwd(dq[r], dout, qkv, st[r], B, T, NH, NKV, HS), 0);
+        ck_assert_int_eq(be->attention_gqa_fwd(out[r], st[r], qkv, B, T, NH, NKV, HS, NULL), 0);
+        ck_assert_int_eq(be->attention_gqa_bwd(dq[r], dout, qkv, st[r], B, T, NH, NKV, HS, NULL), 0);
     }
     be->set_threads(2);
     for (int r = 1; r < 3; r++) {
@@ -216,8 +216,8 @@ START_TEST(test_dispatch) {
     rng_seed(42);
     float *qkv = frand(nq, -1, 1), *o1 = fconst(no, 0), *o2 = fconst(no, 0);
     float *a1 = fconst((size_t)B * NH * T * T, -5), *a2 = fconst(ns, 0);
-    ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS), 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS, NULL), 0);
     ck_assert_msg(memcmp(o1, o2, sizeof(float) * no) == 0 && memcmp(a1, a2, sizeof(float) * ns) == 0,
                   "the op with attention=tiled is not the tiled kernel");
     for (size_t i = ns; i < (size_t)B * NH * T * T; i++)

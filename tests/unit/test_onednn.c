@@ -321,7 +321,7 @@ START_TEST(test_matmul_edges) {
     OK(dn->matmul_bwd_weight(y, b, x, x, 0, 4, 8));
     ck_assert_int_eq(dn->matmul_fwd(y, x, x, b, -1, 4, 8), PL_EBACKEND);
     ck_assert_msg(strstr(dn->error(), "invalid shape"), "message: %s", dn->error());
-    ck_assert_int_eq(dn->attention_gqa_fwd(y, y, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(dn->attention_gqa_fwd(y, y, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
     dn->free(x); dn->free(y); dn->free(b);
 }
 END_TEST
@@ -340,10 +340,10 @@ static void attention_case(const att_shape *s, int bf) {
     float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
     for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
     /* GPT-2's multi-head attention: the grouped-query ops with NKV = NH, HS = C / NH */
-    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH));
-    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NH, C / NH));
-    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH));
-    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NH, C / NH));
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH, NULL));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NH, C / NH, NULL));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, NULL));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NH, C / NH, NULL));
     /* the masked upper triangle is exactly 0 and rows sum to 1 */
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++) {
@@ -441,10 +441,10 @@ static void gqa_case(const gqa_shape *s, int bf) {
     float *out = falloc(nout), *att = falloc(natt), *dqkv = falloc(nqkv);
     float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
     for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
-    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS));
-    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, NULL));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, NULL));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, NULL));
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++)
             for (int j = t + 1; j < T; j++)
@@ -458,8 +458,8 @@ static void gqa_case(const gqa_shape *s, int bf) {
     }
     /* twice: the same bits */
     float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
-    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS));
-    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, NULL));
+    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, NULL));
     check_same("gqa out repeated", out, out2, nout);
     check_same("gqa dqkv repeated", dqkv, dqkv2, nqkv);
     float *bufs[] = {qkv, dout, out, att, dqkv, out_r, att_r, dqkv_r, out2, att2, dqkv2};
@@ -471,8 +471,8 @@ START_TEST(test_gqa_fp32) {
     rng_seed(21);
     for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 0);
     float *x = falloc(1024);
-    ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
-    ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
     dn->free(x);
 }
 END_TEST
@@ -523,8 +523,8 @@ static void run_all(float **r, int bf, int threads, uint64_t seed) {
     OK(dn->matmul_fwd(r[0], inp, w, b, N, C, OC));
     OK(dn->matmul_bwd_input(r[1], dout, w, N, C, OC));
     OK(dn->matmul_bwd_weight(r[2], r[3], dout, inp, N, C, OC));
-    OK(dn->attention_gqa_fwd(r[4], r[5], qkv, a->B, a->T, a->NH, a->NH, a->C / a->NH));
-    OK(dn->attention_gqa_bwd(r[6], adout, qkv, r[5], a->B, a->T, a->NH, a->NH, a->C / a->NH));
+    OK(dn->attention_gqa_fwd(r[4], r[5], qkv, a->B, a->T, a->NH, a->NH, a->C / a->NH, NULL));
+    OK(dn->attention_gqa_bwd(r[6], adout, qkv, r[5], a->B, a->T, a->NH, a->NH, a->C / a->NH, NULL));
     dn->free(inp); dn->free(w); dn->free(b); dn->free(dout); dn->free(qkv); dn->free(adout);
 }
 static size_t res_bytes(int i) {
@@ -1043,8 +1043,8 @@ static void dense_ops(void) {
     }
     for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) {
         const gqa_shape *s = &att[i];
-        OK(dn->attention_gqa_fwd(c, e, a, s->B, s->T, s->NH, s->NKV, s->HS));
-        OK(dn->attention_gqa_bwd(d, b, a, e, s->B, s->T, s->NH, s->NKV, s->HS));
+        OK(dn->attention_gqa_fwd(c, e, a, s->B, s->T, s->NH, s->NKV, s->HS, NULL));
+        OK(dn->attention_gqa_bwd(d, b, a, e, s->B, s->T, s->NH, s->NKV, s->HS, NULL));
     }
     float *bufs[] = {a, b, c, d, e};
     for (size_t i = 0; i < 5; i++) dn->free(bufs[i]);

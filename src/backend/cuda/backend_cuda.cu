@@ -309,37 +309,45 @@ __global__ void k_unpermute(float *dst, int ld, const float *src, int B, int T, 
     }
 }
 
+/* The first visible key of row t of (sequence, head) pair bh: backend_ops.h's document
+ * masking (doc: B*T starts, or NULL: 0). */
+__device__ __forceinline__ int doc_at(const int *doc, size_t bh, int NH, int T, int t) {
+    return doc ? doc[(bh / NH) * T + t] : 0;
+}
+
 /* Causal softmax of one row of att (B*NH*T rows of T) per block, in place; row t keeps columns
- * 0..t, the rest zeroed. */
-__global__ void k_softmax_causal(float *att, int T) {
+ * s..t (s: its document's first, 0 without doc), the rest zeroed. */
+__global__ void k_softmax_causal(float *att, int T, const int *doc, int NH) {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = doc_at(doc, row / T, NH, T, t);
     float *a = att + row * T;
-    float mx = a[0];
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = a[j] > mx ? a[j] : mx;
+    float mx = a[s0];
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) mx = a[j] > mx ? a[j] : mx;
     mx = block_max(mx, sh);
     float s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) {
         float e = exp_fast(a[j] - mx);
         a[j] = e;
         s += e;
     }
     float inv = 1.0f / block_sum(s, sh);
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) a[j] *= inv; /* this thread's own values */
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) a[j] *= inv; /* this thread's own values */
+    for (int j = threadIdx.x; j < s0; j += blockDim.x) a[j] = 0.0f;
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) a[j] = 0.0f;
 }
 /* dpre = a (datt - sum_j a datt), in place on datt, one row per block; masked columns 0. */
-__global__ void k_softmax_causal_bwd(float *datt, const float *att, int T) {
+__global__ void k_softmax_causal_bwd(float *datt, const float *att, int T, const int *doc, int NH) {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = doc_at(doc, row / T, NH, T, t);
     const float *a = att + row * T;
     float *d = datt + row * T;
     float s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) s += a[j] * d[j];
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) s += a[j] * d[j];
     float dot = block_sum(s, sh);
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
+    for (int j = threadIdx.x; j < s0; j += blockDim.x) d[j] = 0.0f;
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) d[j] = 0.0f;
 }
 
@@ -369,7 +377,7 @@ __device__ __forceinline__ float round_as(float x, int bf) {
 /* Forward: O, lse for query rows t of pair bh = blockIdx.y. */
 template <int HSM, typename TT>
 __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, const TT *v, int T, int hs,
-                            float scale, int bf) {
+                            float scale, int bf, const int *doc, int NH) {
     __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
     size_t base = (size_t)blockIdx.y * T * hs;
     int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
@@ -379,17 +387,20 @@ __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, cons
         qr[d] = t < T && d < hs ? ld_f32(q + base + (size_t)t * hs + d) : 0.0f;
         o[d] = 0.0f;
     }
-    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+    /* document masking: the key tiles before the block's first row's document are masked for
+     * every row of the block (starts do not decrease along a sequence): skipped */
+    int lo = t < T ? doc_at(doc, blockIdx.y, NH, T, t) : 0;
+    for (int j0 = doc_at(doc, blockIdx.y, NH, T, t0) / FA_K * FA_K; j0 <= tl; j0 += FA_K) {
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int jj = e / hs, d = e % hs, j = j0 + jj;
             ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
             vs[jj][d] = j < T ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
         }
         __syncthreads();
-        if (t < T && j0 <= t) {
+        int n = t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K, j1 = lo - j0 > 0 ? lo - j0 : 0;
+        if (t < T && j0 <= t && j1 < n) {
             float s[FA_K], mt = m;
-            int n = t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K;
-            for (int jj = 0; jj < n; jj++) {
+            for (int jj = j1; jj < n; jj++) {
                 float acc = 0.0f;
 #pragma unroll
                 for (int d = 0; d < HSM; d++) acc += d < hs ? qr[d] * ks[jj][d] : 0.0f;
@@ -400,7 +411,7 @@ __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, cons
             l *= corr;
 #pragma unroll
             for (int d = 0; d < HSM; d++) o[d] *= corr;
-            for (int jj = 0; jj < n; jj++) {
+            for (int jj = j1; jj < n; jj++) {
                 float p = exp_fast(s[jj] - mt);
                 l += p;
                 p = round_as(p, bf);
@@ -432,7 +443,7 @@ __global__ void k_flash_rowdot(float *Dr, const TT *dy, const float *O, size_t r
  * exp(scale q_t . k_j - lse_t); one query row per thread, key tiles in shared memory. */
 template <int HSM, typename TT>
 __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v, const TT *dy, const float *lse,
-                               const float *Dr, int T, int hs, float scale, int bf) {
+                               const float *Dr, int T, int hs, float scale, int bf, const int *doc, int NH) {
     __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
     size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
     int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
@@ -444,7 +455,8 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
         acc[d] = 0.0f;
     }
     float L = t < T ? lse[row + t] : 0.0f, D = t < T ? Dr[row + t] : 0.0f;
-    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+    int lo = t < T ? doc_at(doc, blockIdx.y, NH, T, t) : 0;
+    for (int j0 = doc_at(doc, blockIdx.y, NH, T, t0) / FA_K * FA_K; j0 <= tl; j0 += FA_K) {
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int jj = e / hs, d = e % hs, j = j0 + jj;
             ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
@@ -452,7 +464,7 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
         }
         __syncthreads();
         int n = t < T ? (t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K) : 0;
-        for (int jj = 0; jj < n; jj++) {
+        for (int jj = lo - j0 > 0 ? lo - j0 : 0; jj < n; jj++) {
             float s = 0.0f, dp = 0.0f;
 #pragma unroll
             for (int d = 0; d < HSM; d++) {
@@ -473,7 +485,8 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
  * scale sum_{t>=j} ds_tj q_t, over query tiles (q, dy, lse, Dr) staged in shared memory. */
 template <int HSM, typename TT>
 __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k, const TT *v, const TT *dy,
-                                 const float *lse, const float *Dr, int T, int hs, float scale, int bf) {
+                                 const float *lse, const float *Dr, int T, int hs, float scale, int bf,
+                                 const int *doc, int NH) {
     __shared__ float qs[FA_K][HSM + 1], dys[FA_K][HSM + 1], Ls[FA_K], Ds[FA_K];
     size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
     int j = blockIdx.x * FA_Q + threadIdx.x, jf = blockIdx.x * FA_Q;
@@ -484,7 +497,11 @@ __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k,
         vr[d] = j < T && d < hs ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
         ak[d] = av[d] = 0.0f;
     }
+    int jl = jf + FA_Q - 1; /* the block's last key row */
     for (int i0 = jf - jf % FA_K; i0 < T; i0 += FA_K) {
+        /* document masking: from the first query tile whose document starts past every key
+         * row of the block, nothing is visible (starts do not decrease): stop */
+        if (doc_at(doc, blockIdx.y, NH, T, i0) > jl) break;
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int ii = e / hs, d = e % hs, i = i0 + ii;
             qs[ii][d] = i < T ? ld_f32(q + base + (size_t)i * hs + d) : 0.0f;
@@ -497,7 +514,7 @@ __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k,
         __syncthreads();
         for (int ii = 0; ii < FA_K && j < T; ii++) {
             int i = i0 + ii;
-            if (i < j || i >= T) continue;
+            if (i < j || i >= T || doc_at(doc, blockIdx.y, NH, T, i) > j) continue;
             float s = 0.0f, dp = 0.0f;
 #pragma unroll
             for (int d = 0; d < HSM; d++) {
@@ -1481,43 +1498,42 @@ static int cu_attention_cols(int B, int T, int NH, int HS) { return flash_fits(B
 /* The forward's launch for one register bound HSM and input type TT. */
 template <int HSM, typename TT>
 static int flash_fwd_launch(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
-                            float scale, int bf) {
+                            float scale, int bf, const int *doc, int NH) {
     auto fk = k_flash_fwd<HSM, TT>;
     dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
-    KERNEL(fk, grid, FA_Q, O, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, hs, scale, bf);
+    KERNEL(fk, grid, FA_Q, O, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, hs, scale, bf, doc, NH);
     return 0;
 }
 /* The backward's launches (row dots, dq, dk and dv) for HSM and TT. */
 template <int HSM, typename TT>
 static int flash_bwd_launch(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
                             const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale,
-                            int bf) {
+                            int bf, const int *doc, int NH) {
     auto fd = k_flash_rowdot<TT>;
     auto fq = k_flash_bwd_dq<HSM, TT>;
     auto fkv = k_flash_bwd_dkdv<HSM, TT>;
     size_t rows = (size_t)BH * T;
     dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
     KERNEL(fd, ew_grid(rows), EW_THREADS, Dr, (const TT *)dy, O, rows, hs);
-    KERNEL(fq, grid, FA_Q, dq, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale, bf);
+    KERNEL(fq, grid, FA_Q, dq, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale, bf,
+           doc, NH);
     KERNEL(fkv, grid, FA_Q, dk, dv, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale,
-           bf);
+           bf, doc, NH);
     return 0;
 }
 /* Dispatch on hs's register bound (32, 64, 128) and the precision. */
 static int flash_fwd(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
-                     float scale, int bf) {
-    if (hs <= 32)
-        return bf ? flash_fwd_launch<32, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-                  : flash_fwd_launch<32, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
-    if (hs <= 64)
-        return bf ? flash_fwd_launch<64, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-                  : flash_fwd_launch<64, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
-    return bf ? flash_fwd_launch<128, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-              : flash_fwd_launch<128, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
+                     float scale, int bf, const int *doc, int NH) {
+#define FLASH_FWD(H, TT) flash_fwd_launch<H, TT>(O, lse, q, k, v, BH, T, hs, scale, bf, doc, NH)
+    if (hs <= 32) return bf ? FLASH_FWD(32, uint16_t) : FLASH_FWD(32, float);
+    if (hs <= 64) return bf ? FLASH_FWD(64, uint16_t) : FLASH_FWD(64, float);
+    return bf ? FLASH_FWD(128, uint16_t) : FLASH_FWD(128, float);
+#undef FLASH_FWD
 }
 static int flash_bwd(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
-                     const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale, int bf) {
-#define FLASH_BWD(H, TT) flash_bwd_launch<H, TT>(dq, dk, dv, Dr, q, k, v, dy, O, lse, BH, T, hs, scale, bf)
+                     const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale, int bf,
+                     const int *doc, int NH) {
+#define FLASH_BWD(H, TT) flash_bwd_launch<H, TT>(dq, dk, dv, Dr, q, k, v, dy, O, lse, BH, T, hs, scale, bf, doc, NH)
     if (hs <= 32) return bf ? FLASH_BWD(32, uint16_t) : FLASH_BWD(32, float);
     if (hs <= 64) return bf ? FLASH_BWD(64, uint16_t) : FLASH_BWD(64, float);
     return bf ? FLASH_BWD(128, uint16_t) : FLASH_BWD(128, float);
@@ -1705,7 +1721,8 @@ static int gqa_shape_ok(int B, int T, int NH, int NKV, int HS) {
     return B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0 && (long long)B * NH * T <= 0x7fffffffLL;
 }
 
-static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                                const int *doc) {
     OP("attention_gqa_fwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
     if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
     if (B == 0 || T == 0) return 0;
@@ -1728,12 +1745,12 @@ static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
     }
     if (flash_fits(B, T, NH, hs)) { /* att holds lse (BH*T), then the permuted output O */
         float *O = att + (size_t)BH * T;
-        TRY(flash_fwd(O, att, q, k, v, BH, T, hs, scale, bf));
+        TRY(flash_fwd(O, att, q, k, v, BH, T, hs, scale, bf, doc, NH));
         KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)O, B, T, C, NH);
         return 0;
     }
     TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
-    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
+    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T, doc, NH);
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
@@ -1758,7 +1775,7 @@ static int unpermute_grads(float *dqkv, const float *dq, const float *dk, const 
  * group in ascending h (k_unpermute_sum; G = 1: a copy): no atomics, a fixed order. dqkv
  * overwritten. */
 static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                                int NH, int NKV, int HS) {
+                                int NH, int NKV, int HS, const int *doc) {
     OP("attention_gqa_bwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
     if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
     if (B == 0 || T == 0) return 0;
@@ -1787,14 +1804,14 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
     if (fl) {
         TRY(flash_bwd((float *)dq, (float *)dk, (float *)dv, (float *)datt, q, k, v, dy, att + (size_t)BH * T, att, BH,
-                      T, hs, scale, bf));
+                      T, hs, scale, bf, doc, NH));
         return unpermute_grads(dqkv, (const float *)dq, (const float *)dk, (const float *)dv, B, T, NH, NKV, hs);
     }
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
     TRY(gemm(1, 0, T, hs, T, 1.0f, a, T, TT, dy, hs, THS, 0.0f, (float *)dv, hs, THS, BH, bf));
-    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T);
+    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T, doc, NH);
     const void *dp = datt;
     if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
     TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));
