@@ -431,8 +431,17 @@ END_TEST
 typedef struct { int B, T, NH, NKV, HS; } gqa_shape;
 static const gqa_shape gqa_shapes[] = {{3, 13, 6, 2, 8}, {2, 40, 8, 1, 12}, {2, 17, 4, 4, 6}, {1, 71, 4, 2, 8}};
 
-static void gqa_case(const gqa_shape *s, int bf) {
+/* withdoc: document masking (backend_ops.h's doc), sequence 0 one document, the others
+ * documents from rows 1, T/3 and T/2 (checked against backend_cpu's masked path too, and the
+ * masked probabilities zero). */
+static void gqa_case(const gqa_shape *s, int bf, int withdoc) {
     int B = s->B, T = s->T, NH = s->NH, NKV = s->NKV, HS = s->HS, W = (NH + 2 * NKV) * HS;
+    int *doc = NULL;
+    if (withdoc) {
+        doc = calloc((size_t)B * T, sizeof(int));
+        for (int b = 1; b < B; b++)
+            for (int t = 0; t < T; t++) doc[b * T + t] = t >= T / 2 ? T / 2 : t >= T / 3 ? T / 3 : t >= 1 ? 1 : 0;
+    }
     size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T;
     char what[96];
     float *qkv = falloc(nqkv), *dout = falloc(nout);
@@ -441,27 +450,38 @@ static void gqa_case(const gqa_shape *s, int bf) {
     float *out = falloc(nout), *att = falloc(natt), *dqkv = falloc(nqkv);
     float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
     for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
-    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL));
-    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, NULL));
-    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, NULL));
-    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, NULL));
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, doc));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, doc));
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++)
-            for (int j = t + 1; j < T; j++)
-                ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att above the diagonal");
+            for (int j = 0; j < T; j++)
+                if (j > t || (doc && j < doc[(bh / NH) * T + t]))
+                    ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att masked at %d %d %d", bh, t, j);
     const char *names[3] = {"gqa out", "gqa att", "gqa dqkv"};
     const float *got[3] = {out, att, dqkv}, *ref[3] = {out_r, att_r, dqkv_r};
     size_t ns[3] = {nout, natt, nqkv};
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "%s B%d T%d NH%d NKV%d HS%d", names[i], B, T, NH, NKV, HS);
+        snprintf(what, sizeof what, "%s%s B%d T%d NH%d NKV%d HS%d", names[i], doc ? " doc" : "", B, T, NH, NKV, HS);
         if (bf) check16(what, got[i], ref[i], NULL, ns[i], 1); else check32(what, got[i], ref[i], NULL, ns[i]);
     }
     /* twice: the same bits */
     float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
-    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, NULL));
-    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, NULL));
+    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, doc));
+    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, doc));
     check_same("gqa out repeated", out, out2, nout);
     check_same("gqa dqkv repeated", dqkv, dqkv2, nqkv);
+    if (doc) { /* no document token: an all-zero doc is NULL's bits */
+        memset(doc, 0, sizeof(int) * (size_t)B * T);
+        OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, NULL));
+        OK(dn->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, NULL));
+        check_same("gqa out, zero doc and none", out2, out_r, nout);
+        check_same("gqa dqkv, zero doc and none", dqkv2, dqkv_r, nqkv);
+    }
+    free(doc);
     float *bufs[] = {qkv, dout, out, att, dqkv, out_r, att_r, dqkv_r, out2, att2, dqkv2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dn->free(bufs[i]);
 }
@@ -469,7 +489,10 @@ static void gqa_case(const gqa_shape *s, int bf) {
 START_TEST(test_gqa_fp32) {
     use_prec(PL_PREC_FP32);
     rng_seed(21);
-    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 0);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) {
+        gqa_case(&gqa_shapes[i], 0, 0);
+        gqa_case(&gqa_shapes[i], 0, 1);
+    }
     float *x = falloc(1024);
     ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
     ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
@@ -481,7 +504,10 @@ START_TEST(test_gqa_bf16) {
     if (!bf16_ok) return;
     use_prec(PL_PREC_BF16);
     rng_seed(22);
-    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 1);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) {
+        gqa_case(&gqa_shapes[i], 1, 0);
+        gqa_case(&gqa_shapes[i], 1, 1);
+    }
     use_prec(PL_PREC_FP32);
 }
 END_TEST
