@@ -126,8 +126,8 @@ static void tiled_vs_full(const shape *s) {
     cpu_mode("attention=full", 2);
     ck_assert_int_eq(be->attention_gqa_fwd(out_f, att_f, qkv, B, T, NH, NKV, HS, NULL), 0);
     ck_assert_int_eq(be->attention_gqa_bwd(dq_f, dout, qkv, att_f, B, T, NH, NKV, HS, NULL), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS, NULL), 0);
-    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS, NULL, 0), 0);
+    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS, NULL, 0), 0);
     char what[128];
     snprintf(what, sizeof what, "out B%d T%d NH%d NKV%d HS%d", B, T, NH, NKV, HS);
     check_close(what, out_t, out_f, no, TOL);
@@ -217,7 +217,7 @@ START_TEST(test_dispatch) {
     float *qkv = frand(nq, -1, 1), *o1 = fconst(no, 0), *o2 = fconst(no, 0);
     float *a1 = fconst((size_t)B * NH * T * T, -5), *a2 = fconst(ns, 0);
     ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, qkv, B, T, NH, NKV, HS, NULL), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS, NULL, 0), 0);
     ck_assert_msg(memcmp(o1, o2, sizeof(float) * no) == 0 && memcmp(a1, a2, sizeof(float) * ns) == 0,
                   "the op with attention=tiled is not the tiled kernel");
     for (size_t i = ns; i < (size_t)B * NH * T * T; i++)

@@ -512,6 +512,73 @@ START_TEST(test_gqa_bf16) {
 }
 END_TEST
 
+
+/* attention=tiled (the CPU backend's tiled kernels, bf16 products' inputs rounded in bf16)
+ * against this backend's own (T, T) path: fp32 within TOL32, bf16 within the attention bf16
+ * bounds of it (and of backend_cpu's fp32: a bf16 result, not fp32); the same bits with 1 and
+ * 3 threads; attention_cols HS + 1 (O(T)); with document masking too. */
+static void tiled_case(int prec, const int *doc) {
+    enum { B = 2, T = 150, NH = 4, NKV = 2, HS = 16, W = (NH + 2 * NKV) * HS };
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
+    int bf = prec == PL_PREC_BF16;
+    float *qkv = falloc(nq), *dout = falloc(no);
+    fill_rand(qkv, nq, -1, 1);
+    fill_rand(dout, no, -1, 1);
+    float *o[3], *g[3], *a[3], *ro = falloc(no), *ra = falloc(na), *rg = falloc(nq);
+    CPU_OK(cpu->attention_gqa_fwd(ro, ra, qkv, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_bwd(rg, dout, qkv, ra, B, T, NH, NKV, HS, doc));
+    static const char *const set[3] = {"attention=full", "attention=tiled", "attention=tiled"};
+    for (int m = 0; m < 3; m++) { /* full, tiled on 1 thread, tiled on 3 */
+        backend_options op = {prec, m == 2 ? 3 : 1, -1, 0, 0, set[m]};
+        char err[512] = "";
+        ck_assert_msg(dn->init(&op, err, sizeof err) == 0, "init %s: %s", set[m], err);
+        ck_assert_int_eq(dn->attention_cols(B, T, NH, HS), m ? HS + 1 : T);
+        o[m] = falloc(no), g[m] = falloc(nq), a[m] = falloc(m ? (size_t)B * NH * T * (HS + 1) : na);
+        OK(dn->attention_gqa_fwd(o[m], a[m], qkv, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_bwd(g[m], dout, qkv, a[m], B, T, NH, NKV, HS, doc));
+    }
+    const char *pn = bf ? "bf16" : "fp32", *dn_ = doc ? " doc" : "";
+    char what[128];
+    snprintf(what, sizeof what, "%s%s tiled out vs the (T, T) path", pn, dn_);
+    if (bf) check16(what, o[1], o[0], NULL, no, 1); else check32(what, o[1], o[0], NULL, no);
+    snprintf(what, sizeof what, "%s%s tiled dqkv vs the (T, T) path", pn, dn_);
+    if (bf) check16(what, g[1], g[0], NULL, nq, 1); else check32(what, g[1], g[0], NULL, nq);
+    if (bf) {
+        snprintf(what, sizeof what, "bf16%s tiled out vs backend_cpu fp32", dn_);
+        check16(what, o[1], ro, NULL, no, 1);
+        snprintf(what, sizeof what, "bf16%s tiled dqkv vs backend_cpu fp32", dn_);
+        check16(what, g[1], rg, NULL, nq, 1);
+        /* it rounds where the (T, T) path rounds: nearer to that path than to fp32 (a tiled
+         * backward left in fp32 is the other way round) */
+        double *t = incr(g[1], NULL, nq), *f = incr(g[0], NULL, nq), *c = incr(rg, NULL, nq), r16, r32, cs;
+        l2_cos(t, f, nq, &r16, &cs);
+        l2_cos(t, c, nq, &r32, &cs);
+        free(t); free(f); free(c);
+        ck_assert_msg(r16 < r32, "bf16%s tiled dqkv: l2-rel %.3e to the bf16 (T, T) path, %.3e to fp32", dn_, r16, r32);
+    }
+    snprintf(what, sizeof what, "%s%s tiled out, 1 and 3 threads", pn, dn_);
+    check_same(what, o[1], o[2], no);
+    snprintf(what, sizeof what, "%s%s tiled dqkv, 1 and 3 threads", pn, dn_);
+    check_same(what, g[1], g[2], nq);
+    for (int m = 0; m < 3; m++) { dn->free(o[m]); dn->free(g[m]); dn->free(a[m]); }
+    dn->free(qkv); dn->free(dout); dn->free(ro); dn->free(ra); dn->free(rg);
+}
+
+START_TEST(test_gqa_tiled) {
+    enum { B = 2, T = 150 };
+    int *doc = calloc((size_t)B * T, sizeof(int));
+    for (int t = 0; t < T; t++) doc[T + t] = t >= 100 ? 100 : t >= 64 ? 64 : t >= 3 ? 3 : 0;
+    rng_seed(23);
+    for (int bf = 0; bf < 2; bf++) {
+        if (bf && !bf16_ok) break;
+        tiled_case(bf ? PL_PREC_BF16 : PL_PREC_FP32, NULL);
+        tiled_case(bf ? PL_PREC_BF16 : PL_PREC_FP32, doc);
+    }
+    free(doc);
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 // determinism
 
@@ -1113,7 +1180,7 @@ static Suite *onednn_suite(void) {
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
         {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
-        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense},
+        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense}, {"gqa_tiled", test_gqa_tiled},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

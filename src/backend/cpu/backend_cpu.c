@@ -467,7 +467,7 @@ static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B
                                  const int *doc) {
     if (att_tiled_for(T, HS)) {
         int changed = blas_threads_outside();
-        int rc = cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS, doc);
+        int rc = cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS, doc, 0);
         blas_threads_restore(changed);
         return rc;
     }
@@ -516,7 +516,7 @@ static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qk
                                  int B, int T, int NH, int NKV, int HS, const int *doc) {
     if (att_tiled_for(T, HS)) {
         int changed = blas_threads_outside();
-        int rc = cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc);
+        int rc = cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc, 0);
         blas_threads_restore(changed);
         return rc;
     }

@@ -32,6 +32,41 @@
 #define ROW_CLONES
 #endif
 
+/* x rounded to bf16 (nearest even) and back. */
+static inline float round16(float x) {
+    uint32_t u = (uint32_t)f32_to_bf16(x) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The rows [0, nr) x columns [0, nc) of x (leading dimension ld) rounded to bf16 in place. */
+static void round_rows(float *x, int nr, int nc, int ld) {
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) x[(size_t)r * ld + c] = round16(x[(size_t)r * ld + c]);
+}
+
+/* A bf16-rounded copy of n floats (NULL: out of memory). */
+static float *rounded_copy(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    if (!y) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = round16(x[i]);
+    return y;
+}
+
+/* OpenBLAS at one thread per product while the kernels' threads run (the OpenMP flavour does
+ * it by itself inside a parallel region); returns the count to restore, 0 for none. */
+static int blas_one(void) {
+    int n = openblas_get_num_threads();
+    if (openblas_get_parallel() != 1 || n <= 1) return 0;
+    openblas_set_num_threads(1);
+    return n;
+}
+static void blas_back(int n) {
+    if (n) openblas_set_num_threads(n);
+}
+
 /* max(m, x[0..n)): LANES running maxima, then compared in a fixed tree. */
 static inline float row_max(const float *x, int n, float m) {
     float lane[LANES];
@@ -71,6 +106,7 @@ typedef struct {
     float *s, *o, *m, *l;
     int on[TQ];
     const int *ds;
+    int bf16; /* round the probabilities to bf16 before p v */
 } fwd_scratch;
 
 /* The online softmax of a tile's rows (fwd_tile): per row, over its visible columns (its
@@ -110,6 +146,7 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, W, k + (size_t)k0 * W, W, 0.0f, w->s,
                 TK); // s (nq, nk)
     fwd_rows(w, r0, nq, k0, nk, hs);
+    if (w->bf16) round_rows(w->s, nq, nk, TK);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, w->s, TK, v + (size_t)k0 * W, W, 1.0f,
                 w->o, hs); // o (nq, hs) += p (nq, nk) v (nk, hs)
 }
@@ -149,12 +186,18 @@ static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
 /* Parallel over the (sequence, query head, query tile) triples: each is independent and
  * computed the same way on whichever thread, so the bits do not depend on the thread count. */
 int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS,
-                            const int *doc) {
+                            const int *doc, int bf16) {
     PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
+    float *q16 = NULL; // (B, T, W) rounded to bf16
+    if (bf16 && !(q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS)))
+        return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for the bf16 copy of qkv");
+    if (q16) qkv = q16;
+    int nb = blas_one();
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
     {
         fwd_scratch w = {0};
+        w.bf16 = bf16;
         float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
         if (buf) w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
         else {
@@ -174,6 +217,8 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
         }
         free(buf);
     }
+    blas_back(nb);
+    free(q16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
     return 0;
 }
@@ -191,6 +236,7 @@ typedef struct {
     const float *q, *k, *v, *dO, *O, *lse;
     float *dq, *dk, *dv;
     const int *ds; /* the sequence's document starts (T), or NULL */
+    int bf16;      /* round p and ds to bf16 before their products */
     int T, W, ldo, hs;
     float scale;
 } bwd_head;
@@ -229,11 +275,12 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
                 TB); // s (nq, nk)
     bwd_probs(w->p, a->lse, a->ds, r0, nq, k0, nk);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
-                a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
                 TB); // dp (nq, nk)
     bwd_dscores(w->dp, w->p, w->D, r0, nq, nk);
+    if (a->bf16) round_rows(w->p, nq, nk, TB), round_rows(w->dp, nq, nk, TB);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
+                a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, a->scale, w->dp, TB, q, W, 1.0f,
                 a->dk + (size_t)k0 * W, W); // dk (nk, hs) += scale ds^T q
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, a->scale, w->dp, TB, k, W, 1.0f,
@@ -268,13 +315,13 @@ static void zero_cols(float *p, int T, int W, int n) {
 /* One (sequence, kv head g): its G query heads in ascending order into dq of each and the
  * shared dk, dv. */
 static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state,
-                      const int *doc, int b, int g, int T, int NH, int NKV, int HS) {
+                      const int *doc, int bf16, int b, int g, int T, int NH, int NKV, int HS) {
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
     const float *row = qkv + (size_t)b * T * W; // (T, W)
     float *drow = dqkv + (size_t)b * T * W;    // (T, W)
     bwd_head a = {.k = row + (size_t)(NH + g) * HS, .v = row + (size_t)(NH + NKV + g) * HS,
                   .dk = drow + (size_t)(NH + g) * HS, .dv = drow + (size_t)(NH + NKV + g) * HS,
-                  .ds = doc ? doc + (size_t)b * T : NULL, .T = T, .W = W, .ldo = CO, .hs = HS,
+                  .ds = doc ? doc + (size_t)b * T : NULL, .bf16 = bf16, .T = T, .W = W, .ldo = CO, .hs = HS,
                   .scale = 1.0f / sqrtf((float)HS)};
     zero_cols(a.dk, T, W, HS);
     zero_cols(a.dv, T, W, HS);
@@ -292,9 +339,20 @@ static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const floa
 
 /* Parallel over the (sequence, kv head) pairs, each on one thread (cpu_attention.h). */
 int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
-                            int NH, int NKV, int HS, const int *doc) {
+                            int NH, int NKV, int HS, const int *doc, int bf16) {
     PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
-    int failed = 0;
+    float *q16 = NULL, *d16 = NULL; // qkv (B, T, W) and dout (B, T, NH HS) rounded to bf16
+    if (bf16) {
+        q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS);
+        d16 = q16 ? rounded_copy(dout, (size_t)B * T * NH * HS) : NULL;
+        if (!d16) {
+            free(q16);
+            return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for the bf16 copies");
+        }
+        qkv = q16;
+        dout = d16;
+    }
+    int failed = 0, nb = blas_one();
     #pragma omp parallel
     {
         bwd_scratch w = {0};
@@ -306,9 +364,12 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
         }
         #pragma omp for schedule(dynamic, 1)
         for (int bg = 0; bg < B * NKV; bg++)
-            if (buf) bwd_group(&w, dqkv, dout, qkv, state, doc, bg / NKV, bg % NKV, T, NH, NKV, HS);
+            if (buf) bwd_group(&w, dqkv, dout, qkv, state, doc, bf16, bg / NKV, bg % NKV, T, NH, NKV, HS);
         free(buf);
     }
+    blas_back(nb);
+    free(q16);
+    free(d16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for scratch of T = %d", T);
     return 0;
 }
