@@ -15,6 +15,7 @@
 #include "pipelm/backend.h"
 
 static const backend *be = &backend_cpu;
+static int prec = PL_PREC_FP32; /* BENCH_BACKEND=onednn BENCH_PRECISION=bf16: the oneDNN backend in bf16 */
 
 static double now(void) {
     struct timespec ts;
@@ -30,7 +31,7 @@ static float *buf(size_t n) {
 
 static void mode(const char *settings, int threads) {
     char err[256];
-    backend_options o = {PL_PREC_FP32, threads, -1, 0, 0, settings};
+    backend_options o = {prec, threads, -1, 0, 0, settings};
     if (be->init(&o, err, sizeof err)) { fprintf(stderr, "init: %s\n", err); exit(1); }
 }
 
@@ -42,9 +43,9 @@ static void time_pair(double *tf, double *tb, float *out, float *att, float *dq,
     *tf = *tb = 1e30;
     for (int it = -1; it < 3 || total < seconds; it++) {
         double t0 = now();
-        if (be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
+        if (be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
         double t1 = now();
-        if (be->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
+        if (be->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS, NULL)) { fprintf(stderr, "%s\n", be->error()); exit(1); }
         double t2 = now();
         if (it < 0) continue;
         total += t2 - t0;
@@ -61,6 +62,10 @@ static double maxdiff(const float *a, const float *b, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 8) { fprintf(stderr, "usage: attention_cpu B NH NKV HS THREADS SECONDS T...\n"); return 2; }
+    const char *bn = getenv("BENCH_BACKEND"), *pn = getenv("BENCH_PRECISION");
+    if (bn && *bn && !(be = backend_find(bn))) { fprintf(stderr, "no backend %s in this build\n", bn); return 2; }
+    if (pn && strcmp(pn, "bf16") == 0) prec = PL_PREC_BF16;
+    printf("backend %s, %s\n", be->name, prec == PL_PREC_BF16 ? "bf16" : "fp32");
     int B = atoi(argv[1]), NH = atoi(argv[2]), NKV = atoi(argv[3]), HS = atoi(argv[4]), th = atoi(argv[5]);
     double secs = atof(argv[6]);
     printf("%6s %10s %10s %10s %10s %10s %10s %8s %12s %12s %10s\n", "T", "full fwd", "full bwd", "tiled fwd",

@@ -8,7 +8,8 @@
 #
 # GPT-2 124M's attention by default: B = 4 sequences, 12 heads of 64 (BENCH_B, BENCH_NH,
 # BENCH_NKV, BENCH_HS), T = 64 128 256 512 1024 (BENCH_T), one thread (BENCH_THREADS),
-# BENCH_SECONDS (1) of repetitions per mode and T. A report, not a test: exits 0 unless the
+# BENCH_SECONDS (1) of repetitions per mode and T; BENCH_BACKEND=onednn (BENCH_PRECISION=bf16)
+# measures the oneDNN backend's two paths instead. A report, not a test: exits 0 unless the
 # driver cannot be built.
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOP=$(cd "$HERE/.." && pwd)

@@ -59,6 +59,17 @@ PL_MATH_FN void softmax_causal_row(float *r, int t, int T) {
     for (int j = t + 1; j < T; j++) r[j] = 0.0f;
 }
 
+/* Document masking (backend_ops.h's doc): the first key column row t of a sequence sees, given
+ * the sequence's doc row ds (NULL: 0, plain causal). */
+PL_MATH_FN int doc_first(const int *ds, int t) { return ds ? ds[t] : 0; }
+
+/* softmax_causal_row over the columns s..t only (a document starting at s), the rest zeroed;
+ * s = 0 is softmax_causal_row, the same bits. */
+PL_MATH_FN void softmax_doc_row(float *r, int s, int t, int T) {
+    softmax_causal_row(r + s, t - s, T - s);
+    for (int j = 0; j < s; j++) r[j] = 0.0f;
+}
+
 /* fp32 -> bf16 bits, round to nearest even; as VCVTNEPS2BF16 does, denormal inputs flush to
  * a signed zero and a NaN stays a (quiet) NaN. */
 PL_MATH_FN uint16_t f32_to_bf16(float f) {

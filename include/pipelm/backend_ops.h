@@ -110,13 +110,17 @@ PL_COMPUTE_OP(int, rope_bwd, (float *dinp, const float *dout, const float *fcos,
  * backend keeps for the backward (the host backends, and cuda with flash=0, the softmax
  * probabilities; cuda's fused kernels the row log-sum-exp and the output); out (B, T, NH HS);
  * scale 1/sqrt(HS). NKV == NH is ordinary multi-head attention (GPT-2's: qkv (B, T, 3C),
- * HS = C / NH). */
+ * HS = C / NH). doc (B*T ints, backend memory) or NULL: document masking (--doc-mask), row t
+ * of sequence b attends only to the keys s with doc[b T + t] <= s <= t, doc[] being the first
+ * row of the token's document in its sequence (non-decreasing along a sequence, <= t); NULL
+ * and an all-zero doc are plain causal attention, the same bits. */
 PL_COMPUTE_OP(int, attention_gqa_fwd, (float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
-              int HS), (out, att, qkv, B, T, NH, NKV, HS), ATTENTION)
+              int HS, const int *doc), (out, att, qkv, B, T, NH, NKV, HS, doc), ATTENTION)
 /* dqkv (overwrites; the k and v gradients of a shared kv head sum over its query heads in a
- * fixed order, h ascending) from dout, given qkv and att. */
+ * fixed order, h ascending) from dout, given qkv, att and the forward's doc. */
 PL_COMPUTE_OP(int, attention_gqa_bwd, (float *dqkv, const float *dout, const float *qkv, const float *att, int B,
-              int T, int NH, int NKV, int HS), (dqkv, dout, qkv, att, B, T, NH, NKV, HS), ATTENTION)
+              int T, int NH, int NKV, int HS, const int *doc), (dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc),
+              ATTENTION)
 /* SwiGLU: out = up * silu(gate), silu(g) = g / (1 + exp(-g)), elementwise over n. */
 PL_COMPUTE_OP(int, swiglu_fwd, (float *out, const float *up, const float *gate, size_t n), (out, up, gate, n),
               ELEMENTWISE)

@@ -161,6 +161,14 @@ static const opt_desc options[] = {
              "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
              "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
              "and schedule at fixed --tp and the same micro-batches (--batch, and D x M, the same); 16 bytes a parameter more; host-memory backends)"),
+    OT_FLAG("doc-mask", doc_mask, "1: document masking of packed sequences: attention stops at the document token "
+            "(each document attends only to itself, as Llama 3's training did); 0: plain causal (default)"),
+    OT_INT("doc-token", doc_token, "the token that opens a document under --doc-mask (-1, the default: the data's: "
+           "50256, GPT-2's <|endoftext|>, for an llm.c token file, 128000, Llama 3's <|begin_of_text|>, when the "
+           "vocabulary has it; 0 for markov and text: data)"),
+    OT_CHOICE("doc-positions", doc_positions, "continue|restart", "positions under --doc-mask: continue (default; "
+             "Llama 3's training: only the mask changes, positions run on through the packed sequence) or restart "
+             "(rotary positions count from each document token; llama and mixtral)"),
     OT_FLAG("zero", zero, "1: shard the AdamW moments over the D replicas (ZeRO stage 1); 0: every replica keeps them"),
     O_STR("backend", backend, NULL), /* help built at run time: help_text() */
     O_CHOICE("precision", precision, "fp32|bf16",
@@ -272,6 +280,8 @@ void config_defaults(pl_options *o) {
     strcpy(o->backend, "auto");
     strcpy(o->precision, "fp32");
     strcpy(o->recompute, "none");
+    o->doc_token = -1;
+    strcpy(o->doc_positions, "continue");
     strcpy(o->grad_accum, "float");
     strcpy(o->arch, "gpt2");
     o->multiple_of = 256;

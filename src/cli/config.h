@@ -58,6 +58,9 @@ typedef struct {
     int tp;               /* tensor-parallel ranks per stage (tp.h; 1: none) */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     char grad_accum[8];   /* float (a float sum in each rank's order) | exact (exact.h: fixed-point, any order) */
+    int doc_mask;         /* 1: attention stops at the document token (model.h's model_docs) */
+    int doc_token;        /* the document token; -1: the data's (train.c: doc_token_of) */
+    char doc_positions[12]; /* continue (Llama 3's training) | restart (rotary positions from each document) */
     /* runtime */
     char backend[16];    /* checked when the run starts: backend_find() knows what is built */
     char precision[8];   /* fp32 | bf16 (checked as it is parsed) */

@@ -348,6 +348,8 @@ size_t model_slot_act_bytes(const model_config *c, int Bm, int T, int nb, int ha
     size_t n = carved(N * c->C) + (has_embed ? carved(N) : 0); /* the input, the tokens (int32) */
     n += (size_t)nb * rows_floats(c, &A->acts, N, T, mode);
     if (has_head) n += rows_floats(c, &A->head_acts, N, T, 0);
+    if (c->docs.mask) n += carved(N); /* the document starts (int32) */
+    if (c->docs.mask && c->docs.restart) n += 2 * carved(N * (size_t)(c->C / c->NH / 2)); /* per-row rotary tables */
     return n * sizeof(float);
 }
 

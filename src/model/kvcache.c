@@ -125,7 +125,7 @@ int kv_stage_forward(kv_stage *kv, kv_seg *seg, int nseg, const int *tok_host, c
     if (N < 1 || N > kv->rows || nseg > kv->nsample) return PL_EINVAL;
     size_t nc = sizeof(float) * N * c->C;
     block_dims d = {1, N, c->C, c->NH, N, c->NKV, c->C / c->NH, c->H, (int)arch_dim_value(c, 1, AD_QKV), c, kv->scr.t,
-                    NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL};
     kv_batch b = {nseg, seg};
     if (st->has_embed) {
         PL_TRY(be->from_host(kv->tok, tok_host, sizeof(int) * N));

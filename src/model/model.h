@@ -50,6 +50,17 @@ typedef struct {
     float mb_share;        /* a run's: one micro-batch's share of the step (Bm / Bg), the aux loss's weight */
 } moe_config;
 
+/* Document masking of packed sequences (--doc-mask, --doc-token, --doc-positions): a run's
+ * setting that train.c puts in each stage's config, as att_cols. A token equal to token opens a
+ * document (it belongs to the document that follows it: llm.c's data puts <|endoftext|> before
+ * every document); attention stops at the last such token at or before a row (backend_ops.h's
+ * doc); with restart, the rotary positions count from it (0 at the document token). */
+typedef struct {
+    int mask;              /* 1: on */
+    int token;             /* the document token */
+    int restart;           /* 1: positions restart at each document (rotary embeddings only) */
+} model_docs;
+
 /* Model dimensions, one struct for every architecture. Vp = V rounded up to a multiple of 128;
  * for GPT-2 NKV = NH, H = 4 C and the Llama settings (cfg.llama) are 0. */
 typedef struct {
@@ -67,6 +78,7 @@ typedef struct {
                             * (AD_NHT) when its backend keeps fewer than T there (backend.h's
                             * attention_cols: a fused kernel's output and log-sum-exp, hs + 1);
                             * 0 (every other config): T, the causal probabilities */
+    model_docs docs;       /* a stage's config: document masking (--doc-mask); zero: none */
 } model_config;
 
 /* Parameter kinds, global across architectures: checkpoint leaf names and the key of each
@@ -133,6 +145,10 @@ typedef struct {
                                      * grads[i]'s), for a weight part that folds a share early
                                      * (--ep: one per source rank); NULL otherwise */
     float *grads;
+    const int *doc;                 /* (N) document masking: each row's document's first row in its
+                                     * sequence (backend memory), or NULL: plain causal */
+    const float *pcos, *psin;       /* (N, HS/2) per-row rotary tables when positions restart at
+                                     * each document (backend memory), else NULL: the scratch's (T, HS/2) */
 } block_dims;
 
 /* How the model checks (config_check_llama in config.c) name a setting in a message: as the

@@ -73,6 +73,11 @@ static size_t lay_slot(stage *st, act_slot *s, char *base) {
     size_t off = 0, N = st->N;
     s->x_in = carve(base, &off, N * st->cfg.C);
     s->tok = st->has_embed ? (int *)carve(base, &off, N) : NULL;
+    const model_docs *dc = &st->cfg.docs;
+    size_t half = dc->mask && dc->restart ? (size_t)(st->cfg.C / st->cfg.NH / 2) : 0;
+    s->doc = dc->mask ? (int *)carve(base, &off, N) : NULL;
+    s->pcos = half ? carve(base, &off, N * half) : NULL;
+    s->psin = half ? carve(base, &off, N * half) : NULL;
     for (int b = 0; b < st->nb; b++)
         for (int i = 0; i < A->acts.n; i++) {
             const arch_act *r = &A->acts.rows[i];
@@ -529,8 +534,53 @@ static block_dims dims_of(const stage *st) {
     const model_config *c = &st->cfg;
     int HS = c->C / c->NH, NH = (int)arch_dim_value(c, 1, AD_NHT), QKV = (int)arch_dim_value(c, st->T, AD_QKV);
     block_dims d = {st->Bm, st->T, c->C, NH, st->N, (QKV / HS - NH) / 2, HS, (int)arch_dim_value(c, 1, AD_H),
-                    QKV, c, st->scr.t, st->exact ? st->acc : NULL, st->grads};
+                    QKV, c, st->scr.t, st->exact ? st->acc : NULL, st->grads, NULL, NULL, NULL};
     return d;
+}
+
+/* dims_of with a slot's document masking (its document starts and per-row rotary tables). */
+static block_dims dims_slot(const stage *st, const act_slot *s) {
+    block_dims d = dims_of(st);
+    d.doc = s->doc;
+    d.pcos = s->pcos;
+    d.psin = s->psin;
+    return d;
+}
+
+/* Document masking (cfg.docs): each row's document start from the micro-batch's tokens (a
+ * document token opens a document; the rows before a sequence's first one belong to a
+ * document that started before the sequence, at its row 0), and with restart each row's
+ * rotary table row at its position in its document. */
+static int docs_fill(stage *st, act_slot *s, const int *tok) {
+    const model_docs *dc = &st->cfg.docs;
+    int N = st->N, T = st->T, half = st->cfg.C / st->cfg.NH / 2;
+    if (!tok) {
+        pl_error("stage blocks [%d,%d): document masking needs the micro-batch's tokens", st->l0, st->l1);
+        return PL_EINVAL;
+    }
+    int *ds = malloc(sizeof(int) * (size_t)N);
+    size_t nt = dc->restart ? (size_t)T * half : 0, nr = dc->restart ? (size_t)N * half : 0;
+    float *tab = nt ? malloc(sizeof(float) * 2 * (nt + nr)) : NULL;
+    int rc = !ds || (nt && !tab) ? PL_ENOMEM : PL_OK;
+    for (int i = 0; rc == PL_OK && i < N; i++) {
+        int t = i % T;
+        ds[i] = t == 0 || tok[i] == dc->token ? t : ds[i - 1];
+    }
+    if (rc == PL_OK) rc = st->be->from_host(s->doc, ds, sizeof(int) * (size_t)N);
+    if (rc == PL_OK && nt) { /* cos (T, half), sin (T, half), then the rows' cos (N, half), sin (N, half) */
+        float *tc = tab, *ts = tab + nt, *rcos = ts + nt, *rsin = rcos + nr;
+        llama_rope_tables(&st->cfg, T, tc, ts);
+        for (int i = 0; i < N; i++) {
+            size_t p = (size_t)(i % T - ds[i]) * half;
+            memcpy(rcos + (size_t)i * half, tc + p, sizeof(float) * half);
+            memcpy(rsin + (size_t)i * half, ts + p, sizeof(float) * half);
+        }
+        rc = st->be->from_host(s->pcos, rcos, sizeof(float) * nr);
+        if (rc == PL_OK) rc = st->be->from_host(s->psin, rsin, sizeof(float) * nr);
+    }
+    free(ds);
+    free(tab);
+    return rc;
 }
 
 /* --tp: the vocabulary-parallel head. Each TP rank multiplies by its slice of the head's rows
@@ -679,7 +729,8 @@ int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const in
     s->input_done = 0;
     s->mb = mb;
     if (++st->slots_in_use > st->slots_peak) st->slots_peak = st->slots_in_use;
-    block_dims d = dims_of(st);
+    if (st->cfg.docs.mask) PL_TRY(docs_fill(st, s, tok));
+    block_dims d = dims_slot(st, s);
     if (st->has_embed && st->cfg.tp > 1) {
         PL_TRY(embed_forward_tp(st, s, tok));
     } else if (st->has_embed) {
@@ -761,7 +812,7 @@ static int release(stage *st, act_slot *s) {
 
 /* What the mode dropped from block b of slot s, back before its backward needs it. */
 static int recompute_block(stage *st, act_slot *s, int b, const float *x) {
-    block_dims d = dims_of(st);
+    block_dims d = dims_slot(st, s);
     float *const *a = s->blocks[b].t;
     if (st->recompute == STAGE_RECOMPUTE_FULL) return st->arch->block_forward(st->be, &d, st->bp[b].t, a, x);
     if (st->recompute == STAGE_RECOMPUTE_SELECTIVE) return st->arch->block_recompute_selective(st->be, &d, a);
@@ -777,7 +828,7 @@ int stage_backward_input(stage *st, int slot, const float *dout) {
         return PL_EINVAL;
     }
     const backend *be = st->be;
-    block_dims d = dims_of(st);
+    block_dims d = dims_slot(st, s);
     PL_TRY(backward_start(st, s, dout));
     for (int b = st->nb - 1; b >= 0; b--) {
         const float *x = block_in(st, s, b);
@@ -815,7 +866,7 @@ int stage_backward(stage *st, int slot, const float *dout) {
     act_slot *s = backward_slot(st, slot, 0, "backward");
     if (!s) return PL_EINVAL;
     const backend *be = st->be;
-    block_dims d = dims_of(st);
+    block_dims d = dims_slot(st, s);
     PL_TRY(backward_start(st, s, dout));
     if (st->has_head) PL_TRY(head_weight(st, s));
     for (int b = st->nb - 1; b >= 0; b--) {

@@ -42,6 +42,8 @@ typedef struct {
     int input_done;     /* the input part has run; the weight part is pending */
     float *x_in;        /* (N, C) stage input (embedding output on the first stage) */
     int *tok;           /* (N) input tokens, first stage */
+    int *doc;           /* (N) document masking (cfg.docs): each row's document start (model.h's block_dims) */
+    float *pcos, *psin; /* (N, HS/2) the rows' rotary tables when positions restart at each document */
     block_ptrs *blocks; /* nb: each block's activations, by the architecture's activation enum (the
                          * rows the recompute mode does not keep point into the stage's shared set) */
     block_ptrs head;    /* the head's activations (last stage), by its head-activation enum */
@@ -143,7 +145,8 @@ int stage_init_params(stage *st, unsigned long long seed);
 const param_tensor *stage_find_tensor(const stage *st, int kind, int layer);
 
 /* Forward one micro-batch into a free slot (returned in *slot_out). tok (host, N) on the
- * first stage, else x_in (backend, N*C). On the last stage targets (host, N) give the loss:
+ * first stage, and on every stage under document masking (cfg.docs.mask: the documents are
+ * found from the tokens), else NULL; x_in (backend, N*C) on the other stages. On the last stage targets (host, N) give the loss:
  * *loss_sum receives the sum of the N token losses and, if dloss > 0, the head's backward runs
  * with dL/dlogit scale dloss. Returns 0, PL_EINVAL if no slot is free, or a backend error. */
 int stage_forward(stage *st, int mb, const int *tok, const float *x_in, const int *targets,

@@ -231,7 +231,7 @@ static int run_forward(engine *e, long step, int c, int m, const int *inputs, co
     }
     PL_TRY(st->be->synchronize()); /* the clock times this F, not what a device backend still runs */
     double t0 = pl_now();
-    PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
+    PL_TRY(stage_forward(st, m, (st->has_embed || st->cfg.docs.mask) && inputs ? inputs + (size_t)m * rows : NULL,
                          s > 0 ? e->recv_f[c] + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                          dloss, &e->mb_loss[m], &slot));
     if (local_edge(e, s)) { /* the next stage is this rank's: its input is this output */
@@ -528,7 +528,7 @@ int engine_eval(engine *e, const int *inputs, const int *targets, double *loss_s
                 PL_TRY(comm_wait(&e->rq_f[k], &w));
                 PL_TRY(unview(e, HV_RF, c, m, e->recv_f[c] + m * slice, slice));
             }
-            PL_TRY(stage_forward(st, m, st->has_embed ? inputs + (size_t)m * rows : NULL,
+            PL_TRY(stage_forward(st, m, (st->has_embed || st->cfg.docs.mask) && inputs ? inputs + (size_t)m * rows : NULL,
                                  s > 0 ? e->recv_f[c] + m * slice : NULL, st->has_head ? targets + (size_t)m * rows : NULL,
                                  0.0f, &l, &slot));
             if (local_edge(e, s)) {

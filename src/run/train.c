@@ -479,6 +479,36 @@ static int setup_dp(run *R, char *err, size_t errlen) {
     return PL_OK;
 }
 
+/* --doc-mask: the document token (--doc-token, or the data's: GPT-2's <|endoftext|> 50256 in an
+ * llm.c token file, Llama 3's <|begin_of_text|> 128000 where the vocabulary holds it; 0 for the
+ * Markov chain and text, which have no document token of their own) and the positions into
+ * the run's config (each stage's, as att_cols). */
+static int setup_docs(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    model_docs *dc = &R->cfg.docs;
+    memset(dc, 0, sizeof *dc);
+    if (o->doc_mask != 0 && o->doc_mask != 1) {
+        snprintf(err, errlen, "--doc-mask %d is out of range (0 or 1)", o->doc_mask);
+        return PL_EINVAL;
+    }
+    if (!o->doc_mask) return PL_OK;
+    int llmc = strcmp(o->data, "markov") != 0 && strncmp(o->data, "text:", 5) != 0;
+    dc->mask = 1;
+    dc->token = o->doc_token >= 0 ? o->doc_token : !llmc ? 0 : R->cfg.V > 128000 ? 128000 : 50256;
+    dc->restart = strcmp(o->doc_positions, "restart") == 0;
+    if (dc->token >= R->cfg.V) {
+        snprintf(err, errlen, "--doc-mask: the document token %d is outside the vocabulary (%d tokens); give "
+                 "--doc-token", dc->token, R->cfg.V);
+        return PL_EINVAL;
+    }
+    if (dc->restart && R->cfg.llama.rope_theta <= 0) {
+        snprintf(err, errlen, "--doc-positions restart needs rotary positions (--arch llama or mixtral); this "
+                 "model's positions are a learned table");
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
 /* Split, schedule, stage, data, metrics: everything that can fail before step 1, none of it
  * collective (the ranks agree on the outcome before anything collective runs). */
 /* The small inputs every rank parses (--costs-in, --schedule-csv): read by rank 0 and broadcast
@@ -526,6 +556,7 @@ static int setup(run *R, char *err, size_t errlen) {
      * allocate (stage_init asks the same) */
     if (be->attention_cols && R->cfg.NH)
         R->cfg.att_cols = be->attention_cols(R->B / R->M, R->T, R->cfg.NH, R->cfg.C / R->cfg.NH);
+    PL_TRY(setup_docs(R, err, errlen));
     PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
@@ -542,8 +573,9 @@ static int setup(run *R, char *err, size_t errlen) {
     engine_set_faults(&R->eng, o->hooks.fail_rank == R->wrank ? R->rank : -1, o->hooks.fail_step,
                       strcmp(o->hooks.fail_at, "during") == 0);
     if (o->hooks.slow_rank == R->rank) engine_set_slow(&R->eng, o->hooks.slow_ms); /* test-only: a straggler */
-    /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets */
-    if (R->rank == 0 || R->rank == last_rank(R)) {
+    /* data: the first stage (rank 0) needs inputs, the last (rank P - 1; rank 0 in a V) the targets;
+     * under --doc-mask every stage finds the documents in the inputs */
+    if (R->rank == 0 || R->rank == last_rank(R) || R->cfg.docs.mask) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
                          err, errlen));
         R->have_train = 1;

@@ -11,6 +11,8 @@
 #     T = 300) is the tiled path bit for bit; the stage table counts the smaller buffer;
 #   - the control: tiled and full runs differ in their bits (the comparisons above see the
 #     path taken);
+#   - the oneDNN backend's tiled path (fp32, bf16): 2 stages with selective recomputation = 1
+#     stage bit for bit, losses within 1e-5 (fp32) / 2e-2 (bf16) of its (T, T) path;
 #   - a bad value is refused on every rank, naming the choices.
 # Op by op (odd T, head sizes, GQA, thread counts): tests/unit/test_attention.c. Every mpiexec
 # runs under a timeout; ranks oversubscribe small machines: shapes are tiny, one thread each.
@@ -68,6 +70,23 @@ LL="--preset llama-tiny --max-seq-len 320"
 run lfull 1 $LL $FULL --dump-grads lfull.g.bin
 run ltiled 1 $LL $TILED --dump-grads ltiled.g.bin && against ltiled lfull "Llama T=300 tiled (GQA 6/2)"
 run lp2 2 $LL $TILED --stages 2 && same "Llama tiled: 2 stages = 1 stage, bit for bit" lp2 ltiled
+
+# the oneDNN backend's tiled path (O(T): the CPU's kernels, bf16 products' inputs rounded in
+# bf16): its bits over 2 stages and selective recomputation equal 1 stage's, in bf16 where the
+# CPU has it and in fp32; bf16 within its tolerance of the (T, T) path's losses
+DT="--backend onednn --backend-opt attention=tiled"
+for prec in fp32 bf16; do
+    if [ $prec = bf16 ] && ! mpirun_t 60 1 train $COMMON --steps 1 --backend onednn --precision bf16 > probe.out 2>&1; then
+        echo "note: no bf16 run here: $(grep -m1 error probe.out | cut -c1-160)"
+        continue
+    fi
+    run d1_$prec 1 $DT --precision $prec && run d2_$prec 2 $DT --precision $prec --stages 2 --recompute selective &&
+        same "onednn $prec tiled: 2 stages with selective recomputation = 1 stage, bit for bit" d2_$prec d1_$prec
+    run df_$prec 1 --backend onednn --backend-opt attention=full --precision $prec
+    tol=1e-5; [ $prec = bf16 ] && tol=2e-2
+    if msg=$(close d1_$prec.jsonl df_$prec.jsonl $tol); then ok "onednn $prec tiled: losses within $tol of its (T, T) path ($msg)"
+    else bad "onednn $prec tiled losses" "$msg"; fi
+done
 
 # a bad value: every rank ends with the cause, non-zero
 expect "attention=flash is refused, naming the choices" 2 "attention=auto|tiled|full" \

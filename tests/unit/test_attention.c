@@ -124,10 +124,10 @@ static void tiled_vs_full(const shape *s) {
     float *out_f = fconst(no, 0), *att_f = fconst((size_t)B * NH * T * T, 0), *dq_f = fconst(nq, 1000);
     float *out_t = fconst(no, 999), *st = fconst((size_t)B * NH * T * (HS + 1), 7), *dq_t = fconst(nq, 1000);
     cpu_mode("attention=full", 2);
-    ck_assert_int_eq(be->attention_gqa_fwd(out_f, att_f, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(be->attention_gqa_bwd(dq_f, dout, qkv, att_f, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS), 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(out_f, att_f, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(be->attention_gqa_bwd(dq_f, dout, qkv, att_f, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(out_t, st, qkv, B, T, NH, NKV, HS, NULL, 0), 0);
+    ck_assert_int_eq(cpu_attention_tiled_bwd(dq_t, dout, qkv, st, B, T, NH, NKV, HS, NULL, 0), 0);
     char what[128];
     snprintf(what, sizeof what, "out B%d T%d NH%d NKV%d HS%d", B, T, NH, NKV, HS);
     check_close(what, out_t, out_f, no, TOL);
@@ -177,8 +177,8 @@ START_TEST(test_tiled_threads) {
     for (int r = 0; r < 3; r++) {
         be->set_threads(r + 1);
         out[r] = fconst(no, 0), st[r] = fconst(ns, 0), dq[r] = fconst(nq, 0);
-        ck_assert_int_eq(be->attention_gqa_fwd(out[r], st[r], qkv, B, T, NH, NKV, HS), 0);
-        ck_assert_int_eq(be->attention_gqa_bwd(dq[r], dout, qkv, st[r], B, T, NH, NKV, HS), 0);
+        ck_assert_int_eq(be->attention_gqa_fwd(out[r], st[r], qkv, B, T, NH, NKV, HS, NULL), 0);
+        ck_assert_int_eq(be->attention_gqa_bwd(dq[r], dout, qkv, st[r], B, T, NH, NKV, HS, NULL), 0);
     }
     be->set_threads(2);
     for (int r = 1; r < 3; r++) {
@@ -216,8 +216,8 @@ START_TEST(test_dispatch) {
     rng_seed(42);
     float *qkv = frand(nq, -1, 1), *o1 = fconst(no, 0), *o2 = fconst(no, 0);
     float *a1 = fconst((size_t)B * NH * T * T, -5), *a2 = fconst(ns, 0);
-    ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, qkv, B, T, NH, NKV, HS), 0);
-    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS), 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(cpu_attention_tiled_fwd(o2, a2, qkv, B, T, NH, NKV, HS, NULL, 0), 0);
     ck_assert_msg(memcmp(o1, o2, sizeof(float) * no) == 0 && memcmp(a1, a2, sizeof(float) * ns) == 0,
                   "the op with attention=tiled is not the tiled kernel");
     for (size_t i = ns; i < (size_t)B * NH * T * T; i++)
@@ -235,6 +235,79 @@ START_TEST(test_dispatch) {
 }
 END_TEST
 
+
+/* Document masking (backend_ops.h's doc): a packed sequence of documents gives, for each
+ * document, the output and the q, k, v gradients of that document run alone as its own
+ * sequence (plain causal), within TOL, on the full path and the tiled one (documents crossing
+ * the 64-row query tiles and the 128-key backward tiles; the first sequence of the batch is one
+ * document, starting at its row 0); an all-zero doc gives NULL's bits. */
+static void doc_vs_alone(const char *mode, int T, int NH, int NKV, int HS, const int *cuts, int ncuts) {
+    enum { B = 2 };
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * CO;
+    float *qkv = frand(nq, -2, 2), *dout = frand(no, -1, 1);
+    int *doc = calloc((size_t)B * T, sizeof(int));
+    for (int t = 0, c = 0, cur = 0; t < T; t++) { /* sequence 1: documents from each cut */
+        if (c < ncuts && cuts[c] == t) cur = cuts[c++];
+        doc[T + t] = cur;
+    }
+    cpu_mode(mode, 2);
+    float *out = fconst(no, 0), *att = fconst((size_t)B * NH * T * T, 0), *dq = fconst(nq, 1000);
+    ck_assert_int_eq(be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, doc), 0);
+    ck_assert_int_eq(be->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS, doc), 0);
+    int bnd[34], nb = 0; /* sequence 1's documents: [bnd[i], bnd[i + 1]) */
+    bnd[nb++] = 0;
+    for (int c = 0; c < ncuts && nb < 32; c++)
+        if (cuts[c] > bnd[nb - 1]) bnd[nb++] = cuts[c];
+    bnd[nb++] = T;
+    for (int c = -1; c < nb - 1; c++) { /* c = -1: sequence 0, one document */
+        int b = c < 0 ? 0 : 1, t0 = c < 0 ? 0 : bnd[c], t1 = c < 0 ? T : bnd[c + 1], n = t1 - t0;
+        float *q1 = malloc(sizeof(float) * n * W), *d1 = malloc(sizeof(float) * n * CO);
+        float *o1 = fconst((size_t)n * CO, 0), *a1 = fconst((size_t)NH * n * n, 0), *g1 = fconst((size_t)n * W, 0);
+        float *oa = malloc(sizeof(float) * n * CO), *ga = malloc(sizeof(float) * n * W);
+        memcpy(q1, qkv + ((size_t)b * T + t0) * W, sizeof(float) * n * W);
+        memcpy(d1, dout + ((size_t)b * T + t0) * CO, sizeof(float) * n * CO);
+        memcpy(oa, out + ((size_t)b * T + t0) * CO, sizeof(float) * n * CO);
+        memcpy(ga, dq + ((size_t)b * T + t0) * W, sizeof(float) * n * W);
+        cpu_mode("attention=full", 2);
+        ck_assert_int_eq(be->attention_gqa_fwd(o1, a1, q1, 1, n, NH, NKV, HS, NULL), 0);
+        ck_assert_int_eq(be->attention_gqa_bwd(g1, d1, q1, a1, 1, n, NH, NKV, HS, NULL), 0);
+        cpu_mode(mode, 2);
+        char what[160];
+        snprintf(what, sizeof what, "doc %s rows [%d,%d) of seq %d out, T%d NH%d NKV%d HS%d", mode, t0, t1, b, T, NH,
+                 NKV, HS);
+        check_close(what, oa, o1, (size_t)n * CO, TOL);
+        snprintf(what, sizeof what, "doc %s rows [%d,%d) of seq %d dqkv, T%d NH%d NKV%d HS%d", mode, t0, t1, b, T,
+                 NH, NKV, HS);
+        check_close(what, ga, g1, (size_t)n * W, TOL);
+        free(q1); free(d1); free(o1); free(a1); free(g1); free(oa); free(ga);
+    }
+    /* no document token: an all-zero doc is NULL, bit for bit */
+    memset(doc, 0, sizeof(int) * B * T);
+    float *o2 = fconst(no, 0), *a2 = fconst((size_t)B * NH * T * T, 0), *g2 = fconst(nq, 0);
+    float *o3 = fconst(no, 0), *a3 = fconst((size_t)B * NH * T * T, 0), *g3 = fconst(nq, 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(o2, a2, qkv, B, T, NH, NKV, HS, doc), 0);
+    ck_assert_int_eq(be->attention_gqa_bwd(g2, dout, qkv, a2, B, T, NH, NKV, HS, doc), 0);
+    ck_assert_int_eq(be->attention_gqa_fwd(o3, a3, qkv, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_int_eq(be->attention_gqa_bwd(g3, dout, qkv, a3, B, T, NH, NKV, HS, NULL), 0);
+    ck_assert_msg(memcmp(o2, o3, sizeof(float) * no) == 0 && memcmp(g2, g3, sizeof(float) * nq) == 0,
+                  "%s: an all-zero doc differs from no doc", mode);
+    free(o2); free(a2); free(g2); free(o3); free(a3); free(g3);
+    free(qkv); free(dout); free(doc); free(out); free(att); free(dq);
+    cpu_mode(NULL, 2);
+}
+
+START_TEST(test_doc_mask) {
+    static const int cuts[] = {0, 1, 2, 30, 63, 64, 65, 128, 129, 250, 299}; /* tile edges: 64, 128, 256 */
+    static const int late[] = {100, 101};                                    /* rows 0..99: one document */
+    rng_seed(43);
+    doc_vs_alone("attention=full", 300, 4, 2, 16, cuts, sizeof cuts / sizeof cuts[0]);
+    doc_vs_alone("attention=tiled", 300, 4, 2, 16, cuts, sizeof cuts / sizeof cuts[0]);
+    doc_vs_alone("attention=tiled", 300, 3, 3, 5, late, 2);
+    doc_vs_alone("attention=full", 9, 2, 1, 4, late, 0);
+}
+END_TEST
+
 static Suite *attention_suite(void) {
     Suite *su = suite_create("attention");
     TCase *tc = tcase_create("tiled");
@@ -242,6 +315,7 @@ static Suite *attention_suite(void) {
     tcase_add_test(tc, test_tiled_vs_full);
     tcase_add_test(tc, test_tiled_threads);
     tcase_add_test(tc, test_dispatch);
+    tcase_add_test(tc, test_doc_mask);
     suite_add_tcase(su, tc);
     return su;
 }

@@ -285,10 +285,10 @@ static void attention_case(int B, int T, int NH, int NKV, int HS) {
     float *dq = hrand(nq, 5, 5);
     float *g_qkv = dput(qkv, nq), *g_dout = dput(dout, no), *g_out = dput(out, no), *g_att = dput(att, na);
     float *g_dq = dput(dq, nq);
-    CPU_OK(cpu->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS));
-    OK(be->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NKV, HS));
-    OK(be->attention_gqa_bwd(g_dq, g_dout, g_qkv, g_att, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL));
+    CPU_OK(cpu->attention_gqa_bwd(dq, dout, qkv, att, B, T, NH, NKV, HS, NULL));
+    OK(be->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NKV, HS, NULL));
+    OK(be->attention_gqa_bwd(g_dq, g_dout, g_qkv, g_att, B, T, NH, NKV, HS, NULL));
     snprintf(what, sizeof what, "attention_gqa_fwd out B%d T%d NH%d NKV%d HS%d", B, T, NH, NKV, HS);
     compare(what, g_out, out, NULL, no, 2);
     /* att is each backend's own state for the backward (backend_ops.h): the host backends keep
@@ -312,7 +312,7 @@ static void kv_case(int T, int NH, int NKV, int HS, int split) {
     char what[96];
     float *qkv = hrand(nq, -1, 1), *ref = hrand(no, 0, 0), *att = hrand((size_t)NH * T * T, 0, 0);
     float *out = hrand(no, 0, 0), *kc = hrand(nk, 0, 0), *vc = hrand(nk, 0, 0);
-    CPU_OK(cpu->attention_gqa_fwd(ref, att, qkv, 1, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_fwd(ref, att, qkv, 1, T, NH, NKV, HS, NULL));
     CPU_OK(cpu->attention_kv_fwd(out, kc, vc, qkv, 0, split, NH, NKV, HS));
     CPU_OK(cpu->attention_kv_fwd(out + (size_t)split * NH * HS, kc, vc, qkv + (size_t)split * W, split, T - split, NH,
                                  NKV, HS));

@@ -382,7 +382,7 @@ START_TEST(test_failures) {
     gpu->free(p);
 
     /* bad shapes: refused with the op named, nothing launched */
-    ck_assert_int_eq(gpu->attention_gqa_fwd(NULL, NULL, NULL, 2, 7, 5, 2, 24), PL_EBACKEND); /* NH % NKV */
+    ck_assert_int_eq(gpu->attention_gqa_fwd(NULL, NULL, NULL, 2, 7, 5, 2, 24, NULL), PL_EBACKEND); /* NH % NKV */
     ck_assert_msg(strstr(gpu->error(), "attention_gqa_fwd") && strstr(gpu->error(), "invalid shape"), "error() = '%s'",
                   gpu->error());
     ck_assert_int_eq(gpu->matmul_fwd(NULL, NULL, NULL, NULL, -1, 4, 4), PL_EBACKEND);
@@ -709,8 +709,8 @@ static att_res gpu_attention(const float *qkv, const float *dout, int B, int T, 
     float *g_qkv = dput(qkv, n3), *g_dout = dput(dout, n1);
     float *g_out = dconst(n1, 999.0f), *g_att = dconst(na, 999.0f);
     float *g_dqkv = dconst(n3, 777.0f);
-    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NH, C / NH)); /* GPT-2's: NKV = NH */
-    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NH, C / NH));
+    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NH, C / NH, NULL)); /* GPT-2's: NKV = NH */
+    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NH, C / NH, NULL));
     att_res r = {dget(g_out, n1), dget(g_att, na), dget(g_dqkv, n3)};
     gpu->free(g_qkv); gpu->free(g_dout); gpu->free(g_out); gpu->free(g_att); gpu->free(g_dqkv);
     return r;
@@ -718,8 +718,8 @@ static att_res gpu_attention(const float *qkv, const float *dout, int B, int T, 
 static att_res cpu_attention(const float *qkv, const float *dout, int B, int T, int C, int NH) {
     size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     att_res r = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
-    CPU_OK(cpu->attention_gqa_fwd(r.out, r.att, qkv, B, T, NH, NH, C / NH));
-    CPU_OK(cpu->attention_gqa_bwd(r.dqkv, dout, qkv, r.att, B, T, NH, NH, C / NH));
+    CPU_OK(cpu->attention_gqa_fwd(r.out, r.att, qkv, B, T, NH, NH, C / NH, NULL));
+    CPU_OK(cpu->attention_gqa_bwd(r.dqkv, dout, qkv, r.att, B, T, NH, NH, C / NH, NULL));
     return r;
 }
 static void att_free(att_res *r) {
@@ -1135,6 +1135,10 @@ START_TEST(test_rope) {
 }
 END_TEST
 
+/* Document masking (backend_ops.h's doc): while not NULL, every gqa and flash case passes these
+ * document starts (host, B*T) to both backends (test_attention_doc). */
+static int *cur_doc;
+
 static att_res gpu_gqa(const float *qkv, const float *dout, int B, int T, int NH, int NKV, int HS) {
     size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
     /* att as small as the backend says (attention_cols: the stage sizes it so), the rest of
@@ -1144,8 +1148,10 @@ static att_res gpu_gqa(const float *qkv, const float *dout, int B, int T, int NH
     size_t nab = (size_t)B * NH * T * cols;
     float *g_qkv = dput(qkv, n3), *g_dout = dput(dout, n1);
     float *g_out = dconst(n1, 999.0f), *g_att = dconst(nab, 999.0f), *g_dqkv = dconst(n3, 777.0f);
-    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NKV, HS));
-    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NKV, HS));
+    int *g_doc = cur_doc ? dput_i(cur_doc, (size_t)B * T) : NULL;
+    OK(gpu->attention_gqa_fwd(g_out, g_att, g_qkv, B, T, NH, NKV, HS, g_doc));
+    OK(gpu->attention_gqa_bwd(g_dqkv, g_dout, g_qkv, g_att, B, T, NH, NKV, HS, g_doc));
+    gpu->free(g_doc);
     att_res r = {dget(g_out, n1), hconst(na, 999.0f), dget(g_dqkv, n3)};
     float *a = dget(g_att, nab);
     memcpy(r.att, a, nab * sizeof(float));
@@ -1159,8 +1165,8 @@ static void gqa_case(int B, int T, int NH, int NKV, int HS) {
     size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
     float *qkv = hrand(n3, -1, 1), *dout = hrand(n1, -1, 1);
     att_res ref = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
-    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS, cur_doc));
+    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS, cur_doc));
     static const char *nm[3] = {"out", "att", "dqkv"};
     size_t ns[3] = {n1, na, n3};
 
@@ -1213,8 +1219,8 @@ static void flash_case(int B, int T, int NH, int NKV, int HS) {
     size_t n3 = (size_t)B * T * (NH + 2 * NKV) * HS, n1 = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
     float *qkv = hrand(n3, -1, 1), *dout = hrand(n1, -1, 1);
     att_res ref = {hconst(n1, 0), hconst(na, 0), hconst(n3, 0)};
-    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS));
+    CPU_OK(cpu->attention_gqa_fwd(ref.out, ref.att, qkv, B, T, NH, NKV, HS, cur_doc));
+    CPU_OK(cpu->attention_gqa_bwd(ref.dqkv, dout, qkv, ref.att, B, T, NH, NKV, HS, cur_doc));
     for (int bf = 0; bf < 2; bf++) {
         int prec = bf ? PL_PREC_BF16 : PL_PREC_FP32;
         use_opts(prec, "flash=0");
@@ -1265,6 +1271,29 @@ START_TEST(test_attention_flash) {
 }
 END_TEST
 
+/* Document masking: sequence 0 one document, sequence 1 documents from rows 1, 31, 32, 63, 64
+ * and 65 (the fused kernels' 32-key tiles and 64-row blocks); product path and fused kernels,
+ * fp32 and bf16, against backend_cpu's masked path. */
+static void doc_case(int B, int T, int NH, int NKV, int HS) {
+    static const int cuts[] = {1, 31, 32, 63, 64, 65};
+    cur_doc = calloc((size_t)B * T, sizeof(int));
+    for (int b = 1; b < B; b++)
+        for (int t = 0, c = 0, cur = 0; t < T; t++) {
+            if (c < 6 && cuts[c] == t) cur = cuts[c++];
+            cur_doc[b * T + t] = cur;
+        }
+    flash_case(B, T, NH, NKV, HS);
+    free(cur_doc);
+    cur_doc = NULL;
+}
+
+START_TEST(test_attention_doc) {
+    rng_seed(40);
+    doc_case(2, 70, 4, 2, 16);
+    doc_case(2, 66, 2, 2, 8);
+}
+END_TEST
+
 START_TEST(test_attention_gqa) {
     rng_seed(14);
     gqa_case(2, 5, 6, 2, 6);
@@ -1273,10 +1302,10 @@ START_TEST(test_attention_gqa) {
     gqa_case(1, 3, 32, 8, 64); /* Llama 3.2 1B's heads: 32 query heads on 8 key/value heads */
     if (full_tier()) gqa_case(2, 6, 32, 8, 64);
     float *x = dconst(1024, 0.0f);
-    ck_assert_int_eq(gpu->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(gpu->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
     ck_assert_msg(strstr(gpu->error(), "attention_gqa_fwd") && strstr(gpu->error(), "invalid shape"), "error(): %s",
                   gpu->error());
-    ck_assert_int_eq(gpu->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_int_eq(gpu->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
     gpu->free(x);
 }
 END_TEST
@@ -1374,7 +1403,7 @@ static Suite *cuda_suite(void) {
         {"attention_flash", test_attention_flash}, {"elementwise", test_elementwise}, {"crossentropy", test_crossentropy},
         {"adamw", test_adamw},         {"sumsq", test_sumsq},             {"rmsnorm", test_rmsnorm},
         {"rope", test_rope},           {"attention_gqa", test_attention_gqa}, {"swiglu", test_swiglu},
-        {"attention_kv", test_attention_kv},
+        {"attention_kv", test_attention_kv}, {"attention_doc", test_attention_doc},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);

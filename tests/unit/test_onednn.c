@@ -321,7 +321,7 @@ START_TEST(test_matmul_edges) {
     OK(dn->matmul_bwd_weight(y, b, x, x, 0, 4, 8));
     ck_assert_int_eq(dn->matmul_fwd(y, x, x, b, -1, 4, 8), PL_EBACKEND);
     ck_assert_msg(strstr(dn->error(), "invalid shape"), "message: %s", dn->error());
-    ck_assert_int_eq(dn->attention_gqa_fwd(y, y, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(dn->attention_gqa_fwd(y, y, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
     dn->free(x); dn->free(y); dn->free(b);
 }
 END_TEST
@@ -340,10 +340,10 @@ static void attention_case(const att_shape *s, int bf) {
     float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
     for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
     /* GPT-2's multi-head attention: the grouped-query ops with NKV = NH, HS = C / NH */
-    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH));
-    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NH, C / NH));
-    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH));
-    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NH, C / NH));
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH, NULL));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NH, C / NH, NULL));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, NULL));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NH, C / NH, NULL));
     /* the masked upper triangle is exactly 0 and rows sum to 1 */
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++) {
@@ -431,8 +431,17 @@ END_TEST
 typedef struct { int B, T, NH, NKV, HS; } gqa_shape;
 static const gqa_shape gqa_shapes[] = {{3, 13, 6, 2, 8}, {2, 40, 8, 1, 12}, {2, 17, 4, 4, 6}, {1, 71, 4, 2, 8}};
 
-static void gqa_case(const gqa_shape *s, int bf) {
+/* withdoc: document masking (backend_ops.h's doc), sequence 0 one document, the others
+ * documents from rows 1, T/3 and T/2 (checked against backend_cpu's masked path too, and the
+ * masked probabilities zero). */
+static void gqa_case(const gqa_shape *s, int bf, int withdoc) {
     int B = s->B, T = s->T, NH = s->NH, NKV = s->NKV, HS = s->HS, W = (NH + 2 * NKV) * HS;
+    int *doc = NULL;
+    if (withdoc) {
+        doc = calloc((size_t)B * T, sizeof(int));
+        for (int b = 1; b < B; b++)
+            for (int t = 0; t < T; t++) doc[b * T + t] = t >= T / 2 ? T / 2 : t >= T / 3 ? T / 3 : t >= 1 ? 1 : 0;
+    }
     size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * NH * HS, natt = (size_t)B * NH * T * T;
     char what[96];
     float *qkv = falloc(nqkv), *dout = falloc(nout);
@@ -441,27 +450,38 @@ static void gqa_case(const gqa_shape *s, int bf) {
     float *out = falloc(nout), *att = falloc(natt), *dqkv = falloc(nqkv);
     float *out_r = falloc(nout), *att_r = falloc(natt), *dqkv_r = falloc(nqkv);
     for (size_t i = 0; i < nqkv; i++) dqkv[i] = 1e30f; /* overwritten, not accumulated */
-    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS));
-    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS));
-    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, doc));
+    OK(dn->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, doc));
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++)
-            for (int j = t + 1; j < T; j++)
-                ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att above the diagonal");
+            for (int j = 0; j < T; j++)
+                if (j > t || (doc && j < doc[(bh / NH) * T + t]))
+                    ck_assert_msg(att[((size_t)bh * T + t) * T + j] == 0.0f, "gqa att masked at %d %d %d", bh, t, j);
     const char *names[3] = {"gqa out", "gqa att", "gqa dqkv"};
     const float *got[3] = {out, att, dqkv}, *ref[3] = {out_r, att_r, dqkv_r};
     size_t ns[3] = {nout, natt, nqkv};
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "%s B%d T%d NH%d NKV%d HS%d", names[i], B, T, NH, NKV, HS);
+        snprintf(what, sizeof what, "%s%s B%d T%d NH%d NKV%d HS%d", names[i], doc ? " doc" : "", B, T, NH, NKV, HS);
         if (bf) check16(what, got[i], ref[i], NULL, ns[i], 1); else check32(what, got[i], ref[i], NULL, ns[i]);
     }
     /* twice: the same bits */
     float *out2 = falloc(nout), *att2 = falloc(natt), *dqkv2 = falloc(nqkv);
-    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS));
-    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS));
+    OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, doc));
+    OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, doc));
     check_same("gqa out repeated", out, out2, nout);
     check_same("gqa dqkv repeated", dqkv, dqkv2, nqkv);
+    if (doc) { /* no document token: an all-zero doc is NULL's bits */
+        memset(doc, 0, sizeof(int) * (size_t)B * T);
+        OK(dn->attention_gqa_fwd(out2, att2, qkv, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_bwd(dqkv2, dout, qkv, att2, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_fwd(out_r, att_r, qkv, B, T, NH, NKV, HS, NULL));
+        OK(dn->attention_gqa_bwd(dqkv_r, dout, qkv, att_r, B, T, NH, NKV, HS, NULL));
+        check_same("gqa out, zero doc and none", out2, out_r, nout);
+        check_same("gqa dqkv, zero doc and none", dqkv2, dqkv_r, nqkv);
+    }
+    free(doc);
     float *bufs[] = {qkv, dout, out, att, dqkv, out_r, att_r, dqkv_r, out2, att2, dqkv2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dn->free(bufs[i]);
 }
@@ -469,10 +489,13 @@ static void gqa_case(const gqa_shape *s, int bf) {
 START_TEST(test_gqa_fp32) {
     use_prec(PL_PREC_FP32);
     rng_seed(21);
-    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 0);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) {
+        gqa_case(&gqa_shapes[i], 0, 0);
+        gqa_case(&gqa_shapes[i], 0, 1);
+    }
     float *x = falloc(1024);
-    ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND); /* NH % NKV != 0 */
-    ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_int_eq(dn->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND); /* NH % NKV != 0 */
+    ck_assert_int_eq(dn->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
     dn->free(x);
 }
 END_TEST
@@ -481,7 +504,77 @@ START_TEST(test_gqa_bf16) {
     if (!bf16_ok) return;
     use_prec(PL_PREC_BF16);
     rng_seed(22);
-    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) gqa_case(&gqa_shapes[i], 1);
+    for (size_t i = 0; i < sizeof gqa_shapes / sizeof gqa_shapes[0]; i++) {
+        gqa_case(&gqa_shapes[i], 1, 0);
+        gqa_case(&gqa_shapes[i], 1, 1);
+    }
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+
+/* attention=tiled (the CPU backend's tiled kernels, bf16 products' inputs rounded in bf16)
+ * against this backend's own (T, T) path: fp32 within TOL32, bf16 within the attention bf16
+ * bounds of it (and of backend_cpu's fp32: a bf16 result, not fp32); the same bits with 1 and
+ * 3 threads; attention_cols HS + 1 (O(T)); with document masking too. */
+static void tiled_case(int prec, const int *doc) {
+    enum { B = 2, T = 150, NH = 4, NKV = 2, HS = 16, W = (NH + 2 * NKV) * HS };
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HS, na = (size_t)B * NH * T * T;
+    int bf = prec == PL_PREC_BF16;
+    float *qkv = falloc(nq), *dout = falloc(no);
+    fill_rand(qkv, nq, -1, 1);
+    fill_rand(dout, no, -1, 1);
+    float *o[3], *g[3], *a[3], *ro = falloc(no), *ra = falloc(na), *rg = falloc(nq);
+    CPU_OK(cpu->attention_gqa_fwd(ro, ra, qkv, B, T, NH, NKV, HS, doc));
+    CPU_OK(cpu->attention_gqa_bwd(rg, dout, qkv, ra, B, T, NH, NKV, HS, doc));
+    static const char *const set[3] = {"attention=full", "attention=tiled", "attention=tiled"};
+    for (int m = 0; m < 3; m++) { /* full, tiled on 1 thread, tiled on 3 */
+        backend_options op = {prec, m == 2 ? 3 : 1, -1, 0, 0, set[m]};
+        char err[512] = "";
+        ck_assert_msg(dn->init(&op, err, sizeof err) == 0, "init %s: %s", set[m], err);
+        ck_assert_int_eq(dn->attention_cols(B, T, NH, HS), m ? HS + 1 : T);
+        o[m] = falloc(no), g[m] = falloc(nq), a[m] = falloc(m ? (size_t)B * NH * T * (HS + 1) : na);
+        OK(dn->attention_gqa_fwd(o[m], a[m], qkv, B, T, NH, NKV, HS, doc));
+        OK(dn->attention_gqa_bwd(g[m], dout, qkv, a[m], B, T, NH, NKV, HS, doc));
+    }
+    const char *pn = bf ? "bf16" : "fp32", *dn_ = doc ? " doc" : "";
+    char what[128];
+    snprintf(what, sizeof what, "%s%s tiled out vs the (T, T) path", pn, dn_);
+    if (bf) check16(what, o[1], o[0], NULL, no, 1); else check32(what, o[1], o[0], NULL, no);
+    snprintf(what, sizeof what, "%s%s tiled dqkv vs the (T, T) path", pn, dn_);
+    if (bf) check16(what, g[1], g[0], NULL, nq, 1); else check32(what, g[1], g[0], NULL, nq);
+    if (bf) {
+        snprintf(what, sizeof what, "bf16%s tiled out vs backend_cpu fp32", dn_);
+        check16(what, o[1], ro, NULL, no, 1);
+        snprintf(what, sizeof what, "bf16%s tiled dqkv vs backend_cpu fp32", dn_);
+        check16(what, g[1], rg, NULL, nq, 1);
+        /* it rounds where the (T, T) path rounds: nearer to that path than to fp32 (a tiled
+         * backward left in fp32 is the other way round) */
+        double *t = incr(g[1], NULL, nq), *f = incr(g[0], NULL, nq), *c = incr(rg, NULL, nq), r16, r32, cs;
+        l2_cos(t, f, nq, &r16, &cs);
+        l2_cos(t, c, nq, &r32, &cs);
+        free(t); free(f); free(c);
+        ck_assert_msg(r16 < r32, "bf16%s tiled dqkv: l2-rel %.3e to the bf16 (T, T) path, %.3e to fp32", dn_, r16, r32);
+    }
+    snprintf(what, sizeof what, "%s%s tiled out, 1 and 3 threads", pn, dn_);
+    check_same(what, o[1], o[2], no);
+    snprintf(what, sizeof what, "%s%s tiled dqkv, 1 and 3 threads", pn, dn_);
+    check_same(what, g[1], g[2], nq);
+    for (int m = 0; m < 3; m++) { dn->free(o[m]); dn->free(g[m]); dn->free(a[m]); }
+    dn->free(qkv); dn->free(dout); dn->free(ro); dn->free(ra); dn->free(rg);
+}
+
+START_TEST(test_gqa_tiled) {
+    enum { B = 2, T = 150 };
+    int *doc = calloc((size_t)B * T, sizeof(int));
+    for (int t = 0; t < T; t++) doc[T + t] = t >= 100 ? 100 : t >= 64 ? 64 : t >= 3 ? 3 : 0;
+    rng_seed(23);
+    for (int bf = 0; bf < 2; bf++) {
+        if (bf && !bf16_ok) break;
+        tiled_case(bf ? PL_PREC_BF16 : PL_PREC_FP32, NULL);
+        tiled_case(bf ? PL_PREC_BF16 : PL_PREC_FP32, doc);
+    }
+    free(doc);
     use_prec(PL_PREC_FP32);
 }
 END_TEST
@@ -523,8 +616,8 @@ static void run_all(float **r, int bf, int threads, uint64_t seed) {
     OK(dn->matmul_fwd(r[0], inp, w, b, N, C, OC));
     OK(dn->matmul_bwd_input(r[1], dout, w, N, C, OC));
     OK(dn->matmul_bwd_weight(r[2], r[3], dout, inp, N, C, OC));
-    OK(dn->attention_gqa_fwd(r[4], r[5], qkv, a->B, a->T, a->NH, a->NH, a->C / a->NH));
-    OK(dn->attention_gqa_bwd(r[6], adout, qkv, r[5], a->B, a->T, a->NH, a->NH, a->C / a->NH));
+    OK(dn->attention_gqa_fwd(r[4], r[5], qkv, a->B, a->T, a->NH, a->NH, a->C / a->NH, NULL));
+    OK(dn->attention_gqa_bwd(r[6], adout, qkv, r[5], a->B, a->T, a->NH, a->NH, a->C / a->NH, NULL));
     dn->free(inp); dn->free(w); dn->free(b); dn->free(dout); dn->free(qkv); dn->free(adout);
 }
 static size_t res_bytes(int i) {
@@ -1043,8 +1136,8 @@ static void dense_ops(void) {
     }
     for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) {
         const gqa_shape *s = &att[i];
-        OK(dn->attention_gqa_fwd(c, e, a, s->B, s->T, s->NH, s->NKV, s->HS));
-        OK(dn->attention_gqa_bwd(d, b, a, e, s->B, s->T, s->NH, s->NKV, s->HS));
+        OK(dn->attention_gqa_fwd(c, e, a, s->B, s->T, s->NH, s->NKV, s->HS, NULL));
+        OK(dn->attention_gqa_bwd(d, b, a, e, s->B, s->T, s->NH, s->NKV, s->HS, NULL));
     }
     float *bufs[] = {a, b, c, d, e};
     for (size_t i = 0; i < 5; i++) dn->free(bufs[i]);
@@ -1087,7 +1180,7 @@ static Suite *onednn_suite(void) {
         {"table", test_table}, {"repeat", test_repeat}, {"threads", test_threads},
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
         {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
-        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense},
+        {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense}, {"gqa_tiled", test_gqa_tiled},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -467,7 +467,7 @@ typedef struct {
 } att_ctx;
 static double att_obj(void *p) {
     att_ctx *c = p;
-    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH);
+    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH, NULL);
     return dot_fd(c->out, c->R, (size_t)c->B * c->T * c->C);
 }
 
@@ -512,7 +512,7 @@ START_TEST(test_attention) {
         fill_rand(dout, nout, -1, 1);
         fill_const(out, nout, 999.0f);
         fill_const(att, natt, 7.0f); /* the masked triangle must be written as 0 */
-        be->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH); /* GPT-2's: NKV = NH */
+        be->attention_gqa_fwd(out, att, qkv, B, T, NH, NH, C / NH, NULL); /* GPT-2's: NKV = NH */
         double *rout = dalloc(nout), *ratt = dalloc(natt);
         attention_ref(rout, ratt, qkv, B, T, C, NH);
         char what[64];
@@ -527,7 +527,7 @@ START_TEST(test_attention) {
 
         float *dqkv = falloc(nqkv);
         fill_const(dqkv, nqkv, 1000.0f); /* overwritten */
-        be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+        be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, NULL);
         float *sout = falloc(nout), *satt = falloc(natt);
         att_ctx ctx = {sout, satt, qkv, dout, B, T, C, NH};
         double *nq = dalloc(nqkv);
@@ -873,8 +873,8 @@ START_TEST(test_attention_threads) {
         out[r] = falloc((size_t)B * T * C);
         att[r] = falloc((size_t)B * NH * T * T);
         dqkv[r] = falloc((size_t)B * T * 3 * C);
-        be->attention_gqa_fwd(out[r], att[r], qkv, B, T, NH, NH, C / NH);
-        be->attention_gqa_bwd(dqkv[r], dout, qkv, att[r], B, T, NH, NH, C / NH);
+        be->attention_gqa_fwd(out[r], att[r], qkv, B, T, NH, NH, C / NH, NULL);
+        be->attention_gqa_bwd(dqkv[r], dout, qkv, att[r], B, T, NH, NH, C / NH, NULL);
     }
     be->set_threads(default_threads);
     ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * B * T * C) == 0, "attention out differs with 1 and 2 threads");
@@ -1057,7 +1057,7 @@ typedef struct {
 } gqa_ctx;
 static double gqa_obj(void *p) {
     gqa_ctx *c = p;
-    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NKV, c->HS);
+    be->attention_gqa_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NKV, c->HS, NULL);
     return dot_fd(c->out, c->R, (size_t)c->B * c->T * c->NH * c->HS);
 }
 
@@ -1102,7 +1102,7 @@ START_TEST(test_attention_gqa) {
         fill_rand(dout, nout, -1, 1);
         fill_const(out, nout, 999.0f);
         fill_const(att, natt, 7.0f); /* the masked triangle must be written as 0 */
-        ck_assert_int_eq(be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS), 0);
+        ck_assert_int_eq(be->attention_gqa_fwd(out, att, qkv, B, T, NH, NKV, HS, NULL), 0);
         double *rout = dalloc(nout), *ratt = dalloc(natt);
         attention_gqa_ref(rout, ratt, qkv, B, T, NH, NKV, HS);
         char what[64];
@@ -1117,7 +1117,7 @@ START_TEST(test_attention_gqa) {
 
         float *dqkv = falloc(nqkv);
         fill_const(dqkv, nqkv, 1000.0f); /* overwritten */
-        ck_assert_int_eq(be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS), 0);
+        ck_assert_int_eq(be->attention_gqa_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, NULL), 0);
         float *sout = falloc(nout), *satt = falloc(natt);
         gqa_ctx ctx = {sout, satt, qkv, dout, B, T, NH, NKV, HS};
         double *nq = dalloc(nqkv);
@@ -1132,9 +1132,9 @@ START_TEST(test_attention_gqa) {
     }
     /* NH not a multiple of NKV is refused with a message */
     float *x = falloc(1024);
-    ck_assert_int_eq(be->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_int_eq(be->attention_gqa_fwd(x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
     ck_assert_msg(strstr(be->error(), "kv heads") != NULL, "error() = '%s'", be->error());
-    ck_assert_int_eq(be->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4), PL_EBACKEND);
+    ck_assert_int_eq(be->attention_gqa_bwd(x, x, x, x, 1, 2, 3, 2, 4, NULL), PL_EBACKEND);
     be->free(x);
 }
 END_TEST
@@ -1218,8 +1218,8 @@ START_TEST(test_llama_threads) {
         be->rmsnorm_bwd_weight(res[r][3], dout, inp, res[r][1], N, C);
         be->rope_fwd(res[r][4], qkv, fc, fs, B * T, T, NH, NKV, HS);
         be->rope_bwd(res[r][5], qkv, fc, fs, B * T, T, NH, NKV, HS);
-        be->attention_gqa_fwd(res[r][6], res[r][7], qkv, B, T, NH, NKV, HS);
-        be->attention_gqa_bwd(res[r][8], gdout, qkv, res[r][7], B, T, NH, NKV, HS);
+        be->attention_gqa_fwd(res[r][6], res[r][7], qkv, B, T, NH, NKV, HS, NULL);
+        be->attention_gqa_bwd(res[r][8], gdout, qkv, res[r][7], B, T, NH, NKV, HS, NULL);
         float *dup = falloc(N * C);
         be->swiglu_bwd(dup, res[r][9], dout, inp, dout, (size_t)N * C);
         be->free(dup);

@@ -451,22 +451,23 @@ static int cpu_rope_bwd(float *dinp, const float *dout, const float *fcos, const
  * leading dimension W = (NH + 2 NKV) HS, o has leading dimension NH HS. The same three steps
  * softmax-causal steps for every head; GPT-2's multi-head attention is the case NKV == NH. */
 static void gqa_fwd_head(float *o, float *a, const float *q, const float *k, const float *v,
-                         int T, int W, int ldo, int hs) {
+                         int T, int W, int ldo, int hs, const int *ds) {
     float scale = 1.0f / sqrtf((float)hs);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, W, k, W, 0.0f, a, T);
     for (int t = 0; t < T; t++) {
         float *r = a + (size_t)t * T;
-        softmax_causal_row(r, t, T);
+        softmax_doc_row(r, doc_first(ds, t), t, T); /* ds: the sequence's document starts, or NULL */
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, W, 0.0f, o, ldo);
 }
 
 /* a = softmax_causal(q_h k_g^T / sqrt(HS)), o_h = a v_g with g = h / (NH / NKV); parallel over
  * the B*NH (b, h) pairs, each pair's products on one thread. */
-static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                                 const int *doc) {
     if (att_tiled_for(T, HS)) {
         int changed = blas_threads_outside();
-        int rc = cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS);
+        int rc = cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS, doc, 0);
         blas_threads_restore(changed);
         return rc;
     }
@@ -479,7 +480,7 @@ static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B
         int b = bh / NH, h = bh % NH, g = h / G;
         const float *row = qkv + (size_t)b * T * W;
         gqa_fwd_head(out + (size_t)b * T * CO + h * HS, att + (size_t)bh * T * T, row + h * HS,
-                     row + (NH + g) * HS, row + (NH + NKV + g) * HS, T, W, CO, HS);
+                     row + (NH + g) * HS, row + (NH + NKV + g) * HS, T, W, CO, HS, doc ? doc + (size_t)b * T : NULL);
     }
     blas_threads_restore(changed);
     return 0;
@@ -490,7 +491,7 @@ static int cpu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B
  * query head of the group (overwrite), 1 for the rest (accumulate in h order). */
 static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const float *dy, const float *q,
                          const float *k, const float *v, const float *a, int T, int W, int ldo, int hs,
-                         float beta) {
+                         float beta, const int *ds) {
     float scale = 1.0f / sqrtf((float)hs);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, ldo, v, W, 0.0f, datt, T);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, ldo, beta, dv, W);
@@ -498,8 +499,10 @@ static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const flo
         const float *ar = a + (size_t)t * T;
         float *dr = datt + (size_t)t * T;
         float dot = 0.0f;
-        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
-        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+        int s0 = doc_first(ds, t); /* columns before the token's document: probability 0 */
+        for (int j = s0; j <= t; j++) dot += ar[j] * dr[j];
+        for (int j = 0; j < s0; j++) dr[j] = 0.0f;
+        for (int j = s0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
         for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, W, 0.0f, dq, W);
@@ -510,10 +513,10 @@ static void gqa_bwd_head(float *dq, float *dk, float *dv, float *datt, const flo
  * pair runs its G query heads in ascending order on one thread, so dk and dv are summed in a
  * fixed order whatever the thread count; dqkv is overwritten. */
 static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                 int B, int T, int NH, int NKV, int HS) {
+                                 int B, int T, int NH, int NKV, int HS, const int *doc) {
     if (att_tiled_for(T, HS)) {
         int changed = blas_threads_outside();
-        int rc = cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS);
+        int rc = cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc, 0);
         blas_threads_restore(changed);
         return rc;
     }
@@ -538,7 +541,7 @@ static int cpu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qk
             gqa_bwd_head(drow + h * HS, drow + (NH + g) * HS, drow + (NH + NKV + g) * HS, datt + (size_t)me * T * T,
                          dout + (size_t)b * T * CO + h * HS, row + h * HS, row + (NH + g) * HS,
                          row + (NH + NKV + g) * HS, att + ((size_t)b * NH + h) * T * T, T, W, CO, HS,
-                         h == g * G ? 0.0f : 1.0f);
+                         h == g * G ? 0.0f : 1.0f, doc ? doc + (size_t)b * T : NULL);
     }
     blas_threads_restore(changed);
     free(datt);

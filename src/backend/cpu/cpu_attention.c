@@ -32,6 +32,41 @@
 #define ROW_CLONES
 #endif
 
+/* x rounded to bf16 (nearest even) and back. */
+static inline float round16(float x) {
+    uint32_t u = (uint32_t)f32_to_bf16(x) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The rows [0, nr) x columns [0, nc) of x (leading dimension ld) rounded to bf16 in place. */
+static void round_rows(float *x, int nr, int nc, int ld) {
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) x[(size_t)r * ld + c] = round16(x[(size_t)r * ld + c]);
+}
+
+/* A bf16-rounded copy of n floats (NULL: out of memory). */
+static float *rounded_copy(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    if (!y) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = round16(x[i]);
+    return y;
+}
+
+/* OpenBLAS at one thread per product while the kernels' threads run (the OpenMP flavour does
+ * it by itself inside a parallel region); returns the count to restore, 0 for none. */
+static int blas_one(void) {
+    int n = openblas_get_num_threads();
+    if (openblas_get_parallel() != 1 || n <= 1) return 0;
+    openblas_set_num_threads(1);
+    return n;
+}
+static void blas_back(int n) {
+    if (n) openblas_set_num_threads(n);
+}
+
 /* max(m, x[0..n)): LANES running maxima, then compared in a fixed tree. */
 static inline float row_max(const float *x, int n, float m) {
     float lane[LANES];
@@ -65,42 +100,53 @@ static inline float row_exp_sum(float *x, int n, float m) {
 }
 
 /* Per-thread scratch of the forward: scores / probabilities s (TQ, TK), the running output
- * o (TQ, HS), the running maximum m (TQ) and sum l (TQ). */
+ * o (TQ, HS), the running maximum m (TQ) and sum l (TQ); on (TQ): the row has met its first
+ * unmasked column; ds: the current sequence's document starts (T), or NULL. */
 typedef struct {
     float *s, *o, *m, *l;
+    int on[TQ];
+    const int *ds;
+    int bf16; /* round the probabilities to bf16 before p v */
 } fwd_scratch;
 
-/* The online softmax of a tile's rows (fwd_tile): per row, over its causal columns, the new
- * maximum, o and l rescaled by exp(m_old - m_new), p = exp(s - m_new) (0 past the diagonal),
- * l += sum p. */
-ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs, int first) {
+/* The online softmax of a tile's rows (fwd_tile): per row, over its visible columns (its
+ * document's, up to the diagonal), the new maximum, o and l rescaled by exp(m_old - m_new),
+ * p = exp(s - m_new) (0 on the masked columns), l += sum p. A row's first visible tile starts
+ * its sums. */
+ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs) {
     for (int r = 0; r < nq; r++) {
         float *sr = w->s + (size_t)r * TK, *orow = w->o + (size_t)r * hs;
         int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile (none: <= 0) */
         nv = nv < nk ? nv : nk;
         nv = nv > 0 ? nv : 0;
-        if (nv == 0) { /* the whole tile is past this row's diagonal */
+        int lo = doc_first(w->ds, r0 + r) - k0; /* the columns before its document's first */
+        lo = lo > 0 ? lo : 0;
+        if (nv <= lo) { /* the whole tile is past this row's diagonal or before its document */
             memset(sr, 0, sizeof(float) * nk);
             continue;
         }
-        float mx = row_max(sr, nv, first ? sr[0] : w->m[r]);
+        int first = !w->on[r];
+        float mx = row_max(sr + lo, nv - lo, first ? sr[lo] : w->m[r]);
         float alpha = first ? 0.0f : exp_fast(w->m[r] - mx);
-        float sum = row_exp_sum(sr, nv, mx);
+        float sum = row_exp_sum(sr + lo, nv - lo, mx);
+        memset(sr, 0, sizeof(float) * lo);
         memset(sr + nv, 0, sizeof(float) * (nk - nv));
         w->l[r] = (first ? 0.0f : w->l[r] * alpha) + sum;
         w->m[r] = mx;
+        w->on[r] = 1;
         if (first) memset(orow, 0, sizeof(float) * hs);
         else for (int c = 0; c < hs; c++) orow[c] *= alpha;
     }
 }
 
 /* One key tile [k0, k0 + nk) for the query rows [r0, r0 + nq): s = scale q k^T, the online
- * softmax (fwd_rows), then o += p v. first: the rows' first tile. */
+ * softmax (fwd_rows), then o += p v. */
 static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float *v, int r0, int nq, int k0, int nk,
-                     int W, int hs, float scale, int first) {
+                     int W, int hs, float scale) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, W, k + (size_t)k0 * W, W, 0.0f, w->s,
                 TK); // s (nq, nk)
-    fwd_rows(w, r0, nq, k0, nk, hs, first);
+    fwd_rows(w, r0, nq, k0, nk, hs);
+    if (w->bf16) round_rows(w->s, nq, nk, TK);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, w->s, TK, v + (size_t)k0 * W, W, 1.0f,
                 w->o, hs); // o (nq, hs) += p (nq, nk) v (nk, hs)
 }
@@ -111,9 +157,12 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
 static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
                            const float *v, int r0, int nq, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
-    for (int k0 = 0; k0 < r0 + nq; k0 += TK) {
+    memset(w->on, 0, sizeof w->on);
+    /* the key tiles before the one holding the first row's document start are masked for
+     * every row of the tile (document starts do not decrease along a sequence): skipped */
+    for (int k0 = doc_first(w->ds, r0) / TK * TK; k0 < r0 + nq; k0 += TK) {
         int nk = r0 + nq - k0 < TK ? r0 + nq - k0 : TK;
-        fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale, k0 == 0);
+        fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale);
     }
     for (int r = 0; r < nq; r++) {
         float inv = 1.0f / w->l[r];
@@ -136,12 +185,19 @@ static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
 
 /* Parallel over the (sequence, query head, query tile) triples: each is independent and
  * computed the same way on whichever thread, so the bits do not depend on the thread count. */
-int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                            const int *doc, int bf16) {
     PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
+    float *q16 = NULL; // (B, T, W) rounded to bf16
+    if (bf16 && !(q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS)))
+        return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for the bf16 copy of qkv");
+    if (q16) qkv = q16;
+    int nb = blas_one();
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
     {
         fwd_scratch w = {0};
+        w.bf16 = bf16;
         float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
         if (buf) w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
         else {
@@ -155,11 +211,14 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
             int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TQ, nq = T - r0 < TQ ? T - r0 : TQ;
             const float *row = qkv + (size_t)b * T * W; // (T, W)
             float *O = state + (size_t)bh * T * (HS + 1); // (T, HS), then lse (T)
+            w.ds = doc ? doc + (size_t)b * T : NULL;
             fwd_query_tile(&w, out + (size_t)b * T * CO + (size_t)h * HS, O, O + (size_t)T * HS, row + (size_t)h * HS,
                            row + (size_t)(NH + g) * HS, row + (size_t)(NH + NKV + g) * HS, r0, nq, W, CO, HS);
         }
         free(buf);
     }
+    blas_back(nb);
+    free(q16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
     return 0;
 }
@@ -176,19 +235,23 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v, *dO, *O, *lse;
     float *dq, *dk, *dv;
+    const int *ds; /* the sequence's document starts (T), or NULL */
+    int bf16;      /* round p and ds to bf16 before their products */
     int T, W, ldo, hs;
     float scale;
 } bwd_head;
 
-/* p (nq, TB) = exp(s - lse) over each row's causal columns of the key tile [k0, k0 + nk),
- * 0 past the diagonal. */
-ROW_CLONES static void bwd_probs(float *p, const float *lse, int r0, int nq, int k0, int nk) {
+/* p (nq, TB) = exp(s - lse) over each row's visible columns of the key tile [k0, k0 + nk),
+ * 0 past the diagonal and before the row's document. */
+ROW_CLONES static void bwd_probs(float *p, const float *lse, const int *ds, int r0, int nq, int k0, int nk) {
     for (int r = 0; r < nq; r++) {
         float *pr = p + (size_t)r * TB, l = lse[r0 + r];
-        int nv = r0 + r - k0 + 1;
+        int nv = r0 + r - k0 + 1, lo = doc_first(ds, r0 + r) - k0;
         nv = nv < nk ? nv : nk;
         nv = nv > 0 ? nv : 0;
-        for (int c = 0; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
+        lo = lo < 0 ? 0 : lo < nv ? lo : nv;
+        for (int c = 0; c < lo; c++) pr[c] = 0.0f;
+        for (int c = lo; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
         for (int c = nv; c < nk; c++) pr[c] = 0.0f;
     }
 }
@@ -211,12 +274,13 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
     const float *dO = a->dO + (size_t)r0 * a->ldo;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
                 TB); // s (nq, nk)
-    bwd_probs(w->p, a->lse, r0, nq, k0, nk);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
-                a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
+    bwd_probs(w->p, a->lse, a->ds, r0, nq, k0, nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
                 TB); // dp (nq, nk)
     bwd_dscores(w->dp, w->p, w->D, r0, nq, nk);
+    if (a->bf16) round_rows(w->p, nq, nk, TB), round_rows(w->dp, nq, nk, TB);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
+                a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, a->scale, w->dp, TB, q, W, 1.0f,
                 a->dk + (size_t)k0 * W, W); // dk (nk, hs) += scale ds^T q
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, a->scale, w->dp, TB, k, W, 1.0f,
@@ -224,7 +288,9 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
 }
 
 /* One query head's share of its kv head's backward: D, then key tiles ascending, each
- * against every query row at or below it in one product of each kind. */
+ * against every query row at or below it that can see it (document starts do not decrease
+ * along a sequence: the rows from the first whose document starts past the tile see none of
+ * it, skipped) in one product of each kind. */
 static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
     for (int t = 0; t < a->T; t++) {
         const float *o = a->O + (size_t)t * a->hs, *d = a->dO + (size_t)t * a->ldo;
@@ -232,9 +298,12 @@ static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
         for (int c = 0; c < a->hs; c++) s += d[c] * o[c];
         w->D[t] = s;
     }
+    int end = 0; /* the first row whose document starts past the current tile */
     for (int k0 = 0; k0 < a->T; k0 += TB) {
         int nk = a->T - k0 < TB ? a->T - k0 : TB;
-        bwd_tile(w, a, k0, a->T - k0, k0, nk);
+        if (end < k0) end = k0;
+        while (end < a->T && doc_first(a->ds, end) < k0 + nk) end++;
+        bwd_tile(w, a, k0, end - k0, k0, nk);
     }
 }
 
@@ -245,14 +314,15 @@ static void zero_cols(float *p, int T, int W, int n) {
 
 /* One (sequence, kv head g): its G query heads in ascending order into dq of each and the
  * shared dk, dv. */
-static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state, int b,
-                      int g, int T, int NH, int NKV, int HS) {
+static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state,
+                      const int *doc, int bf16, int b, int g, int T, int NH, int NKV, int HS) {
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
     const float *row = qkv + (size_t)b * T * W; // (T, W)
     float *drow = dqkv + (size_t)b * T * W;    // (T, W)
     bwd_head a = {.k = row + (size_t)(NH + g) * HS, .v = row + (size_t)(NH + NKV + g) * HS,
                   .dk = drow + (size_t)(NH + g) * HS, .dv = drow + (size_t)(NH + NKV + g) * HS,
-                  .T = T, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
+                  .ds = doc ? doc + (size_t)b * T : NULL, .bf16 = bf16, .T = T, .W = W, .ldo = CO, .hs = HS,
+                  .scale = 1.0f / sqrtf((float)HS)};
     zero_cols(a.dk, T, W, HS);
     zero_cols(a.dv, T, W, HS);
     for (int h = g * G; h < (g + 1) * G; h++) {
@@ -269,9 +339,20 @@ static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const floa
 
 /* Parallel over the (sequence, kv head) pairs, each on one thread (cpu_attention.h). */
 int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
-                            int NH, int NKV, int HS) {
+                            int NH, int NKV, int HS, const int *doc, int bf16) {
     PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
-    int failed = 0;
+    float *q16 = NULL, *d16 = NULL; // qkv (B, T, W) and dout (B, T, NH HS) rounded to bf16
+    if (bf16) {
+        q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS);
+        d16 = q16 ? rounded_copy(dout, (size_t)B * T * NH * HS) : NULL;
+        if (!d16) {
+            free(q16);
+            return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for the bf16 copies");
+        }
+        qkv = q16;
+        dout = d16;
+    }
+    int failed = 0, nb = blas_one();
     #pragma omp parallel
     {
         bwd_scratch w = {0};
@@ -283,9 +364,12 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
         }
         #pragma omp for schedule(dynamic, 1)
         for (int bg = 0; bg < B * NKV; bg++)
-            if (buf) bwd_group(&w, dqkv, dout, qkv, state, bg / NKV, bg % NKV, T, NH, NKV, HS);
+            if (buf) bwd_group(&w, dqkv, dout, qkv, state, doc, bf16, bg / NKV, bg % NKV, T, NH, NKV, HS);
         free(buf);
     }
+    blas_back(nb);
+    free(q16);
+    free(d16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for scratch of T = %d", T);
     return 0;
 }

@@ -26,11 +26,24 @@
 #define CPU_ATT_TB 128
 
 /* out (B, T, NH HS) and state (B, NH, T, HS + 1: O rows, then the T log-sum-exps) from qkv
- * (B, T, (NH + 2 NKV) HS); scale 1/sqrt(HS). Any T >= 1. */
-int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS);
+ * (B, T, (NH + 2 NKV) HS); scale 1/sqrt(HS). Any T >= 1. doc (B*T) or NULL: backend_ops.h's
+ * document masking; a query tile starts at the key tile of its first row's document (the
+ * tiles before it are masked for every row: skipped), and a row starts its online softmax at
+ * its first unmasked column. */
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                            const int *doc, int bf16);
 /* dqkv (B, T, (NH + 2 NKV) HS, overwritten) from dout (B, T, NH HS), qkv and the forward's
- * state. */
+ * state and doc; a key tile takes only the query rows whose document starts inside or before
+ * it (the rows after them are masked: skipped). */
 int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
-                            int NH, int NKV, int HS);
+                            int NH, int NKV, int HS, const int *doc, int bf16);
+
+/* bf16 (the oneDNN backend's --precision bf16): every product takes bf16 inputs with fp32
+ * accumulation, as the T x T path's do: q, k, v and dout are rounded to bf16 (a rounded copy,
+ * B T (NH + 2 NKV) HS floats, for the call), and so are the probabilities before p v and
+ * p^T dO and the score gradients before their products (as the CUDA fused kernels do); the
+ * softmax, the log-sum-exp, D and every sum stay fp32. The same fixed order, so the same bits
+ * for any thread count. bf16 = 0: the fp32 kernels above, unchanged. Both entry points keep
+ * OpenBLAS to one thread per product while their threads run (the pthread flavour is told). */
 
 #endif

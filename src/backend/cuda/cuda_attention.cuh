@@ -32,43 +32,42 @@ static int cu_attention_cols(int B, int T, int NH, int HS) { return flash_fits(B
 /* The forward's launch for one register bound HSM and input type TT. */
 template <int HSM, typename TT>
 static int flash_fwd_launch(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
-                            float scale, int bf) {
+                            float scale, int bf, const int *doc, int NH) {
     auto fk = k_flash_fwd<HSM, TT>;
     dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
-    KERNEL(fk, grid, FA_Q, O, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, hs, scale, bf);
+    KERNEL(fk, grid, FA_Q, O, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, hs, scale, bf, doc, NH);
     return 0;
 }
 /* The backward's launches (row dots, dq, dk and dv) for HSM and TT. */
 template <int HSM, typename TT>
 static int flash_bwd_launch(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
                             const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale,
-                            int bf) {
+                            int bf, const int *doc, int NH) {
     auto fd = k_flash_rowdot<TT>;
     auto fq = k_flash_bwd_dq<HSM, TT>;
     auto fkv = k_flash_bwd_dkdv<HSM, TT>;
     size_t rows = (size_t)BH * T;
     dim3 grid((unsigned)((T + FA_Q - 1) / FA_Q), (unsigned)BH);
     KERNEL(fd, ew_grid(rows), EW_THREADS, Dr, (const TT *)dy, O, rows, hs);
-    KERNEL(fq, grid, FA_Q, dq, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale, bf);
+    KERNEL(fq, grid, FA_Q, dq, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale, bf,
+           doc, NH);
     KERNEL(fkv, grid, FA_Q, dk, dv, (const TT *)q, (const TT *)k, (const TT *)v, (const TT *)dy, lse, Dr, T, hs, scale,
-           bf);
+           bf, doc, NH);
     return 0;
 }
 /* Dispatch on hs's register bound (32, 64, 128) and the precision. */
 static int flash_fwd(float *O, float *lse, const void *q, const void *k, const void *v, int BH, int T, int hs,
-                     float scale, int bf) {
-    if (hs <= 32)
-        return bf ? flash_fwd_launch<32, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-                  : flash_fwd_launch<32, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
-    if (hs <= 64)
-        return bf ? flash_fwd_launch<64, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-                  : flash_fwd_launch<64, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
-    return bf ? flash_fwd_launch<128, uint16_t>(O, lse, q, k, v, BH, T, hs, scale, bf)
-              : flash_fwd_launch<128, float>(O, lse, q, k, v, BH, T, hs, scale, bf);
+                     float scale, int bf, const int *doc, int NH) {
+#define FLASH_FWD(H, TT) flash_fwd_launch<H, TT>(O, lse, q, k, v, BH, T, hs, scale, bf, doc, NH)
+    if (hs <= 32) return bf ? FLASH_FWD(32, uint16_t) : FLASH_FWD(32, float);
+    if (hs <= 64) return bf ? FLASH_FWD(64, uint16_t) : FLASH_FWD(64, float);
+    return bf ? FLASH_FWD(128, uint16_t) : FLASH_FWD(128, float);
+#undef FLASH_FWD
 }
 static int flash_bwd(float *dq, float *dk, float *dv, float *Dr, const void *q, const void *k, const void *v,
-                     const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale, int bf) {
-#define FLASH_BWD(H, TT) flash_bwd_launch<H, TT>(dq, dk, dv, Dr, q, k, v, dy, O, lse, BH, T, hs, scale, bf)
+                     const void *dy, const float *O, const float *lse, int BH, int T, int hs, float scale, int bf,
+                     const int *doc, int NH) {
+#define FLASH_BWD(H, TT) flash_bwd_launch<H, TT>(dq, dk, dv, Dr, q, k, v, dy, O, lse, BH, T, hs, scale, bf, doc, NH)
     if (hs <= 32) return bf ? FLASH_BWD(32, uint16_t) : FLASH_BWD(32, float);
     if (hs <= 64) return bf ? FLASH_BWD(64, uint16_t) : FLASH_BWD(64, float);
     return bf ? FLASH_BWD(128, uint16_t) : FLASH_BWD(128, float);

@@ -29,7 +29,7 @@ __device__ __forceinline__ float round_as(float x, int bf) {
 /* Forward: O, lse for query rows t of pair bh = blockIdx.y. */
 template <int HSM, typename TT>
 __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, const TT *v, int T, int hs,
-                            float scale, int bf) {
+                            float scale, int bf, const int *doc, int NH) {
     __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
     size_t base = (size_t)blockIdx.y * T * hs;
     int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
@@ -39,17 +39,20 @@ __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, cons
         qr[d] = t < T && d < hs ? ld_f32(q + base + (size_t)t * hs + d) : 0.0f;
         o[d] = 0.0f;
     }
-    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+    /* document masking: the key tiles before the block's first row's document are masked for
+     * every row of the block (starts do not decrease along a sequence): skipped */
+    int lo = t < T ? doc_at(doc, blockIdx.y, NH, T, t) : 0;
+    for (int j0 = doc_at(doc, blockIdx.y, NH, T, t0) / FA_K * FA_K; j0 <= tl; j0 += FA_K) {
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int jj = e / hs, d = e % hs, j = j0 + jj;
             ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
             vs[jj][d] = j < T ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
         }
         __syncthreads();
-        if (t < T && j0 <= t) {
+        int n = t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K, j1 = lo - j0 > 0 ? lo - j0 : 0;
+        if (t < T && j0 <= t && j1 < n) {
             float s[FA_K], mt = m;
-            int n = t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K;
-            for (int jj = 0; jj < n; jj++) {
+            for (int jj = j1; jj < n; jj++) {
                 float acc = 0.0f;
 #pragma unroll
                 for (int d = 0; d < HSM; d++) acc += d < hs ? qr[d] * ks[jj][d] : 0.0f;
@@ -60,7 +63,7 @@ __global__ void k_flash_fwd(float *O, float *lse, const TT *q, const TT *k, cons
             l *= corr;
 #pragma unroll
             for (int d = 0; d < HSM; d++) o[d] *= corr;
-            for (int jj = 0; jj < n; jj++) {
+            for (int jj = j1; jj < n; jj++) {
                 float p = exp_fast(s[jj] - mt);
                 l += p;
                 p = round_as(p, bf);
@@ -92,7 +95,7 @@ __global__ void k_flash_rowdot(float *Dr, const TT *dy, const float *O, size_t r
  * exp(scale q_t . k_j - lse_t); one query row per thread, key tiles in shared memory. */
 template <int HSM, typename TT>
 __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v, const TT *dy, const float *lse,
-                               const float *Dr, int T, int hs, float scale, int bf) {
+                               const float *Dr, int T, int hs, float scale, int bf, const int *doc, int NH) {
     __shared__ float ks[FA_K][HSM + 1], vs[FA_K][HSM + 1];
     size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
     int t0 = blockIdx.x * FA_Q, t = t0 + threadIdx.x, tl = t0 + FA_Q - 1 < T - 1 ? t0 + FA_Q - 1 : T - 1;
@@ -104,7 +107,8 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
         acc[d] = 0.0f;
     }
     float L = t < T ? lse[row + t] : 0.0f, D = t < T ? Dr[row + t] : 0.0f;
-    for (int j0 = 0; j0 <= tl; j0 += FA_K) {
+    int lo = t < T ? doc_at(doc, blockIdx.y, NH, T, t) : 0;
+    for (int j0 = doc_at(doc, blockIdx.y, NH, T, t0) / FA_K * FA_K; j0 <= tl; j0 += FA_K) {
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int jj = e / hs, d = e % hs, j = j0 + jj;
             ks[jj][d] = j < T ? ld_f32(k + base + (size_t)j * hs + d) : 0.0f;
@@ -112,7 +116,7 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
         }
         __syncthreads();
         int n = t < T ? (t - j0 + 1 < FA_K ? t - j0 + 1 : FA_K) : 0;
-        for (int jj = 0; jj < n; jj++) {
+        for (int jj = lo - j0 > 0 ? lo - j0 : 0; jj < n; jj++) {
             float s = 0.0f, dp = 0.0f;
 #pragma unroll
             for (int d = 0; d < HSM; d++) {
@@ -133,7 +137,8 @@ __global__ void k_flash_bwd_dq(float *dq, const TT *q, const TT *k, const TT *v,
  * scale sum_{t>=j} ds_tj q_t, over query tiles (q, dy, lse, Dr) staged in shared memory. */
 template <int HSM, typename TT>
 __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k, const TT *v, const TT *dy,
-                                 const float *lse, const float *Dr, int T, int hs, float scale, int bf) {
+                                 const float *lse, const float *Dr, int T, int hs, float scale, int bf,
+                                 const int *doc, int NH) {
     __shared__ float qs[FA_K][HSM + 1], dys[FA_K][HSM + 1], Ls[FA_K], Ds[FA_K];
     size_t base = (size_t)blockIdx.y * T * hs, row = (size_t)blockIdx.y * T;
     int j = blockIdx.x * FA_Q + threadIdx.x, jf = blockIdx.x * FA_Q;
@@ -144,7 +149,11 @@ __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k,
         vr[d] = j < T && d < hs ? ld_f32(v + base + (size_t)j * hs + d) : 0.0f;
         ak[d] = av[d] = 0.0f;
     }
+    int jl = jf + FA_Q - 1; /* the block's last key row */
     for (int i0 = jf - jf % FA_K; i0 < T; i0 += FA_K) {
+        /* document masking: from the first query tile whose document starts past every key
+         * row of the block, nothing is visible (starts do not decrease): stop */
+        if (doc_at(doc, blockIdx.y, NH, T, i0) > jl) break;
         for (int e = threadIdx.x; e < FA_K * hs; e += blockDim.x) {
             int ii = e / hs, d = e % hs, i = i0 + ii;
             qs[ii][d] = i < T ? ld_f32(q + base + (size_t)i * hs + d) : 0.0f;
@@ -157,7 +166,7 @@ __global__ void k_flash_bwd_dkdv(float *dk, float *dv, const TT *q, const TT *k,
         __syncthreads();
         for (int ii = 0; ii < FA_K && j < T; ii++) {
             int i = i0 + ii;
-            if (i < j || i >= T) continue;
+            if (i < j || i >= T || doc_at(doc, blockIdx.y, NH, T, i) > j) continue;
             float s = 0.0f, dp = 0.0f;
 #pragma unroll
             for (int d = 0; d < HSM; d++) {

@@ -231,37 +231,45 @@ __global__ void k_unpermute(float *dst, int ld, const float *src, int B, int T, 
     }
 }
 
+/* The first visible key of row t of (sequence, head) pair bh: backend_ops.h's document
+ * masking (doc: B*T starts, or NULL: 0). */
+__device__ __forceinline__ int doc_at(const int *doc, size_t bh, int NH, int T, int t) {
+    return doc ? doc[(bh / NH) * T + t] : 0;
+}
+
 /* Causal softmax of one row of att (B*NH*T rows of T) per block, in place; row t keeps columns
- * 0..t, the rest zeroed. */
-__global__ void k_softmax_causal(float *att, int T) {
+ * s..t (s: its document's first, 0 without doc), the rest zeroed. */
+__global__ void k_softmax_causal(float *att, int T, const int *doc, int NH) {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = doc_at(doc, row / T, NH, T, t);
     float *a = att + row * T;
-    float mx = a[0];
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = a[j] > mx ? a[j] : mx;
+    float mx = a[s0];
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) mx = a[j] > mx ? a[j] : mx;
     mx = block_max(mx, sh);
     float s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) {
         float e = exp_fast(a[j] - mx);
         a[j] = e;
         s += e;
     }
     float inv = 1.0f / block_sum(s, sh);
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) a[j] *= inv; /* this thread's own values */
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) a[j] *= inv; /* this thread's own values */
+    for (int j = threadIdx.x; j < s0; j += blockDim.x) a[j] = 0.0f;
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) a[j] = 0.0f;
 }
 /* dpre = a (datt - sum_j a datt), in place on datt, one row per block; masked columns 0. */
-__global__ void k_softmax_causal_bwd(float *datt, const float *att, int T) {
+__global__ void k_softmax_causal_bwd(float *datt, const float *att, int T, const int *doc, int NH) {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    int t = (int)(row % T);
+    int t = (int)(row % T), s0 = doc_at(doc, row / T, NH, T, t);
     const float *a = att + row * T;
     float *d = datt + row * T;
     float s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) s += a[j] * d[j];
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) s += a[j] * d[j];
     float dot = block_sum(s, sh);
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
+    for (int j = s0 + threadIdx.x; j <= t; j += blockDim.x) d[j] = a[j] * (d[j] - dot);
+    for (int j = threadIdx.x; j < s0; j += blockDim.x) d[j] = 0.0f;
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) d[j] = 0.0f;
 }
 

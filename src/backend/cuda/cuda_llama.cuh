@@ -62,7 +62,8 @@ static int gqa_shape_ok(int B, int T, int NH, int NKV, int HS) {
     return B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0 && (long long)B * NH * T <= 0x7fffffffLL;
 }
 
-static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                                const int *doc) {
     OP("attention_gqa_fwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
     if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
     if (B == 0 || T == 0) return 0;
@@ -85,12 +86,12 @@ static int cu_attention_gqa_fwd(float *out, float *att, const float *qkv, int B,
     }
     if (flash_fits(B, T, NH, hs)) { /* att holds lse (BH*T), then the permuted output O */
         float *O = att + (size_t)BH * T;
-        TRY(flash_fwd(O, att, q, k, v, BH, T, hs, scale, bf));
+        TRY(flash_fwd(O, att, q, k, v, BH, T, hs, scale, bf, doc, NH));
         KERNEL(k_unpermute, ew_grid(n1), EW_THREADS, out, C, (const float *)O, B, T, C, NH);
         return 0;
     }
     TRY(gemm(0, 1, T, T, hs, scale, q, hs, THS, k, hs, THS, 0.0f, att, T, TT, BH, bf));
-    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T);
+    KERNEL(k_softmax_causal, (unsigned)((size_t)BH * T), SM_THREADS, att, T, doc, NH);
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 0, T, hs, T, 1.0f, a, T, TT, v, hs, THS, 0.0f, (float *)y, hs, THS, BH, bf));
@@ -115,7 +116,7 @@ static int unpermute_grads(float *dqkv, const float *dq, const float *dk, const 
  * group in ascending h (k_unpermute_sum; G = 1: a copy): no atomics, a fixed order. dqkv
  * overwritten. */
 static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                                int NH, int NKV, int HS) {
+                                int NH, int NKV, int HS, const int *doc) {
     OP("attention_gqa_bwd", "B=%lld T=%lld heads=%lld HS=%lld", B, T, (long long)NH * 1000 + NKV, HS);
     if (!gqa_shape_ok(B, T, NH, NKV, HS)) return fail_shape();
     if (B == 0 || T == 0) return 0;
@@ -144,14 +145,14 @@ static int cu_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv
     TRY(permute_in(dy, dout, C, B, T, C, NH, bf));
     if (fl) {
         TRY(flash_bwd((float *)dq, (float *)dk, (float *)dv, (float *)datt, q, k, v, dy, att + (size_t)BH * T, att, BH,
-                      T, hs, scale, bf));
+                      T, hs, scale, bf, doc, NH));
         return unpermute_grads(dqkv, (const float *)dq, (const float *)dk, (const float *)dv, B, T, NH, NKV, hs);
     }
     const void *a = att;
     if (bf) TRY(to_bf16(SCR_ATT_T, att, (size_t)BH * TT, &a));
     TRY(gemm(0, 1, T, T, hs, 1.0f, dy, hs, THS, v, hs, THS, 0.0f, (float *)datt, T, TT, BH, bf));
     TRY(gemm(1, 0, T, hs, T, 1.0f, a, T, TT, dy, hs, THS, 0.0f, (float *)dv, hs, THS, BH, bf));
-    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T);
+    KERNEL(k_softmax_causal_bwd, (unsigned)((size_t)BH * T), SM_THREADS, (float *)datt, att, T, doc, NH);
     const void *dp = datt;
     if (bf) TRY(to_bf16(SCR_ATT_T, (const float *)datt, (size_t)BH * TT, &dp));
     TRY(gemm(0, 0, T, hs, T, scale, dp, T, TT, k, hs, THS, 0.0f, (float *)dq, hs, THS, BH, bf));

@@ -67,6 +67,7 @@
 #include <dnnl_debug.h>
 #include "pipelm/backend.h"
 #include "backend/backend_host.h"
+#include "backend/cpu/cpu_attention.h"
 #include "pipelm/backend_math.h"
 #include "util/common.h"
 #include "backend/onednn/onednn_auto.h"
@@ -549,8 +550,35 @@ static const backend_opt_decl dn_opts[] = {
      NULL},
     {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
      "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
+    {"attention", "tiled: fused causal attention keeping the output and the row log-sum-exp (O(T) memory; the CPU "
+     "backend's tiled kernels, in bf16 with bf16 inputs to every product) wherever T exceeds the head size; full: "
+     "the (T, T) probabilities through oneDNN's products (the reference); auto: in fp32 tiled from T = 256, in bf16 "
+     "full (bench/attention_cpu.sh: fp32 tiled 1.07x at T = 256, 1.7x at 1024; bf16 tiled, on fp32 products, 0.65x "
+     "of the AMX products at 1024)",
+     "auto", "auto|tiled|full", "PIPELM_ONEDNN_ATTENTION"},
     {NULL, NULL, NULL, NULL, NULL},
 };
+
+/* attention=: tiled (cpu_attention.c's kernels), the (T, T) path, or auto (DN_ATT_AUTO_MIN_T). */
+enum { DN_ATT_FULL, DN_ATT_TILED, DN_ATT_AUTO };
+static int dn_att_mode = DN_ATT_AUTO;
+/* attention=auto's smallest T for the tiled path in fp32 (bf16 stays on the full path, whose
+ * AMX products the tiled kernels' fp32 products do not match). */
+#define DN_ATT_AUTO_MIN_T 256
+
+/* Whether attention of T tokens, head size HS runs tiled (only where its HS + 1 floats per
+ * token and head are fewer than the T probabilities). */
+static int dn_tiled_for(int T, int HS) {
+    if (T <= HS || dn_att_mode == DN_ATT_FULL) return 0;
+    return dn_att_mode == DN_ATT_TILED || (S.prec == PL_PREC_FP32 && T >= DN_ATT_AUTO_MIN_T);
+}
+
+/* backend.h's attention_cols. */
+static int dn_attention_cols(int B, int T, int NH, int HS) {
+    (void)B;
+    (void)NH;
+    return dn_tiled_for(T, HS) ? HS + 1 : T;
+}
 
 /* Engine and stream once; precision checked against the CPU each time. May be called again
  * (a new precision or thread count); the primitives already made stay valid (their key holds
@@ -594,6 +622,9 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     onednn_ops_bf16(prec == PL_PREC_BF16);
     S.wcache = prec == PL_PREC_BF16 && backend_opt_flag(dn_opts, opt, "weight-cache");
     S.impl_report = backend_opt_flag(dn_opts, opt, "impl-report");
+    char att[16];
+    backend_opt_get(dn_opts, opt, "attention", att, sizeof att);
+    dn_att_mode = strcmp(att, "tiled") == 0 ? DN_ATT_TILED : strcmp(att, "full") == 0 ? DN_ATT_FULL : DN_ATT_AUTO;
     wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
@@ -636,12 +667,13 @@ static void dn_describe(char *buf, size_t len) {
     }
     /* "<name>: library, kernel, precision" as backend_cpu's line */
     int bf = S.prec == PL_PREC_BF16;
-    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s%s, %s%s%s", v->major, v->minor, v->patch,
-             isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
+    static const char *const att[] = {"full", "tiled", "auto"};
+    snprintf(buf, len, "onednn: oneDNN %d.%d.%d, ISA %s, matmul %s, %s%s%s, %s, attention %s%s%s", v->major,
+             v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()), S.impl, backend_precision_name(S.prec),
              bf ? (S.native_bf16 ? " (inputs converted with avx512_bf16" : " (inputs converted by a scalar loop") : "",
              bf ? (S.wcache ? ", weights once per update)" : ", weights on every product)") : "",
-             onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's", S.auto_note[0] ? "; " : "",
-             S.auto_note);
+             onednn_ops_active() ? "other ops avx512" : "other ops the cpu backend's", att[dn_att_mode],
+             S.auto_note[0] ? "; " : "", S.auto_note);
 }
 
 /* The verdict of onednn_auto.h: by ISA and vendor (a timing could differ between ranks). */
@@ -790,7 +822,7 @@ static int check_gqa(const char *op, int B, int T, int NH, int NKV, int HS) {
  * against the kv heads (query head stride G HS, kv head stride HS). NKV == NH (G = 1) is one
  * batched product over (B, NH): GPT-2's former multi-head attention and its bits. */
 static int att_fwd_fp32(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
-                        const char *what) {
+                        const int *doc, const char *what) {
     int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
     int64_t sbw = (int64_t)T * W;
     const float *q = qkv, *kk = qkv + (size_t)NH * HS, *v = qkv + (size_t)(NH + NKV) * HS;
@@ -802,7 +834,7 @@ static int att_fwd_fp32(float *out, float *att, const float *qkv, int B, int T, 
         view4(k.cd, k.cs, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h (T, T) */
         PL_TRY(mm_run(&k, q + j * hs, kk, att + j * TT, NULL, what));
     }
-    onednn_softmax_causal(att, NULL, B * NH, T);
+    onednn_softmax_causal(att, NULL, B * NH, T, doc, NH);
     for (int64_t j = 0; j < G; j++) {
         key_init(&k, 4, 0, 0, 0, 1.0f);
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);   /* att_h */
@@ -817,7 +849,7 @@ static int att_fwd_fp32(float *out, float *att, const float *qkv, int B, int T, 
  * dk_g (+)= s dpre_h^T q_h. j = 0 overwrites dk, dv; j > 0 accumulates (sum post-op), so each kv
  * head's gradient sums its query heads in ascending h. fp32, on the fused views. */
 static int att_bwd_fp32(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int NH,
-                        int NKV, int HS, const char *what) {
+                        int NKV, int HS, const int *doc, const char *what) {
     int64_t G = NH / NKV, hs = HS, W = (int64_t)(NH + 2 * NKV) * HS, CO = (int64_t)NH * HS, TT = (int64_t)T * T;
     int64_t sbw = (int64_t)T * W, sbo = (int64_t)T * CO;
     float scale = 1.0f / sqrtf((float)hs), *datt = NULL;
@@ -837,7 +869,7 @@ static int att_bwd_fp32(float *dqkv, const float *dout, const float *qkv, const 
         view4(k.cd, k.cs, B, NKV, T, hs, sbw, hs, W, 1);
         PL_TRY(mm_run(&k, att + j * TT, dout + j * hs, dv, NULL, what));
     }
-    onednn_softmax_causal_bwd(datt, NULL, att, B * NH, T);
+    onednn_softmax_causal_bwd(datt, NULL, att, B * NH, T, doc, NH);
     for (int64_t j = 0; j < G; j++) {
         key_init(&k, 4, 0, 0, 0, scale); /* dq_h = s dpre_h k_g */
         view4(k.ad, k.as, B, NKV, T, T, NH * TT, G * TT, T, 1);
@@ -959,14 +991,14 @@ static int mm_dense(int64_t B, int64_t H, int64_t M, int64_t K, int64_t N, const
 
 /* bf16 forward: att = softmax_causal(q k^T / sqrt(HS)), out = att v, on dense copies. */
 static int att_fwd_bf16(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
-                        const char *what) {
+                        const int *doc, const char *what) {
     int64_t G = NH / NKV, GT = G * T, TT = (int64_t)T * T, CO = (int64_t)NH * HS;
     uint16_t *q, *kk, *v;
     PL_TRY(qkv_dense_bf16(qkv, B, T, NH, NKV, HS, &q, &kk, &v));
     PL_TRY(mm_dense(B, NKV, GT, HS, T, q, 0, kk, 1, att, 1.0f / sqrtf((float)HS), what)); /* (B,NKV,GT,T) */
     void *a16 = NULL; /* the softmax writes att's bf16 copy in its own pass where it can */
     PL_TRY(scratch(SCR_B, sizeof(uint16_t) * (size_t)B * NH * TT, &a16));
-    if (!onednn_softmax_causal(att, a16, B * NH, T)) onednn_cvt_bf16(a16, att, (size_t)B * NH * TT, 0);
+    if (!onednn_softmax_causal(att, a16, B * NH, T, doc, NH)) onednn_cvt_bf16(a16, att, (size_t)B * NH * TT, 0);
     if (G == 1) { /* out (B, T, NH HS) is the dense (B, NH, T, HS) with its middle dims swapped */
         mm_key k;
         key_init(&k, 4, 1, 0, 0, 1.0f);
@@ -986,7 +1018,7 @@ static int att_fwd_bf16(float *out, float *att, const float *qkv, int B, int T, 
 /* bf16 backward on dense copies: datt = dy v^T; dv = att^T dy; dpre = softmax backward;
  * dq = s dpre k; dk = s dpre^T q; the three into dqkv's heads. */
 static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T, int NH,
-                        int NKV, int HS, const char *what) {
+                        int NKV, int HS, const int *doc, const char *what) {
     int64_t G = NH / NKV, GT = G * T, TT = (int64_t)T * T, W = (int64_t)(NH + 2 * NKV) * HS;
     int64_t nq = (int64_t)B * NH * T * HS, nk = (int64_t)B * NKV * T * HS;
     float s = 1.0f / sqrtf((float)HS), *datt = NULL, *g = NULL;
@@ -1002,7 +1034,7 @@ static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const 
     PL_TRY(mm_dense(B, NKV, GT, HS, T, dy, 0, v, 1, datt, 1.0f, what));       /* datt (B,NKV,GT,T) */
     PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, dy, 0, g + nq + nk, 1.0f, what)); /* dv (B,NKV,T,HS) */
     /* the bf16 att is not needed any more: the bf16 dpre takes its place */
-    if (!onednn_softmax_causal_bwd(datt, a16, att, B * NH, T)) onednn_cvt_bf16(a16, datt, (size_t)B * NH * TT, 0);
+    if (!onednn_softmax_causal_bwd(datt, a16, att, B * NH, T, doc, NH)) onednn_cvt_bf16(a16, datt, (size_t)B * NH * TT, 0);
     PL_TRY(mm_dense(B, NKV, GT, T, HS, a16, 0, kk, 0, g, s, what));      /* dq (B,NKV,GT,HS) */
     PL_TRY(mm_dense(B, NKV, T, GT, HS, a16, 1, q, 0, g + nq, s, what));  /* dk (B,NKV,T,HS) */
     heads_parts hg = {3, {NH, NKV, NKV}, {g, g + nq, g + nq + nk}};
@@ -1010,29 +1042,32 @@ static int att_bwd_bf16(float *dqkv, const float *dout, const float *qkv, const 
     return 0;
 }
 
-static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+static int dn_attention_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                                const int *doc) {
     NEED_INIT("attention_gqa_fwd");
     PL_TRY(check_gqa("attention_gqa_fwd", B, T, NH, NKV, HS));
     if (B == 0 || T == 0) return 0;
     int bf = S.prec == PL_PREC_BF16;
+    if (dn_tiled_for(T, HS)) return cpu_attention_tiled_fwd(out, att, qkv, B, T, NH, NKV, HS, doc, bf);
     char what[128];
     snprintf(what, sizeof what, "attention_gqa_fwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
              NKV, HS);
-    if (bf) return att_fwd_bf16(out, att, qkv, B, T, NH, NKV, HS, what);
-    return att_fwd_fp32(out, att, qkv, B, T, NH, NKV, HS, what);
+    if (bf) return att_fwd_bf16(out, att, qkv, B, T, NH, NKV, HS, doc, what);
+    return att_fwd_fp32(out, att, qkv, B, T, NH, NKV, HS, doc, what);
 }
 
 static int dn_attention_gqa_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                                int NH, int NKV, int HS) {
+                                int NH, int NKV, int HS, const int *doc) {
     NEED_INIT("attention_gqa_bwd");
     PL_TRY(check_gqa("attention_gqa_bwd", B, T, NH, NKV, HS));
     if (B == 0 || T == 0) return 0;
     int bf = S.prec == PL_PREC_BF16;
+    if (dn_tiled_for(T, HS)) return cpu_attention_tiled_bwd(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc, bf);
     char what[128];
     snprintf(what, sizeof what, "attention_gqa_bwd %s B=%d T=%d NH=%d NKV=%d HS=%d", bf ? "bf16" : "fp32", B, T, NH,
              NKV, HS);
-    if (bf) return att_bwd_bf16(dqkv, dout, qkv, att, B, T, NH, NKV, HS, what);
-    return att_bwd_fp32(dqkv, dout, qkv, att, B, T, NH, NKV, HS, what);
+    if (bf) return att_bwd_bf16(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc, what);
+    return att_bwd_fp32(dqkv, dout, qkv, att, B, T, NH, NKV, HS, doc, what);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1112,6 +1147,7 @@ const char *onednn_impl_made(int i, const char **what) {
     .set_threads = dn_set_threads, \
     .get_threads = dn_get_threads, \
     .opts = dn_opts, \
+    .attention_cols = dn_attention_cols, \
     /* the CPU backend's memory ops, telling the weight cache */ \
     .alloc = dn_alloc, \
     .free = dn_free, \

@@ -54,26 +54,32 @@ int onednn_ops_bf16(int on) {
 /* ---------------------------------------------------------------------------------------- */
 /* scalar softmax loops: the backend's own before the vector ones, kept for CPUs without them */
 
-static void softmax_scalar(float *att, int BH, int T) {
+/* The first visible column of row rr of the (B*NH*T, T) rows (document masking; 0 without). */
+static inline int row_doc(const int *doc, size_t rr, int T, int NH) {
+    return doc ? doc[(rr / T / NH) * T + rr % T] : 0;
+}
+
+static void softmax_scalar(float *att, int BH, int T, const int *doc, int NH) {
     size_t rows = (size_t)BH * T;
     #pragma omp parallel for schedule(static)
     for (size_t rr = 0; rr < rows; rr++) {
         int t = (int)(rr % T);
         float *r = att + rr * T;
-        softmax_causal_row(r, t, T);
+        softmax_doc_row(r, row_doc(doc, rr, T, NH), t, T);
     }
 }
 
-static void softmax_bwd_scalar(float *datt, const float *att, int BH, int T) {
+static void softmax_bwd_scalar(float *datt, const float *att, int BH, int T, const int *doc, int NH) {
     size_t rows = (size_t)BH * T;
     #pragma omp parallel for schedule(static)
     for (size_t rr = 0; rr < rows; rr++) {
-        int t = (int)(rr % T);
+        int t = (int)(rr % T), s0 = row_doc(doc, rr, T, NH);
         const float *ar = att + rr * T;
         float *dr = datt + rr * T;
         float dot = 0.0f;
-        for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
-        for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
+        for (int j = s0; j <= t; j++) dot += ar[j] * dr[j];
+        for (int j = 0; j < s0; j++) dr[j] = 0.0f;
+        for (int j = s0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot);
         for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
     }
 }
@@ -106,10 +112,23 @@ VEC static void softmax_row(float *r, unsigned short *o16, int t, int T) {
     }
 }
 
-VEC static void softmax_vec(float *att, unsigned short *out16, int BH, int T) {
+/* Zero the n masked columns before a row's document (and their bf16 copy). */
+static void zero_head(float *r, unsigned short *o16, int n) {
+    if (n <= 0) return;
+    memset(r, 0, sizeof(float) * n);
+    if (o16) memset(o16, 0, sizeof(unsigned short) * n);
+}
+
+/* Row rr of a document-masked softmax: the row from its document's first column s on. */
+VEC static void softmax_vec(float *att, unsigned short *out16, int BH, int T, const int *doc, int NH) {
     size_t rows = (size_t)BH * T;
     #pragma omp parallel for schedule(static)
-    for (size_t rr = 0; rr < rows; rr++) softmax_row(att + rr * T, out16 ? out16 + rr * T : NULL, (int)(rr % T), T);
+    for (size_t rr = 0; rr < rows; rr++) {
+        int s = row_doc(doc, rr, T, NH);
+        unsigned short *o16 = out16 ? out16 + rr * T : NULL;
+        softmax_row(att + rr * T + s, o16 ? o16 + s : NULL, (int)(rr % T) - s, T - s);
+        zero_head(att + rr * T, o16, s);
+    }
 }
 
 /* One row of the backward: d = a (d - sum_j a_j d_j) over [0, t], 0 beyond. */
@@ -130,29 +149,35 @@ VEC static void softmax_bwd_row(float *d, unsigned short *o16, const float *a, i
     }
 }
 
-VEC static void softmax_bwd_vec(float *datt, unsigned short *out16, const float *att, int BH, int T) {
+VEC static void softmax_bwd_vec(float *datt, unsigned short *out16, const float *att, int BH, int T, const int *doc,
+                                int NH) {
     size_t rows = (size_t)BH * T;
     #pragma omp parallel for schedule(static)
-    for (size_t rr = 0; rr < rows; rr++)
-        softmax_bwd_row(datt + rr * T, out16 ? out16 + rr * T : NULL, att + rr * T, (int)(rr % T), T);
+    for (size_t rr = 0; rr < rows; rr++) {
+        int s = row_doc(doc, rr, T, NH);
+        unsigned short *o16 = out16 ? out16 + rr * T : NULL;
+        softmax_bwd_row(datt + rr * T + s, o16 ? o16 + s : NULL, att + rr * T + s, (int)(rr % T) - s, T - s);
+        zero_head(datt + rr * T, o16, s);
+    }
 }
 #endif /* OPS_X86 */
 
-int onednn_softmax_causal(float *att, unsigned short *out16, int BH, int T) {
+int onednn_softmax_causal(float *att, unsigned short *out16, int BH, int T, const int *doc, int NH) {
 #ifdef OPS_X86
-    if (use_vec) { softmax_vec(att, out16, BH, T); return out16 != NULL; }
+    if (use_vec) { softmax_vec(att, out16, BH, T, doc, NH); return out16 != NULL; }
 #endif
     (void)out16;
-    softmax_scalar(att, BH, T);
+    softmax_scalar(att, BH, T, doc, NH);
     return 0;
 }
 
-int onednn_softmax_causal_bwd(float *datt, unsigned short *out16, const float *att, int BH, int T) {
+int onednn_softmax_causal_bwd(float *datt, unsigned short *out16, const float *att, int BH, int T, const int *doc,
+                              int NH) {
 #ifdef OPS_X86
-    if (use_vec) { softmax_bwd_vec(datt, out16, att, BH, T); return out16 != NULL; }
+    if (use_vec) { softmax_bwd_vec(datt, out16, att, BH, T, doc, NH); return out16 != NULL; }
 #endif
     (void)out16;
-    softmax_bwd_scalar(datt, att, BH, T);
+    softmax_bwd_scalar(datt, att, BH, T, doc, NH);
     return 0;
 }
 

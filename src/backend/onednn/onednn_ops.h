@@ -27,10 +27,13 @@ int onednn_ops_bf16(int on);
 /* Causal softmax of the B*NH*T rows of att (T each), in place, upper triangle zeroed; with
  * out16 not NULL the vector loops also write the probabilities there as bf16 (the next
  * product's input, f32_to_bf16's rounding) in the same pass. Returns 1 when out16 was
- * written, 0 when not (the scalar loops: the caller converts). */
-int onednn_softmax_causal(float *att, unsigned short *out16, int BH, int T);
-/* Its backward, in place on datt: dpre = a (datt - rowsum(a datt)); out16 as above. */
-int onednn_softmax_causal_bwd(float *datt, unsigned short *out16, const float *att, int BH, int T);
+ * written, 0 when not (the scalar loops: the caller converts). doc (B*T) or NULL: document
+ * masking (backend_ops.h), row (b, h, t) keeps only columns doc[b T + t]..t (NH: heads per
+ * sequence, to find b). */
+int onednn_softmax_causal(float *att, unsigned short *out16, int BH, int T, const int *doc, int NH);
+/* Its backward, in place on datt: dpre = a (datt - rowsum(a datt)); out16 and doc as above. */
+int onednn_softmax_causal_bwd(float *datt, unsigned short *out16, const float *att, int BH, int T, const int *doc,
+                              int NH);
 
 int onednn_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
                          int N, int C);

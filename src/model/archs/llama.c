@@ -354,8 +354,9 @@ static int llama_block_forward(const backend *be, const block_dims *d, float *co
     float eps = d->cfg->llama.norm_eps, *scr = d->x[LX_SCRATCH];
     PL_TRY(be->rmsnorm_fwd(a[LA_ATTNORM], a[LA_ATTNORM_RSTD], x, p[L_ATTNORM], N, C, eps));
     PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));                  // (N, QKV)
-    PL_TRY(be->rope_fwd(a[LA_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS)); // (N, C)
+    PL_TRY(be->rope_fwd(a[LA_QKV], scr, d->pcos ? d->pcos : d->x[LX_COS], d->psin ? d->psin : d->x[LX_SIN], N,
+                        d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
+    PL_TRY(be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc)); // (N, C)
     PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, d->NH * d->HS, C));
     PL_TRY(model_tp_sum(d, a[LA_RES2], (size_t)N * C, TP_PHASE_FWD)); // --tp: partial sums
     PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
@@ -387,8 +388,9 @@ static int llama_block_backward_input(const backend *be, const block_dims *d, fl
     /* res2 = x + attproj(attn(rope(qkv(rms1(x))))) */
     PL_TRY(be->copy(dd[LD_ATTPROJ], dres, nc));
     PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dres, p[L_ATTPROJW], N, d->NH * d->HS, C));  // d(atty)
-    PL_TRY(be->attention_gqa_bwd(scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->B, d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->rope_bwd(dd[LD_QKV], scr, d->x[LX_COS], d->x[LX_SIN], N, d->T, d->NH, d->NKV, d->HS));
+    PL_TRY(be->attention_gqa_bwd(scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->B, d->T, d->NH, d->NKV, d->HS, d->doc));
+    PL_TRY(be->rope_bwd(dd[LD_QKV], scr, d->pcos ? d->pcos : d->x[LX_COS], d->psin ? d->psin : d->x[LX_SIN], N,
+                        d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dd[LD_QKV], p[L_QKVW], N, C, QKV));  // (N, C)
     PL_TRY(model_tp_sum(d, dd[LD_ATTNORM], (size_t)N * C, TP_PHASE_BWD));
     return be->rmsnorm_bwd_input(dres, dd[LD_ATTNORM], x, p[L_ATTNORM], a[LA_ATTNORM_RSTD], N, C);
@@ -409,7 +411,7 @@ static int llama_block_backward_weight(const backend *be, const block_dims *d, f
 
 /* Selective recomputation dropped the probabilities: recompute them from the rotated qkv. */
 static int llama_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
-    return be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS);
+    return be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc);
 }
 
 /* x = wte[tok] (the shared embedding op, adding zero position rows), and its gradient (the
