@@ -102,6 +102,7 @@ typedef struct {
     int bias;       /* 1: bias (1 x N) f32 */
     int threads;    /* OpenMP threads the primitive was made for */
     float scale;    /* output scale (1 = none) */
+    int bvnni;      /* 1: B (the weights operand) in the layout oneDNN picks, when it is 16a64b2a */
     int64_t ad[MAXD], as[MAXD], bd[MAXD], bs[MAXD], cd[MAXD], cs[MAXD];
 } mm_key;
 
@@ -111,6 +112,9 @@ typedef struct {
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     dnnl_memory_t mem[4]; /* src, weights, dst, bias */
+    int vnni;             /* B is in the 16a64b2a layout (key.bvnni and oneDNN chose it) */
+    int64_t vsk, vsn;     /* its strides of the row and column blocks */
+    size_t vbytes;        /* its size, padding included */
 } mm_entry;
 
 /* A product made, by its label (op, precision, shapes) and the implementation oneDNN chose. */
@@ -130,12 +134,14 @@ static struct {
     int threads;
     int native_bf16;       /* the CPU converts with VCVTNEPS2BF16 */
     int wcache;            /* bf16 weight copies kept between updates (onednn_wcache.h) */
+    int wgrad_vnni;        /* bf16 weight gradient: the activation in oneDNN's blocked layout */
     char impl[112];        /* matmul implementations of the probe products, for describe */
     char auto_note[96];    /* --backend auto's choice for bf16 and its reason ("" when not auto) */
     mm_entry cache[MM_CACHE];
     int next_victim;
     long created;          /* primitives created (tests, diagnostics) */
     long nondense;         /* of them, bf16 ones with an operand that is not dense (tests) */
+    long vnni;             /* of them, ones whose weights operand is in the 16a64b2a layout (tests) */
     int impl_report;       /* --backend-opt impl-report=1: print each new impls[] entry */
     impl_use impls[MAX_IMPLS];
     int nimpls;
@@ -314,7 +320,8 @@ static int make_pd(const mm_key *k, dnnl_primitive_desc_t *pd, const char *what)
         cd[i] = k->cd[i]; cs[i] = k->cs[i];
     }
     DN_CHECK(dnnl_memory_desc_init_by_strides(&a, k->nd, ad, dt, as), what);
-    DN_CHECK(dnnl_memory_desc_init_by_strides(&b, k->nd, bd, dt, bs), what);
+    if (k->bvnni) DN_CHECK(dnnl_memory_desc_init_by_tag(&b, k->nd, bd, dt, dnnl_format_tag_any), what);
+    else DN_CHECK(dnnl_memory_desc_init_by_strides(&b, k->nd, bd, dt, bs), what);
     DN_CHECK(dnnl_memory_desc_init_by_strides(&c, k->nd, cd, dnnl_f32, cs), what);
     if (k->bias) { /* (1, ..., 1, N), dense */
         dnnl_dims_t bbd = {0}, bbs = {0};
@@ -396,6 +403,36 @@ static void impl_record(const mm_entry *e, const char *what) {
     if (S.impl_report) impl_print(u, e->key.dt == dnnl_bf16);
 }
 
+/* Whether the weights of pd are oneDNN's 16a64b2a layout of a 2-D (K, N) operand (AMX's bf16
+ * brgemm takes it as it is; other kernels pick other layouts or a plain one), and its strides
+ * and size. */
+static int weights_vnni(const_dnnl_primitive_desc_t pd, int64_t *sk, int64_t *sn, size_t *bytes) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (!md || md->ndims != 2 || md->format_kind != dnnl_blocked || md->data_type != dnnl_bf16) return 0;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    if (b->inner_nblks != 3 || b->inner_blks[0] != 16 || b->inner_idxs[0] != 0 || b->inner_blks[1] != 64 ||
+        b->inner_idxs[1] != 1 || b->inner_blks[2] != 2 || b->inner_idxs[2] != 0 || md->offset0 != 0)
+        return 0;
+    *sk = b->strides[0];
+    *sn = b->strides[1];
+    *bytes = dnnl_memory_desc_get_size(md);
+    return 1;
+}
+
+/* The descriptor of k: with bvnni, the weights in oneDNN's layout if it is 16a64b2a, else
+ * (another CPU, another kernel) the plain strides of the key after all. */
+static int make_entry_pd(mm_entry *e, const char *what) {
+    PL_TRY(make_pd(&e->key, &e->pd, what));
+    if (!e->key.bvnni) return 0;
+    e->vnni = weights_vnni(e->pd, &e->vsk, &e->vsn, &e->vbytes);
+    if (e->vnni) return 0;
+    dnnl_primitive_desc_destroy(e->pd);
+    e->pd = NULL;
+    mm_key plain = e->key;
+    plain.bvnni = 0;
+    return make_pd(&plain, &e->pd, what);
+}
+
 static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     for (int i = 0; i < MM_CACHE; i++)
         if (S.cache[i].used && memcmp(&S.cache[i].key, k, sizeof *k) == 0) {
@@ -406,7 +443,7 @@ static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     S.next_victim = (S.next_victim + 1) % MM_CACHE;
     if (e->used) entry_destroy(e);
     e->key = *k;
-    int rc = make_pd(k, &e->pd, what);
+    int rc = make_entry_pd(e, what);
     if (rc) { e->pd = NULL; entry_destroy(e); return rc; }
     dnnl_status_t s = dnnl_primitive_create(&e->prim, e->pd);
     for (int i = 0; s == dnnl_success && i < (k->bias ? 4 : 3); i++) {
@@ -421,6 +458,7 @@ static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     }
     e->used = 1;
     S.created++;
+    S.vnni += e->vnni;
     impl_record(e, what);
     *out = e;
     return 0;
@@ -549,6 +587,9 @@ static const backend_opt_decl dn_opts[] = {
      NULL},
     {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
      "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
+    {"wgrad-layout", "1: in bf16 the weight gradient's activation is converted straight into the blocked layout "
+     "oneDNN's AMX kernel multiplies (where it picks that layout); 0: plain rows, which the kernel copies into it "
+     "at every call", "1", "0|1", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -594,6 +635,7 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     onednn_ops_bf16(prec == PL_PREC_BF16);
     S.wcache = prec == PL_PREC_BF16 && backend_opt_flag(dn_opts, opt, "weight-cache");
     S.impl_report = backend_opt_flag(dn_opts, opt, "impl-report");
+    S.wgrad_vnni = backend_opt_flag(dn_opts, opt, "wgrad-layout");
     wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
@@ -730,6 +772,21 @@ static int dn_matmul_bwd_input(float *dinp, const float *dout, const float *w, i
     return mm_run(&k, A, B, dinp, NULL, what);
 }
 
+/* The bf16 of the activation inp (N, C), the weight gradient's B: in oneDNN's blocked layout
+ * when the product k takes it (wgrad-layout=1 and the AMX kernel: its own copy of a plain B into
+ * that layout at every call cost up to a third of the product), converted in the same pass;
+ * else plain row-major. */
+static int wgrad_act_bf16(const mm_key *k, const float *inp, int N, int C, const void **B, const char *what) {
+    mm_entry *e = NULL;
+    if (k->bvnni) PL_TRY(get_primitive(k, &e, what));
+    if (!e || !e->vnni) return to_bf16(SCR_B, inp, (size_t)N * C, B);
+    void *p = NULL;
+    PL_TRY(scratch(SCR_B, e->vbytes, &p));
+    onednn_cvt_bf16_vnni(p, inp, N, C, e->vsk, e->vsn);
+    *B = p;
+    return 0;
+}
+
 /* dW(OC,C) += dout^T inp: A = dout^T viewed (OC,N) with strides (1, OC), sum post-op. */
 static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const float *inp, int N, int C, int OC) {
     NEED_INIT("matmul_bwd_weight");
@@ -750,8 +807,9 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
             PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)N * OC, &a16));
             if (onednn_colsum_bf16_t(db, a16, dout, N, OC)) db = NULL; /* summed in the same pass */
             A = a16;
-            PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
             key_2d(&k, OC, N, C, N, 1, C, 1, C);
+            k.bvnni = S.wgrad_vnni;
+            PL_TRY(wgrad_act_bf16(&k, inp, N, C, &B, what));
         } else key_2d(&k, OC, N, C, 1, OC, C, 1, C);
         PL_TRY(mm_run(&k, A, B, dw, NULL, what));
     }
@@ -1088,10 +1146,13 @@ static int dn_scale(float *x, float s, size_t n) {
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
 /* Exported for tests/unit/test_onednn.c only: bf16 primitives created with an operand that is
- * not dense (0: every bf16 product could take the brgemm kernels), and the implementation of
+ * not dense (0: every bf16 product could take the brgemm kernels), those whose weights operand
+ * is in oneDNN's blocked 16a64b2a layout (wgrad-layout=1 on AMX), and the implementation of
  * the i-th (label, implementation) made, NULL past the last. */
 long onednn_nondense_created(void);
 long onednn_nondense_created(void) { return S.nondense; }
+long onednn_vnni_created(void);
+long onednn_vnni_created(void) { return S.vnni; }
 const char *onednn_impl_made(int i, const char **what);
 const char *onednn_impl_made(int i, const char **what) {
     if (i < 0 || i >= S.nimpls) return NULL;
