@@ -8,7 +8,10 @@
  *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is onednn_elem.c's loop: threads
  *     split the columns in chunks of 256 and each chunk sums the rows in order, so db does not
  *     depend on the thread count and is backend_cpu's bits; in bf16 the same pass writes dout's
- *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own.
+ *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own,
+ *     and inp's bf16 goes straight into the blocked layout the primitive picks for its weights
+ *     operand when that is AMX's 16a64b2a (wgrad-layout=1), which the kernel otherwise copies a
+ *     plain operand into at every call.
  *   attention_gqa_fwd / attention_gqa_bwd: fp32: G = NH/NKV batched 4-D matmuls over the
  *     (B, NKV) pairs (one per query head of a group), on strided views of the fused qkv (B, T,
  *     (NH + 2 NKV) HS); dk and dv accumulate over the group's query heads in ascending order

@@ -5,7 +5,8 @@
  * run in 16, with the CPU backend's arithmetic and order, so their bits are its bits. Used only
  * when onednn_ops_select found AVX-512 (the column sum's bf16 copy also needs AVX512-BF16).
  * Also the transposed bf16 conversion of matmul_bwd_weight's dout (onednn_cvt_bf16_t,
- * onednn_colsum_bf16_t), with the column sums in the same pass.
+ * onednn_colsum_bf16_t), with the column sums in the same pass, and the bf16 conversion of its
+ * activation into oneDNN's blocked 16a64b2a layout (onednn_cvt_bf16_vnni).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
