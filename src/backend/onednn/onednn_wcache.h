@@ -9,7 +9,9 @@
  * memory that only this backend's calls write, by the backend contract; every write the
  * backend sees (AdamW, scale, from_host, copy, zero, a map or unmap for writing, free) drops
  * the copies it overlaps. The copies are the same rounding of the same values as a per-call
- * conversion, so the products keep their bits. One caller thread, as every backend here.
+ * conversion, so the products keep their bits. A copy may also be in a layout of the caller's
+ * (wcache_get_made: the blocked weights operand a product's kernel picks), one per layout, with
+ * the same staleness. One caller thread, as every backend here.
  */
 #ifndef PIPELM_ONEDNN_WCACHE_H
 #define PIPELM_ONEDNN_WCACHE_H
