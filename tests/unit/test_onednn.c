@@ -1171,7 +1171,7 @@ START_TEST(test_vnni) {
 }
 END_TEST
 
-/* A weight's copy in the layout its product picks (weight-layout=1, the default): forward and
+/* A weight's copy in the layout its product picks (weight-layout=1): forward and
  * input gradient bit-identical with the weight cache on (the kept blocked copy) and off (a
  * reorder on every call), before w is a weight, after an update (the kept copy made again) and
  * after a second one, and on AMX some product did multiply a blocked copy. (Against the plain
@@ -1190,7 +1190,8 @@ START_TEST(test_wlayout) {
         fill_rand(w0, nw, -1, 1);
         long b0 = onednn_wblocked_used();
         for (int cache = 1; cache >= 0; cache--) { /* the same updates with the cache on, then off */
-            backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0, cache ? "weight-cache=1" : "weight-cache=0"};
+            backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0,
+                                 cache ? "weight-cache=1,weight-layout=1" : "weight-cache=0,weight-layout=1"};
             char err[512] = "";
             ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "%s", err);
             out[cache] = falloc(UPD * no);

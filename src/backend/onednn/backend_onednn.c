@@ -626,8 +626,8 @@ static const backend_opt_decl dn_opts[] = {
     {"weight-cache", "1: in bf16 each weight's bf16 copy is made once after it changes (AdamW, a load) and kept "
      "for every product until then; 0: converted on every product (the same bits, slower)", "1", "0|1", NULL},
     {"weight-layout", "1: in bf16 each weight's kept copy (weight-cache=1) is in the layout each product's "
-     "oneDNN kernel picks (AMX: blocked), made by a reorder once per update; 0: plain rows, which the kernel copies "
-     "into its layout at every call", "1", "0|1", NULL},
+     "oneDNN kernel picks (AMX: blocked), made by a reorder once per update (pays with several micro-batches); "
+     "0: plain rows, which the kernel copies into its layout at every call", "0", "0|1", NULL},
     {"wgrad-layout", "1: in bf16 the weight gradient's activation is converted straight into the blocked layout "
      "oneDNN's AMX kernel multiplies (where it picks that layout); 0: plain rows, which the kernel copies into it "
      "at every call", "1", "0|1", NULL},
