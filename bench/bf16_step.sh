@@ -22,7 +22,8 @@
 # second build's onednn bf16 step beside this one's, interleaved, in the same invocation (the
 # before/after of a change); BENCH_REPEAT (1) runs each pipelm step that many times and keeps
 # the fastest median (a machine other jobs load); BENCH_TORCH=0 skips PyTorch, BENCH_SCALE=0
-# the two-rank run, BENCH_AB_ROUNDS=0 the weight cache's A/B.
+# the two-rank run, BENCH_AB_ROUNDS=0 the weight cache's A/B, BENCH_MATMUL=0 the products
+# alone (bench/onednn_matmul.sh: per-product GFLOP/s, the weight gradient's layout A/B).
 # A report, not a test: it always exits 0. BENCH_STEPS (default 6), BENCH_WARMUP (2),
 # BENCH_MODELS (default "tutorial gpt2"), BENCH_AB_ROUNDS (3: rounds of the weight cache's
 # A/B), BENCH_AB_PREC (bf16; fp32 only to try the script on a CPU without bf16).
@@ -122,6 +123,26 @@ for _ in range(5):
     t = time.process_time(); mb[:] = ma; best = min(best, time.process_time() - t)
 print("%.2f" % (2 * len(a) / best / 1e9))
 PYEOF
+# every product of the models' shapes alone (bench/onednn_matmul.sh on PIPELM's build: N = 1024
+# rows, GFLOP/s of fwd, bwd_input, bwd_weight in fp32 and bf16, the bf16 weight gradient with
+# wgrad-layout=1 and =0 interleaved); issue 41's target: every weight-gradient product >= 600
+# GFLOP/s at the tutorial's shapes. BENCH_MATMUL=0 skips it.
+BUILD_DIR=$(dirname "$PIPELM")
+if [ "${BENCH_MATMUL:-1}" != 0 ] && [ -f "$BUILD_DIR/libpipelm.a" ]; then
+    shapes=""
+    for model in $MODELS; do
+        case $model in
+        tutorial) shapes="$shapes 512x1536 512x512 512x2048 2048x512 512x10000" ;;
+        gpt2) shapes="$shapes 768x2304 768x768 768x3072 3072x768 768x50304" ;;
+        esac
+    done
+    echo "-- every product alone (bench/onednn_matmul.sh), load: $(uptime | sed 's/.*load/load/')"
+    BENCH_SHAPES="$shapes" timeout 1800 "$here/onednn_matmul.sh" "$BUILD_DIR" > "$tmp/matmul.log" 2>&1
+    sed 's/^/   /' "$tmp/matmul.log"
+    awk '$3 == "bwd_weight" && $6 + 0 > 0 && $6 + 0 < 600 { low = low " " $2 " (" $6 ")" }
+         END { print "   bf16 weight-gradient products below 600 GFLOP/s:" (low == "" ? " none" : low) }' "$tmp/matmul.log"
+fi
+
 echo "-- two ranks x one thread vs one rank, bf16, tutorial, 8 micro-batches ..."
 for np in $([ "${BENCH_SCALE:-1}" != 0 ] && echo 1 2); do
     timeout 1800 mpiexec -n $np "$PIPELM" bench --preset tutorial --batch 8 --seq-len 128 --microbatches 8 --threads 1 \

@@ -5,6 +5,12 @@
  * does, timed alone) and the same conversion through a oneDNN reorder primitive instead.
  *
  *   onednn_matmul N THREADS SECONDS CxOC...      (e.g. 1024 1 0.5 768x2304 3072x768)
+ *
+ * W is made a weight as in training (one AdamW call with lr 0): in bf16 its copy is then
+ * kept (the weight cache), so fwd and bwd_input convert only their activation, as in a step.
+ * bf16 bwd_weight is timed twice more, interleaved: --backend-opt wgrad-layout=1 (the default:
+ * the activation converted into oneDNN's blocked layout) and wgrad-layout=0 (plain rows, the
+ * kernel's own copy), the best of three rounds each.
  */
 #include <dnnl.h>
 #include <stdint.h>
@@ -147,14 +153,27 @@ int main(int argc, char **argv) {
         float *inp = buf(be, ni, 1), *w = buf(be, nw, 0.05f), *b = buf(be, OC, 0.1f), *out = buf(be, no, 1);
         float *dinp = buf(be, ni, 0), *dw = buf(be, nw, 0), *db = buf(be, OC, 0);
         double flops = 2.0 * N * (double)C * OC;
-        double t[3][3];
+        double t[3][3], tl[2] = {1e30, 1e30};
+        { /* W becomes a weight range (the bf16 weight cache keeps its copy), as in training */
+            float *z = buf(be, 2 * nw, 0);
+            be->adamw(w, z, z, z + nw, nw, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+            be->free(z);
+        }
         for (int bi = 0; bi < 3; bi++) {
             if (bi == 2 && !have16) { for (int k = 0; k < 3; k++) t[bi][k] = 0; continue; }
             o.precision = precs[bi];
             bes[bi]->init(&o, err, sizeof err);
             for (int k = 0; k < 3; k++) t[bi][k] = time_op(bes[bi], k, inp, w, b, out, dinp, dw, db, N, C, OC, secs);
         }
-        /* conversions each bf16 op does: fwd inp + W, bwd_input dout + W, bwd_weight dout + inp */
+        for (int round = 0; have16 && round < 3; round++)
+            for (int lay = 0; lay < 2; lay++) {
+                backend_options ol = {PL_PREC_BF16, threads, -1, 0, 0, lay ? "wgrad-layout=1" : "wgrad-layout=0"};
+                backend_onednn.init(&ol, err, sizeof err);
+                double tt = time_op(&backend_onednn, 2, inp, w, b, out, dinp, dw, db, N, C, OC, secs / 2);
+                tl[lay] = tt < tl[lay] ? tt : tl[lay];
+            }
+        /* conversions each bf16 op does: fwd inp, bwd_input dout (W's copy is kept: a weight),
+         * bwd_weight dout + inp */
         size_t big = ni > no ? ni : no;
         big = big > nw ? big : nw;
         uint16_t *dst = malloc(2 * big);
@@ -163,13 +182,18 @@ int main(int argc, char **argv) {
                co = time_cvt(src, dst, no, secs / 4);
         double ri = time_reorder(src, dst, ni, secs / 4), rw = time_reorder(src, dst, nw, secs / 4),
                ro = time_reorder(src, dst, no, secs / 4);
-        double cv[3] = {ci + cw, co + cw, co + ci}, rv[3] = {ri + rw, ro + rw, ro + ri};
+        double cv[3] = {ci, co, co + ci}, rv[3] = {ri, ro, ro + ri};
+        (void)cw;
+        (void)rw;
         for (int k = 0; k < 3; k++) {
             printf("%-6d %-11s %-11s %10.1f %10.1f %10.1f", N, argv[s], opname[k], flops / t[0][k] / 1e9,
                    flops / t[1][k] / 1e9, have16 ? flops / t[2][k] / 1e9 : 0.0);
             if (have16)
                 printf(" | cvt %4.1f %% of the op, %.3f ms own vs %.3f ms reorder", 100 * cv[k] / t[2][k], 1e3 * cv[k],
                        1e3 * rv[k]);
+            if (have16 && k == 2)
+                printf(" | wgrad-layout=1 %.1f, =0 %.1f GFLOP/s (best of 3, interleaved)", flops / tl[1] / 1e9,
+                       flops / tl[0] / 1e9);
             printf("\n");
         }
         fflush(stdout);

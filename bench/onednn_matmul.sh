@@ -6,8 +6,9 @@
 #
 #   bench/onednn_matmul.sh [BUILDDIR]        (default ./build; needs a build --with-onednn)
 #
-# Shapes: N = 1024 rows; the tutorial model's C x OC (512x1536 qkv, 512x2048 fc, 2048x512 proj,
-# 512x10000 lm head) and GPT-2 124M's (768x2304, 768x3072, 3072x768). BENCH_THREADS (1),
+# bwd_weight bf16 is also timed with wgrad-layout=1 and =0 interleaved (the blocked activation
+# layout against plain rows). Shapes: N = 1024 rows; the tutorial model's C x OC (512x1536 qkv, 512x2048 fc, 2048x512 proj,
+# 512x512 attproj, 512x10000 lm head) and GPT-2 124M's (768x2304, 768x768, 768x3072, 3072x768, 768x50304). BENCH_THREADS (1),
 # BENCH_SECONDS (0.5 per op and backend), BENCH_N (1024), BENCH_SHAPES override; BENCH_CPU_TIME=1
 # times by the process's CPU time instead of the wall clock (a loaded machine, one thread). A report, not a
 # test: exits 0 unless the driver cannot be built.
@@ -30,5 +31,5 @@ if [ -z "$OPENBLAS_CORETYPE" ]; then
 fi
 echo "== matmul GFLOP/s, $T thread(s), ${BENCH_CPU_TIME:+CPU time, }$(uptime | sed 's/.*load/load/'), $(lscpu | sed -n 's/^Model name: *//p'); bf16 ISA: $(grep -o -m1 -w 'amx_bf16\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 "$tmp/onednn_matmul" "${BENCH_N:-1024}" "$T" "${BENCH_SECONDS:-0.5}" \
-    ${BENCH_SHAPES:-512x1536 512x2048 2048x512 512x10000 768x2304 768x3072 3072x768}
+    ${BENCH_SHAPES:-512x1536 512x512 512x2048 2048x512 512x10000 768x2304 768x768 768x3072 3072x768 768x50304}
 exit 0

@@ -41,6 +41,7 @@
  * CPU; the fp32 cases then still run and a failure among them still fails the test.
  */
 #include <check.h>
+#include <dnnl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +63,8 @@ extern const backend backend_onednn;
 void onednn_cvt_bf16(uint16_t *dst, const float *src, size_t n, int force_scalar);
 long onednn_primitives_created(void);
 long onednn_nondense_created(void);
+long onednn_vnni_used(void);
+long onednn_wblocked_used(void);
 const char *onednn_impl_made(int i, const char **what);
 
 /* the registered backend (its NULL ops filled with backend_cpu's) and its own table */
@@ -942,8 +945,11 @@ END_TEST
 
 /* bf16 products on weights AdamW updated: with the cache, the bits of weight-cache=0, after every
  * kind of write; the forward and input-gradient products of a micro-batch share one copy. */
+/* The plain copies (weight-layout=0: one copy per weight, whose count this accounts for);
+ * test_wlayout checks the blocked ones, one per weight and layout. */
 static void init_cache(int on) {
-    backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0, on ? "weight-cache=1" : "weight-cache=0"};
+    backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0,
+                         on ? "weight-cache=1,weight-layout=0" : "weight-cache=0,weight-layout=0"};
     char err[512] = "";
     ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "onednn init bf16 weight-cache=%d: %s", on, err);
 }
@@ -1169,6 +1175,147 @@ START_TEST(test_dense) {
 }
 END_TEST
 
+/* oneDNN's own reorder of src (K, N) fp32 into bf16 16a64b2a (its padding zeroed): the
+ * reference of onednn_cvt_bf16_vnni, with the layout's strides and size. */
+static void vnni_ref(uint16_t *dst, float *src, int K, int N, int64_t *sk, int64_t *sn, size_t *bytes) {
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    dnnl_memory_desc_t f, b;
+    dnnl_dims_t d = {K, N};
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    dnnl_memory_t mf, mb;
+    ck_assert(dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success);
+    ck_assert(dnnl_stream_create(&st, eng, dnnl_stream_default_flags) == dnnl_success);
+    ck_assert(dnnl_memory_desc_init_by_tag(&f, 2, d, dnnl_f32, dnnl_ab) == dnnl_success);
+    ck_assert(dnnl_memory_desc_init_by_tag(&b, 2, d, dnnl_bf16, dnnl_BA16a64b2a) == dnnl_success);
+    *sk = b.format_desc.blocking.strides[0];
+    *sn = b.format_desc.blocking.strides[1];
+    *bytes = dnnl_memory_desc_get_size(&b);
+    ck_assert(dnnl_reorder_primitive_desc_create(&pd, &f, eng, &b, eng, NULL) == dnnl_success);
+    ck_assert(dnnl_primitive_create(&p, pd) == dnnl_success);
+    ck_assert(dnnl_memory_create(&mf, &f, eng, src) == dnnl_success);
+    ck_assert(dnnl_memory_create(&mb, &b, eng, dst) == dnnl_success);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mb}};
+    ck_assert(dnnl_primitive_execute(p, st, 2, args) == dnnl_success);
+    ck_assert(dnnl_stream_wait(st) == dnnl_success);
+    dnnl_memory_destroy(mf);
+    dnnl_memory_destroy(mb);
+    dnnl_primitive_destroy(p);
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_stream_destroy(st);
+    dnnl_engine_destroy(eng);
+}
+
+/* The weight gradient's activation in oneDNN's blocked layout (onednn_cvt_bf16_vnni) is oneDNN's
+ * own reorder byte for byte, padding included, on any CPU (the reorder runs everywhere);
+ * where the AMX kernel takes it (wgrad-layout=1), dW is bit-identical to the plain layout's. */
+START_TEST(test_vnni) {
+    const int sh[][2] = {{1, 1}, {37, 61}, {32, 64}, {33, 65}, {64, 130}, {96, 24}};
+    rng_seed(64);
+    float *x = falloc(96 * 130);
+    for (size_t i = 0; i < 96 * 130; i++) x[i] = (float)((2 * rng_u01() - 1) * pow(2.0, 40 * rng_u01() - 20));
+    for (size_t t = 0; t < sizeof sh / sizeof sh[0]; t++) {
+        int K = sh[t][0], N = sh[t][1];
+        int64_t sk, sn;
+        size_t bytes;
+        uint16_t *ref = calloc(1, 96 * 192 * 2 + 64), *got = malloc(96 * 192 * 2 + 64);
+        ck_assert(ref && got);
+        vnni_ref(ref, x, K, N, &sk, &sn, &bytes);
+        ck_assert(bytes <= 96 * 192 * 2);
+        memset(got, 0xAB, 96 * 192 * 2 + 64);
+        onednn_cvt_bf16_vnni(got, x, K, N, sk, sn);
+        for (size_t i = 0; i < bytes / 2; i++)
+            ck_assert_msg(got[i] == ref[i], "16a64b2a K=%d N=%d: element %zu: %04x, oneDNN's %04x", K, N, i, got[i],
+                          ref[i]);
+        ck_assert_uint_eq(got[bytes / 2], 0xABAB); /* nothing past the layout */
+        free(ref);
+        free(got);
+    }
+    dn->free(x);
+    if (!bf16_ok) return;
+    const int mm[][3] = {{37, 24, 61}, {130, 96, 200}, {256, 128, 64}};
+    for (size_t t = 0; t < sizeof mm / sizeof mm[0]; t++) {
+        int N = mm[t][0], C = mm[t][1], OC = mm[t][2];
+        float *inp = falloc((size_t)N * C), *dout = falloc((size_t)N * OC);
+        float *dw[2] = {falloc((size_t)OC * C), falloc((size_t)OC * C)};
+        fill_rand(inp, (size_t)N * C, -1, 1);
+        fill_rand(dout, (size_t)N * OC, -1, 1);
+        long v0 = 0;
+        for (int lay = 0; lay < 2; lay++) {
+            backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0, lay ? "wgrad-layout=1" : "wgrad-layout=0"};
+            char err[512] = "";
+            ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "%s", err);
+            if (lay) v0 = onednn_vnni_used();
+            OK(dn->matmul_bwd_weight(dw[lay], NULL, dout, inp, N, C, OC));
+            OK(dn->matmul_bwd_weight(dw[lay], NULL, dout, inp, N, C, OC));
+        }
+        char desc[256];
+        dn->describe(desc, sizeof desc);
+        if (strstr(desc, "ISA avx512_core_amx")) /* the AMX kernel picks the blocked layout */
+            ck_assert_msg(onednn_vnni_used() > v0,
+                          "wgrad-layout=1 on AMX: no product took the 16a64b2a layout");
+        ck_assert_msg(memcmp(dw[0], dw[1], sizeof(float) * (size_t)OC * C) == 0,
+                      "dW %dx%dx%d: the blocked layout's bits differ from the plain one's", N, C, OC);
+        float *bufs[] = {inp, dout, dw[0], dw[1]};
+        for (size_t i = 0; i < 4; i++) dn->free(bufs[i]);
+    }
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
+/* A weight's copy in the layout its product picks (weight-layout=1): forward and
+ * input gradient bit-identical with the weight cache on (the kept blocked copy) and off (a
+ * reorder on every call), before w is a weight, after an update (the kept copy made again) and
+ * after a second one, and on AMX some product did multiply a blocked copy. (Against the plain
+ * layout, weight-layout=0, the bits may differ: oneDNN sums K = 2048 in another order.) */
+START_TEST(test_wlayout) {
+    if (!bf16_ok) return;
+    const int mm[][3] = {{37, 24, 61}, {130, 96, 200}, {64, 128, 128}, {128, 2048, 512}, {128, 512, 10048}};
+    enum { UPD = 3 };
+    for (size_t t = 0; t < sizeof mm / sizeof mm[0]; t++) {
+        int N = mm[t][0], C = mm[t][1], OC = mm[t][2];
+        size_t nw = (size_t)OC * C, no = (size_t)N * OC, ni = (size_t)N * C;
+        float *inp = falloc(ni), *dout = falloc(no), *w0 = falloc(nw), *w = falloc(nw), *z = falloc(3 * nw);
+        float *out[2], *dinp[2];
+        fill_rand(inp, ni, -1, 1);
+        fill_rand(dout, no, -1, 1);
+        fill_rand(w0, nw, -1, 1);
+        long b0 = onednn_wblocked_used();
+        for (int cache = 1; cache >= 0; cache--) { /* the same updates with the cache on, then off */
+            backend_options o = {PL_PREC_BF16, default_threads, -1, 0, 0,
+                                 cache ? "weight-cache=1,weight-layout=1" : "weight-cache=0,weight-layout=1"};
+            char err[512] = "";
+            ck_assert_msg(dn->init(&o, err, sizeof err) == 0, "%s", err);
+            out[cache] = falloc(UPD * no);
+            dinp[cache] = falloc(UPD * ni);
+            OK(dn->copy(w, w0, sizeof(float) * nw));
+            rng_seed(7);
+            for (int upd = 0; upd < UPD; upd++) {
+                OK(dn->matmul_fwd(out[cache] + upd * no, inp, w, NULL, N, C, OC));
+                OK(dn->matmul_bwd_input(dinp[cache] + upd * ni, dout, w, N, C, OC));
+                memset(z + nw, 0, sizeof(float) * 2 * nw);
+                fill_rand(z, nw, -1, 1); /* an update: w changes, every kept copy is stale */
+                OK(dn->adamw(w, z, z + nw, z + 2 * nw, nw, 0.05f, 0.9f, 0.95f, 1e-8f, 0.0f, 1));
+            }
+        }
+        for (int upd = 0; upd < UPD; upd++) {
+            ck_assert_msg(memcmp(out[0] + upd * no, out[1] + upd * no, sizeof(float) * no) == 0,
+                          "matmul_fwd %dx%dx%d (update %d): weight-cache=1 and 0 differ", N, C, OC, upd);
+            ck_assert_msg(memcmp(dinp[0] + upd * ni, dinp[1] + upd * ni, sizeof(float) * ni) == 0,
+                          "matmul_bwd_input %dx%dx%d (update %d): weight-cache=1 and 0 differ", N, C, OC, upd);
+        }
+        char desc[256];
+        dn->describe(desc, sizeof desc);
+        if (strstr(desc, "ISA avx512_core_amx") && t >= 2)
+            ck_assert_msg(onednn_wblocked_used() > b0, "weight-layout=1 on AMX: no product took a blocked weight");
+        float *bufs[] = {inp, dout, w0, w, z, out[0], out[1], dinp[0], dinp[1]};
+        for (size_t i = 0; i < 9; i++) dn->free(bufs[i]);
+    }
+    use_prec(PL_PREC_FP32);
+}
+END_TEST
+
 // ----------------------------------------------------------------------------
 
 static Suite *onednn_suite(void) {
@@ -1181,6 +1328,7 @@ static Suite *onednn_suite(void) {
         {"cache", test_cache}, {"failures", test_failures}, {"gqa_fp32", test_gqa_fp32},
         {"gqa_bf16", test_gqa_bf16}, {"vec_ops", test_vec_ops}, {"wcache", test_wcache},
         {"wcache_bf16", test_wcache_bf16}, {"auto", test_auto}, {"dense", test_dense}, {"gqa_tiled", test_gqa_tiled},
+        {"vnni", test_vnni}, {"wlayout", test_wlayout},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -8,7 +8,10 @@
  *     bias is oneDNN's bias argument (fp32). db = colsum(dout) is onednn_elem.c's loop: threads
  *     split the columns in chunks of 256 and each chunk sums the rows in order, so db does not
  *     depend on the thread count and is backend_cpu's bits; in bf16 the same pass writes dout's
- *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own.
+ *     bf16 transposed, the dense (OC, N) dout^T that the product takes without a copy of its own,
+ *     and inp's bf16 goes straight into the blocked layout the primitive picks for its weights
+ *     operand when that is AMX's 16a64b2a (wgrad-layout=1), which the kernel otherwise copies a
+ *     plain operand into at every call.
  *   attention_gqa_fwd / attention_gqa_bwd: fp32: G = NH/NKV batched 4-D matmuls over the
  *     (B, NKV) pairs (one per query head of a group), on strided views of the fused qkv (B, T,
  *     (NH + 2 NKV) HS); dk and dv accumulate over the group's query heads in ascending order
@@ -103,6 +106,8 @@ typedef struct {
     int bias;       /* 1: bias (1 x N) f32 */
     int threads;    /* OpenMP threads the primitive was made for */
     float scale;    /* output scale (1 = none) */
+    int bvnni;      /* 1: B (the weights operand) in the layout oneDNN picks, when it is 16a64b2a */
+    int bany;       /* 1: B in whatever layout oneDNN picks (a weight's kept copy, made by a reorder) */
     int64_t ad[MAXD], as[MAXD], bd[MAXD], bs[MAXD], cd[MAXD], cs[MAXD];
 } mm_key;
 
@@ -112,6 +117,11 @@ typedef struct {
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     dnnl_memory_t mem[4]; /* src, weights, dst, bias */
+    int vnni;             /* B is in the 16a64b2a layout (key.bvnni and oneDNN chose it) */
+    int64_t vsk, vsn;     /* its strides of the row and column blocks */
+    size_t vbytes;        /* its size, padding included */
+    int blocked;          /* key.bany and oneDNN chose a layout other than the key's plain strides */
+    int wkind;            /* then: the weight cache's kind of that layout (1 + 2 x its index in S.wmd) */
 } mm_entry;
 
 /* A product made, by its label (op, precision, shapes) and the implementation oneDNN chose. */
@@ -131,12 +141,18 @@ static struct {
     int threads;
     int native_bf16;       /* the CPU converts with VCVTNEPS2BF16 */
     int wcache;            /* bf16 weight copies kept between updates (onednn_wcache.h) */
+    int wgrad_vnni;        /* bf16 weight gradient: the activation in oneDNN's blocked layout */
     char impl[112];        /* matmul implementations of the probe products, for describe */
     char auto_note[96];    /* --backend auto's choice for bf16 and its reason ("" when not auto) */
     mm_entry cache[MM_CACHE];
     int next_victim;
     long created;          /* primitives created (tests, diagnostics) */
     long nondense;         /* of them, bf16 ones with an operand that is not dense (tests) */
+    long vnni;             /* weight-gradient products on an activation in the 16a64b2a layout (tests) */
+    long wblocked;         /* products on weights in a blocked layout, kept or reordered now (tests) */
+    int wlayout;           /* bf16 weights kept in the layout each product picks (weight-layout=1) */
+    dnnl_memory_desc_t wmd[32]; /* the blocked weights layouts seen, for the cache's kinds */
+    int nwmd;
     int impl_report;       /* --backend-opt impl-report=1: print each new impls[] entry */
     impl_use impls[MAX_IMPLS];
     int nimpls;
@@ -315,7 +331,8 @@ static int make_pd(const mm_key *k, dnnl_primitive_desc_t *pd, const char *what)
         cd[i] = k->cd[i]; cs[i] = k->cs[i];
     }
     DN_CHECK(dnnl_memory_desc_init_by_strides(&a, k->nd, ad, dt, as), what);
-    DN_CHECK(dnnl_memory_desc_init_by_strides(&b, k->nd, bd, dt, bs), what);
+    if (k->bvnni || k->bany) DN_CHECK(dnnl_memory_desc_init_by_tag(&b, k->nd, bd, dt, dnnl_format_tag_any), what);
+    else DN_CHECK(dnnl_memory_desc_init_by_strides(&b, k->nd, bd, dt, bs), what);
     DN_CHECK(dnnl_memory_desc_init_by_strides(&c, k->nd, cd, dnnl_f32, cs), what);
     if (k->bias) { /* (1, ..., 1, N), dense */
         dnnl_dims_t bbd = {0}, bbs = {0};
@@ -397,6 +414,64 @@ static void impl_record(const mm_entry *e, const char *what) {
     if (S.impl_report) impl_print(u, e->key.dt == dnnl_bf16);
 }
 
+/* Whether the weights of pd are oneDNN's 16a64b2a layout of a 2-D (K, N) operand (AMX's bf16
+ * brgemm takes it as it is; other kernels pick other layouts or a plain one), and its strides
+ * and size. */
+static int weights_vnni(const_dnnl_primitive_desc_t pd, int64_t *sk, int64_t *sn, size_t *bytes) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (!md || md->ndims != 2 || md->format_kind != dnnl_blocked || md->data_type != dnnl_bf16) return 0;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    if (b->inner_nblks != 3 || b->inner_blks[0] != 16 || b->inner_idxs[0] != 0 || b->inner_blks[1] != 64 ||
+        b->inner_idxs[1] != 1 || b->inner_blks[2] != 2 || b->inner_idxs[2] != 0 || md->offset0 != 0)
+        return 0;
+    *sk = b->strides[0];
+    *sn = b->strides[1];
+    *bytes = dnnl_memory_desc_get_size(md);
+    return 1;
+}
+
+/* With bany: whether oneDNN chose a layout other than the key's plain one for the weights, its
+ * size, and the weight cache's kind for it (one per layout and per view, the forward's W^T and
+ * the input gradient's W: the same layout of other values); a layout past the table's room
+ * goes back to the plain strides. */
+static int weights_layout(mm_entry *e, const char *what) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(e->pd, dnnl_query_weights_md, 0);
+    dnnl_memory_desc_t plain;
+    dnnl_dims_t bd = {0}, bs = {0};
+    for (int i = 0; i < e->key.nd; i++) { bd[i] = e->key.bd[i]; bs[i] = e->key.bs[i]; }
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&plain, e->key.nd, bd, dnnl_bf16, bs), what);
+    if (!md || dnnl_memory_desc_equal(md, &plain)) return 0;
+    int i = 0;
+    while (i < S.nwmd && !dnnl_memory_desc_equal(md, &S.wmd[i])) i++;
+    if (i == S.nwmd && i < (int)(sizeof S.wmd / sizeof S.wmd[0])) S.wmd[S.nwmd++] = *md;
+    if (i < S.nwmd) {
+        e->blocked = 1;
+        e->wkind = 1 + 2 * i + (e->key.bs[0] == 1); /* bs[0] == 1: the forward's W^T view */
+        e->vbytes = dnnl_memory_desc_get_size(md);
+        return 0;
+    }
+    dnnl_primitive_desc_destroy(e->pd);
+    e->pd = NULL;
+    mm_key k = e->key;
+    k.bany = 0;
+    return make_pd(&k, &e->pd, what);
+}
+
+/* The descriptor of k: with bvnni, the weights in oneDNN's layout if it is 16a64b2a, else
+ * (another CPU, another kernel) the plain strides of the key after all. */
+static int make_entry_pd(mm_entry *e, const char *what) {
+    PL_TRY(make_pd(&e->key, &e->pd, what));
+    if (e->key.bany) return weights_layout(e, what);
+    if (!e->key.bvnni) return 0;
+    e->vnni = weights_vnni(e->pd, &e->vsk, &e->vsn, &e->vbytes);
+    if (e->vnni) return 0;
+    dnnl_primitive_desc_destroy(e->pd);
+    e->pd = NULL;
+    mm_key plain = e->key;
+    plain.bvnni = 0;
+    return make_pd(&plain, &e->pd, what);
+}
+
 static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     for (int i = 0; i < MM_CACHE; i++)
         if (S.cache[i].used && memcmp(&S.cache[i].key, k, sizeof *k) == 0) {
@@ -407,7 +482,7 @@ static int get_primitive(const mm_key *k, mm_entry **out, const char *what) {
     S.next_victim = (S.next_victim + 1) % MM_CACHE;
     if (e->used) entry_destroy(e);
     e->key = *k;
-    int rc = make_pd(k, &e->pd, what);
+    int rc = make_entry_pd(e, what);
     if (rc) { e->pd = NULL; entry_destroy(e); return rc; }
     dnnl_status_t s = dnnl_primitive_create(&e->prim, e->pd);
     for (int i = 0; s == dnnl_success && i < (k->bias ? 4 : 3); i++) {
@@ -529,6 +604,7 @@ static void dn_finalize(void) {
     wcache_clear();
     S.nimpls = 0;
     S.nondense = 0;
+    S.nwmd = 0;
     for (int i = 0; i < 5; i++) { free(S.scr[i]); S.scr[i] = NULL; S.scr_bytes[i] = 0; }
     if (S.st) dnnl_stream_destroy(S.st);
     if (S.eng) dnnl_engine_destroy(S.eng);
@@ -556,6 +632,12 @@ static const backend_opt_decl dn_opts[] = {
      "full (bench/attention_cpu.sh: fp32 tiled 1.07x at T = 256, 1.7x at 1024; bf16 tiled, on fp32 products, 0.65x "
      "of the AMX products at 1024)",
      "auto", "auto|tiled|full", "PIPELM_ONEDNN_ATTENTION"},
+    {"weight-layout", "1: in bf16 each weight's kept copy (weight-cache=1) is in the layout each product's "
+     "oneDNN kernel picks (AMX: blocked), made by a reorder once per update (pays with several micro-batches); "
+     "0: plain rows, which the kernel copies into its layout at every call", "0", "0|1", NULL},
+    {"wgrad-layout", "1: in bf16 the weight gradient's activation is converted straight into the blocked layout "
+     "oneDNN's AMX kernel multiplies (where it picks that layout); 0: plain rows, which the kernel copies into it "
+     "at every call", "1", "0|1", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -625,6 +707,8 @@ static int dn_init(const backend_options *opt, char *err, size_t errlen) {
     char att[16];
     backend_opt_get(dn_opts, opt, "attention", att, sizeof att);
     dn_att_mode = strcmp(att, "tiled") == 0 ? DN_ATT_TILED : strcmp(att, "full") == 0 ? DN_ATT_FULL : DN_ATT_AUTO;
+    S.wgrad_vnni = backend_opt_flag(dn_opts, opt, "wgrad-layout");
+    S.wlayout = backend_opt_flag(dn_opts, opt, "weight-layout");
     wcache_enable(S.wcache, cvt_for_cache);
     rc = probe_impl(prec, S.impl, sizeof S.impl);
     if (rc) {
@@ -718,6 +802,69 @@ static int bad_shape(const char *op, int a, int b, int c) {
     return dn_fail(PL_EBACKEND, "oneDNN backend: %s: invalid shape (%d, %d, %d)", op, a, b, c);
 }
 
+/* The weight cache's maker of a blocked copy: a oneDNN reorder of the fp32 view of the key's B
+ * into the layout the product picked (made once per update; oneDNN caches the primitive). */
+typedef struct {
+    const mm_key *k;
+    const dnnl_memory_desc_t *dst;
+} blocked_ctx;
+static int make_blocked(void *ctx, uint16_t *dst, const float *w) {
+    const blocked_ctx *c = ctx;
+    dnnl_memory_desc_t src;
+    dnnl_dims_t bd = {0}, bs = {0};
+    for (int i = 0; i < c->k->nd; i++) { bd[i] = c->k->bd[i]; bs[i] = c->k->bs[i]; }
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&src, c->k->nd, bd, dnnl_f32, bs);
+    if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&pd, &src, S.eng, c->dst, S.eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&p, pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&ms, &src, S.eng, (void *)w);
+    if (s == dnnl_success) s = dnnl_memory_create(&md, c->dst, S.eng, dst);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        s = dnnl_primitive_execute(p, S.st, 2, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(S.st);
+    }
+    if (md) dnnl_memory_destroy(md);
+    if (ms) dnnl_memory_destroy(ms);
+    if (p) dnnl_primitive_destroy(p);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return s != dnnl_success;
+}
+
+/* The bf16 weights operand of the product k (its B, the view of w that k's strides give): with
+ * weight-layout=1, in the layout the product picks (k becomes that product): the weight cache's
+ * kept copy where w is a weight, else a reorder into scratch now, so that the product and its
+ * bits do not depend on the cache (its A/B keeps its meaning) nor on whether w was updated yet;
+ * with weight-layout=0 or a plain layout, weight_bf16's plain copy or conversion (k plain). */
+static int weights_for(mm_key *k, const float *w, size_t n, const void **B, const char *what) {
+    if (S.wlayout) {
+        k->bany = 1;
+        mm_entry *e = NULL;
+        PL_TRY(get_primitive(k, &e, what));
+        if (e->blocked) {
+            blocked_ctx c = {k, dnnl_primitive_desc_query_md(e->pd, dnnl_query_weights_md, 0)};
+            const uint16_t *copy = NULL;
+            if (S.wcache) wcache_get_made(w, n, e->wkind, e->vbytes, make_blocked, &c, &copy);
+            S.wblocked++;
+            if (copy) {
+                *B = copy;
+                return 0;
+            }
+            void *p = NULL;
+            PL_TRY(scratch(SCR_B, e->vbytes, &p));
+            if (make_blocked(&c, p, w) != 0)
+                return dn_fail(PL_EBACKEND, "oneDNN: %s: the reorder of the weights into the product's layout failed",
+                               what);
+            *B = p;
+            return 0;
+        }
+        k->bany = 0;
+    }
+    return weight_bf16(SCR_B, w, n, B);
+}
+
 /* out(N,OC) = inp(N,C) W^T + b: A = inp (N,C), B = W^T viewed (C,OC) with strides (1, C). */
 static int dn_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
     NEED_INIT("matmul_fwd");
@@ -732,13 +879,13 @@ static int dn_matmul_fwd(float *out, const float *inp, const float *w, const flo
     char what[96];
     snprintf(what, sizeof what, "matmul_fwd %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
     const void *A = inp, *B = w;
-    if (bf) {
-        PL_TRY(to_bf16(SCR_A, inp, (size_t)N * C, &A));
-        PL_TRY(weight_bf16(SCR_B, w, (size_t)OC * C, &B));
-    }
     mm_key k;
     key_init(&k, 2, bf, 0, b != NULL, 1.0f);
     key_2d(&k, N, C, OC, C, 1, 1, C, OC);
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, inp, (size_t)N * C, &A));
+        PL_TRY(weights_for(&k, w, (size_t)OC * C, &B, what));
+    }
     return mm_run(&k, A, B, out, b, what);
 }
 
@@ -752,14 +899,30 @@ static int dn_matmul_bwd_input(float *dinp, const float *dout, const float *w, i
     char what[96];
     snprintf(what, sizeof what, "matmul_bwd_input %s N=%d C=%d OC=%d", bf ? "bf16" : "fp32", N, C, OC);
     const void *A = dout, *B = w;
-    if (bf) {
-        PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
-        PL_TRY(weight_bf16(SCR_B, w, (size_t)OC * C, &B));
-    }
     mm_key k;
     key_init(&k, 2, bf, 0, 0, 1.0f);
     key_2d(&k, N, OC, C, OC, 1, C, 1, C);
+    if (bf) {
+        PL_TRY(to_bf16(SCR_A, dout, (size_t)N * OC, &A));
+        PL_TRY(weights_for(&k, w, (size_t)OC * C, &B, what));
+    }
     return mm_run(&k, A, B, dinp, NULL, what);
+}
+
+/* The bf16 of the activation inp (N, C), the weight gradient's B: in oneDNN's blocked layout
+ * when the product k takes it (wgrad-layout=1 and the AMX kernel: its own copy of a plain B into
+ * that layout at every call cost up to a third of the product), converted in the same pass;
+ * else plain row-major. */
+static int wgrad_act_bf16(const mm_key *k, const float *inp, int N, int C, const void **B, const char *what) {
+    mm_entry *e = NULL;
+    if (k->bvnni) PL_TRY(get_primitive(k, &e, what));
+    if (!e || !e->vnni) return to_bf16(SCR_B, inp, (size_t)N * C, B);
+    void *p = NULL;
+    PL_TRY(scratch(SCR_B, e->vbytes, &p));
+    onednn_cvt_bf16_vnni(p, inp, N, C, e->vsk, e->vsn);
+    S.vnni++;
+    *B = p;
+    return 0;
 }
 
 /* dW(OC,C) += dout^T inp: A = dout^T viewed (OC,N) with strides (1, OC), sum post-op. */
@@ -782,8 +945,9 @@ static int dn_matmul_bwd_weight(float *dw, float *db, const float *dout, const f
             PL_TRY(scratch(SCR_A, sizeof(uint16_t) * (size_t)N * OC, &a16));
             if (onednn_colsum_bf16_t(db, a16, dout, N, OC)) db = NULL; /* summed in the same pass */
             A = a16;
-            PL_TRY(to_bf16(SCR_B, inp, (size_t)N * C, &B));
             key_2d(&k, OC, N, C, N, 1, C, 1, C);
+            k.bvnni = S.wgrad_vnni;
+            PL_TRY(wgrad_act_bf16(&k, inp, N, C, &B, what));
         } else key_2d(&k, OC, N, C, 1, OC, C, 1, C);
         PL_TRY(mm_run(&k, A, B, dw, NULL, what));
     }
@@ -1123,10 +1287,16 @@ static int dn_scale(float *x, float s, size_t n) {
 long onednn_primitives_created(void);
 long onednn_primitives_created(void) { return S.created; }
 /* Exported for tests/unit/test_onednn.c only: bf16 primitives created with an operand that is
- * not dense (0: every bf16 product could take the brgemm kernels), and the implementation of
- * the i-th (label, implementation) made, NULL past the last. */
+ * not dense (0: every bf16 product could take the brgemm kernels), the products run with the
+ * weight gradient's activation in oneDNN's 16a64b2a layout (wgrad-layout=1 on AMX) and with
+ * weights in a blocked layout (weight-layout=1), and the implementation of the i-th (label,
+ * implementation) made, NULL past the last. */
 long onednn_nondense_created(void);
 long onednn_nondense_created(void) { return S.nondense; }
+long onednn_vnni_used(void);
+long onednn_vnni_used(void) { return S.vnni; }
+long onednn_wblocked_used(void);
+long onednn_wblocked_used(void) { return S.wblocked; }
 const char *onednn_impl_made(int i, const char **what);
 const char *onednn_impl_made(int i, const char **what) {
     if (i < 0 || i >= S.nimpls) return NULL;

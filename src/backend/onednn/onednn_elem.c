@@ -5,7 +5,8 @@
  * run in 16, with the CPU backend's arithmetic and order, so their bits are its bits. Used only
  * when onednn_ops_select found AVX-512 (the column sum's bf16 copy also needs AVX512-BF16).
  * Also the transposed bf16 conversion of matmul_bwd_weight's dout (onednn_cvt_bf16_t,
- * onednn_colsum_bf16_t), with the column sums in the same pass.
+ * onednn_colsum_bf16_t), with the column sums in the same pass, and the bf16 conversion of its
+ * activation into oneDNN's blocked 16a64b2a layout (onednn_cvt_bf16_vnni).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -180,6 +181,60 @@ static int colsum_t(float *db, uint16_t *dst, const float *src, int N, int OC) {
         cvt_t_scalar(dst, src, N, OC, j0, j1);
     }
     return vec;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* bf16 in oneDNN's blocked layout for a product's weights operand (onednn_elem.h) */
+
+/* Where element (k, n) of the (K, N) operand lies in the 16a64b2a layout (blocks of 32 rows
+ * by 64 columns; inside one, 16 pairs of rows, each pair's 64 columns as (row k, row k + 1)
+ * bf16 pairs), with sk, sn the strides of the row and column blocks. */
+static inline size_t vnni_at(int k, int n, int64_t sk, int64_t sn) {
+    return (size_t)((k / 32) * sk + (n / 64) * sn) + (size_t)((k % 32) / 2 * 128 + (n % 64) * 2 + k % 2);
+}
+
+/* Portable: row block kb (rows [32 kb, 32 kb + 32) of the padded operand), padding zero. */
+static void vnni_scalar(uint16_t *dst, const float *src, int K, int N, int64_t sk, int64_t sn, int kb) {
+    int Np = (N + 63) / 64 * 64;
+    for (int k = kb * 32; k < kb * 32 + 32; k++)
+        for (int n = 0; n < Np; n++)
+            dst[vnni_at(k, n, sk, sn)] = k < K && n < N ? f32_to_bf16(src[(size_t)k * N + n]) : 0;
+}
+
+#ifdef OPS_X86
+/* Row block kb in 16 columns a step: rows k and k + 1 converted by one VCVTNE2PS2BF16 (the
+ * rounding of every other conversion here) and interleaved into the 32 bf16 of the 16 pairs. */
+VEC_BF16 static void vnni_vec(uint16_t *dst, const float *src, int K, int N, int64_t sk, int64_t sn, int kb) {
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    int Np = (N + 63) / 64 * 64;
+    for (int k = kb * 32; k < kb * 32 + 32; k += 2) {
+        const float *r0 = src + (size_t)k * N, *r1 = r0 + N;
+        for (int n = 0; n < Np; n += 16) {
+            __mmask16 m = tail(n, N);
+            __m512 a = k < K ? _mm512_maskz_loadu_ps(m, r0 + n) : _mm512_setzero_ps();
+            __m512 b = k + 1 < K ? _mm512_maskz_loadu_ps(m, r1 + n) : _mm512_setzero_ps();
+            __m512i p = _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512((void *)(dst + vnni_at(k, n, sk, sn)), p);
+        }
+    }
+}
+#endif
+
+void onednn_cvt_bf16_vnni(uint16_t *dst, const float *src, int K, int N, int64_t sk, int64_t sn) {
+    int nkb = (K + 31) / 32, vec = 0;
+    if (K <= 0 || N <= 0) return;
+#ifdef OPS_X86
+    vec = __builtin_cpu_supports("avx512bf16");
+#endif
+    #pragma omp parallel for schedule(static)
+    for (int kb = 0; kb < nkb; kb++) {
+#ifdef OPS_X86
+        if (vec) { vnni_vec(dst, src, K, N, sk, sn, kb); continue; }
+#endif
+        vnni_scalar(dst, src, K, N, sk, sn, kb);
+    }
+    (void)vec;
 }
 
 void onednn_cvt_bf16_t(uint16_t *dst, const float *src, int N, int OC) {

@@ -32,5 +32,11 @@ int onednn_colsum_bf16(float *db, uint16_t *out16, const float *dout, int N, int
  * without AVX512-BF16, or with the vector ops off. */
 void onednn_cvt_bf16_t(uint16_t *dst, const float *src, int N, int OC);
 int onednn_colsum_bf16_t(float *db, uint16_t *dst, const float *dout, int N, int OC);
+/* dst = the bf16 of src (K, N) in oneDNN's "16a64b2a" blocked layout, the one its AMX matmul
+ * wants for a weights operand (and otherwise makes at every call in a copy of its own): rows in
+ * blocks of 32 (stride sk elements), columns in blocks of 64 (stride sn), inside a block pairs
+ * of rows interleaved value by value; K padded to 32 and N to 64 with zeros. One pass, in
+ * parallel over the row blocks; f32_to_bf16's rounding (VCVTNE2PS2BF16 where the CPU has it). */
+void onednn_cvt_bf16_vnni(uint16_t *dst, const float *src, int K, int N, int64_t sk, int64_t sn);
 
 #endif

@@ -27,6 +27,8 @@ typedef struct {
 typedef struct {
     const float *w;
     size_t n;
+    int kind;     /* 0: plain bf16 (the converter's); others: a layout wcache_get_made names */
+    size_t bytes; /* of bf */
     uint16_t *bf;
     int fresh; /* bf holds the bf16 of w's current values */
 } wcopy;
@@ -63,7 +65,7 @@ static int inside(span a, span outer) { return a.lo >= outer.lo && a.hi <= outer
 
 /* Drop copy i (its buffer freed; the last copy takes its place). */
 static void drop_copy(size_t i) {
-    W.st.bytes -= W.cp[i].n * sizeof(uint16_t);
+    W.st.bytes -= W.cp[i].bytes;
     free(W.cp[i].bf);
     W.cp[i] = W.cp[--W.ncp];
 }
@@ -150,38 +152,63 @@ static int is_weight(span s) {
     return 0;
 }
 
-/* The copy of (w, n), a new one when there is none; NULL when out of memory. */
-static wcopy *find_or_add(const float *w, size_t n) {
+/* The copy (w, n, kind) of bytes, a new one when there is none (or a stale one of another
+ * size: a layout for other threads); NULL when out of memory. */
+static wcopy *find_or_add(const float *w, size_t n, int kind, size_t bytes) {
     for (size_t k = 0; k < W.ncp; k++)
-        if (W.cp[k].w == w && W.cp[k].n == n) return &W.cp[k];
+        if (W.cp[k].w == w && W.cp[k].n == n && W.cp[k].kind == kind) {
+            if (W.cp[k].bytes == bytes) return &W.cp[k];
+            drop_copy(k);
+            break;
+        }
     if (grow((void **)&W.cp, &W.capcp, W.ncp + 1, sizeof *W.cp)) return NULL;
-    size_t bytes = (n * sizeof(uint16_t) + 63) / 64 * 64;
-    uint16_t *bf = aligned_alloc(64, bytes);
+    uint16_t *bf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!bf) return NULL;
-    W.cp[W.ncp] = (wcopy){w, n, bf, 0};
-    W.st.bytes += n * sizeof(uint16_t);
+    W.cp[W.ncp] = (wcopy){w, n, kind, bytes, bf, 0};
+    W.st.bytes += bytes;
     return &W.cp[W.ncp++];
 }
 
-/* The fresh copy of (w, n), made now if stale or new; NULL when w is not weights. */
-void wcache_get(const float *w, size_t n, const uint16_t **out) {
+/* The fresh copy (w, n, kind), made now (by make, or the converter) if stale or new; NULL when
+ * w is not weights. */
+static void get_copy(const float *w, size_t n, int kind, size_t bytes, wcache_make_fn make, void *ctx,
+                     const uint16_t **out) {
     *out = NULL;
     if (!W.on || !n || !w || n > SIZE_MAX / sizeof(float) || !is_weight(span_of(w, n * sizeof(float)))) {
         W.st.declined++;
         return;
     }
-    wcopy *c = find_or_add(w, n);
+    wcopy *c = find_or_add(w, n, kind, bytes);
     if (!c) {
         W.st.declined++;
         return;
     }
     if (c->fresh) W.st.reused++;
     else {
-        W.cvt(c->bf, w, n);
+        if (make) {
+            if (make(ctx, c->bf, w) != 0) { /* not made: the caller converts as without a cache */
+                W.st.declined++;
+                return;
+            }
+        } else W.cvt(c->bf, w, n);
         c->fresh = 1;
         W.st.made++;
     }
     *out = c->bf;
+}
+
+void wcache_get(const float *w, size_t n, const uint16_t **out) {
+    get_copy(w, n, 0, n * sizeof(uint16_t), NULL, NULL, out);
+}
+
+void wcache_get_made(const float *w, size_t n, int kind, size_t bytes, wcache_make_fn make, void *ctx,
+                     const uint16_t **out) {
+    if (kind <= 0 || !make) { /* kind 0 is the converter's */
+        *out = NULL;
+        W.st.declined++;
+        return;
+    }
+    get_copy(w, n, kind, bytes, make, ctx, out);
 }
 
 /* Everything forgotten and freed; the on/off setting and the converter stay. */

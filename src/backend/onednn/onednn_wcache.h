@@ -9,7 +9,9 @@
  * memory that only this backend's calls write, by the backend contract; every write the
  * backend sees (AdamW, scale, from_host, copy, zero, a map or unmap for writing, free) drops
  * the copies it overlaps. The copies are the same rounding of the same values as a per-call
- * conversion, so the products keep their bits. One caller thread, as every backend here.
+ * conversion, so the products keep their bits. A copy may also be in a layout of the caller's
+ * (wcache_get_made: the blocked weights operand a product's kernel picks), one per layout, with
+ * the same staleness. One caller thread, as every backend here.
  */
 #ifndef PIPELM_ONEDNN_WCACHE_H
 #define PIPELM_ONEDNN_WCACHE_H
@@ -39,6 +41,15 @@ void wcache_update(const float *p, size_t n);
  * = NULL when w is not inside a weight range, the cache is off or a copy cannot be allocated:
  * the caller converts it itself. */
 void wcache_get(const float *w, size_t n, const uint16_t **out);
+/* Makes a copy in another layout: dst (the bytes wcache_get_made was given) from the floats at
+ * w; returns 0, or non-zero when it could not (the caller then converts itself). */
+typedef int (*wcache_make_fn)(void *ctx, uint16_t *dst, const float *w);
+/* As wcache_get, for a copy of the n floats at w in a layout of the caller's (a product's
+ * blocked weights operand), bytes long, told apart from other layouts of the same w by kind
+ * (> 0; kind 0 is wcache_get's plain copy) and made by make(ctx, ...) when stale or new. The
+ * same weights, the same staleness: every write the cache is told of makes every kind stale. */
+void wcache_get_made(const float *w, size_t n, int kind, size_t bytes, wcache_make_fn make, void *ctx,
+                     const uint16_t **out);
 /* Every copy, weight range and allocation forgotten (the backend's finalize). */
 void wcache_clear(void);
 
