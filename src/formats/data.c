@@ -17,6 +17,7 @@
 #include "formats/data.h"
 #include "formats/shards.h"
 #include "util/files.h"
+#include "util/crc32c.h"
 #include "util/rng.h"
 
 #define TOKENS_MAGIC 20240520
@@ -403,6 +404,64 @@ int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, cha
     }
     free(raw);
     return rc;
+}
+
+/* One file's manifest entry appended at buf + *off. */
+static int manifest_entry(const data_source *f, char *buf, size_t len, size_t *off, char *err, size_t errlen) {
+    unsigned char h[TOKENS_HEADER_BYTES];
+    PL_TRY(read_exact(f, h, sizeof h, 0, err, errlen));
+    const char *base = strrchr(f->path, '/');
+    base = base ? base + 1 : f->path;
+    int n = snprintf(buf + *off, len - *off, "%s,%zu,%08x;", base, f->file_bytes, (unsigned)crc32c(h, sizeof h));
+    if (n < 0 || (size_t)n >= len - *off) {
+        snprintf(err, errlen, "data %s: the list of its shards is over %zu characters, too long for a checkpoint",
+                 f->path, len - 1);
+        return PL_EINVAL;
+    }
+    *off += (size_t)n;
+    return PL_OK;
+}
+
+int data_manifest(const data_source *d, char *buf, size_t len, char *err, size_t errlen) {
+    size_t off = 0;
+    buf[0] = 0;
+    if (d->kind == DATA_TOKENS) return manifest_entry(d, buf, len, &off, err, errlen);
+    if (d->kind == DATA_SHARDS) off = (size_t)snprintf(buf, len, "shuffle=%d;", d->shuffle); /* the order too */
+    for (int s = 0; d->kind == DATA_SHARDS && s < d->nshards; s++)
+        PL_TRY(manifest_entry(&d->shard[s], buf, len, &off, err, errlen));
+    return PL_OK;
+}
+
+/* Entry i of a manifest into e ("" past its end). */
+static void manifest_nth(const char *m, int i, char *e, size_t len) {
+    for (; i > 0 && *m; i--) {
+        const char *semi = strchr(m, ';');
+        m = semi ? semi + 1 : m + strlen(m);
+    }
+    size_t n = strcspn(m, ";");
+    snprintf(e, len, "%.*s", (int)(n < len ? n : len - 1), m);
+}
+
+int data_manifest_diff(const char *saved, const char *now, char *msg, size_t len) {
+    if (strcmp(saved, now) == 0) return 0;
+    char a[PL_PATH + 64], b[PL_PATH + 64];
+    for (int i = 0;; i++) {
+        manifest_nth(saved, i, a, sizeof a);
+        manifest_nth(now, i, b, sizeof b);
+        if (strcmp(a, b) == 0 && a[0]) continue;
+        i -= strncmp(saved, "shuffle=", 8) == 0; /* shards count from 1 after the order */
+        char na[PL_PATH + 64], nb[PL_PATH + 64];
+        snprintf(na, sizeof na, "%.*s", (int)strcspn(a, ","), a);
+        snprintf(nb, sizeof nb, "%.*s", (int)strcspn(b, ","), b);
+        if (strncmp(a, "shuffle=", 8) == 0 || strncmp(b, "shuffle=", 8) == 0)
+            snprintf(msg, len, "the order: %s in the checkpoint, %s now",
+                     strncmp(a, "shuffle=", 8) == 0 ? a : "a single file", strncmp(b, "shuffle=", 8) == 0 ? b : "a single file");
+        else if (!a[0]) snprintf(msg, len, "shard %d, %s, is new (the checkpoint has %d)", i + 1, nb, i);
+        else if (!b[0]) snprintf(msg, len, "shard %d, %s, is gone (--data has %d)", i + 1, na, i);
+        else if (strcmp(na, nb) != 0) snprintf(msg, len, "shard %d is %s in the checkpoint but %s now", i + 1, na, nb);
+        else snprintf(msg, len, "shard %s changed: (name, bytes, header CRC-32C) %s in the checkpoint, %s now", na, a, b);
+        return 1;
+    }
 }
 
 void data_close(data_source *d) {

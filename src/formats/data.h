@@ -82,6 +82,13 @@ int data_open_tokens(data_source *d, const char *path, char *err, size_t errlen)
 int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, char *err, size_t errlen);
 /* Vocabulary the spec implies (256 for text:, 0 if it does not say). */
 int data_spec_vocab(const char *spec);
+/* The data position's file list for a checkpoint (formats.md, /train/shards): for a token
+ * file or a shard set, one "NAME,BYTES,CRC" entry per file in reading order, each ended by
+ * ';' (NAME the base name, CRC the CRC-32C of its 1024-byte header, 8 hex digits), a shard
+ * set's after "shuffle=0;" or "shuffle=1;" (its order); "" for other data. PL_EINVAL if it does not fit in len, PL_EIO if a header cannot be read. */
+int data_manifest(const data_source *d, char *buf, size_t len, char *err, size_t errlen);
+/* 0 if two manifests are equal; else 1 and msg names the first shard that differs. */
+int data_manifest_diff(const char *saved, const char *now, char *msg, size_t len);
 /* Write an llm.c token file (used by tests and tools). */
 int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok);
 /* Write an llm.c uint32 token file (magic 20240801, version 7). */

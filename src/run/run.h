@@ -39,7 +39,8 @@ typedef struct {
     tp_group tp;
     int have_tp;
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
-    int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
+    int *gin, *gtg;             /* (B, T) this replica's rows of the global batch: inputs, targets (data ranks) */
+    char *manifest;             /* (CKPT_SHARDS_LEN) the token files of --data (data_manifest), on every rank */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;
     model_config cfg;
@@ -120,6 +121,8 @@ int train_resume_checkpoint(run *R, int *first_step);
 /* Rank 0, at set-up: refuse (PL_EINVAL) a run that does not resume into a --ckpt-dir holding
  * checkpoints, unless --ckpt-overwrite 1. */
 int train_ckpt_guard(const run *R, char *err, size_t errlen);
+/* Collective: R->manifest on every rank, the list of --data's token files from world rank 0. */
+int train_data_manifest(run *R);
 /* --ckpt-async (train_ckpt.c): the set-up's check (thread level, snapshot memory; not
  * collective), the writer's set-up (collective, after the agreed set-up), after each step the
  * agreement on finished writers, the wait for the write in flight at the end of the run, and

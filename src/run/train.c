@@ -818,6 +818,7 @@ static int before_loop(run *R, int *first_step) {
         pl_info("data: %s\n", R->train.desc);
     report_run_line(R);
     *first_step = 1;
+    if (!o->eval_mode) PL_TRY(train_data_manifest(R));
     if (o->resume[0] && !o->eval_mode) PL_TRY(train_resume_checkpoint(R, first_step));
     if (o->ckpt_dir[0] && !o->eval_mode && !o->bench && R->wrank == 0) /* what --ckpt-keep must leave alone */
         ckpt_keep_protect(o->ckpt_dir, *first_step - 1);
@@ -1073,6 +1074,8 @@ static void teardown(run *R, int agreed) {
     if (R->have_tp) { model_set_tp_hook(NULL, NULL, NULL); tp_free(&R->tp); R->have_tp = 0; }
     free(R->gin);
     free(R->gtg);
+    free(R->manifest);
+    R->manifest = NULL;
     R->inputs = R->targets = NULL;
     engine_free(&R->eng);
     optim_free(&R->opt);

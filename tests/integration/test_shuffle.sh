@@ -85,4 +85,22 @@ n1=$(rows s1 | awk '{ print $4 }' | sort -n | uniq | wc -l)
 expect "--shuffle 1 with Markov data, refused" 2 "--shuffle 1 reads llm.c token files" \
     "$MPIEXEC" -n 1 "$PIPELM" train --preset tiny --steps 1 --shuffle 1
 expect "--shuffle 2, refused" 2 "--shuffle must be 0 or 1 (got 2)" "$MPIEXEC" -n 1 "$PIPELM" train --preset tiny --steps 1 --shuffle 2
+
+# e. the checkpoint's list of shards (names, sizes, header CRCs) and order: a changed list is
+# refused by name, or accepted with --data-changed 1
+trn e1 1 --data 'sh_*.bin' --steps 2 --ckpt-dir ce --ckpt-every 2
+cp sh_1.bin sh_3.bin
+R="train $C --steps 3 --ckpt-dir ce --resume"
+expect "a shard added since the checkpoint, refused by name" 2 "the files of --data are not those it was trained on: shard 4, sh_3.bin, is new" \
+    "$MPIEXEC" -n 1 "$PIPELM" $R --data 'sh_*.bin'
+rm sh_3.bin
+expect "--shuffle changed on resume, refused" 2 "the order: shuffle=1 in the checkpoint, shuffle=0 now" \
+    "$MPIEXEC" -n 1 "$PIPELM" $R --data 'sh_*.bin' --shuffle 0
+head -c 1330 sh_2.bin > t.bin && /usr/bin/python3 -c "
+import struct; b = bytearray(open('t.bin', 'rb').read()); b[8:12] = struct.pack('<i', 153); open('sh_2.bin', 'wb').write(b)"
+expect "a shard rewritten shorter, refused by name" 2 "shard sh_2.bin changed: (name, bytes, header CRC-32C) sh_2.bin,1350,.* in the checkpoint, sh_2.bin,1330,.* now" \
+    "$MPIEXEC" -n 1 "$PIPELM" $R --data 'sh_*.bin'
+mpirun_t 60 1 $R --data 'sh_*.bin' --data-changed 1 > e2.out 2>&1 && grep -q "note: --data-changed 1: the files of --data differ" e2.out \
+    && grep -q "resumed from ce/ckpt_00000002.h5" e2.out && ok "--data-changed 1 resumes on a changed list, with a note" \
+    || bad "--data-changed 1" "$(grep -m2 -E 'error|note' e2.out)"
 finish
