@@ -145,7 +145,7 @@ E="eval --preset tiny --vocab-size 600 --batch 4 --seq-len 32 --batches 3 --thre
 mpirun_t 60 1 $E --data out/mix1_train_000002.bin > ev_file.log 2>&1 || bad "eval file" "exit $? $(tail -2 ev_file.log)"
 mpirun_t 60 1 $E --data 'inorder:out/mix1_train_000002.bin' > ev_sh.log 2>&1 || bad "eval shard" "exit $? $(tail -2 ev_sh.log)"
 l1=$(grep -o "loss [0-9.]*" ev_file.log); l2=$(grep -o "loss [0-9.]*" ev_sh.log)
-[ -n "$l1" ] && [ "$l1" = "$l2" ] && grep -q "1 shards (.*in order)" ev_sh.log \
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && grep -q "1 shard (.*in order)" ev_sh.log \
     && ok "a shard read through --data 'inorder:...' gives the file's own tokens in order (eval $l1)" || bad "inorder" "'$l1' vs '$l2'"
 TR="train --preset tiny --vocab-size 600 --steps 3 --batch 8 --seq-len 32 --eval-every 0 --progress 0 --log-every 1 --threads 1"
 mpirun_t 90 1 $TR --grad-accum exact --data 'out/mix1_train_*.bin' --metrics sh1.jsonl > sh1.log 2>&1 || bad "train shards" "exit $? $(tail -2 sh1.log)"
