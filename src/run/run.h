@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include "cli/config.h"
 #include "formats/data.h"
+#include "formats/prefetch.h"
 #include "parallel/dp.h"
 #include "pipeline/engine.h"
 #include "run/bench.h"
@@ -23,7 +24,7 @@
 #include "parallel/tp.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
-enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
+enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_DATA, TM_N }; /* TM_DATA: the step's wait for its batch */
 
 /* Everything one rank needs during a run. */
 typedef struct {
@@ -52,6 +53,7 @@ typedef struct {
     optim opt;
     engine eng;
     data_source train, val;
+    data_prefetch pf;           /* training batches read one step ahead (prefetch.h) */
     int have_train, have_val;
     int *inputs, *targets;
     metrics mx;

@@ -509,6 +509,10 @@ static int setup(run *R, char *err, size_t errlen) {
         R->gtg = malloc(sizeof(int) * (size_t)R->B * R->T);
         R->inputs = R->gin;
         R->targets = R->gtg;
+        const char *pf = hooks_env("PIPELM_PREFETCH"); /* test hook: 0 reads each batch when its step needs it */
+        if (R->gin && R->gtg && !o->eval_mode)
+            PL_TRY(prefetch_start(&R->pf, &R->train, R->Bg, R->d * R->B, R->B, R->T, !pf || strcmp(pf, "0") != 0,
+                                  err, errlen));
         if (!R->gin || !R->gtg) {
             snprintf(err, errlen, "out of memory for the batch");
             return PL_ENOMEM;
@@ -766,11 +770,12 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
         R->nan_injected = step;
     }
     char err[4400];
-    if (R->have_train &&
-        data_read_rows(&R->train, step - 1, R->Bg, R->d * R->B, R->B, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
+    double dwait = 0.0;
+    if (R->have_train && prefetch_get(&R->pf, step - 1, R->gin, R->gtg, &dwait, err, sizeof err) != PL_OK) {
         pl_error("step %d: %s", step, err);
         return PL_EIO;
     }
+    R->tm[TM_DATA] += dwait;
     if (R->have_train) data_log(R, step);
     for (int c = 0; c < R->V; c++)
         if (stage_zero_grads(&R->stv[c]) != PL_OK) {
@@ -1088,6 +1093,7 @@ static void teardown(run *R, int agreed) {
     stage_free(&R->st);
     sched_free(&R->sc);
     split_free(&R->sp);
+    prefetch_stop(&R->pf); /* its thread reads R->train */
     if (R->have_train) data_close(&R->train);
     if (R->have_val) data_close(&R->val);
     free(R->rc_modes);

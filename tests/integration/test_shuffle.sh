@@ -7,7 +7,9 @@
 #      replicas, each replica only its own rows, the shards and sequences not in file order,
 #      epoch 1 (steps 5-6) in another order;
 #   b. the rows of every step at (1, 1, 4) and at (2, 2, 1) are those of (1, 2, 2), and the
-#      losses agree (--grad-accum exact);
+#      losses agree (--grad-accum exact); the batches prefetched one step ahead (the default)
+#      give the losses of reading each when needed (PIPELM_PREFETCH=0) bit for bit, and the
+#      timers report the data wait;
 #   c. a run of 3 steps at (1, 1, 4) resumed mid-epoch at (2, 2, 1) reads steps 4-6 exactly
 #      as the straight run, and its losses agree;
 #   d. --shuffle 0 reads the shards and their sequences in order; --shuffle 1 shuffles a single
@@ -59,6 +61,13 @@ if [ "$(rows a | wc -l)" = 48 ] && [ "$(rows a)" = "$(rows b)" ] && [ "$(rows a)
     && close a.jsonl b.jsonl 1e-6 > /dev/null && close a.jsonl c.jsonl 1e-5 > /dev/null; then
     ok "(1, 2, 2), (1, 1, 4) and (2, 2, 1) read the same rows at every step, and their losses agree"
 else bad "layouts" "$(diff <(rows a) <(rows b) | head -2 | tr '\n' ';') $(diff <(rows a) <(rows c) | head -2 | tr '\n' ';')"; fi
+
+# the batches read one step ahead on a thread (the default) are those read when needed
+PIPELM_PREFETCH=0 trn np 4 --data 'sh_*.bin' --dp 2 --stages 2 --steps 6 --timers-every 3
+[ -n "$(losses a.jsonl)" ] && [ "$(losses a.jsonl)" = "$(losses np.jsonl)" ] && [ "$(rows a)" = "$(rows np)" ] \
+    && grep -q '"data_ms":' np.jsonl && grep -q "data wait" np.out \
+    && ok "prefetched one step ahead: the losses of reading each batch when needed, bit for bit; the data wait in the timers" \
+    || bad "prefetch" "$(losses a.jsonl | tr '\n' ' ') vs $(losses np.jsonl | tr '\n' ' ')"
 
 # c. 3 steps at (1, 1, 4), resumed mid-epoch at (2, 2, 1)
 trn r1 4 --data 'sh_*.bin' --stages 4 --steps 3 --ckpt-dir ck --ckpt-every 3
