@@ -1,9 +1,13 @@
 /*
  * prefetch.c — the next batch read on a thread while the step computes (prefetch.h).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* SCHED_IDLE */
+#endif
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include "util/common.h"
@@ -56,6 +60,10 @@ int prefetch_start(data_prefetch *p, const data_source *d, int Bg, int row0, int
         snprintf(err, errlen, "starting the data prefetch thread failed");
         return PL_ENOMEM;
     }
+    /* SCHED_IDLE: the reader runs on time the steps leave, and its wake-up never preempts the
+     * step's thread on a busy CPU (a wait the step would see); refused, it keeps the default */
+    struct sched_param sp = {0};
+    pthread_setschedparam(p->th, SCHED_IDLE, &sp);
     p->started = 1;
     return PL_OK;
 }
@@ -70,13 +78,16 @@ int prefetch_get(data_prefetch *p, long long k, int *inputs, int *targets, doubl
         return rc;
     }
     pthread_mutex_lock(&p->mu);
-    while (p->want == k && p->have != k) pthread_cond_wait(&p->cv, &p->mu); /* its read is under way */
-    if (p->have == k) { /* the buffers are the reader's again only once want moves on */
+    if (p->have == k && !p->busy) { /* read ahead: the buffers are the reader's again once want moves on */
         rc = p->rc;
         if (rc == PL_OK) memcpy(inputs, p->in, nt * sizeof(int)), memcpy(targets, p->tg, nt * sizeof(int));
         else snprintf(err, errlen, "%s", p->err);
-    } else
+    } else { /* not asked for, not begun or not finished (a busy machine): read here, never wait for it */
+        if (!p->busy) p->want = -1; /* the reader sleeps */
+        pthread_mutex_unlock(&p->mu);
         rc = data_read_rows(p->d, k, p->Bg, p->row0, p->n, p->T, inputs, targets, err, errlen);
+        pthread_mutex_lock(&p->mu);
+    }
     p->want = k + 1;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);

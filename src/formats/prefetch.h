@@ -1,10 +1,12 @@
 /*
  * prefetch.h — one step ahead: a thread reads the next batch's rows of a data source (still
- * with pread, data.h) while the current step computes. prefetch_get(k) hands over batch k,
- * waiting only if its read has not finished (that wait is the step's data wait), and starts
- * the read of batch k + 1. A batch that was not asked for ahead (the first step, after a
- * resume) is read at once. The tokens are exactly data_read_rows' (the same call, earlier);
- * a read error is reported by the prefetch_get of that batch, with data.h's message.
+ * with pread, data.h) while the current step computes. prefetch_get(k) hands over batch k if
+ * the thread has read it, and starts the read of batch k + 1. A batch that was not asked for
+ * ahead (the first step, after a resume), or whose read the thread has not finished (it runs
+ * as SCHED_IDLE: on a busy machine it may not have run), is read at once by the caller, which
+ * never waits for the thread; the time prefetch_get takes is the step's data wait. The tokens
+ * are exactly data_read_rows' (the same call, earlier); a read error is reported by the
+ * prefetch_get of that batch, with data.h's message.
  */
 #ifndef PIPELM_PREFETCH_H
 #define PIPELM_PREFETCH_H
