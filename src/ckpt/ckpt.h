@@ -22,6 +22,7 @@
 
 #define CKPT_FORMAT_VERSION 1
 #define CKPT_MAX_STAGES 1024
+#define CKPT_SHARDS_LEN 16384 /* /train/shards: the longest list of --data's files a checkpoint records */
 
 /* Training state saved beside the tensors (the /train and /optim attributes). */
 typedef struct {
@@ -37,6 +38,7 @@ typedef struct {
     int split[CKPT_MAX_STAGES]; /* blocks per stage at save time */
     /* Added after format_version 1 first shipped (optional on load: an older file lacks them) */
     int markov_branch;         /* --markov-branch of the run; -1 when the file does not say */
+    char shards[CKPT_SHARDS_LEN]; /* the token files of --data, data_manifest's list; "" when none or not said */
     int meta_verified;         /* on load: 1 if the file's meta_crc32c held, 0 if it has none */
 } ckpt_meta;
 

@@ -182,6 +182,7 @@ static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
     for (int i = 0; i < m->nstages && i < CKPT_MAX_STAGES; i++) CANON("%s%d", i ? "," : "", m->split[i]);
     CANON("\n");
     if (a->has_branch) CANON("/train/markov_branch=%d\n", m->markov_branch);
+    if (m->shards[0]) CANON("/train/shards=%s\n", m->shards);
 #undef CANON
     return o < len ? o : 0;
 }
@@ -189,7 +190,7 @@ static size_t meta_canon(const meta_all *a, char *buf, size_t len) {
 /* CRC-32C of the canonical metadata text (0 if it does not fit, which cannot happen for
  * values that passed the range checks). */
 static uint32_t meta_crc(const meta_all *a) {
-    size_t cap = 16384 + 8 * CKPT_MAX_STAGES;
+    size_t cap = 16384 + 8 * CKPT_MAX_STAGES + CKPT_SHARDS_LEN;
     char *buf = malloc(cap);
     if (!buf) return 0;
     size_t n = meta_canon(a, buf, cap);
@@ -250,7 +251,8 @@ int ckpt_write_meta(hid_t f, const model_config *c, const ckpt_meta *m, const ch
         (rc = ckpt_attr_i64(g, "batch", m->batch, cx)) || (rc = ckpt_attr_i64(g, "seq_len", m->seq_len, cx)) ||
         (rc = ckpt_attr_i64(g, "microbatches", m->microbatches, cx)) ||
         (rc = ckpt_attr_str(g, "schedule", m->schedule, cx)) || (rc = ckpt_attr_i64(g, "nstages", ns, cx)) ||
-        (all.has_branch && (rc = ckpt_attr_i64(g, "markov_branch", m->markov_branch, cx))))
+        (all.has_branch && (rc = ckpt_attr_i64(g, "markov_branch", m->markov_branch, cx))) ||
+        (m->shards[0] && (rc = ckpt_attr_str(g, "shards", m->shards, cx))))
         goto done;
     if (ns > 0 && (rc = ckpt_attr_write(g, "split", H5T_STD_I32LE, H5T_NATIVE_INT, ns, m->split, cx))) goto done;
     rc = ckpt_obj_close(&g, cx);
@@ -402,6 +404,9 @@ static int read_meta_train_scalars(hid_t g, meta_all *a, long long *tr, h5ctx *c
     CKPT_H5(hb = H5Aexists(g, "markov_branch"));
     a->has_branch = hb > 0;
     if (a->has_branch && (rc = ckpt_attr_get_i64(g, "/train", "markov_branch", &tr[7], cx))) goto done;
+    snprintf(cx->obj, sizeof cx->obj, "attribute /train/shards");
+    CKPT_H5(hb = H5Aexists(g, "shards"));
+    if (hb > 0 && (rc = ckpt_attr_get_str(g, "/train", "shards", m->shards, sizeof m->shards, cx))) goto done;
     cx->obj[0] = 0;
 done:
     return rc;

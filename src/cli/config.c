@@ -130,9 +130,14 @@ static const opt_desc options[] = {
     OT_DBL("beta2", hp.beta2, "AdamW beta2"),
     OT_DBL("eps", hp.eps, "AdamW epsilon"),
     O_LL("seed", seed, "seed of the weight initialisation"),
-    O_STR("data", data, "training data: markov | FILE (llm.c tokens) | text:FILE (bytes)"),
+    O_STR("data", data, "training data: markov | FILE (llm.c tokens) | text:FILE (bytes) | GLOB or A,B,... (llm.c "
+          "shards; docs/formats.md)"),
     O_STR("val-data", val_data, "validation data (default: a held-out Markov stream, or none)"),
-    O_LL("data-seed", data_seed, "seed of the Markov chain"),
+    O_LL("data-seed", data_seed, "seed of the Markov chain, and of the shards' order"),
+    O_INT("shuffle", shuffle, "0: read the token files in order; 1: each epoch in a seeded random order (default: "
+          "1 when --data names more than one shard, else 0)"),
+    OT_FLAG("data-changed", data_changed, "1: resume although the shards of --data (names, sizes, header checksums) "
+            "differ from those the checkpoint records"),
     O_INT("markov-branch", markov_branch, "next tokens allowed per token in the Markov chain"),
     OT_INT("eval-every", eval_every, "validation loss every N steps (0: only at the end)"),
     O_INT("val-batches", val_batches, "batches per validation"),
@@ -272,6 +277,7 @@ void config_defaults(pl_options *o) {
     o->seed = 1337;
     o->data_seed = 1;
     o->markov_branch = 4;
+    o->shuffle = -1;
     strcpy(o->data, "markov");
     o->val_batches = 4;
     o->microbatches = 1;
@@ -990,6 +996,8 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->ckpt_keep >= 0, "--ckpt-keep must be >= 0 (got %d)", o->ckpt_keep);
     REQUIRE(o->ckpt_overwrite == 0 || o->ckpt_overwrite == 1, "--ckpt-overwrite must be 0 or 1 (got %d)",
             o->ckpt_overwrite);
+    REQUIRE(o->shuffle >= -1 && o->shuffle <= 1, "--shuffle must be 0 or 1 (got %d)", o->shuffle);
+    REQUIRE(o->data_changed == 0 || o->data_changed == 1, "--data-changed must be 0 or 1 (got %d)", o->data_changed);
     REQUIRE(!o->ckpt_every || o->ckpt_dir[0], "--ckpt-every needs --ckpt-dir");
     REQUIRE(strcmp(o->resume, "latest") != 0 || o->ckpt_dir[0], "a bare --resume needs --ckpt-dir (or give --resume FILE)");
     if (config_check_ckpt(o, err, errlen) != PL_OK) return PL_EINVAL;

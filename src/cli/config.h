@@ -47,6 +47,8 @@ typedef struct {
     long long seed, data_seed;
     int markov_branch;
     char data[PL_PATH], val_data[PL_PATH];
+    int shuffle;                 /* -1 (default): shuffled when --data names several shards; 0 | 1 */
+    int data_changed;            /* 1: resume although the checkpoint's shard list differs from --data's */
     int eval_every, val_batches;
     char init[PL_PATH], save_final[PL_PATH], metrics[PL_PATH], config[PL_PATH];
     char dump_grads[PL_PATH];

@@ -17,6 +17,7 @@
 #include "formats/data.h"
 #include "formats/shards.h"
 #include "util/files.h"
+#include "util/crc32c.h"
 #include "util/rng.h"
 
 #define TOKENS_MAGIC 20240520
@@ -270,36 +271,95 @@ int data_check_batch(const data_source *d, int B, int T, char *err, size_t errle
 
 int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
                     size_t errlen) {
-    if (d->kind == DATA_MARKOV) {
-        int K = d->branch;
-        for (int b = 0; b < B; b++) {
-            rng_state r;
-            rng_seed(&r, d->seed, d->stream0 + (uint64_t)k * B + b);
-            int cur = sample_cdf(d->stat_cdf, d->V, rng_uniform(&r));
-            for (int t = 0; t < T; t++) {
-                inputs[(size_t)b * T + t] = cur;
-                cur = d->succ[(size_t)cur * K + sample_cdf(d->cdf + (size_t)cur * K, K, rng_uniform(&r))];
-                targets[(size_t)b * T + t] = cur;
-            }
+    return data_read_rows(d, k, B, 0, B, T, inputs, targets, err, errlen);
+}
+
+/* Rows [row0, row0 + n) of Markov batch k: sequence k Bg + row of its own RNG stream. */
+static void markov_rows(const data_source *d, long long k, int Bg, int row0, int n, int T, int *inputs,
+                        int *targets) {
+    int K = d->branch;
+    for (int b = 0; b < n; b++) {
+        rng_state r;
+        rng_seed(&r, d->seed, d->stream0 + (uint64_t)k * Bg + (uint64_t)(row0 + b));
+        int cur = sample_cdf(d->stat_cdf, d->V, rng_uniform(&r));
+        for (int t = 0; t < T; t++) {
+            inputs[(size_t)b * T + t] = cur;
+            cur = d->succ[(size_t)cur * K + sample_cdf(d->cdf + (size_t)cur * K, K, rng_uniform(&r))];
+            targets[(size_t)b * T + t] = cur;
         }
-        return PL_OK;
     }
-    if (d->kind == DATA_SHARDS) return shards_read_batch(d, k, B, T, inputs, targets, err, errlen);
-    size_t bt = (size_t)B * T, nbatch = (d->ntok - 1) / bt;
-    if (k < 0 || nbatch == 0) {
-        snprintf(err, errlen, "data %s: batch %lld of %d x %d does not exist", d->desc, k, B, T);
+}
+
+int data_read_rows(const data_source *d, long long k, int Bg, int row0, int n, int T, int *inputs, int *targets,
+                   char *err, size_t errlen) {
+    if (row0 < 0 || n < 0 || row0 + n > Bg) {
+        snprintf(err, errlen, "data %s: rows %d..%d of a batch of %d do not exist", d->desc, row0, row0 + n - 1, Bg);
         return PL_EINVAL;
     }
-    size_t start = (size_t)((unsigned long long)k % nbatch) * bt;
-    int *tok = malloc((bt + 1) * sizeof(int));
+    if (d->kind == DATA_MARKOV) {
+        markov_rows(d, k, Bg, row0, n, T, inputs, targets);
+        return PL_OK;
+    }
+    if (d->kind == DATA_SHARDS) return shards_read_rows(d, k, Bg, row0, n, T, inputs, targets, err, errlen);
+    size_t bt = (size_t)Bg * T, nbatch = (d->ntok - 1) / bt, nt = (size_t)n * T;
+    if (k < 0 || nbatch == 0) {
+        snprintf(err, errlen, "data %s: batch %lld of %d x %d does not exist", d->desc, k, Bg, T);
+        return PL_EINVAL;
+    }
+    size_t start = (size_t)((unsigned long long)k % nbatch) * bt + (size_t)row0 * T;
+    int *tok = malloc((nt + 1) * sizeof(int)); /* (n T + 1) */
     if (!tok) {
         snprintf(err, errlen, "data file %s: out of memory for a batch", d->path);
         return PL_ENOMEM;
     }
-    int rc = data_read_tokens(d, start, bt + 1, tok, err, errlen);
-    for (size_t i = 0; i < bt && rc == PL_OK; i++) inputs[i] = tok[i], targets[i] = tok[i + 1];
+    int rc = data_read_tokens(d, start, nt + 1, tok, err, errlen);
+    for (size_t i = 0; i < nt && rc == PL_OK; i++) inputs[i] = tok[i], targets[i] = tok[i + 1];
     free(tok);
     return rc;
+}
+
+/* A single token file made a set of one shard (it keeps the file descriptor). */
+static int tokens_to_set(data_source *d, char *err, size_t errlen) {
+    data_source *one = malloc(sizeof *one);
+    if (!one) {
+        snprintf(err, errlen, "data %s: out of memory", d->desc);
+        return PL_ENOMEM;
+    }
+    *one = *d;
+    d->kind = DATA_SHARDS;
+    d->fd = -1;
+    d->nshards = 1;
+    d->shard = one;
+    return PL_OK;
+}
+
+int data_set_shuffle(data_source *d, int shuffle, uint64_t seed, char *err, size_t errlen) {
+    if (shuffle < 0) return PL_OK;
+    if (shuffle == 1 && (d->kind == DATA_MARKOV || d->kind == DATA_TEXT || d->inorder)) {
+        snprintf(err, errlen, "--shuffle 1 reads llm.c token files in a seeded order, but --data %s %s", d->desc,
+                 d->inorder ? "says inorder:" : "is not one");
+        return PL_EINVAL;
+    }
+    if (d->kind == DATA_TOKENS && shuffle == 1) PL_TRY(tokens_to_set(d, err, errlen));
+    if (d->kind != DATA_SHARDS) return PL_OK;
+    d->seed = seed;
+    d->shuffle = shuffle;
+    shards_describe(d);
+    return PL_OK;
+}
+
+void data_row_where(const data_source *d, long long k, int Bg, int row, int T, char *buf, size_t len) {
+    if (d->kind == DATA_SHARDS) {
+        int s;
+        size_t pos;
+        shards_locate(d, k * Bg + row, T, &s, &pos);
+        snprintf(buf, len, "%s %zu", d->shard[s].path, pos);
+    } else if (d->kind == DATA_MARKOV)
+        snprintf(buf, len, "-");
+    else {
+        size_t bt = (size_t)Bg * T, nbatch = (d->ntok - 1) / bt;
+        snprintf(buf, len, "%s %zu", d->path, (size_t)((unsigned long long)k % (nbatch ? nbatch : 1)) * bt + (size_t)row * T);
+    }
 }
 
 int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, char *err, size_t errlen) {
@@ -344,6 +404,64 @@ int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, cha
     }
     free(raw);
     return rc;
+}
+
+/* One file's manifest entry appended at buf + *off. */
+static int manifest_entry(const data_source *f, char *buf, size_t len, size_t *off, char *err, size_t errlen) {
+    unsigned char h[TOKENS_HEADER_BYTES];
+    PL_TRY(read_exact(f, h, sizeof h, 0, err, errlen));
+    const char *base = strrchr(f->path, '/');
+    base = base ? base + 1 : f->path;
+    int n = snprintf(buf + *off, len - *off, "%s,%zu,%08x;", base, f->file_bytes, (unsigned)crc32c(h, sizeof h));
+    if (n < 0 || (size_t)n >= len - *off) {
+        snprintf(err, errlen, "data %s: the list of its shards is over %zu characters, too long for a checkpoint",
+                 f->path, len - 1);
+        return PL_EINVAL;
+    }
+    *off += (size_t)n;
+    return PL_OK;
+}
+
+int data_manifest(const data_source *d, char *buf, size_t len, char *err, size_t errlen) {
+    size_t off = 0;
+    buf[0] = 0;
+    if (d->kind == DATA_TOKENS) return manifest_entry(d, buf, len, &off, err, errlen);
+    if (d->kind == DATA_SHARDS) off = (size_t)snprintf(buf, len, "shuffle=%d;", d->shuffle); /* the order too */
+    for (int s = 0; d->kind == DATA_SHARDS && s < d->nshards; s++)
+        PL_TRY(manifest_entry(&d->shard[s], buf, len, &off, err, errlen));
+    return PL_OK;
+}
+
+/* Entry i of a manifest into e ("" past its end). */
+static void manifest_nth(const char *m, int i, char *e, size_t len) {
+    for (; i > 0 && *m; i--) {
+        const char *semi = strchr(m, ';');
+        m = semi ? semi + 1 : m + strlen(m);
+    }
+    size_t n = strcspn(m, ";");
+    snprintf(e, len, "%.*s", (int)(n < len ? n : len - 1), m);
+}
+
+int data_manifest_diff(const char *saved, const char *now, char *msg, size_t len) {
+    if (strcmp(saved, now) == 0) return 0;
+    char a[PL_PATH + 64], b[PL_PATH + 64];
+    for (int i = 0;; i++) {
+        manifest_nth(saved, i, a, sizeof a);
+        manifest_nth(now, i, b, sizeof b);
+        if (strcmp(a, b) == 0 && a[0]) continue;
+        i -= strncmp(saved, "shuffle=", 8) == 0; /* shards count from 1 after the order */
+        char na[PL_PATH + 64], nb[PL_PATH + 64];
+        snprintf(na, sizeof na, "%.*s", (int)strcspn(a, ","), a);
+        snprintf(nb, sizeof nb, "%.*s", (int)strcspn(b, ","), b);
+        if (strncmp(a, "shuffle=", 8) == 0 || strncmp(b, "shuffle=", 8) == 0)
+            snprintf(msg, len, "the order: %s in the checkpoint, %s now",
+                     strncmp(a, "shuffle=", 8) == 0 ? a : "a single file", strncmp(b, "shuffle=", 8) == 0 ? b : "a single file");
+        else if (!a[0]) snprintf(msg, len, "shard %d, %s, is new (the checkpoint has %d)", i + 1, nb, i);
+        else if (!b[0]) snprintf(msg, len, "shard %d, %s, is gone (--data has %d)", i + 1, na, i);
+        else if (strcmp(na, nb) != 0) snprintf(msg, len, "shard %d is %s in the checkpoint but %s now", i + 1, na, nb);
+        else snprintf(msg, len, "shard %s changed: (name, bytes, header CRC-32C) %s in the checkpoint, %s now", na, a, b);
+        return 1;
+    }
 }
 
 void data_close(data_source *d) {

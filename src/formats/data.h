@@ -48,6 +48,7 @@ typedef struct data_source {
     int tok_bytes;         /* bytes per token in a token file: 2 (uint16) or 4 (uint32) */
     /* shard sets (shards.h) */
     int nshards, shuffle;  /* shuffle: per epoch, seeded by seed */
+    int inorder;           /* the spec said "inorder:" */
     struct data_source *shard; /* (nshards) each an llm.c token file */
 } data_source;
 
@@ -61,6 +62,18 @@ int data_check_batch(const data_source *d, int B, int T, char *err, size_t errle
  * file if it cannot be read (shrank, changed size, a token >= V since it was opened). */
 int data_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
                     size_t errlen);
+/* Rows [row0, row0 + n) of batch k of Bg sequences (a data-parallel replica's share): the same
+ * tokens as those rows of data_read_batch(d, k, Bg, ...), inputs and targets (n*T ints each). */
+int data_read_rows(const data_source *d, long long k, int Bg, int row0, int n, int T, int *inputs, int *targets,
+                   char *err, size_t errlen);
+/* --shuffle: -1 leaves the spec's order (a set of several shards shuffled, anything else in
+ * order), 0 reads in order, 1 shuffles (a single token file becomes a set of one shard, seeded
+ * by seed). PL_EINVAL naming the conflict for markov, text: or "inorder:" with 1. */
+int data_set_shuffle(data_source *d, int shuffle, uint64_t seed, char *err, size_t errlen);
+/* Where row `row` of batch k of Bg sequences of T comes from, for the data log (test hook):
+ * "FILE POS" (the token the row starts at) of a token or text file or a shard set, "-" for
+ * generated data. */
+void data_row_where(const data_source *d, long long k, int Bg, int row, int T, char *buf, size_t len);
 void data_close(data_source *d);
 /* Open one llm.c token file (d->V set): its header, size and every token checked. */
 int data_open_tokens(data_source *d, const char *path, char *err, size_t errlen);
@@ -69,6 +82,13 @@ int data_open_tokens(data_source *d, const char *path, char *err, size_t errlen)
 int data_read_tokens(const data_source *d, size_t start, size_t n, int *out, char *err, size_t errlen);
 /* Vocabulary the spec implies (256 for text:, 0 if it does not say). */
 int data_spec_vocab(const char *spec);
+/* The data position's file list for a checkpoint (formats.md, /train/shards): for a token
+ * file or a shard set, one "NAME,BYTES,CRC" entry per file in reading order, each ended by
+ * ';' (NAME the base name, CRC the CRC-32C of its 1024-byte header, 8 hex digits), a shard
+ * set's after "shuffle=0;" or "shuffle=1;" (its order); "" for other data. PL_EINVAL if it does not fit in len, PL_EIO if a header cannot be read. */
+int data_manifest(const data_source *d, char *buf, size_t len, char *err, size_t errlen);
+/* 0 if two manifests are equal; else 1 and msg names the first shard that differs. */
+int data_manifest_diff(const char *saved, const char *now, char *msg, size_t len);
 /* Write an llm.c token file (used by tests and tools). */
 int data_write_tokens(const char *path, const uint16_t *tok, size_t ntok);
 /* Write an llm.c uint32 token file (magic 20240801, version 7). */

@@ -50,8 +50,7 @@ static uint64_t nseq(const data_source *d, int s, int T) {
     return d->shard[s].ntok > 0 ? (d->shard[s].ntok - 1) / (size_t)T : 0;
 }
 
-/* The shard and first token of sequence q. */
-static void shards_locate(const data_source *d, long long q, int T, int *shard, size_t *pos) {
+void shards_locate(const data_source *d, long long q, int T, int *shard, size_t *pos) {
     uint64_t N = 0;
     for (int s = 0; s < d->nshards; s++) N += nseq(d, s, T);
     uint64_t e = (uint64_t)q / N, r = (uint64_t)q % N, ke = mix64(d->seed ^ mix64(e + 1));
@@ -114,12 +113,17 @@ int shards_open(data_source *d, const char *spec, uint64_t seed, char *err, size
         rc = PL_EINVAL;
     }
     if (rc != PL_OK) return rc;
-    d->shuffle = !inorder;
+    d->inorder = inorder;
+    d->shuffle = !inorder && d->nshards > 1; /* --shuffle's default: shuffled when there are several */
     d->tok_bytes = d->shard[0].tok_bytes;
     for (int s = 0; s < d->nshards; s++) d->ntok += d->shard[s].ntok;
-    snprintf(d->desc, sizeof d->desc, "%d shards (%.200s, %zu tokens, %s)", d->nshards, d->shard[0].path, d->ntok,
-             d->shuffle ? "shuffled per epoch" : "in order");
+    shards_describe(d);
     return PL_OK;
+}
+
+void shards_describe(data_source *d) {
+    snprintf(d->desc, sizeof d->desc, "%d shard%s (%.200s, %zu tokens, %s)", d->nshards, d->nshards > 1 ? "s" : "",
+             d->shard[0].path, d->ntok, d->shuffle ? "shuffled per epoch" : "in order");
 }
 
 int shards_check(const data_source *d, int T, char *err, size_t errlen) {
@@ -132,14 +136,14 @@ int shards_check(const data_source *d, int T, char *err, size_t errlen) {
     return PL_OK;
 }
 
-int shards_read_batch(const data_source *d, long long k, int B, int T, int *inputs, int *targets, char *err,
-                      size_t errlen) {
-    int *tok = malloc(sizeof(int) * (size_t)(T + 1)), rc = tok ? PL_OK : PL_ENOMEM;
-    if (k < 0) rc = PL_EINVAL;
-    for (int b = 0; b < B && rc == PL_OK; b++) {
+int shards_read_rows(const data_source *d, long long k, int Bg, int row0, int n, int T, int *inputs, int *targets,
+                     char *err, size_t errlen) {
+    int *tok = malloc(sizeof(int) * (size_t)(T + 1)), rc = tok ? PL_OK : PL_ENOMEM; /* (T + 1) */
+    if (k < 0 || row0 < 0 || row0 + n > Bg) rc = PL_EINVAL;
+    for (int b = 0; b < n && rc == PL_OK; b++) {
         int s;
         size_t pos;
-        shards_locate(d, k * B + b, T, &s, &pos);
+        shards_locate(d, k * Bg + row0 + b, T, &s, &pos);
         rc = data_read_tokens(&d->shard[s], pos, (size_t)T + 1, tok, err, errlen);
         for (int t = 0; t < T && rc == PL_OK; t++) {
             inputs[(size_t)b * T + t] = tok[t];
@@ -147,7 +151,8 @@ int shards_read_batch(const data_source *d, long long k, int B, int T, int *inpu
         }
     }
     if (rc == PL_ENOMEM) snprintf(err, errlen, "data %s: out of memory for a batch", d->desc);
-    if (rc == PL_EINVAL) snprintf(err, errlen, "data %s: batch %lld does not exist", d->desc, k);
+    if (rc == PL_EINVAL) snprintf(err, errlen, "data %s: rows %d..%d of batch %lld do not exist", d->desc, row0,
+                                  row0 + n - 1, k);
     free(tok);
     return rc;
 }

@@ -216,13 +216,13 @@ int report_timers(run *R, int step) {
     double mine[TM_N + 1], *all = NULL;
     int k = R->tm_steps ? R->tm_steps : 1;
     for (int i = 0; i < TM_N; i++) mine[i] = 1e3 * R->tm[i] / k;
-    mine[TM_N] = mine[TM_STEP] - mine[TM_FWD] - mine[TM_BWD] - mine[TM_WAIT] - mine[TM_OPT];
+    mine[TM_N] = mine[TM_STEP] - mine[TM_FWD] - mine[TM_BWD] - mine[TM_WAIT] - mine[TM_OPT] - mine[TM_DATA];
     if (mine[TM_N] < 0) mine[TM_N] = 0;
     if (R->rank == 0) all = malloc(sizeof(double) * (TM_N + 1) * R->P);
     if (R->rank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(mine, TM_N + 1, MPI_DOUBLE, all, 0, R->comm, "the gather of the timers"));
     if (R->rank == 0 && all) {
-        const char *names[TM_N + 1] = {"forward", "backward", "MPI wait", "optimizer", "step", "idle"};
+        const char *names[TM_N + 1] = {"forward", "backward", "MPI wait", "optimizer", "step", "data wait", "idle"};
         pl_info("timers over steps %d-%d (ms per step)    min   median      max  (rank of max)\n",
                 step - R->tm_steps + 1, step);
         for (int i = 0; i < TM_N + 1; i++) {
@@ -244,8 +244,8 @@ int report_timers(run *R, int step) {
             const double *t = all + r * (TM_N + 1);
             off += snprintf(line + off, sizeof line - off,
                             "%s{\"rank\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"wait_ms\":%.3f,\"opt_ms\":%.3f,"
-                            "\"idle_ms\":%.3f,\"step_ms\":%.3f}", r ? "," : "", r, t[TM_FWD], t[TM_BWD],
-                            t[TM_WAIT], t[TM_OPT], t[TM_N], t[TM_STEP]);
+                            "\"data_ms\":%.3f,\"idle_ms\":%.3f,\"step_ms\":%.3f}", r ? "," : "", r, t[TM_FWD], t[TM_BWD],
+                            t[TM_WAIT], t[TM_OPT], t[TM_DATA], t[TM_N], t[TM_STEP]);
         }
         snprintf(line + off, sizeof line - off, "]}");
         metrics_line(&R->mx, "%s", line);

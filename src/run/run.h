@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include "cli/config.h"
 #include "formats/data.h"
+#include "formats/prefetch.h"
 #include "parallel/dp.h"
 #include "pipeline/engine.h"
 #include "run/bench.h"
@@ -25,7 +26,7 @@
 #include "parallel/ep.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
-enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
+enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_DATA, TM_N }; /* TM_DATA: the step's wait for its batch */
 
 /* Everything one rank needs during a run. */
 typedef struct {
@@ -46,7 +47,8 @@ typedef struct {
     double moe_lb, moe_dropped; /* a MoE model's timed steps: sums of load max/mean and dropped (bench) */
     int moe_steps;
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
-    int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
+    int *gin, *gtg;             /* (B, T) this replica's rows of the global batch: inputs, targets (data ranks) */
+    char *manifest;             /* (CKPT_SHARDS_LEN) the token files of --data (data_manifest), on every rank */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */
     int profiled;
     model_config cfg;
@@ -58,6 +60,7 @@ typedef struct {
     optim opt;
     engine eng;
     data_source train, val;
+    data_prefetch pf;           /* training batches read one step ahead (prefetch.h) */
     int have_train, have_val;
     int *inputs, *targets;
     metrics mx;
@@ -129,6 +132,8 @@ int train_resume_checkpoint(run *R, int *first_step);
 /* Rank 0, at set-up: refuse (PL_EINVAL) a run that does not resume into a --ckpt-dir holding
  * checkpoints, unless --ckpt-overwrite 1. */
 int train_ckpt_guard(const run *R, char *err, size_t errlen);
+/* Collective: R->manifest on every rank, the list of --data's token files from world rank 0. */
+int train_data_manifest(run *R);
 /* --ckpt-async (train_ckpt.c): the set-up's check (thread level, snapshot memory; not
  * collective), the writer's set-up (collective, after the agreed set-up), after each step the
  * agreement on finished writers, the wait for the write in flight at the end of the run, and

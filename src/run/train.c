@@ -579,6 +579,7 @@ static int setup(run *R, char *err, size_t errlen) {
         PL_TRY(data_open(&R->train, o->data, R->cfg.V, o->markov_branch, (uint64_t)o->data_seed, 0,
                          err, errlen));
         R->have_train = 1;
+        PL_TRY(data_set_shuffle(&R->train, o->shuffle, (uint64_t)o->data_seed, err, errlen));
         PL_TRY(data_check_batch(&R->train, R->Bg, R->T, err, errlen));
         const char *vspec = o->val_data[0] ? o->val_data : strcmp(o->data, "markov") == 0 ? "markov" : NULL;
         if (vspec) {
@@ -587,13 +588,15 @@ static int setup(run *R, char *err, size_t errlen) {
             R->have_val = 1;
             PL_TRY(data_check_batch(&R->val, R->Bg, R->T, err, errlen));
         }
-        /* the whole global batch is read; this replica trains on rows [d B, (d + 1) B) */
-        R->gin = malloc(sizeof(int) * (size_t)R->Bg * R->T);
-        R->gtg = malloc(sizeof(int) * (size_t)R->Bg * R->T);
-        if (R->gin && R->gtg) {
-            R->inputs = R->gin + (size_t)R->d * R->B * R->T;
-            R->targets = R->gtg + (size_t)R->d * R->B * R->T;
-        }
+        /* this replica reads and trains on rows [d B, (d + 1) B) of the global batch */
+        R->gin = malloc(sizeof(int) * (size_t)R->B * R->T);
+        R->gtg = malloc(sizeof(int) * (size_t)R->B * R->T);
+        R->inputs = R->gin;
+        R->targets = R->gtg;
+        const char *pf = hooks_env("PIPELM_PREFETCH"); /* test hook: 0 reads each batch when its step needs it */
+        if (R->gin && R->gtg && !o->eval_mode)
+            PL_TRY(prefetch_start(&R->pf, &R->train, R->Bg, R->d * R->B, R->B, R->T, !pf || strcmp(pf, "0") != 0,
+                                  err, errlen));
         if (!R->gin || !R->gtg) {
             snprintf(err, errlen, "out of memory for the batch");
             return PL_ENOMEM;
@@ -720,7 +723,8 @@ int train_evaluate(run *R, int nbatches, double *val_loss) {
     double sum = 0.0;
     for (int k = 0; k < nbatches; k++) {
         char err[4400];
-        if (R->have_val && data_read_batch(&R->val, k, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
+        if (R->have_val &&
+            data_read_rows(&R->val, k, R->Bg, R->d * R->B, R->B, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
             pl_error("%s", err);
             return PL_EIO;
         }
@@ -813,6 +817,21 @@ static int set_threads(run *R) {
                 R->lay.threads, R->lay.threads > 1 ? "s" : "", R->lay.cpus);
     return PL_OK;
 }
+/* Test hook PIPELM_DATA_LOG=PREFIX: the first stage's TP rank 0 of each replica appends
+ * "step row SHARD POS" for each row it read to PREFIX.<world rank> (docs/testing.md). */
+static void data_log(const run *R, int step) {
+    const char *prefix = hooks_env("PIPELM_DATA_LOG");
+    if (!prefix || R->rank != 0 || R->t != 0) return;
+    char path[PL_PATH + 32], where[PL_PATH + 32];
+    snprintf(path, sizeof path, "%s.%d", prefix, R->wrank);
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    for (int b = 0; b < R->B; b++) {
+        data_row_where(&R->train, step - 1, R->Bg, R->d * R->B + b, R->T, where, sizeof where);
+        fprintf(f, "%d %d %s\n", step, R->d * R->B + b, where);
+    }
+    fclose(f);
+}
 /* Test-only fault injection: does --fail-rank fail here, at --fail-at `where` of `step`? */
 static int fail_here(const run *R, int step, const char *where) {
     const pl_options *o = R->o;
@@ -835,10 +854,13 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
         R->nan_injected = step;
     }
     char err[4400];
-    if (R->have_train && data_read_batch(&R->train, step - 1, R->Bg, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
+    double dwait = 0.0;
+    if (R->have_train && prefetch_get(&R->pf, step - 1, R->gin, R->gtg, &dwait, err, sizeof err) != PL_OK) {
         pl_error("step %d: %s", step, err);
         return PL_EIO;
     }
+    R->tm[TM_DATA] += dwait;
+    if (R->have_train) data_log(R, step);
     for (int c = 0; c < R->V; c++)
         if (stage_zero_grads(&R->stv[c]) != PL_OK) {
             pl_error("backend %s: zeroing the gradients: %s", R->st.be->name, stage_error(&R->stv[c]));
@@ -885,6 +907,7 @@ static int before_loop(run *R, int *first_step) {
         pl_info("data: %s\n", R->train.desc);
     report_run_line(R);
     *first_step = 1;
+    if (!o->eval_mode) PL_TRY(train_data_manifest(R));
     if (o->resume[0] && !o->eval_mode) PL_TRY(train_resume_checkpoint(R, first_step));
     if (o->ckpt_dir[0] && !o->eval_mode && !o->bench && R->wrank == 0) /* what --ckpt-keep must leave alone */
         ckpt_keep_protect(o->ckpt_dir, *first_step - 1);
@@ -1150,6 +1173,8 @@ static void teardown(run *R, int agreed) {
     if (R->epc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->epc);
     free(R->gin);
     free(R->gtg);
+    free(R->manifest);
+    R->manifest = NULL;
     R->inputs = R->targets = NULL;
     engine_free(&R->eng);
     optim_free(&R->opt);
@@ -1162,6 +1187,7 @@ static void teardown(run *R, int agreed) {
     stage_free(&R->st);
     sched_free(&R->sc);
     split_free(&R->sp);
+    prefetch_stop(&R->pf); /* its thread reads R->train */
     if (R->have_train) data_close(&R->train);
     if (R->have_val) data_close(&R->val);
     free(R->rc_modes);

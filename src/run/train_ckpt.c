@@ -40,6 +40,7 @@ static void fill_meta(const run *R, int step, ckpt_meta *m) {
     m->nstages = R->S; /* global stages: P ranks x V chunks */
     for (int s = 0; s < R->S && s < CKPT_MAX_STAGES; s++) m->split[s] = R->sp.blocks[s];
     m->markov_branch = o->markov_branch; /* the stream of "markov" data depends on it */
+    if (R->manifest) snprintf(m->shards, sizeof m->shards, "%s", R->manifest); /* data_manifest's list */
 }
 /* How long a checkpoint's collective HDF5 calls may take before the deadline ends the job:
  * the watchdog's limit plus a second per MB of the file (parameters and both moments). */
@@ -128,6 +129,72 @@ int train_ckpt_guard(const run *R, char *err, size_t errlen) {
     return PL_EINVAL;
 }
 
+/* Settings that would change the data stream must be the checkpoint's (rank 0 names the
+ * first that is not). */
+static int resume_settings(const run *R, const ckpt_meta *m, const char *path) {
+    const pl_options *o = R->o;
+    const char *what = NULL;
+    char a[600] = "", b[600] = "";
+    if (m->batch != R->Bg) { what = "batch"; snprintf(a, sizeof a, "%d", m->batch); snprintf(b, sizeof b, "%d", R->Bg); }
+    else if (m->seq_len != R->T) { what = "seq-len"; snprintf(a, sizeof a, "%d", m->seq_len); snprintf(b, sizeof b, "%d", R->T); }
+    else if (strcmp(m->data, o->data) != 0 && !o->data_changed) { what = "data"; snprintf(a, sizeof a, "%.500s", m->data); snprintf(b, sizeof b, "%.500s", o->data); }
+    else if (m->data_seed != o->data_seed) { what = "data-seed"; snprintf(a, sizeof a, "%lld", m->data_seed); snprintf(b, sizeof b, "%lld", o->data_seed); }
+    else if (m->markov_branch > 0 && m->markov_branch != o->markov_branch && strcmp(o->data, "markov") == 0) {
+        what = "markov-branch";
+        snprintf(a, sizeof a, "%d", m->markov_branch);
+        snprintf(b, sizeof b, "%d", o->markov_branch);
+    }
+    if (!what && m->markov_branch <= 0 && strcmp(o->data, "markov") == 0 && R->wrank == 0)
+        fprintf(stderr, "pipelm: rank 0: note: %s does not record --markov-branch (saved by an older pipelm): "
+                "cannot check that this run's --markov-branch %d is the one it was trained with\n", path,
+                o->markov_branch);
+    if (what) {
+        if (R->wrank == 0)
+            pl_error("cannot resume from %s: it was saved with --%s %s but this run has --%s %s", path, what, a, what, b);
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+/* The token files of --data must be those the checkpoint records (names, sizes, header
+ * CRCs), unless --data-changed 1 accepts a new list; an older checkpoint says nothing. */
+static int resume_shards(const run *R, const ckpt_meta *m, const char *path) {
+    char msg[2 * PL_PATH + 300];
+    if (!R->manifest || !R->manifest[0]) return PL_OK;
+    if (!m->shards[0]) {
+        if (R->wrank == 0)
+            fprintf(stderr, "pipelm: rank 0: note: %s does not record the files of --data (saved by an older pipelm): "
+                    "cannot check that they are the ones it was trained on\n", path);
+        return PL_OK;
+    }
+    if (!data_manifest_diff(m->shards, R->manifest, msg, sizeof msg)) return PL_OK;
+    if (R->o->data_changed) {
+        if (R->wrank == 0)
+            fprintf(stderr, "pipelm: rank 0: note: --data-changed 1: the files of --data differ from %s's (%s); the run "
+                    "goes on at data position %lld of the new list\n", path, msg, m->data_pos);
+        return PL_OK;
+    }
+    if (R->wrank == 0)
+        pl_error("cannot resume from %s: the files of --data are not those it was trained on: %s (--data-changed 1 "
+                 "resumes anyway, at data position %lld of the new list)", path, msg, m->data_pos);
+    return PL_EINVAL;
+}
+/* Collective, before the loop: world rank 0 (the first stage, which reads --data) lists the
+ * token files of --data (data_manifest) for the checkpoints, and every rank gets the list. */
+int train_data_manifest(run *R) {
+    long long hdr[2] = {1, PL_OK}; /* length with the NUL, status */
+    char err[PL_PATH + 200];
+    R->manifest = calloc(CKPT_SHARDS_LEN, 1);
+    if (!R->manifest) hdr[1] = PL_ENOMEM;
+    if (R->wrank == 0 && R->manifest && R->have_train) {
+        hdr[1] = data_manifest(&R->train, R->manifest, CKPT_SHARDS_LEN, err, sizeof err);
+        hdr[0] = (long long)strlen(R->manifest) + 1;
+        if (hdr[1] != PL_OK) pl_error("%s", err);
+    }
+    PL_TRY(comm_bcast(hdr, 2, MPI_LONG_LONG, 0, R->world, "the broadcast of the data's file list"));
+    if (hdr[1] == PL_OK && !R->manifest) hdr[1] = PL_ENOMEM; /* this rank's own allocation */
+    if (hdr[1] != PL_OK) return (int)hdr[1];
+    return comm_bcast(R->manifest, (int)hdr[0], MPI_CHAR, 0, R->world, "the broadcast of the data's file list");
+}
 /* Collective: resume from --resume (a file, or the newest in --ckpt-dir); *first_step is the
  * step after the saved one. Settings that would change the data stream must match. */
 int train_resume_checkpoint(run *R, int *first_step) {
@@ -170,26 +237,8 @@ int train_resume_checkpoint(run *R, int *first_step) {
         if (err[0]) pl_error("resuming from %s: %s", path, err);
         return rc;
     }
-    const char *what = NULL;
-    char a[600] = "", b[600] = "";
-    if (m.batch != R->Bg) { what = "batch"; snprintf(a, sizeof a, "%d", m.batch); snprintf(b, sizeof b, "%d", R->Bg); }
-    else if (m.seq_len != R->T) { what = "seq-len"; snprintf(a, sizeof a, "%d", m.seq_len); snprintf(b, sizeof b, "%d", R->T); }
-    else if (strcmp(m.data, o->data) != 0) { what = "data"; snprintf(a, sizeof a, "%.500s", m.data); snprintf(b, sizeof b, "%.500s", o->data); }
-    else if (m.data_seed != o->data_seed) { what = "data-seed"; snprintf(a, sizeof a, "%lld", m.data_seed); snprintf(b, sizeof b, "%lld", o->data_seed); }
-    else if (m.markov_branch > 0 && m.markov_branch != o->markov_branch && strcmp(o->data, "markov") == 0) {
-        what = "markov-branch";
-        snprintf(a, sizeof a, "%d", m.markov_branch);
-        snprintf(b, sizeof b, "%d", o->markov_branch);
-    }
-    if (!what && m.markov_branch <= 0 && strcmp(o->data, "markov") == 0 && R->wrank == 0)
-        fprintf(stderr, "pipelm: rank 0: note: %s does not record --markov-branch (saved by an older pipelm): "
-                "cannot check that this run's --markov-branch %d is the one it was trained with\n", path,
-                o->markov_branch);
-    if (what) {
-        if (R->wrank == 0)
-            pl_error("cannot resume from %s: it was saved with --%s %s but this run has --%s %s", path, what, a, what, b);
-        return PL_EINVAL;
-    }
+    PL_TRY(resume_settings(R, &m, path));
+    PL_TRY(resume_shards(R, &m, path));
     *first_step = (int)m.step + 1;
     char split[256] = "";
     for (int s = 0, off = 0; s < m.nstages && s < CKPT_MAX_STAGES && off < (int)sizeof split - 16; s++)

@@ -19,6 +19,8 @@ static const struct { const char *name, *what; } env_hooks[] = {
     {"PIPELM_RANK_MEM_MB", "the memory --dp auto / --stages auto believe a rank has"},
     {"PIPELM_CKPT_ASYNC_MEM_MB", "the node's available memory for the async snapshot's check"},
     {"PIPELM_TOKENIZE_SPILL", "N: tokenize spills a rank's tokens to its file every N tokens"},
+    {"PIPELM_PREFETCH", "0: training batches are read when their step needs them, not one step ahead"},
+    {"PIPELM_DATA_LOG", "PREFIX: each replica's first stage appends \"step row SHARD POS\" per row read to PREFIX.<rank>"},
     {"PIPELM_ONEDNN_BF16_FAST", "0|1: the oneDNN backend's verdict whether bf16 products beat fp32, forced"},
 };
 

@@ -8,6 +8,10 @@
  *   in order    "inorder:": the shards in name order, their sequences in file order;
  *   lists       a comma list of files; a glob that matches nothing and uint16 / uint32 shards
  *               mixed are refused by name.
+ *   rows        a replica's rows (data_read_rows) are those rows of the whole batch, for a
+ *               shard set, a single file and the Markov source; --shuffle (data_set_shuffle):
+ *               0 reads a set in order, 1 shuffles a single file's sequences (every one once an
+ *               epoch), and is refused for markov and "inorder:".
  */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
@@ -127,11 +131,71 @@ START_TEST(test_inorder_and_lists) {
 }
 END_TEST
 
+/* Batch k of 6 read whole and as three replicas' pairs of rows: the same tokens. */
+static void rows_match(const data_source *d, long long k) {
+    int in[6 * T], tg[6 * T], ri[2 * T], rt[2 * T];
+    char err[512];
+    ck_assert_msg(data_read_batch(d, k, 6, T, in, tg, err, sizeof err) == 0, "%s", err);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(data_read_rows(d, k, 6, 2 * r, 2, T, ri, rt, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(memcmp(ri, in + 2 * r * T, sizeof ri) == 0, "replica %d's inputs of batch %lld", r, k);
+        ck_assert_msg(memcmp(rt, tg + 2 * r * T, sizeof rt) == 0, "replica %d's targets of batch %lld", r, k);
+    }
+    ck_assert_int_ne(data_read_rows(d, k, 6, 5, 2, T, ri, rt, err, sizeof err), 0);
+}
+
+START_TEST(test_rows_and_shuffle) {
+    write_shards();
+    data_source d;
+    char err[512], p[400];
+    open_ok(&d, "%s/s_*.bin", 5);
+    for (long long k = 0; k < 6; k++) rows_match(&d, k);
+    ck_assert_int_eq(data_set_shuffle(&d, 0, 5, err, sizeof err), 0);
+    int a[15];
+    read_epoch(&d, 0, a);
+    for (int i = 0, s = 0, q = 0; i < 15; i++, q++) {
+        if (q == NSEQ[s]) s++, q = 0;
+        ck_assert_int_eq(a[i], s * 1000 + q);
+    }
+    data_close(&d);
+    ck_assert_int_eq(data_open(&d, "markov", 64, 4, 5, 0, err, sizeof err), 0);
+    rows_match(&d, 3);
+    ck_assert_int_ne(data_set_shuffle(&d, 1, 5, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "--shuffle 1") != NULL, "%s", err);
+    data_close(&d);
+    open_ok(&d, "inorder:%s/s_*.bin", 5);
+    ck_assert_int_ne(data_set_shuffle(&d, 1, 5, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "inorder:") != NULL, "%s", err);
+    data_close(&d);
+    /* one file of 7 sequences: in order by default, each once an epoch and not in order shuffled */
+    snprintf(p, sizeof p, "%s/s_2.bin", dir);
+    ck_assert_msg(data_open(&d, p, V, 4, 5, 0, err, sizeof err) == 0, "%s", err);
+    rows_match(&d, 2);
+    ck_assert_int_eq(data_set_shuffle(&d, 1, 5, err, sizeof err), 0);
+    ck_assert_int_eq(d.kind, DATA_SHARDS);
+    int in[T], tg[T], seen[7] = {0}, inorder = 1;
+    for (int q = 0; q < 7; q++) {
+        ck_assert_msg(data_read_batch(&d, q, 1, T, in, tg, err, sizeof err) == 0, "%s", err);
+        int l = (in[0] % 100000) / T;
+        seen[l]++;
+        inorder &= l == q;
+    }
+    for (int q = 0; q < 7; q++) ck_assert_int_eq(seen[q], 1);
+    ck_assert_msg(!inorder, "--shuffle 1 read a single file in order");
+    rows_match(&d, 1);
+    data_close(&d);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
     Suite *su = suite_create("shards");
     TCase *tc = tcase_create("shards");
     tcase_add_test(tc, test_epochs);
     tcase_add_test(tc, test_inorder_and_lists);
+    tcase_add_test(tc, test_rows_and_shuffle);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);
