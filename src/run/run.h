@@ -21,6 +21,7 @@
 #include "pipeline/split.h"
 #include "model/stage.h"
 #include "parallel/tp.h"
+#include "parallel/cp.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_N };
@@ -38,6 +39,13 @@ typedef struct {
     int Tp, t;                  /* tensor-parallel ranks per stage (1: none), this rank's index */
     tp_group tp;
     int have_tp;
+    MPI_Comm cpc;               /* --cp: the C ranks of this (stage, data replica), rank = c */
+    int C, c, Tl;               /* context-parallel ranks per stage (1: none), this rank's index, its T / C rows;
+                                 * with --cp the D C ranks of a stage count as its gradient replicas (R->D, R->d
+                                 * = data replica d / C's CP rank d % C) */
+    cp_group cp;
+    int have_cp;
+    int *cin, *ctg;             /* --cp: (B, T / C) this rank's tokens of its replica's inputs and targets */
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
     int *gin, *gtg;             /* (Bg, T) the global batch's inputs and targets (data ranks) */
     const backend *be;          /* the backend's table, or its timing wrapper (profiled) */

@@ -74,6 +74,7 @@ typedef struct {
  * maximum, o and l rescaled by exp(m_old - m_new), p = exp(s - m_new) (0 past the diagonal),
  * l += sum p. */
 ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs, int first) {
+    /* r0: the position of the tile's first query row (keys: positions from 0) */
     for (int r = 0; r < nq; r++) {
         float *sr = w->s + (size_t)r * TK, *orow = w->o + (size_t)r * hs;
         int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile (none: <= 0) */
@@ -106,14 +107,15 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
 }
 
 /* One query tile [r0, r0 + nq) of one (sequence, query head): q, k, v are the head's columns
- * of the sequence's qkv rows (leading dimension W); out (ldo), O (T, hs) and lse (T) get the
- * tile's rows. */
+ * of the sequence's qkv rows (leading dimension W; k and v: row j holds position j); qpos
+ * the position of query row 0; out (ldo), O (rows, hs) and lse (rows) get the tile's rows. */
 static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
-                           const float *v, int r0, int nq, int W, int ldo, int hs) {
+                           const float *v, int r0, int nq, int qpos, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
-    for (int k0 = 0; k0 < r0 + nq; k0 += TK) {
-        int nk = r0 + nq - k0 < TK ? r0 + nq - k0 : TK;
-        fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale, k0 == 0);
+    int p0 = qpos + r0; /* the tile's first query position */
+    for (int k0 = 0; k0 < p0 + nq; k0 += TK) {
+        int nk = p0 + nq - k0 < TK ? p0 + nq - k0 : TK;
+        fwd_tile(w, q + (size_t)r0 * W, k, v, p0, nq, k0, nk, W, hs, scale, k0 == 0);
     }
     for (int r = 0; r < nq; r++) {
         float inv = 1.0f / w->l[r];
@@ -136,7 +138,8 @@ static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
 
 /* Parallel over the (sequence, query head, query tile) triples: each is independent and
  * computed the same way on whichever thread, so the bits do not depend on the thread count. */
-int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+int cpu_attention_span_fwd(const cpu_att_span *s) {
+    int B = s->B, T = s->nq, NH = s->NH, NKV = s->NKV, HS = s->HS;
     PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
@@ -153,15 +156,31 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
             if (!buf) continue;
             int bh = (int)(it / nqt), qt = nqt - 1 - (int)(it % nqt); /* the long tiles first */
             int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TQ, nq = T - r0 < TQ ? T - r0 : TQ;
-            const float *row = qkv + (size_t)b * T * W; // (T, W)
-            float *O = state + (size_t)bh * T * (HS + 1); // (T, HS), then lse (T)
-            fwd_query_tile(&w, out + (size_t)b * T * CO + (size_t)h * HS, O, O + (size_t)T * HS, row + (size_t)h * HS,
-                           row + (size_t)(NH + g) * HS, row + (size_t)(NH + NKV + g) * HS, r0, nq, W, CO, HS);
+            const float *row = s->q + (size_t)b * s->q_seq, *kv = s->kv + (size_t)b * s->kv_seq; // (., W)
+            float *O = s->O + (size_t)bh * s->st_bh; // (T, HS); lse (T) at s->lse + bh st_bh
+            fwd_query_tile(&w, s->out + (size_t)b * s->out_seq + (size_t)h * HS, O, s->lse + (size_t)bh * s->st_bh,
+                           row + (size_t)h * HS, kv + (size_t)(NH + g) * HS, kv + (size_t)(NH + NKV + g) * HS, r0, nq,
+                           s->qpos, W, CO, HS);
         }
         free(buf);
     }
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
     return 0;
+}
+
+/* The whole causal sequence: one span from position 0 over the same rows. */
+static cpu_att_span whole_span(const float *qkv, int B, int T, int NH, int NKV, int HS, float *state) {
+    int W = (NH + 2 * NKV) * HS;
+    cpu_att_span s = {.B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = T, .qpos = 0, .q = qkv, .kv = qkv,
+                      .q_seq = (size_t)T * W, .kv_seq = (size_t)T * W, .out_seq = (size_t)T * NH * HS,
+                      .O = state, .lse = state + (size_t)T * HS, .st_bh = (size_t)T * (HS + 1), .zero_dkv = 1};
+    return s;
+}
+
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    cpu_att_span s = whole_span(qkv, B, T, NH, NKV, HS, state);
+    s.out = out;
+    return cpu_attention_span_fwd(&s);
 }
 
 /* Per-thread scratch of the backward: probabilities p (T, TB) of a key tile against every
@@ -176,16 +195,16 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v, *dO, *O, *lse;
     float *dq, *dk, *dv;
-    int T, W, ldo, hs;
+    int T, qpos, W, ldo, hs; /* T query rows, the first at position qpos; keys from position 0 */
     float scale;
 } bwd_head;
 
 /* p (nq, TB) = exp(s - lse) over each row's causal columns of the key tile [k0, k0 + nk),
- * 0 past the diagonal. */
-ROW_CLONES static void bwd_probs(float *p, const float *lse, int r0, int nq, int k0, int nk) {
+ * 0 past the diagonal; query row r0 + r is at position qpos + r0 + r. */
+ROW_CLONES static void bwd_probs(float *p, const float *lse, int r0, int nq, int qpos, int k0, int nk) {
     for (int r = 0; r < nq; r++) {
         float *pr = p + (size_t)r * TB, l = lse[r0 + r];
-        int nv = r0 + r - k0 + 1;
+        int nv = qpos + r0 + r - k0 + 1;
         nv = nv < nk ? nv : nk;
         nv = nv > 0 ? nv : 0;
         for (int c = 0; c < nv; c++) pr[c] = exp_fast(pr[c] - l);
@@ -211,7 +230,7 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
     const float *dO = a->dO + (size_t)r0 * a->ldo;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
                 TB); // s (nq, nk)
-    bwd_probs(w->p, a->lse, r0, nq, k0, nk);
+    bwd_probs(w->p, a->lse, r0, nq, a->qpos, k0, nk);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, w->p, TB, dO, a->ldo, 1.0f,
                 a->dv + (size_t)k0 * W, W); // dv (nk, hs) += p^T dO
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
@@ -232,9 +251,10 @@ static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
         for (int c = 0; c < a->hs; c++) s += d[c] * o[c];
         w->D[t] = s;
     }
-    for (int k0 = 0; k0 < a->T; k0 += TB) {
-        int nk = a->T - k0 < TB ? a->T - k0 : TB;
-        bwd_tile(w, a, k0, a->T - k0, k0, nk);
+    int end = a->qpos + a->T; /* keys [0, end) */
+    for (int k0 = 0; k0 < end; k0 += TB) {
+        int nk = end - k0 < TB ? end - k0 : TB, r0 = k0 > a->qpos ? k0 - a->qpos : 0; /* rows at or below */
+        bwd_tile(w, a, r0, a->T - r0, k0, nk);
     }
 }
 
@@ -244,33 +264,35 @@ static void zero_cols(float *p, int T, int W, int n) {
 }
 
 /* One (sequence, kv head g): its G query heads in ascending order into dq of each and the
- * shared dk, dv. */
-static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state, int b,
-                      int g, int T, int NH, int NKV, int HS) {
+ * shared dk, dv (zeroed first when the span asks). */
+static void bwd_group(bwd_scratch *w, const cpu_att_span *s, int b, int g) {
+    int NH = s->NH, NKV = s->NKV, HS = s->HS, T = s->nq;
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
-    const float *row = qkv + (size_t)b * T * W; // (T, W)
-    float *drow = dqkv + (size_t)b * T * W;    // (T, W)
-    bwd_head a = {.k = row + (size_t)(NH + g) * HS, .v = row + (size_t)(NH + NKV + g) * HS,
-                  .dk = drow + (size_t)(NH + g) * HS, .dv = drow + (size_t)(NH + NKV + g) * HS,
-                  .T = T, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
-    zero_cols(a.dk, T, W, HS);
-    zero_cols(a.dv, T, W, HS);
+    const float *row = s->q + (size_t)b * s->q_seq, *kv = s->kv + (size_t)b * s->kv_seq; // (., W)
+    float *drow = s->dq + (size_t)b * s->q_seq, *dkv = s->dkv + (size_t)b * s->kv_seq;    // (., W)
+    bwd_head a = {.k = kv + (size_t)(NH + g) * HS, .v = kv + (size_t)(NH + NKV + g) * HS,
+                  .dk = dkv + (size_t)(NH + g) * HS, .dv = dkv + (size_t)(NH + NKV + g) * HS,
+                  .T = T, .qpos = s->qpos, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
+    if (s->zero_dkv) {
+        zero_cols(a.dk, s->qpos + T, W, HS);
+        zero_cols(a.dv, s->qpos + T, W, HS);
+    }
     for (int h = g * G; h < (g + 1) * G; h++) {
-        const float *O = state + ((size_t)b * NH + h) * T * (HS + 1); // (T, HS), then lse (T)
+        size_t bh = (size_t)b * NH + h;
         a.q = row + (size_t)h * HS;
         a.dq = drow + (size_t)h * HS;
-        a.dO = dout + (size_t)b * T * CO + (size_t)h * HS;
-        a.O = O;
-        a.lse = O + (size_t)T * HS;
+        a.dO = s->dout + (size_t)b * s->out_seq + (size_t)h * HS;
+        a.O = s->O + bh * s->st_bh;
+        a.lse = s->lse + bh * s->st_bh;
         zero_cols(a.dq, T, W, HS);
         bwd_one_head(w, &a);
     }
 }
 
 /* Parallel over the (sequence, kv head) pairs, each on one thread (cpu_attention.h). */
-int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
-                            int NH, int NKV, int HS) {
-    PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
+int cpu_attention_span_bwd(const cpu_att_span *s) {
+    int T = s->nq;
+    PL_TRY(check_shape("attention_gqa_bwd (tiled)", s->B, T, s->NH, s->NKV, s->HS));
     int failed = 0;
     #pragma omp parallel
     {
@@ -282,10 +304,18 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
             failed = 1;
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int bg = 0; bg < B * NKV; bg++)
-            if (buf) bwd_group(&w, dqkv, dout, qkv, state, bg / NKV, bg % NKV, T, NH, NKV, HS);
+        for (int bg = 0; bg < s->B * s->NKV; bg++)
+            if (buf) bwd_group(&w, s, bg / s->NKV, bg % s->NKV);
         free(buf);
     }
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for scratch of T = %d", T);
     return 0;
+}
+
+int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
+                            int NH, int NKV, int HS) {
+    cpu_att_span s = whole_span(qkv, B, T, NH, NKV, HS, (float *)state);
+    s.dout = dout;
+    s.dq = s.dkv = dqkv;
+    return cpu_attention_span_bwd(&s);
 }
