@@ -38,7 +38,15 @@ int report_grid(run *R) {
     if (R->wrank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(host, 64, MPI_CHAR, all, 0, R->world, "the gather of host names"));
     if (R->wrank == 0) {
-        if (R->Tp > 1) { /* --tp: world rank r is TP rank r % T of stage r / T / D, replica r / T % D */
+        if (R->C > 1) { /* --cp: world rank r is CP rank r % C of stage r / C / D, replica r / C % D */
+            int D = R->D / R->C;
+            pl_info("context parallel: C=%d ranks per stage x %d replicas x %d stages = %d ranks; each holds %d of "
+                    "every sequence's %d tokens (chunks c and %d-c of %d), batch %d = %d x %d sequences per replica\n",
+                    R->C, D, R->P, R->W, R->Tl, R->T, 2 * R->C - 1, 2 * R->C, R->Bg, D, R->B);
+            pl_info("  stage  replica  cp  rank  host\n");
+            for (int r = 0; r < R->W; r++)
+                pl_info("  %5d  %7d  %2d  %4d  %s\n", r / R->D, r % R->D / R->C, r % R->C, r, all[r]);
+        } else if (R->Tp > 1) { /* --tp: world rank r is TP rank r % T of stage r / T / D, replica r / T % D */
             pl_info("tensor parallel: %d TP ranks x %d replicas x %d stages = %d ranks (TP innermost)\n", R->Tp, R->D,
                     R->P, R->W);
             pl_info("  stage  replica  tp  rank  host\n");

@@ -1,0 +1,131 @@
+#!/bin/bash
+# test_cp.sh — context parallelism (--cp C): the C ranks of a stage each hold chunks i and
+# 2C-1-i of every sequence; attention all-gathers the keys and values and sends their
+# gradients back (cp.h). So:
+#   - against one process: the attention's sums run over other tiles and the C ranks' weight
+#     gradients are added by the replicas' reduction, so tolerances: every step's loss within
+#     relative 1e-5, every gradient tensor of step 1 (--dump-grads, converted to safetensors)
+#     within 1e-5 of the tensor's largest magnitude; GPT-2 (learned positions) and Llama (RoPE,
+#     NKV = 2) at C = 2 and C = 3;
+#   - bits: the same run after run, C = 2 x P = 2 the bits of C = 2 alone, ZeRO-1 of C = 2 x
+#     D = 2 the bits of its unsharded run; every schedule and recomputation within 1e-5;
+#   - checkpoints do not depend on C: a C = 2 save resumes at C = 1 and a C = 1 save at C = 2;
+#   - refusals by name: a sequence not divisible by 2C, --tp, the onednn backend (bf16), a
+#     world that does not fit;
+#   - a rank failing or killed inside the CP exchange ends the job within seconds, named with
+#     the phase.
+# Every mpiexec runs under a timeout. Ranks are oversubscribed on small machines: shapes are tiny.
+. "$(dirname "$0")/../lib/lib.sh"
+SRC=${TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+cd "$WORK"
+COMMON="--preset tiny --steps 5 --batch 8 --seq-len 48 --microbatches 2 --eval-every 0 --progress 0 --log-every 100"
+
+same() { cmp -s "$1.bin" "$2.bin" && [ "$(losses "$1.jsonl")" = "$(losses "$2.jsonl")" ]; }
+# grads TAG REF: step 1's gradients of TAG within 1e-5 of REF's, tensor by tensor
+grads() {
+    "$PIPELM" convert --to hf "$1.g.bin" "$1.g.safetensors" > /dev/null 2>&1 &&
+        "$PIPELM" convert --to hf "$2.g.bin" "$2.g.safetensors" > /dev/null 2>&1 &&
+        python3 "$SRC/tests/reference/grads_close.py" "$1.g.safetensors" "$2.g.safetensors" 1e-5
+}
+# against TAG REF WHAT: losses and gradients of TAG against the one-process REF
+against() {
+    local msg
+    if msg=$(close "$1.jsonl" "$2.jsonl" 1e-5); then ok "$3: losses within 1e-5 of one process ($msg)"
+    else bad "$3 losses" "too far from one process ($msg)"; fi
+    if msg=$(grads "$1" "$2"); then ok "$3: every gradient tensor within 1e-5 of its max ($msg)"
+    else bad "$3 gradients" "$msg"; fi
+}
+# near TAG REF WHAT: losses only
+near() {
+    local msg
+    if msg=$(close "$1.jsonl" "$2.jsonl" 1e-5); then ok "$3: losses within 1e-5 of one process ($msg)"
+    else bad "$3" "too far from one process ($msg)"; fi
+}
+
+# GPT-2 (learned positions) at C = 2 and C = 3 (48 tokens: 4 chunks of 12, 6 of 8)
+run ref 1 --dump-grads ref.g.bin
+run cp2 2 --cp 2 --dump-grads cp2.g.bin && against cp2 ref "GPT-2 C=2"
+run cp3 3 --cp 3 --dump-grads cp3.g.bin && against cp3 ref "GPT-2 C=3"
+grep -q "context parallel: C=2 ranks per stage" cp2.out \
+    && ok "C=2: the run says how the sequence is split" || bad "C=2 banner" "no context-parallel line"
+
+# Llama (RoPE, grouped-query attention with NKV = 2)
+LL="--arch llama --n-kv-head 2"
+run llref 1 $LL --dump-grads llref.g.bin
+run ll2 2 $LL --cp 2 --dump-grads ll2.g.bin && against ll2 llref "Llama NKV=2 C=2"
+
+# bits: run to run, and over a pipeline split
+run cp2again 2 --cp 2
+same cp2 cp2again && ok "C=2: the same bits run after run" || bad "C=2 repeat" "two runs differ"
+run cp2p2 4 --cp 2 --stages 2
+same cp2 cp2p2 && ok "C=2 x P=2: bit-identical to C=2 alone" || bad "C=2 P=2" "differs from C=2 alone"
+
+# checkpoints do not depend on C: C = 2 -> C = 1 and C = 1 -> C = 2 from step 3
+if run ck2 2 --cp 2 --ckpt-dir ck2 --ckpt-every 3; then
+    same ck2 cp2 && ok "a checkpointed C=2 run is the straight run" || bad "ck2" "saving changed the run"
+    run r21 1 --resume ck2/ckpt_00000003.h5 && { msg=$(close r21.jsonl cp2.jsonl 1e-5) \
+        && ok "C=2 checkpoint resumed at C=1: losses within 1e-5 of the C=2 run ($msg)" || bad "resume C=1" "$msg"; }
+fi
+if run ck1 1 --ckpt-dir ck1 --ckpt-every 3; then
+    run r12 2 --cp 2 --resume ck1/ckpt_00000003.h5 && { msg=$(close r12.jsonl ref.jsonl 1e-5) \
+        && ok "C=1 checkpoint resumed at C=2: losses within 1e-5 of the C=1 run ($msg)" || bad "resume C=2" "$msg"; }
+fi
+
+# the full tier: Llama at C = 3, replicas, exact sums, schedules and recomputation (4 micro-batches, two
+# stages of C = 2)
+if full_tier; then
+    run ll3 3 $LL --cp 3 --dump-grads ll3.g.bin && against ll3 llref "Llama NKV=2 C=3"
+    run cp2d2 4 --cp 2 --dp 2 --microbatches 1 && near cp2d2 ref "C=2 x D=2"
+    run cp2z2 4 --cp 2 --dp 2 --microbatches 1 --zero 1
+    same cp2d2 cp2z2 && ok "C=2 x D=2: ZeRO-1 bit-identical to unsharded" || bad "C=2 ZeRO-1" "differs from unsharded"
+    run cp2x 2 --cp 2 --grad-accum exact && run refx 1 --grad-accum exact && near cp2x refx "C=2 --grad-accum exact"
+
+    run ref4 1 --microbatches 4
+    for s in gpipe zb-h1 interleaved-1f1b; do
+        run "s_$s" 4 --cp 2 --stages 2 --microbatches 4 --schedule "$s" && near "s_$s" ref4 "C=2 x P=2 --schedule $s"
+    done
+    run rcsel 2 --cp 2 --recompute selective && near rcsel ref "C=2 --recompute selective"
+    run rcfull 2 $LL --cp 2 --recompute full && near rcfull llref "Llama C=2 --recompute full"
+else
+    full_only "Llama C=3; C=2 x D=2 with ZeRO-1; --grad-accum exact; schedules gpipe, zb-h1, interleaved-1f1b; recomputation"
+fi
+
+# refusals by name
+mpirun_t 60 2 train $COMMON --cp 2 --seq-len 42 > bad1.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--cp 2: --seq-len 42 is not divisible by 2C = 4" bad1.out \
+    && ok "--seq-len 42 at --cp 2 refused by name" || bad "T % 2C" "rc $rc: $(head -c 300 bad1.out)"
+mpirun_t 60 4 train $COMMON --cp 2 --tp 2 > bad2.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--cp 2: --tp (tensor parallelism) does not run with context parallelism" bad2.out \
+    && ok "--cp 2 --tp 2 refused by name" || bad "CP x TP" "rc $rc: $(head -c 300 bad2.out)"
+mpirun_t 60 2 train $COMMON --cp 2 --backend onednn --precision bf16 > bad4.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--cp 2: a backend other than cpu" bad4.out \
+    && ok "--cp 2 on the onednn backend (bf16) refused by name" || bad "CP x onednn" "rc $rc: $(head -c 300 bad4.out)"
+mpirun_t 60 3 train $COMMON --cp 2 > bad3.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--cp 2 does not fit 3 ranks" bad3.out \
+    && ok "--cp 2 on 3 ranks refused" || bad "C x D x P" "rc $rc: $(head -c 300 bad3.out)"
+
+# a rank failing inside the CP exchange: the job ends within seconds, the rank and phase named
+t0=$(date +%s)
+mpirun_t 60 4 train $COMMON --cp 2 --stages 2 --fail-rank 3 --fail-step 2 --fail-at cp --watchdog 20 > fail.out 2>&1
+rc=$?
+secs=$(( $(date +%s) - t0 ))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -lt 30 ] \
+    && grep -q "rank 3: error: injected failure.*inside the CP exchange of the keys and values, forward, step 2" fail.out \
+    && ok "a rank failing inside the CP exchange ends every rank in ${secs} s, rank and phase named" \
+    || bad "CP failure" "rc $rc after ${secs} s: $(grep -m3 -i 'error\|fail' fail.out | tr '\n' ' ')"
+# killed (SIGKILL) with its peer inside the same gather: mpiexec ends the job within seconds
+t0=$(date +%s)
+mpirun_t 60 4 train $COMMON --cp 2 --stages 2 --fail-rank 3 --fail-step 2 --fail-at cp-kill --watchdog 20 > kill.out 2>&1
+rc=$?
+secs=$(( $(date +%s) - t0 ))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -lt 30 ] \
+    && grep -q "rank 3: note: --fail-at cp-kill: killing this rank (SIGKILL) inside the CP exchange of the keys and values, forward, step 2" kill.out \
+    && grep -q "BAD TERMINATION" kill.out \
+    && ok "a rank killed with SIGKILL inside the CP exchange: the job ends in ${secs} s (rc $rc), the killed rank named" \
+    || bad "CP kill" "rc $rc after ${secs} s: $(tail -n 4 kill.out | tr '\n' ' ')"
+
+finish
