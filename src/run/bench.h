@@ -19,14 +19,17 @@
  * micro-batches held at most (measured by the engine), the schedule's bound for the rank
  * (sched_max_inflight), the activation MB held at most (measured); data parallelism: the
  * gradient MB whose reduction the backward had not finished, the ZeRO-1 parameter all-gather
- * ms (per step); tensor parallelism: the ms per step inside the TP all-reduces (tp.h). */
-#define BENCH_NSTAT 16
+ * ms (per step); tensor parallelism: the ms per step inside the TP all-reduces (tp.h); context
+ * parallelism: the ms per step waiting in the CP exchanges of keys, values and their
+ * gradients, and in the CP attention in all (exchanges included; cp.h). */
+#define BENCH_NSTAT 18
 
 typedef struct {
     int P, M, B, T;             /* pipeline ranks, micro-batches per replica, global batch, sequence */
     int V;                      /* chunks per rank (P V stages); 0 is read as 1 */
     int D, zero;                /* data-parallel replicas (1: none), ZeRO-1 on */
     int Tp;                     /* tensor-parallel ranks per stage (0 or 1: none); stage_stats are TP rank 0's */
+    int Cp;                     /* context-parallel ranks per stage (0 or 1: none); stage_stats are CP rank 0's */
     char schedule[32];
     int nsteps;
     const double *step_s;       /* nsteps wall times (rank 0) */

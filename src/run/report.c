@@ -534,6 +534,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[13] = R->have_dp ? R->dp.pending_floats * sizeof(float) / 1048576.0 / k : 0.0;
     mine[14] = R->have_dp ? 1e3 * R->dp.t_gather / k : 0.0;
     mine[15] = R->have_tp ? 1e3 * R->tp.t_sum / k : 0.0;
+    mine[16] = R->have_cp ? 1e3 * R->cp.t_comm / k : 0.0;
+    mine[17] = R->have_cp ? 1e3 * R->cp.t_att / k : 0.0;
     static char split_json[16384];
     split_json[0] = split_text[0] = 0;
     if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
@@ -549,7 +551,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         br.V = R->V;
         br.M = R->M;
         br.B = R->Bg;
-        br.D = R->D;
+        br.D = R->D / R->C; /* --cp: the C ranks of a replica are counted by br.Cp */
+        br.Cp = R->C;
         br.zero = R->o->zero && R->D > 1;
         br.T = R->T;
         snprintf(br.schedule, sizeof br.schedule, "%s", R->sc.name);
