@@ -357,7 +357,7 @@ static int report_costs(run *R) {
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
         sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL, NULL,
-                         1, R->Tp};
+                         1, R->Tp, R->C};
         double *cols = malloc(sizeof(double) * 6 * S);
         if (!cols) rc = PL_ENOMEM;
         /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
@@ -369,7 +369,7 @@ static int report_costs(run *R) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
             c.blocks = R->sp.blocks; /* global stage order */
-            c.dp = R->D;
+            c.dp = R->D / R->C; /* --cp: the C ranks of a replica are key cp */
             FILE *f = NULL;
             char e[4400];
             int wrc = pl_open_output(R->o->costs_out, "--costs-out", &f, e, sizeof e);

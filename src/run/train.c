@@ -245,7 +245,7 @@ static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_
     fclose(f);
     PL_TRY(rc);
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
-    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1, 1};
+    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1, 1, 1};
     tune_cand *t = NULL;
     int n = 0, tried = 0;
     const sched_costs *cs[TUNE_NMODES] = {&c, NULL, NULL};

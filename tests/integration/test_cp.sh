@@ -10,6 +10,7 @@
 #   - bits: the same run after run, C = 2 x P = 2 the bits of C = 2 alone, ZeRO-1 of C = 2 x
 #     D = 2 the bits of its unsharded run; every schedule and recomputation within 1e-5;
 #   - checkpoints do not depend on C: a C = 2 save resumes at C = 1 and a C = 1 save at C = 2;
+#   - pipelm tune searches C from costs measured at C = 1, and keeps a measured C;
 #   - refusals by name: a sequence not divisible by 2C, --tp, the onednn backend (bf16), a
 #     world that does not fit;
 #   - a rank failing or killed inside the CP exchange ends the job within seconds, named with
@@ -88,6 +89,26 @@ if full_tier; then
     run rcfull 2 $LL --cp 2 --recompute full && near rcfull llref "Llama C=2 --recompute full"
 else
     full_only "Llama C=3; C=2 x D=2 with ZeRO-1; --grad-accum exact; schedules gpipe, zb-h1, interleaved-1f1b; recomputation"
+fi
+
+# pipelm tune knows C: from costs measured at --cp 1 it plays C = 2 and 4 on 4 ranks (each a
+# rank's actions and activations / C plus the K/V exchanges); a costs file measured at
+# --cp 2 says so (key cp) and is played at C = 2 only
+if mpirun_t 120 1 bench $COMMON --steps 2 --warmup 1 --costs-out c1.txt > c1.out 2>&1 &&
+    "$PIPELM" tune --costs c1.txt --ranks 4 --batch 8 --costs-microbatches 2 --json t4.json -- --preset tiny \
+        --seq-len 48 > t4.out 2>&1; then
+    grep -q '"cp":2}' t4.json && grep -q '"cp":4}' t4.json && grep -q -- '--cp 2 ' t4.json \
+        && ok "tune --ranks 4 plays --cp 2 and --cp 4 layouts" || bad "tune C" "no --cp candidates in t4.json"
+else
+    bad "tune C" "$(tail -n 2 c1.out t4.out | tr '\n' ' ')"
+fi
+if mpirun_t 120 2 bench $COMMON --steps 2 --warmup 1 --cp 2 --costs-out c2.txt > c2.out 2>&1 &&
+    "$PIPELM" tune --costs c2.txt --ranks 4 --batch 8 --costs-microbatches 2 --json t2.json -- --preset tiny \
+        --seq-len 48 > t2.out 2>&1; then
+    grep -qx "cp 2" c2.txt && ! grep -q '"cp":[14]}' t2.json && grep -q '"cp":2}' t2.json \
+        && ok "costs measured at --cp 2 say so and are played at C = 2 only" || bad "tune C0" "$(grep -c cp t2.json)"
+else
+    bad "tune C0" "$(tail -n 2 c2.out t2.out | tr '\n' ' ')"
 fi
 
 # refusals by name
