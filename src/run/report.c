@@ -26,7 +26,9 @@
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
  * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */
 static double act_mb(const run *R, int s, int mode) {
-    size_t b = model_slot_act_bytes(&R->cfg, R->B / R->M, R->T, R->sp.blocks[s], s == 0, s == R->S - 1, mode);
+    model_config c = R->cfg; /* --cp: a CP rank's T / C rows (and the span kernel's attention state) */
+    if (R->C > 1) c.cp = R->C;
+    size_t b = model_slot_act_bytes(&c, R->B / R->M, R->Tl, R->sp.blocks[s], s == 0, s == R->S - 1, mode);
     return (double)b / 1048576.0;
 }
 
@@ -94,6 +96,9 @@ void report_stage_table(run *R) {
         pl_info("tensor parallel: T=%d ranks per stage, each %d of %d heads and %d of %d MLP columns (params and "
                 "GFLOP below are the stage's, all T together)\n", R->Tp, R->cfg.NH / R->Tp, R->cfg.NH, R->cfg.H / R->Tp,
                 R->cfg.H);
+    if (R->C > 1)
+        pl_info("context parallel: C=%d ranks per stage, each %d of every sequence's %d tokens (act MB below: one CP "
+                "rank's; GFLOP: the stage's, all C together)\n", R->C, R->Tl, R->T);
     pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute%s\n",
             R->Tp > 1 ? "  T" : "");
     for (int s = 0; s < sp->P; s++) {
