@@ -157,8 +157,12 @@ static const opt_desc options[] = {
     O_INT("tp", tp, "tensor-parallel ranks T per stage (Megatron: heads and MLP sliced, 4 all-reduces per block; "
           "innermost: the T ranks of a stage are neighbouring ranks, T x D x P = the world size)"),
     O_INT("cp", cp, "context-parallel ranks C per stage: each sequence split into 2C chunks, rank i holding "
-          "chunks i and 2C-1-i; keys and values all-gathered for attention, their gradients sent back; C next to "
+          "chunks i and 2C-1-i; keys and values passed around a ring of the C ranks (--cp-comm); C next to "
           "TP (T x C x D x P = the world size); --seq-len divisible by 2C; cpu backend, no --tp"),
+    O_CHOICE("cp-comm", cp_comm, "ring|allgather", "how --cp passes keys and values: ring (default: each rank's "
+             "block sent on to the next rank while the tiles of the one it holds run, partial outputs merged by their "
+             "log-sum-exp, the K/V gradients going round the same way) | allgather (every rank's rows gathered, "
+             "the gradients sent back in one exchange)"),
     OT_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
              "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
              "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
@@ -296,6 +300,7 @@ void config_defaults(pl_options *o) {
     hooks_defaults(&o->hooks);
     o->tp = 1;
     o->cp = 1;
+    snprintf(o->cp_comm, sizeof o->cp_comm, "ring");
     o->watchdog = 600.0;
     env_aliases(o);
 }

@@ -4,6 +4,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,7 @@
 #include "parallel/cp.h"
 #include "util/common.h"
 
-int cp_init(cp_group *g, MPI_Comm comm, int fail_step, int fail_kill, int wrank, char *err, size_t errlen) {
+int cp_init(cp_group *g, MPI_Comm comm, int ring, int fail_step, int fail_kill, int wrank, char *err, size_t errlen) {
     (void)err;
     (void)errlen;
     memset(g, 0, sizeof *g);
@@ -25,6 +26,17 @@ int cp_init(cp_group *g, MPI_Comm comm, int fail_step, int fail_kill, int wrank,
     g->wrank = wrank;
     g->fail_step = fail_step;
     g->fail_kill = fail_kill;
+    g->ring = ring;
+    g->prev = (g->c + g->C - 1) % g->C;
+    g->next = (g->c + 1) % g->C;
+    MPI_Group cg, wg;
+    int in[2] = {g->prev, g->next}, out[2] = {-1, -1};
+    if (MPI_Comm_group(comm, &cg) == MPI_SUCCESS && MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
+        MPI_Group_translate_ranks(cg, 2, in, wg, out);
+        MPI_Group_free(&cg);
+        MPI_Group_free(&wg);
+    }
+    g->wprev = out[0], g->wnext = out[1];
     return PL_OK;
 }
 
@@ -34,6 +46,14 @@ void cp_free(cp_group *g) {
     free(g->dkv);
     free(g->send);
     g->all = g->seq = g->dkv = g->send = NULL;
+    for (int i = 0; i < 2; i++) {
+        free(g->blk[i]);
+        free(g->dblk[i]);
+        g->blk[i] = g->dblk[i] = NULL;
+    }
+    free(g->tout);
+    free(g->tstate);
+    g->tout = g->tstate = NULL;
 }
 
 /* *buf holds at least n floats. */
@@ -77,8 +97,8 @@ static const char *const phase_name[2] = {"forward", "backward"};
 /* Test-only (--fail-at cp / cp-kill): fail or die on entering the exchange of this step. */
 static int injected(cp_group *g, int phase, MPI_Request *rq, size_t n) {
     if (g->fail_step < 1 || comm_step != g->fail_step) return PL_OK;
-    if (g->fail_kill) { /* the gather posted, so the peers are inside it with this rank */
-        PL_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_FLOAT, g->all, (int)n, MPI_FLOAT, g->comm, rq));
+    if (g->fail_kill) { /* the gather posted (the ring: the peers wait for this rank's block) */
+        if (!g->ring) PL_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_FLOAT, g->all, (int)n, MPI_FLOAT, g->comm, rq));
         fprintf(stderr, "pipelm: rank %d: note: --fail-at cp-kill: killing this rank (SIGKILL) inside the CP "
                 "exchange of the keys and values, %s, step %ld\n", g->wrank, phase_name[phase], comm_step);
         fflush(stderr);
@@ -124,8 +144,174 @@ static cpu_att_span chunk_span(const cp_group *g, const float *qkv, float *att, 
     return s;
 }
 
+/* ---- the ring: K/V blocks passed to the next CP rank while the tiles run ---------------- */
+
+enum { TAG_KV = 4001, TAG_DKV = 4002 };
+
+/* Post the receive of the previous rank's block into rbuf and the send of sbuf to the next. */
+static int ring_post(cp_group *g, const float *sbuf, float *rbuf, size_t n, int tag, MPI_Request rq[2]) {
+    PL_MPI_CHECK(MPI_Irecv(rbuf, (int)n, MPI_FLOAT, g->prev, tag, g->comm, &rq[0]));
+    PL_MPI_CHECK(MPI_Isend(sbuf, (int)n, MPI_FLOAT, g->next, tag, g->comm, &rq[1]));
+    return PL_OK;
+}
+
+/* Wait for a ring_post under the watchdog; the time is the exchange's exposed part. */
+static int ring_wait(cp_group *g, MPI_Request rq[2], const char *what) {
+    double t0 = pl_now();
+    comm_what w = {what, g->wprev, -1, -1};
+    PL_TRY(comm_wait(&rq[0], &w));
+    w.peer = g->wnext;
+    PL_TRY(comm_wait(&rq[1], &w));
+    g->t_comm += pl_now() - t0;
+    return PL_OK;
+}
+
+/* The pair (local query chunk kq, chunk kk of the block of rank r, rows at blk): the span of
+ * kq's queries against that chunk's cs keys, the query positions relative to the chunk's
+ * first; 0 when the chunk lies wholly after the queries. */
+static int pair_span(const cp_group *g, cpu_att_span *s, const float *qkv, const float *blk, int B, int T, int NH,
+                     int NKV, int HS, int r, int kq, int kk) {
+    int W = (NH + 2 * NKV) * HS, cs = T / 2;
+    int qp = chunk_pos(g->C, g->c, kq, cs), kp = chunk_pos(g->C, r, kk, cs);
+    if (kp > qp) return 0;
+    cpu_att_span z = {.B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = cs, .qpos = qp - kp, .nk = cs,
+                      .q = qkv + (size_t)kq * cs * W, .kv = blk + (size_t)kk * cs * W, .q_seq = (size_t)T * W,
+                      .kv_seq = (size_t)T * W, .out_seq = (size_t)T * NH * HS};
+    *s = z;
+    return 1;
+}
+
+/* Merge a pair's state (O, lse of cs rows per (b, h) in tstate: O then lse) into the running
+ * one of local chunk kq in att: O = (O_a e^(l_a - m) + O_t e^(l_t - m)) / s, l = m + log s. */
+static void merge_state(float *att, const float *ts, int BNH, int T, int HS, int kq) {
+    int cs = T / 2;
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < BNH; bh++) {
+        float *O = att + (size_t)bh * T * (HS + 1) + (size_t)kq * cs * HS, *L = att + (size_t)bh * T * (HS + 1) +
+                   (size_t)T * HS + (size_t)kq * cs;
+        const float *Ot = ts + (size_t)bh * cs * (HS + 1), *Lt = Ot + (size_t)cs * HS;
+        for (int t = 0; t < cs; t++) {
+            float m = L[t] > Lt[t] ? L[t] : Lt[t], wa = expf(L[t] - m), wb = expf(Lt[t] - m), s = wa + wb;
+            float a = wa / s, b = wb / s;
+            for (int c = 0; c < HS; c++) O[(size_t)t * HS + c] = O[(size_t)t * HS + c] * a + Ot[(size_t)t * HS + c] * b;
+            L[t] = m + logf(s);
+        }
+    }
+}
+
+/* The block of rank r at blk against both local chunks: the first pair of a chunk writes its
+ * state in att, the later ones are merged in. */
+static int ring_fwd_block(cp_group *g, float *att, const float *qkv, const float *blk, int B, int T, int NH, int NKV,
+                          int HS, int r, int *have) {
+    int cs = T / 2;
+    for (int kq = 0; kq < 2; kq++)
+        for (int kk = 0; kk < 2; kk++) {
+            cpu_att_span s;
+            if (!pair_span(g, &s, qkv, blk, B, T, NH, NKV, HS, r, kq, kk)) continue;
+            s.out = g->tout;
+            s.out_seq = (size_t)cs * NH * HS;
+            if (!have[kq]) { /* straight into the state */
+                s.O = att + (size_t)kq * cs * HS, s.lse = att + (size_t)T * HS + (size_t)kq * cs;
+                s.st_bh = (size_t)T * (HS + 1);
+            } else {
+                s.O = g->tstate, s.lse = g->tstate + (size_t)cs * HS, s.st_bh = (size_t)cs * (HS + 1);
+            }
+            PL_TRY(cpu_attention_span_fwd(&s));
+            if (have[kq]) merge_state(att, g->tstate, B * NH, T, HS, kq);
+            have[kq] = 1;
+        }
+    return PL_OK;
+}
+
+static int ring_fwd(cp_group *g, float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
+    double t0 = pl_now();
+    int W = (NH + 2 * NKV) * HS, CO = NH * HS, cs = T / 2, have[2] = {0, 0}, rc = PL_OK;
+    size_t n = (size_t)B * T * W;
+    for (int i = 0; i < 2; i++) PL_TRY(reserve(&g->blk[i], &g->cap_blk[i], n));
+    PL_TRY(reserve(&g->tout, &g->cap_tout, (size_t)B * cs * CO));
+    PL_TRY(reserve(&g->tstate, &g->cap_tstate, (size_t)B * NH * cs * (HS + 1)));
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    PL_TRY(injected(g, 0, rq, n));
+    const float *cur = qkv; /* step j holds the block of rank c - j */
+    int nb = blas_one();
+    for (int j = 0; j < g->C && rc == PL_OK; j++) {
+        if (j < g->C - 1 && (rc = ring_post(g, cur, g->blk[j & 1], n, TAG_KV, rq)) != PL_OK) break;
+        rc = ring_fwd_block(g, att, qkv, cur, B, T, NH, NKV, HS, (g->c - j + g->C) % g->C, have);
+        if (rc != PL_OK) pl_error("context parallelism: the attention's forward: %s", host_error());
+        if (rc == PL_OK && j < g->C - 1) rc = ring_wait(g, rq, "the CP ring's key/value block (forward)");
+        cur = g->blk[j & 1];
+    }
+    blas_back(nb);
+    PL_TRY(rc);
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) /* out (B, T, NH HS) from the merged O of each head */
+        for (int h = 0; h < NH; h++)
+            memcpy(out + (size_t)bt * CO + (size_t)h * HS,
+                   att + ((size_t)(bt / T) * NH + h) * T * (HS + 1) + (size_t)(bt % T) * HS, sizeof(float) * HS);
+    g->t_att += pl_now() - t0;
+    g->ncalls++;
+    return PL_OK;
+}
+
+/* The block of rank r at blk, its gradients accumulating at dblk: dq of both local chunks
+ * (added), dk and dv of the block's rows (added). */
+static int ring_bwd_block(cp_group *g, float *dqkv, const float *dout, const float *qkv, const float *att,
+                          const float *blk, float *dblk, int B, int T, int NH, int NKV, int HS, int r) {
+    int W = (NH + 2 * NKV) * HS, cs = T / 2;
+    for (int kq = 0; kq < 2; kq++)
+        for (int kk = 0; kk < 2; kk++) {
+            cpu_att_span s;
+            if (!pair_span(g, &s, qkv, blk, B, T, NH, NKV, HS, r, kq, kk)) continue;
+            s.O = (float *)att + (size_t)kq * cs * HS, s.lse = (float *)att + (size_t)T * HS + (size_t)kq * cs;
+            s.st_bh = (size_t)T * (HS + 1);
+            s.dout = dout + (size_t)kq * cs * NH * HS;
+            s.dq = dqkv + (size_t)kq * cs * W, s.acc_dq = 1;
+            s.dkv = dblk + (size_t)kk * cs * W;
+            PL_TRY(cpu_attention_span_bwd(&s));
+        }
+    return PL_OK;
+}
+
+static int ring_bwd(cp_group *g, float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
+                    int NH, int NKV, int HS) {
+    double t0 = pl_now();
+    int W = (NH + 2 * NKV) * HS, q0 = NH * HS, rc = PL_OK;
+    size_t n = (size_t)B * T * W;
+    for (int i = 0; i < 2; i++) {
+        PL_TRY(reserve(&g->blk[i], &g->cap_blk[i], n));
+        PL_TRY(reserve(&g->dblk[i], &g->cap_dblk[i], n));
+    }
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    PL_TRY(injected(g, 1, rq, n));
+    memset(dqkv, 0, sizeof(float) * n);
+    memset(g->dblk[0], 0, sizeof(float) * n); /* this rank's block's dk, dv start here and go round */
+    const float *cur = qkv;
+    int nb = blas_one();
+    for (int j = 0; j < g->C && rc == PL_OK; j++) {
+        if (j < g->C - 1 && (rc = ring_post(g, cur, g->blk[j & 1], n, TAG_KV, rq)) != PL_OK) break;
+        rc = ring_bwd_block(g, dqkv, dout, qkv, att, cur, g->dblk[j & 1], B, T, NH, NKV, HS, (g->c - j + g->C) % g->C);
+        if (rc != PL_OK) pl_error("context parallelism: the attention's backward: %s", host_error());
+        if (rc == PL_OK && j < g->C - 1) rc = ring_wait(g, rq, "the CP ring's key/value block (backward)");
+        /* the block's dk, dv on to the next rank; the one that arrives belongs to the next block
+         * (after the last step: this rank's own, every rank's part added) */
+        if (rc == PL_OK) rc = ring_post(g, g->dblk[j & 1], g->dblk[(j + 1) & 1], n, TAG_DKV, rq);
+        if (rc == PL_OK) rc = ring_wait(g, rq, "the CP ring's key/value gradients (backward)");
+        cur = g->blk[j & 1];
+    }
+    blas_back(nb);
+    PL_TRY(rc);
+    const float *mine = g->dblk[g->C & 1];
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        memcpy(dqkv + i * W + q0, mine + i * W + q0, sizeof(float) * (W - q0));
+    g->t_att += pl_now() - t0;
+    g->ncalls++;
+    return PL_OK;
+}
+
 int cp_attention_fwd(void *ctx, float *out, float *att, const float *qkv, int B, int T, int NH, int NKV, int HS) {
     cp_group *g = ctx;
+    if (g->ring) return ring_fwd(g, out, att, qkv, B, T, NH, NKV, HS);
     double t0 = pl_now();
     int W = (NH + 2 * NKV) * HS, rc = PL_OK;
     PL_TRY(gather_rows(g, qkv, B, T, W, 0));
@@ -176,6 +362,7 @@ static int return_kv_grads(cp_group *g, float *dqkv, int B, int T, int NH, int H
 int cp_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
                      int NH, int NKV, int HS) {
     cp_group *g = ctx;
+    if (g->ring) return ring_bwd(g, dqkv, dout, qkv, att, B, T, NH, NKV, HS);
     double t0 = pl_now();
     int W = (NH + 2 * NKV) * HS, rc = PL_OK;
     PL_TRY(gather_rows(g, qkv, B, T, W, 1));

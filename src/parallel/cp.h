@@ -10,18 +10,29 @@
  * counts the C ranks of a replica among its D C gradient replicas), so --grad-accum exact and
  * ZeRO-1 work unchanged and checkpoints do not depend on C.
  *
- * Attention (the hook model_attention_fwd / _bwd call, model_set_cp_hook): the forward
- * all-gathers the C ranks' fused qkv rows (MPI_Iallgather, waited on under the watchdog),
- * puts them in sequence order, and runs each local chunk's queries against the keys before
- * it with the fused kernel's span form (cpu_attention.h), which keeps O and the log-sum-exp
- * in att. The backward gathers the rows again, computes dq of the local queries and partial
- * dk, dv for every key row, and sends each rank its rows' partial gradients (MPI_Ialltoall);
- * each rank adds the C parts in rank order. Every sum has one order, so a run is the same bits
- * run after run and across pipeline splits at a fixed C. This is the all-gather form, not
- * the ring: the whole sequence's qkv rows are held during a layer's attention (B T C W floats)
- * and its communication is not overlapped with the tiles.
+ * Attention (the hook model_attention_fwd / _bwd call, model_set_cp_hook), two forms:
+ *   - ring (--cp-comm ring, the default): each rank's block of fused qkv rows (its two
+ *     chunks) goes round the C ranks. At step j a rank holds the block of rank c - j: it
+ *     posts the receive of the next block and the send of this one (MPI_Irecv / MPI_Isend),
+ *     runs the tiles of its two query chunks against the block's chunks at or before them
+ *     (the fused kernel's span form, cpu_attention.h: a pair's queries at a position offset
+ *     against the chunk's keys), merges each pair's output into the chunk's running one by
+ *     their log-sum-exps, and only then waits for the transfer: the communication hides
+ *     behind the tiles. att keeps the merged O and log-sum-exp. The backward passes the
+ *     blocks round again, each with its dk, dv accumulator: a rank adds its queries' part of
+ *     the block's gradient (and its own dq) and sends the accumulator on; after C steps each
+ *     rank holds its own block's, every rank's part added in ring order from the owner.
+ *   - all-gather (--cp-comm allgather): every rank's rows gathered (MPI_Iallgather) and put
+ *     in sequence order, each local chunk's queries run against the keys before it; the
+ *     backward gathers again and sends each rank the partial dk, dv of its rows
+ *     (MPI_Ialltoall), added in rank order. It holds the whole sequence's rows during a layer's
+ *     attention and does not overlap its exchanges.
+ * Every sum has one order, so a run is the same bits run after run and across pipeline splits
+ * at a fixed C and form. Every wait runs under the watchdog (comm.h), naming the exchange and
+ * the neighbour.
  *
- * Needs the cpu backend (its fused kernel, fp32), no --tp; T C divisible by 2 C.
+ * Needs the cpu backend (its fused kernel, fp32), no --tp; T C divisible by 2 C. The ring's
+ * blocks carry the whole qkv rows (the query columns ride along: 1/3 of the bytes for MHA).
  */
 #ifndef PIPELM_CP_H
 #define PIPELM_CP_H
@@ -39,10 +50,15 @@ typedef struct {
     double t_att;           /* seconds in cp_attention_fwd / _bwd in all */
     long ncalls;
     int fail_step, fail_kill; /* test-only: --fail-at cp / cp-kill on this rank at that step */
+    int ring;               /* 1: the ring (--cp-comm ring), 0: the all-gather */
+    int prev, next;         /* the ring's neighbours (CP ranks), and their world ranks for messages */
+    int wprev, wnext;
+    float *blk[2], *dblk[2], *tout, *tstate; /* ring scratch: K/V blocks, their gradients, a pair's out and state */
+    size_t cap_blk[2], cap_dblk[2], cap_tout, cap_tstate;
 } cp_group;
 
-/* Set up over comm (C ranks). PL_OK or PL_ENOMEM. */
-int cp_init(cp_group *g, MPI_Comm comm, int fail_step, int fail_kill, int wrank, char *err, size_t errlen);
+/* Set up over comm (C ranks); ring: the ring form, else the all-gather. PL_OK or PL_ENOMEM. */
+int cp_init(cp_group *g, MPI_Comm comm, int ring, int fail_step, int fail_kill, int wrank, char *err, size_t errlen);
 void cp_free(cp_group *g);
 
 /* The hooks (model.h: model_cp_att_fwd / _bwd); ctx is the cp_group; T is the local rows. */

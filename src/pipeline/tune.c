@@ -319,6 +319,46 @@ static int cp_costs(const tune_query *q, sched_costs *c, int C, char *err, size_
     return sched_costs_cp(c, C, qkv, kv, &ex, err, errlen);
 }
 
+/* Play every candidate of the layout D replicas x T TP x C CP ranks (tune_search's grid). */
+static int play_grid(const tune_query *q, const sched_costs *const c[TUNE_NMODES], int D, int T, int C, tune_cand *t,
+                     int *k, int *tried, char *err, size_t errlen) {
+    int T0 = c[TUNE_NONE]->tp > 1 ? c[TUNE_NONE]->tp : 1, rc = PL_OK;
+    int Tc = T0 > 1 ? T0 : T, C0 = c[TUNE_NONE]->cp > 1 ? c[TUNE_NONE]->cp : 1, Cc = C0 > 1 ? C0 : C;
+    if (!cp_fits(q, c[TUNE_NONE], D, Tc, C)) return PL_OK;
+    tune_query qd = *q;
+    qd.D = D, qd.Tp = Tc, qd.Cp = Cc, qd.batch = q->batch / D;
+    qd.P = q->ranks > 0 ? q->ranks / (D * Tc * Cc) : q->P;
+    sched_costs cm[TUNE_NMODES];
+    const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
+    int own = q->ranks > 0 && (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp || (T > 1 && T0 == 1) ||
+                               Cc != C0), ok = 1;
+    for (int m = 0; own && m < TUNE_NMODES; m++) cd[m] = NULL; /* only what is made below is freed */
+    for (int m = 0; own && m < TUNE_NMODES; m++) {
+        if (!c[m]) continue;
+        int r = costs_for_layout(q, c[m], qd.P, D * Cc, &cm[m]); /* --cp: D C ranks sum the gradients */
+        if (r == PL_ENOMEM) rc = r;
+        if (r != PL_OK) { ok = 0; break; }
+        cd[m] = &cm[m];
+        if (T > 1 && T0 == 1) { /* one rank of T: its actions, parameters and sliced activations */
+            double ar;
+            r = sched_costs_tp(&cm[m], T, &ar, err, errlen);
+            if (r != PL_OK) { ok = 0; break; }
+            for (int s = 0; s < cm[m].P; s++) cm[m].opt[s] /= T, cm[m].act[s] *= (10.0 + 24.0 / T) / 34.0;
+        }
+        if (C > 1 && C0 == 1 && (r = cp_costs(q, &cm[m], C, err, errlen)) != PL_OK) { ok = 0; break; }
+    }
+    int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
+    for (int M = 1; ok && M <= mq; M++) {
+        if (qd.batch % M) continue;
+        for (const sched_kind *j = sched_kinds; j->name; j++)
+            for (int v = 0; v < 3 && j->tune_V[v]; v++)
+                play_layout(&qd, cd, j->name, j->tune_V[v], M, t, k, tried);
+    }
+    for (int m = 0; own && m < TUNE_NMODES; m++)
+        if (cd[m]) sched_costs_free(&cm[m]);
+    return rc;
+}
+
 int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tune_cand **out, int *n, int *tried, char *err,
                 size_t errlen) {
     *out = NULL, *n = 0, *tried = 0;
@@ -353,41 +393,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
             if ((W / D) % T || (T > 1 && T0 == 1 && model_tp_check(q->cfg, T, err, errlen) != PL_OK)) continue;
             /* C: with --ranks and a model, each whose 2C divides the sequence (no TP); else the
              * costs' own */
-            for (int C = 1; rc == PL_OK && C <= W / D / T; C++) {
-                int Tc = T0 > 1 ? T0 : T, C0 = c[TUNE_NONE]->cp > 1 ? c[TUNE_NONE]->cp : 1, Cc = C0 > 1 ? C0 : C;
-                if (!cp_fits(q, c[TUNE_NONE], D, Tc, C)) continue;
-                tune_query qd = *q;
-                qd.D = D, qd.Tp = Tc, qd.Cp = Cc, qd.batch = q->batch / D;
-                qd.P = q->ranks > 0 ? q->ranks / (D * Tc * Cc) : q->P;
-                sched_costs cm[TUNE_NMODES];
-                const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
-                int own = q->ranks > 0 && (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp || (T > 1 && T0 == 1) ||
-                                           Cc != C0), ok = 1;
-                for (int m = 0; own && m < TUNE_NMODES; m++) cd[m] = NULL; /* only what is made below is freed */
-                for (int m = 0; own && m < TUNE_NMODES; m++) {
-                    if (!c[m]) continue;
-                    int r = costs_for_layout(q, c[m], qd.P, D * Cc, &cm[m]); /* --cp: D C ranks sum the gradients */
-                    if (r == PL_ENOMEM) rc = r;
-                    if (r != PL_OK) { ok = 0; break; }
-                    cd[m] = &cm[m];
-                    if (T > 1 && T0 == 1) { /* one rank of T: its actions, parameters and sliced activations */
-                        double ar;
-                        r = sched_costs_tp(&cm[m], T, &ar, err, errlen);
-                        if (r != PL_OK) { ok = 0; break; }
-                        for (int s = 0; s < cm[m].P; s++) cm[m].opt[s] /= T, cm[m].act[s] *= (10.0 + 24.0 / T) / 34.0;
-                    }
-                    if (C > 1 && C0 == 1 && (r = cp_costs(q, &cm[m], C, err, errlen)) != PL_OK) { ok = 0; break; }
-                }
-                int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
-                for (int M = 1; ok && M <= mq; M++) {
-                    if (qd.batch % M) continue;
-                    for (const sched_kind *j = sched_kinds; j->name; j++)
-                        for (int v = 0; v < 3 && j->tune_V[v]; v++)
-                            play_layout(&qd, cd, j->name, j->tune_V[v], M, t, &k, tried);
-                }
-                for (int m = 0; own && m < TUNE_NMODES; m++)
-                    if (cd[m]) sched_costs_free(&cm[m]);
-            }
+            for (int C = 1; rc == PL_OK && C <= W / D / T; C++) rc = play_grid(q, c, D, T, C, t, &k, tried, err, errlen);
         }
     }
     if (rc != PL_OK) { free(t); snprintf(err, errlen, "tune: out of memory"); return rc; }

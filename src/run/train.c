@@ -397,7 +397,7 @@ static int setup_cp(run *R, char *err, size_t errlen) {
     }
     int kill = strcmp(o->hooks.fail_at, "cp-kill") == 0;
     int fail = o->hooks.fail_rank == R->wrank && (kill || strcmp(o->hooks.fail_at, "cp") == 0) ? o->hooks.fail_step : -1;
-    PL_TRY(cp_init(&R->cp, R->cpc, fail, kill, R->wrank, err, errlen));
+    PL_TRY(cp_init(&R->cp, R->cpc, strcmp(o->cp_comm, "allgather") != 0, fail, kill, R->wrank, err, errlen));
     R->have_cp = 1;
     model_set_cp_hook(cp_attention_fwd, cp_attention_bwd, &R->cp);
     return PL_OK;

@@ -1,12 +1,12 @@
 #!/bin/bash
 # test_cp.sh — context parallelism (--cp C): the C ranks of a stage each hold chunks i and
-# 2C-1-i of every sequence; attention all-gathers the keys and values and sends their
-# gradients back (cp.h). So:
+# 2C-1-i of every sequence; attention passes the keys and values around a ring of the C ranks
+# (or all-gathers them, --cp-comm allgather) and their gradients back (cp.h). So:
 #   - against one process: the attention's sums run over other tiles and the C ranks' weight
 #     gradients are added by the replicas' reduction, so tolerances: every step's loss within
 #     relative 1e-5, every gradient tensor of step 1 (--dump-grads, converted to safetensors)
 #     within 1e-5 of the tensor's largest magnitude; GPT-2 (learned positions) and Llama (RoPE,
-#     NKV = 2) at C = 2 and C = 3;
+#     NKV = 2) at C = 2 and C = 3, the ring and the all-gather;
 #   - bits: the same run after run, C = 2 x P = 2 the bits of C = 2 alone, ZeRO-1 of C = 2 x
 #     D = 2 the bits of its unsharded run; every schedule and recomputation within 1e-5;
 #   - checkpoints do not depend on C: a C = 2 save resumes at C = 1 and a C = 1 save at C = 2;
@@ -55,6 +55,9 @@ LL="--arch llama --n-kv-head 2"
 run llref 1 $LL --dump-grads llref.g.bin
 run ll2 2 $LL --cp 2 --dump-grads ll2.g.bin && against ll2 llref "Llama NKV=2 C=2"
 
+# the all-gather form (--cp-comm allgather) against one process and the ring
+run ag2 2 --cp 2 --cp-comm allgather --dump-grads ag2.g.bin && against ag2 ref "GPT-2 C=2 all-gather"
+
 # bits: run to run, and over a pipeline split
 run cp2again 2 --cp 2
 same cp2 cp2again && ok "C=2: the same bits run after run" || bad "C=2 repeat" "two runs differ"
@@ -76,6 +79,7 @@ fi
 # stages of C = 2)
 if full_tier; then
     run ll3 3 $LL --cp 3 --dump-grads ll3.g.bin && against ll3 llref "Llama NKV=2 C=3"
+    run ag3l 3 $LL --cp 3 --cp-comm allgather && near ag3l llref "Llama C=3 all-gather"
     run cp2d2 4 --cp 2 --dp 2 --microbatches 1 && near cp2d2 ref "C=2 x D=2"
     run cp2z2 4 --cp 2 --dp 2 --microbatches 1 --zero 1
     same cp2d2 cp2z2 && ok "C=2 x D=2: ZeRO-1 bit-identical to unsharded" || bad "C=2 ZeRO-1" "differs from unsharded"
@@ -88,7 +92,7 @@ if full_tier; then
     run rcsel 2 --cp 2 --recompute selective && near rcsel ref "C=2 --recompute selective"
     run rcfull 2 $LL --cp 2 --recompute full && near rcfull llref "Llama C=2 --recompute full"
 else
-    full_only "Llama C=3; C=2 x D=2 with ZeRO-1; --grad-accum exact; schedules gpipe, zb-h1, interleaved-1f1b; recomputation"
+    full_only "Llama C=3 (ring, all-gather); C=2 x D=2 with ZeRO-1; --grad-accum exact; schedules gpipe, zb-h1, interleaved-1f1b; recomputation"
 fi
 
 # pipelm tune knows C: from costs measured at --cp 1 it plays C = 2 and 4 on 4 ranks (each a

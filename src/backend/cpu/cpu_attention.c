@@ -110,11 +110,11 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
  * of the sequence's qkv rows (leading dimension W; k and v: row j holds position j); qpos
  * the position of query row 0; out (ldo), O (rows, hs) and lse (rows) get the tile's rows. */
 static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
-                           const float *v, int r0, int nq, int qpos, int W, int ldo, int hs) {
+                           const float *v, int r0, int nq, int qpos, int kn, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
-    int p0 = qpos + r0; /* the tile's first query position */
-    for (int k0 = 0; k0 < p0 + nq; k0 += TK) {
-        int nk = p0 + nq - k0 < TK ? p0 + nq - k0 : TK;
+    int p0 = qpos + r0, end = kn > 0 && kn < p0 + nq ? kn : p0 + nq; /* first query position; keys [0, end) */
+    for (int k0 = 0; k0 < end; k0 += TK) {
+        int nk = end - k0 < TK ? end - k0 : TK;
         fwd_tile(w, q + (size_t)r0 * W, k, v, p0, nq, k0, nk, W, hs, scale, k0 == 0);
     }
     for (int r = 0; r < nq; r++) {
@@ -160,7 +160,7 @@ int cpu_attention_span_fwd(const cpu_att_span *s) {
             float *O = s->O + (size_t)bh * s->st_bh; // (T, HS); lse (T) at s->lse + bh st_bh
             fwd_query_tile(&w, s->out + (size_t)b * s->out_seq + (size_t)h * HS, O, s->lse + (size_t)bh * s->st_bh,
                            row + (size_t)h * HS, kv + (size_t)(NH + g) * HS, kv + (size_t)(NH + NKV + g) * HS, r0, nq,
-                           s->qpos, W, CO, HS);
+                           s->qpos, s->nk, W, CO, HS);
         }
         free(buf);
     }
@@ -195,7 +195,7 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v, *dO, *O, *lse;
     float *dq, *dk, *dv;
-    int T, qpos, W, ldo, hs; /* T query rows, the first at position qpos; keys from position 0 */
+    int T, qpos, nk, W, ldo, hs; /* T query rows, the first at position qpos; keys from position 0 (nk > 0: nk of them) */
     float scale;
 } bwd_head;
 
@@ -251,7 +251,7 @@ static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
         for (int c = 0; c < a->hs; c++) s += d[c] * o[c];
         w->D[t] = s;
     }
-    int end = a->qpos + a->T; /* keys [0, end) */
+    int end = a->nk > 0 && a->nk < a->qpos + a->T ? a->nk : a->qpos + a->T; /* keys [0, end) */
     for (int k0 = 0; k0 < end; k0 += TB) {
         int nk = end - k0 < TB ? end - k0 : TB, r0 = k0 > a->qpos ? k0 - a->qpos : 0; /* rows at or below */
         bwd_tile(w, a, r0, a->T - r0, k0, nk);
@@ -272,10 +272,10 @@ static void bwd_group(bwd_scratch *w, const cpu_att_span *s, int b, int g) {
     float *drow = s->dq + (size_t)b * s->q_seq, *dkv = s->dkv + (size_t)b * s->kv_seq;    // (., W)
     bwd_head a = {.k = kv + (size_t)(NH + g) * HS, .v = kv + (size_t)(NH + NKV + g) * HS,
                   .dk = dkv + (size_t)(NH + g) * HS, .dv = dkv + (size_t)(NH + NKV + g) * HS,
-                  .T = T, .qpos = s->qpos, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
+                  .T = T, .qpos = s->qpos, .nk = s->nk, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
     if (s->zero_dkv) {
-        zero_cols(a.dk, s->qpos + T, W, HS);
-        zero_cols(a.dv, s->qpos + T, W, HS);
+        zero_cols(a.dk, s->nk > 0 ? s->nk : s->qpos + T, W, HS);
+        zero_cols(a.dv, s->nk > 0 ? s->nk : s->qpos + T, W, HS);
     }
     for (int h = g * G; h < (g + 1) * G; h++) {
         size_t bh = (size_t)b * NH + h;
@@ -284,7 +284,7 @@ static void bwd_group(bwd_scratch *w, const cpu_att_span *s, int b, int g) {
         a.dO = s->dout + (size_t)b * s->out_seq + (size_t)h * HS;
         a.O = s->O + bh * s->st_bh;
         a.lse = s->lse + bh * s->st_bh;
-        zero_cols(a.dq, T, W, HS);
+        if (!s->acc_dq) zero_cols(a.dq, T, W, HS);
         bwd_one_head(w, &a);
     }
 }

@@ -33,9 +33,12 @@
  * floats between sequences. The state of (sequence b, query head h), bh = b NH + h: O (nq, HS)
  * rows at O + bh st_bh, the log-sum-exps (nq) at lse + bh st_bh. The backward overwrites the
  * query columns of dq's rows (laid out as q) and adds into the key and value columns of dkv's
- * rows (laid out as kv), zeroing those first when zero_dkv. Same fixed order as below. */
+ * rows (laid out as kv), zeroing those first when zero_dkv. nk > 0: only kv's first nk rows
+ * exist (a block of keys at positions 0 .. nk - 1; a query row sees those at or before its
+ * position); acc_dq: add into dq instead (the ring's blocks, parallel/cp.c). Same fixed
+ * order as below. */
 typedef struct {
-    int B, NH, NKV, HS, nq, qpos;
+    int B, NH, NKV, HS, nq, qpos, nk, acc_dq;
     const float *q, *kv;
     size_t q_seq, kv_seq, out_seq, st_bh;
     float *out, *O, *lse;        /* forward: out (nq, NH HS) rows; O and lse written */
