@@ -4,6 +4,7 @@
 #ifdef HAVE_CONFIG_H
 #include <config.h>
 #endif
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -114,6 +115,11 @@ static int injected(cp_group *g, int phase, MPI_Request *rq, size_t n) {
 static int gather_rows(cp_group *g, const float *qkv, int B, int T, int W, int phase) {
     size_t n = (size_t)B * T * W;
     int C = g->C, cs = T / 2;
+    if (n * C > INT_MAX) {
+        pl_error("context parallelism: %zu floats of gathered rows are more than one MPI call takes (use --cp-comm "
+                 "ring)", n * C);
+        return PL_EINVAL;
+    }
     PL_TRY(reserve(&g->all, &g->cap_all, n * C));
     PL_TRY(reserve(&g->seq, &g->cap_seq, n * C));
     MPI_Request rq = MPI_REQUEST_NULL;
@@ -150,6 +156,11 @@ enum { TAG_KV = 4001, TAG_DKV = 4002 };
 
 /* Post the receive of the previous rank's block into rbuf and the send of sbuf to the next. */
 static int ring_post(cp_group *g, const float *sbuf, float *rbuf, size_t n, int tag, MPI_Request rq[2]) {
+    if (n > INT_MAX) {
+        pl_error("context parallelism: a block of %zu floats is more than one MPI message takes (lower --batch or "
+                 "--microbatches' sequences, or raise --cp)", n);
+        return PL_EINVAL;
+    }
     PL_MPI_CHECK(MPI_Irecv(rbuf, (int)n, MPI_FLOAT, g->prev, tag, g->comm, &rq[0]));
     PL_MPI_CHECK(MPI_Isend(sbuf, (int)n, MPI_FLOAT, g->next, tag, g->comm, &rq[1]));
     return PL_OK;
