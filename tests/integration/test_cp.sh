@@ -10,7 +10,8 @@
 #   - bits: the same run after run, C = 2 x P = 2 the bits of C = 2 alone, ZeRO-1 of C = 2 x
 #     D = 2 the bits of its unsharded run; every schedule and recomputation within 1e-5;
 #   - checkpoints do not depend on C: a C = 2 save resumes at C = 1 and a C = 1 save at C = 2;
-#   - pipelm tune searches C from costs measured at C = 1, and keeps a measured C;
+#   - pipelm tune searches C from costs measured at C = 1, and keeps a measured C; pipelm
+#     schedule --cp C predicts C ranks' actions and activations;
 #   - refusals by name: a sequence not divisible by 2C, --tp, the onednn backend (bf16), a
 #     world that does not fit;
 #   - a rank failing or killed inside the CP exchange ends the job within seconds, named with
@@ -105,6 +106,16 @@ if mpirun_t 120 1 bench $COMMON --steps 2 --warmup 1 --costs-out c1.txt > c1.out
         && ok "tune --ranks 4 plays --cp 2 and --cp 4 layouts" || bad "tune C" "no --cp candidates in t4.json"
 else
     bad "tune C" "$(tail -n 2 c1.out t4.out | tr '\n' ' ')"
+fi
+# the simulator: pipelm schedule --costs c1.txt --cp 2 halves a rank's activations
+if [ -f c1.txt ] && "$PIPELM" schedule --stages 1 --microbatches 2 --costs c1.txt > s1.out 2>&1 &&
+    "$PIPELM" schedule --stages 1 --microbatches 2 --costs c1.txt --cp 2 > s2.out 2>&1; then
+    a1=$(sed -n 's/.*activations \([0-9.]*\) MB.*/\1/p' s1.out); a2=$(sed -n 's/.*activations \([0-9.]*\) MB.*/\1/p' s2.out)
+    grep -q -- "--cp 2: F, B, I, W and activations divided by 2" s2.out && [ -n "$a1" ] && [ -n "$a2" ] &&
+        awk -v a="$a1" -v b="$a2" 'BEGIN { exit !(b > 0.45 * a && b < 0.55 * a) }' \
+        && ok "pipelm schedule --cp 2: a rank's activations $a2 MB against $a1 MB" || bad "schedule --cp" "$a1 / $a2 MB"
+else
+    bad "schedule --cp" "$(tail -n 2 s1.out s2.out | tr '\n' ' ')"
 fi
 if mpirun_t 120 2 bench $COMMON --steps 2 --warmup 1 --cp 2 --costs-out c2.txt > c2.out 2>&1 &&
     "$PIPELM" tune --costs c2.txt --ranks 4 --batch 8 --costs-microbatches 2 --json t2.json -- --preset tiny \
