@@ -162,6 +162,13 @@ static const opt_desc options[] = {
           "must be the world size"),
     O_INT("tp", tp, "tensor-parallel ranks T per stage (Megatron: heads and MLP sliced, 4 all-reduces per block; "
           "innermost: the T ranks of a stage are neighbouring ranks, T x D x P = the world size)"),
+    O_INT("cp", cp, "context-parallel ranks C per stage: each sequence split into 2C chunks, rank i holding "
+          "chunks i and 2C-1-i; keys and values passed around a ring of the C ranks (--cp-comm); C next to "
+          "TP (T x C x D x P = the world size); --seq-len divisible by 2C; cpu backend, no --tp"),
+    O_CHOICE("cp-comm", cp_comm, "ring|allgather", "how --cp passes keys and values: ring (default: each rank's "
+             "block sent on to the next rank while the tiles of the one it holds run, partial outputs merged by their "
+             "log-sum-exp, the K/V gradients going round the same way) | allgather (every rank's rows gathered, "
+             "the gradients sent back in one exchange)"),
     OT_CHOICE("grad-accum", grad_accum, "float|exact", "how micro-batches' and replicas' weight gradients are summed: "
              "float (default: in each rank's order, float noise across --dp) | exact (each micro-batch's gradient "
              "to 128-bit fixed point, summed as integers, rounded once: the same bits on any --dp, --stages, chunks "
@@ -225,7 +232,8 @@ static const opt_desc options[] = {
     OH_INT("fail-step", hooks.fail_step, CMDS_RUN, "step at which --fail-rank fails"),
     OH_STR("fail-at", hooks.fail_at, CMDS_RUN, "where in --fail-step: before | during | after | save | nan | stall (hang inside the "
           "checkpoint's collective HDF5 calls) | tp (inside the step's first TP all-reduce) | tp-kill (SIGKILL there) | ep-kill (SIGKILL inside the step's "
-          "first EP all-to-all)"),
+          "first EP all-to-all) | cp (inside the step's first CP exchange "
+          "of keys and values) | cp-kill (SIGKILL there)"),
     O_DBL("watchdog", watchdog, "abort the job if a rank waits longer than this for one message or "
                                 "collective (seconds, default 600, 0 disables)"),
     O_DBL("stop-grace", stop_grace, "seconds a stop signal waits for a step that cannot end before the job is aborted "
@@ -309,6 +317,8 @@ void config_defaults(pl_options *o) {
     o->progress = 1;
     hooks_defaults(&o->hooks);
     o->tp = 1;
+    o->cp = 1;
+    snprintf(o->cp_comm, sizeof o->cp_comm, "ring");
     o->watchdog = 600.0;
     env_aliases(o);
 }
@@ -986,6 +996,7 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(o->stages >= -1, "--stages must be >= 0 or auto (got %d)", o->stages);
     REQUIRE(o->chunks >= 0 && o->chunks <= 64, "--chunks-per-rank must be 0 to 64 (got %d)", o->chunks);
     REQUIRE(o->tp >= 1 && o->tp <= 64, "--tp must be 1 to 64 (got %d)", o->tp);
+    REQUIRE(o->cp >= 1 && o->cp <= 64, "--cp must be 1 to 64 (got %d)", o->cp);
         REQUIRE(o->zero == 0 || o->zero == 1, "--zero must be 0 or 1 (got %d)", o->zero);
     REQUIRE(o->threads >= 0, "--threads must be >= 0 (got %d)", o->threads);
     REQUIRE(o->bind == 0 || o->bind == 1, "--bind must be 0 or 1 (got %d)", o->bind);
@@ -1007,8 +1018,9 @@ int config_validate(const pl_options *o, char *err, size_t errlen) {
     REQUIRE(strcmp(o->hooks.fail_at, "before") == 0 || strcmp(o->hooks.fail_at, "during") == 0 ||
                 strcmp(o->hooks.fail_at, "after") == 0 || strcmp(o->hooks.fail_at, "save") == 0 ||
                 strcmp(o->hooks.fail_at, "nan") == 0 || strcmp(o->hooks.fail_at, "stall") == 0 || strcmp(o->hooks.fail_at, "tp") == 0 ||
-                strcmp(o->hooks.fail_at, "tp-kill") == 0 || strcmp(o->hooks.fail_at, "ep-kill") == 0,
-            "--fail-at must be before, during, after, save, nan, stall, tp, tp-kill or ep-kill (got '%s')",
+                strcmp(o->hooks.fail_at, "tp-kill") == 0 || strcmp(o->hooks.fail_at, "ep-kill") == 0 ||
+                strcmp(o->hooks.fail_at, "cp") == 0 || strcmp(o->hooks.fail_at, "cp-kill") == 0,
+            "--fail-at must be before, during, after, save, nan, stall, tp, tp-kill, ep-kill, cp or cp-kill (got '%s')",
             o->hooks.fail_at);
     char kinds[512];
     sched_kind_names(kinds, sizeof kinds);

@@ -58,6 +58,8 @@ typedef struct {
     int chunks;           /* model chunks per pipeline rank (virtual stages) */
     int dp, stages, zero; /* data-parallel replicas, pipeline stages, ZeRO-1 (train.c checks them against the world) */
     int tp;               /* tensor-parallel ranks per stage (tp.h; 1: none) */
+    int cp;               /* context-parallel ranks per stage (cp.h; 1: none) */
+    char cp_comm[16];     /* ring | allgather: how --cp exchanges keys and values */
     char recompute[256];  /* none | selective | full, or one per stage (train.c checks it) */
     char grad_accum[8];   /* float (a float sum in each rank's order) | exact (exact.h: fixed-point, any order) */
     int doc_mask;         /* 1: attention stops at the document token (model.h's model_docs) */

@@ -43,7 +43,7 @@ static void print_schedule_summary(const sched *s) {
 
 /* Predict the step with the measured costs in `path` (PL_OK, or the failure, reported);
  * quiet: only check that the costs fit the schedule (before anything is printed). */
-static int predict_with_costs(const sched *s, const char *path, int tp, int quiet) {
+static int predict_with_costs(const sched *s, const char *path, int tp, int cp, int quiet) {
     char err[1024];
     FILE *f = NULL;
     if (pl_open_input(path, "costs file", 1 << 24, &f, err, sizeof err) != PL_OK) {
@@ -64,6 +64,16 @@ static int predict_with_costs(const sched *s, const char *path, int tp, int quie
         pl_info("--tp %d: F, B, I, W divided by %d, each F and I with its stage's TP all-reduces at %.1f us each "
                 "(%.0f bytes)%s\n", tp, tp, 1e6 * ar, c.msg_bytes,
                 c.bytes_per_s > 0 ? "" : "; the costs have no message bandwidth (one stage): all-reduces counted at 0");
+    double ex = 0.0; /* --cp: multi-head attention's widths (qkv 3 C, k and v 2 C): the model is not known here */
+    if ((rc = sched_costs_cp(&c, cp, 3.0, 2.0, &ex, err, sizeof err)) != PL_OK) {
+        pl_error("schedule: %s: %s", path, err);
+        sched_costs_free(&c);
+        return rc;
+    }
+    if (!quiet && (ex > 0 || cp > 1))
+        pl_info("--cp %d: F, B, I, W and activations divided by %d, each F with its stage's K/V exchanges at %.1f us "
+                "each, I and B with two%s\n", cp, cp, 1e6 * ex,
+                c.bytes_per_s > 0 ? "" : "; the costs have no message bandwidth (one stage): exchanges counted at 0");
     sched_pred pr;
     if ((rc = sched_predict(s, &c, &pr, err, sizeof err)) != PL_OK) {
         pl_error("schedule: %s: %s", path, err);
@@ -152,7 +162,7 @@ static double schedule_default_mem_gb(void) {
 /* `pipelm schedule --help`. */
 static void schedule_usage(void) {
     printf("usage: pipelm schedule --stages P --microbatches M [--schedule NAME] [--chunks-per-rank V]\n"
-           "       [--csv OUT.csv] [--load IN.csv] [--costs FILE [--tp T]] [--grid auto|yes|no]\n"
+           "       [--csv OUT.csv] [--load IN.csv] [--costs FILE [--tp T | --cp C]] [--grid auto|yes|no]\n"
            "Prints the per-rank action grid, the bubble fraction and the in-flight micro-batches;\n"
            "--csv writes torch.distributed.pipelining's CSV form; --load reads and validates one.\n"
            "--chunks-per-rank V (alias --virtual-stages): each of the P ranks runs V model chunks, the\n"
@@ -166,6 +176,9 @@ static void schedule_usage(void) {
            "stage; a file measured with one chunk per rank is scaled: stage s costs 1/V of stage s/V).\n"
            "--tp T with --costs: predict T tensor-parallel ranks per stage from costs measured at --tp 1\n"
            "(F, B, I, W divided by T plus each stage's TP all-reduces at the file's message costs).\n"
+           "--cp C with --costs: predict C context-parallel ranks per stage from costs measured at --cp 1\n"
+           "(F, B, I, W, activations and messages divided by C plus each block's K/V exchanges, counted\n"
+           "for multi-head attention's widths).\n"
            "--grid auto prints the grid only up to 64 ranks x 4096 time units.\n"
            "--mem-limit-gb X: refuse (exit 2) a build estimated above X GiB before it starts (default:\n"
            "half the machine's memory, at most 8; about %.0f bytes per stage and micro-batch).\n"
@@ -200,11 +213,12 @@ typedef struct {
     const char *name, *csv, *in, *costs, *grid;
     double mem_gb;
     int tp;                     /* --tp: predict T ranks per stage from --costs */
+    int cp;                     /* --cp: predict C ranks per stage from --costs */
 } schedule_args;
 
 /* The options of `pipelm schedule`, in schedule_parse's order. */
 static const char *const sched_opt_names[] = {"stages", "microbatches", "schedule", "chunks-per-rank", "virtual-stages",
-                                              "csv", "load", "costs", "tp", "grid", "mem-limit-gb"};
+                                              "csv", "load", "costs", "tp", "grid", "mem-limit-gb", "cp"};
 #define NSCHED_OPTS (int)(sizeof sched_opt_names / sizeof sched_opt_names[0])
 
 /* A positive integer value, or -1 (refused later, naming the option). */
@@ -217,7 +231,7 @@ static int positive_int(const char *v, int max) {
 /* Parse the options of `pipelm schedule`; *stop = 1 when the command ends here (--help, or a
  * malformed command line), with the exit status returned. */
 static int schedule_parse(int argc, char **argv, int first, int rank, schedule_args *sa, int *stop) {
-    *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb(), 1};
+    *sa = (schedule_args){0, 0, 0, "1f1b", NULL, NULL, NULL, "auto", schedule_default_mem_gb(), 1, 1};
     *stop = 1;
     char err[512];
     if (args_check_names(argc, argv, first, sched_opt_names, NSCHED_OPTS, "schedule", err, sizeof err) != PL_OK) {
@@ -243,6 +257,7 @@ static int schedule_parse(int argc, char **argv, int first, int rank, schedule_a
         case 7: sa->costs = v; break;
         case 8: sa->tp = positive_int(v, 64); break;
         case 9: sa->grid = v; break;
+        case 11: sa->cp = positive_int(v, 64); break;
         default:
             sa->mem_gb = strtod(v, &end);
             if (*end || !(sa->mem_gb > 0)) sa->mem_gb = -1;
@@ -275,6 +290,10 @@ int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
         pl_error("schedule: --tp must be 1 to 64 and goes with --costs FILE");
         return 2;
     }
+    if (sa.cp < 1 || (sa.cp > 1 && (!costs || sa.tp > 1))) {
+        pl_error("schedule: --cp must be 1 to 64 and goes with --costs FILE, without --tp");
+        return 2;
+    }
     sched s;
     char err[1024];
     /* the output first: never an input, never a device or FIFO (found before any work) */
@@ -294,7 +313,7 @@ int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
         sched_free(&s);
         return 1;
     }
-    if (costs && predict_with_costs(&s, costs, sa.tp, 1) != PL_OK) { /* costs that do not fit the schedule: */
+    if (costs && predict_with_costs(&s, costs, sa.tp, sa.cp, 1) != PL_OK) { /* costs that do not fit the schedule: */
         sched_free(&s);                                             /* said before any grid, exit 2 */
         return 2;
     }
@@ -308,7 +327,7 @@ int schedule_main(int argc, char **argv, MPI_Comm comm, int *abort_needed) {
     if (strcmp(grid, "yes") == 0 || (strcmp(grid, "auto") == 0 && !big)) sched_print_grid(&s, pl_out ? pl_out : stdout);
     else print_schedule_summary(&s);
     pl_info("simulated in %.2f s\n", pl_now() - t0);
-    if (costs && predict_with_costs(&s, costs, sa.tp, 0) != PL_OK) {
+    if (costs && predict_with_costs(&s, costs, sa.tp, sa.cp, 0) != PL_OK) {
         sched_free(&s);
         return 1;
     }

@@ -63,7 +63,10 @@ size_t arch_dim_value(const model_config *c, int T, arch_dim d) {
     case AD_VP: return tp > 1 ? ((size_t)c->Vp + tp - 1) / tp + 1 : (size_t)c->Vp; /* --tp: a slice and a sink row */
     case AD_V: return (size_t)c->V;
     case AD_MAXT: return (size_t)c->maxT;
-    case AD_NHT: return NH * (c->att_cols > 0 && (size_t)c->att_cols < (size_t)T ? (size_t)c->att_cols : (size_t)T);
+    case AD_NHT: /* --cp: the span kernel's O and log-sum-exp (att_cols = hs + 1) even where T is shorter (a CP
+                  * stage has T >= 2; T = 1 asks for the head count) */
+        if (c->cp > 1 && c->att_cols > 0 && T > 1) return NH * (size_t)c->att_cols;
+        return NH * (c->att_cols > 0 && (size_t)c->att_cols < (size_t)T ? (size_t)c->att_cols : (size_t)T);
     case AD_HALF_HS: return HS / 2;
     case AD_WIDE: return tp > 1 && C > wide ? C : wide;
     case AD_CA: return NH * HS;

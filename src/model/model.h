@@ -74,6 +74,9 @@ typedef struct {
     int tp, tpr;           /* tensor parallelism (tp.h): a stage's config on TP rank tpr of tp > 1 ranks
                             * has its blocks' sliced dimensions (AD_QKV, AD_H, AD_CA, AD_NHT local);
                             * 0 (every other config, the whole model): none */
+    int cp, cpr;           /* context parallelism (parallel/cp.h): a stage's config on CP rank cpr of
+                            * cp > 1 ranks holds T / cp tokens of each sequence, chunks cpr and
+                            * 2 cp - 1 - cpr of 2 cp (model_cp_pos); 0 (every other config): none */
     int att_cols;          /* a stage's config: floats per (token, head) of the attention buffer
                             * (AD_NHT) when its backend keeps fewer than T there (backend.h's
                             * attention_cols: a fused kernel's output and log-sum-exp, hs + 1);
@@ -257,6 +260,23 @@ void model_tp_vocab(const model_config *c, int *lo, int *n);
 /* The dimension checks of --tp T for a config: NH, H (and NKV unless T % NKV == 0) divisible
  * by T. PL_EINVAL with a message naming the setting. */
 int model_tp_check(const model_config *c, int T, char *err, size_t errlen);
+
+/* Context parallelism (model_cp.c): a stage config with cp > 1 holds local rows t < T of each
+ * sequence (T = the whole sequence / cp); model_cp_pos is the position of local row t in the
+ * whole sequence (t itself without --cp): the positions the embeddings and RoPE take. The
+ * blocks' attention goes through model_attention_fwd / _bwd: the backend's
+ * attention_gqa_fwd / _bwd, or with cp > 1 the hook the run installs (cp.c: the keys and
+ * values gathered from the CP ranks, their gradients sent back), which keeps O and the
+ * log-sum-exp, hs + 1 floats per (token, head), in att. */
+int model_cp_pos(const model_config *c, int T, int t);
+typedef int (*model_cp_att_fwd)(void *ctx, float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
+                                int HS);
+typedef int (*model_cp_att_bwd)(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *att, int B,
+                                int T, int NH, int NKV, int HS);
+void model_set_cp_hook(model_cp_att_fwd fwd, model_cp_att_bwd bwd, void *ctx);
+int model_attention_fwd(const backend *be, const block_dims *d, float *out, float *att, const float *qkv, int NKV);
+int model_attention_bwd(const backend *be, const block_dims *d, float *dqkv, const float *dout, const float *qkv,
+                        const float *att, int NKV);
 
 /* Mixtral (archs/mixtral.c): the router's statistics of this process's weight parts since the
  * last call, which resets them: [0] the step's aux loss share (sum over its layers and

@@ -255,7 +255,9 @@ int stage_init(stage *st, const model_config *cfg, int l0, int l1, int has_embed
     }
     /* the attention buffer as the backend needs it (a fused kernel's output, not T x T) */
     model_config c = *cfg;
-    if (be->attention_cols)
+    if (cfg->cp > 1) /* --cp: the span kernel's O and log-sum-exp (cp.c), whatever the backend's mode */
+        c.att_cols = cfg->C / cfg->NH + 1;
+    else if (be->attention_cols)
         c.att_cols = be->attention_cols(Bm, T, (int)arch_dim_value(cfg, 1, AD_NHT), cfg->NH ? cfg->C / cfg->NH : 0);
     PL_TRY(check_sizes(&c, has_head, Bm, T, err, errlen));
     st->cfg = c;

@@ -33,6 +33,7 @@ int sched_costs_alloc(sched_costs *c, int P) {
     for (int s = 0; s < P; s++) c->blocks[s] = -1;
     c->dp = 1;
     c->tp = 1;
+    c->cp = 1;
     return PL_OK;
 }
 
@@ -51,6 +52,7 @@ int sched_costs_write(const sched_costs *c, FILE *f) {
     fprintf(f, "# pipelm schedule costs, seconds per action (docs/formats.md)\nstages %d\n", c->P);
     fprintf(f, "msg_bytes %.17g\nlatency_s %.17g\nbytes_per_s %.17g\n", c->msg_bytes, c->latency_s, c->bytes_per_s);
     if (c->tp > 1) fprintf(f, "tp %d\n", c->tp);
+    if (c->cp > 1) fprintf(f, "cp %d\n", c->cp);
     if (c->dp > 1) fprintf(f, "dp %d\n", c->dp);
     for (int s = 0; s < c->P; s++) {
         fprintf(f, "stage %d F %.9g B %.9g I %.9g W %.9g O %.9g A %.9g", s, c->f[s], c->b[s], c->i[s], c->w[s],
@@ -132,6 +134,14 @@ int sched_costs_read(FILE *f, sched_costs *c, char *err, size_t errlen) {
                 goto bad;
             }
             c->tp = (int)t;
+        } else if (!strcmp(key, "cp")) {
+            char *end;
+            long t = strtol(rest, &end, 10);
+            if (!c->P || end == rest || *end || t < 1 || t > 64) {
+                set_err(err, errlen, "costs line %d: bad 'cp' (1..64, after 'stages')", line);
+                goto bad;
+            }
+            c->cp = (int)t;
         } else if (!strcmp(key, "dp")) {
             char *end;
             long d = strtol(rest, &end, 10);
@@ -181,6 +191,30 @@ int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen
     }
     c->tp = T;
     *ar_s = ar;
+    return PL_OK;
+}
+
+int sched_costs_cp(sched_costs *c, int C, double qkv, double kv, double *ex_s, char *err, size_t errlen) {
+    *ex_s = 0.0;
+    if (C <= 1 || c->cp == C) return PL_OK;
+    if (c->cp > 1) {
+        set_err(err, errlen, "the costs were measured at --cp %d: predict --cp %d from a --cp 1 measurement (or one at "
+                "--cp %d)", c->cp, C, C);
+        return PL_EINVAL;
+    }
+    double part = c->msg_bytes / C, per = c->bytes_per_s > 0 ? (C - 1) * part / c->bytes_per_s : 0.0;
+    double g = c->latency_s + per * qkv, a = c->latency_s + per * kv; /* a gather of qkv rows; the dk dv exchange */
+    for (int s = 0; s < c->P; s++) {
+        double n = c->blocks && c->blocks[s] > 0 ? c->blocks[s] : 0.0;
+        c->f[s] = c->f[s] / C + n * g;
+        c->i[s] = c->i[s] / C + n * (g + a);
+        c->b[s] = c->b[s] / C + n * (g + a);
+        c->w[s] /= C;
+        if (c->act) c->act[s] /= C;
+    }
+    c->msg_bytes = part;
+    c->cp = C;
+    *ex_s = g;
     return PL_OK;
 }
 

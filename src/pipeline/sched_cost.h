@@ -27,6 +27,7 @@ typedef struct {
                                    -1 where unknown */
     int dp;                     /* the data-parallel replicas of the measured run (key dp; 1) */
     int tp;                     /* the --tp the actions were measured at (key tp; 1 when absent) */
+    int cp;                     /* the --cp the actions were measured at (key cp; 1 when absent) */
 } sched_costs;
 
 typedef struct {
@@ -52,6 +53,15 @@ int sched_costs_write(const sched_costs *c, FILE *f);
  * costs measured at T are kept. *ar_s: the seconds of one all-reduce (0 when kept). PL_EINVAL
  * with err for costs measured at another T > 1. */
 int sched_costs_tp(sched_costs *c, int T, double *ar_s, char *err, size_t errlen);
+/* Context parallelism: costs measured at cp 1 made one of C CP ranks' (parallel/cp.h): every
+ * action and the activations / C (each rank holds T / C tokens; the load-balanced chunks give
+ * it 1 / C of the causal attention too), the boundary message / C, and per block the
+ * all-gather of the qkv rows (latency_s + (C - 1) msg_bytes / C qkv / bytes_per_s; qkv: the
+ * fused projection's width over the model width) added to F, and in the backward (I and B)
+ * that gather again plus the exchange of the key and value gradients (kv: their width over
+ * the model width). *ex_s: the seconds of one forward gather (0 when kept). Costs measured at
+ * C are kept; PL_EINVAL with err for another C > 1. */
+int sched_costs_cp(sched_costs *c, int C, double qkv, double kv, double *ex_s, char *err, size_t errlen);
 /* Play the schedule with these costs (its P must be the costs' P). PL_OK, or PL_EINVAL
  * (PL_ENOMEM) with err. */
 int sched_predict(const sched *s, const sched_costs *c, sched_pred *out, char *err, size_t errlen);

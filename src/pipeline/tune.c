@@ -55,7 +55,7 @@ static int play_modes(const tune_query *q, const sched_costs *const c[TUNE_NMODE
     if (ok) ok = sched_predict(sc, &cm, &pr, err, sizeof err) == PL_OK;
     if (ok) {
         snprintf(t->schedule, sizeof t->schedule, "%s", name);
-        t->M = M, t->V = V, t->D = D, t->Tp = q->Tp > 1 ? q->Tp : 1, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0, *top = 0;
+        t->M = M, t->V = V, t->D = D, t->Tp = q->Tp > 1 ? q->Tp : 1, t->Cp = q->Cp > 1 ? q->Cp : 1, t->step_s = pr.step_s, t->bubble = pr.bubble, t->peak_mem_mb = 0, *top = 0;
         for (int r = 0; r < q->P; r++)
             if (pr.act_peak[r] / 1048576.0 > t->peak_mem_mb) t->peak_mem_mb = pr.act_peak[r] / 1048576.0, *top = r;
         ok = modes_text(mode, c[TUNE_NONE]->P, t->recompute, sizeof t->recompute);
@@ -294,12 +294,71 @@ static int by_step(const void *a, const void *b) {
     if (x->bubble != y->bubble) return x->bubble < y->bubble ? -1 : 1;
     if (x->peak_mem_mb != y->peak_mem_mb) return x->peak_mem_mb < y->peak_mem_mb ? -1 : 1;
     int k = strcmp(x->schedule, y->schedule);
-    if (k == 0) k = x->Tp != y->Tp ? x->Tp - y->Tp : x->D != y->D ? x->D - y->D : x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V
+    if (k == 0) k = x->Tp != y->Tp ? x->Tp - y->Tp : x->Cp != y->Cp ? x->Cp - y->Cp : x->D != y->D ? x->D - y->D : x->M != y->M ? x->M - y->M : x->V != y->V ? x->V - y->V
                   : strcmp(x->recompute, y->recompute);
     return k ? k : strcmp(x->split, y->split);
 }
 
 /* The search (tune.h). */
+/* Whether C CP ranks a stage are searched for replicas D and TP Tc: without --ranks only the
+ * costs' own C; with them (and a model) every C whose 2C divides the sequence, without TP, that
+ * divides the ranks left (C = 1 always, unless the costs were measured at cp > 1). */
+static int cp_fits(const tune_query *q, const sched_costs *c, int D, int Tc, int C) {
+    int C0 = c->cp > 1 ? c->cp : 1, W = q->ranks > 0 ? q->ranks : 1;
+    if (C0 > 1) return Tc == 1 && C == (q->ranks > 0 ? C0 : 1) && (q->ranks <= 0 || (W / D) % C == 0);
+    if (C == 1) return 1;
+    return q->ranks > 0 && q->cfg && Tc == 1 && q->T > 0 && q->T % (2 * C) == 0 && (W / D) % C == 0;
+}
+
+/* Costs measured at cp 1 made one of C CP ranks' (sched_costs_cp), from the model's widths. */
+static int cp_costs(const tune_query *q, sched_costs *c, int C, char *err, size_t errlen) {
+    const model_config *m = q->cfg;
+    int HS = m->NH ? m->C / m->NH : 0, NKV = m->NKV > 0 ? m->NKV : m->NH;
+    double qkv = m->C ? (double)(m->NH + 2 * NKV) * HS / m->C : 3.0, kv = m->C ? 2.0 * NKV * HS / m->C : 2.0;
+    double ex;
+    return sched_costs_cp(c, C, qkv, kv, &ex, err, errlen);
+}
+
+/* Play every candidate of the layout D replicas x T TP x C CP ranks (tune_search's grid). */
+static int play_grid(const tune_query *q, const sched_costs *const c[TUNE_NMODES], int D, int T, int C, tune_cand *t,
+                     int *k, int *tried, char *err, size_t errlen) {
+    int T0 = c[TUNE_NONE]->tp > 1 ? c[TUNE_NONE]->tp : 1, rc = PL_OK;
+    int Tc = T0 > 1 ? T0 : T, C0 = c[TUNE_NONE]->cp > 1 ? c[TUNE_NONE]->cp : 1, Cc = C0 > 1 ? C0 : C;
+    if (!cp_fits(q, c[TUNE_NONE], D, Tc, C)) return PL_OK;
+    tune_query qd = *q;
+    qd.D = D, qd.Tp = Tc, qd.Cp = Cc, qd.batch = q->batch / D;
+    qd.P = q->ranks > 0 ? q->ranks / (D * Tc * Cc) : q->P;
+    sched_costs cm[TUNE_NMODES];
+    const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
+    int own = q->ranks > 0 && (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp || (T > 1 && T0 == 1) ||
+                               Cc != C0), ok = 1;
+    for (int m = 0; own && m < TUNE_NMODES; m++) cd[m] = NULL; /* only what is made below is freed */
+    for (int m = 0; own && m < TUNE_NMODES; m++) {
+        if (!c[m]) continue;
+        int r = costs_for_layout(q, c[m], qd.P, D * Cc, &cm[m]); /* --cp: D C ranks sum the gradients */
+        if (r == PL_ENOMEM) rc = r;
+        if (r != PL_OK) { ok = 0; break; }
+        cd[m] = &cm[m];
+        if (T > 1 && T0 == 1) { /* one rank of T: its actions, parameters and sliced activations */
+            double ar;
+            r = sched_costs_tp(&cm[m], T, &ar, err, errlen);
+            if (r != PL_OK) { ok = 0; break; }
+            for (int s = 0; s < cm[m].P; s++) cm[m].opt[s] /= T, cm[m].act[s] *= (10.0 + 24.0 / T) / 34.0;
+        }
+        if (C > 1 && C0 == 1 && (r = cp_costs(q, &cm[m], C, err, errlen)) != PL_OK) { ok = 0; break; }
+    }
+    int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
+    for (int M = 1; ok && M <= mq; M++) {
+        if (qd.batch % M) continue;
+        for (const sched_kind *j = sched_kinds; j->name; j++)
+            for (int v = 0; v < 3 && j->tune_V[v]; v++)
+                play_layout(&qd, cd, j->name, j->tune_V[v], M, t, k, tried);
+    }
+    for (int m = 0; own && m < TUNE_NMODES; m++)
+        if (cd[m]) sched_costs_free(&cm[m]);
+    return rc;
+}
+
 int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tune_cand **out, int *n, int *tried, char *err,
                 size_t errlen) {
     *out = NULL, *n = 0, *tried = 0;
@@ -321,7 +380,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
         }
     int W = q->ranks > 0 ? q->ranks : 1, nDT = 0, T0 = c[TUNE_NONE]->tp > 1 ? c[TUNE_NONE]->tp : 1;
     for (int D = 1; D <= W; D++)
-        for (int T = 1; W % D == 0 && T <= W / D; T++) nDT += (W / D) % T == 0;
+        for (int T = 1; W % D == 0 && T <= W / D; T++) nDT += (W / D) % T == 0 ? 1 + W / D : 0; /* and each C */
     tune_cand *t = malloc(sizeof *t * (size_t)cap * nDT * sched_kind_count() * 3 * 2 * (TUNE_NMODES + 1));
     if (!t) { snprintf(err, errlen, "tune: out of memory"); return PL_ENOMEM; }
     int k = 0, rc = PL_OK;
@@ -332,35 +391,9 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
              * at tp T0 > 1: that T0 only); without, the costs' own T0 */
             if (T0 > 1 ? T != (q->ranks > 0 ? T0 : 1) : T > 1 && !q->cfg) continue;
             if ((W / D) % T || (T > 1 && T0 == 1 && model_tp_check(q->cfg, T, err, errlen) != PL_OK)) continue;
-            int Tc = T0 > 1 ? T0 : T;
-            tune_query qd = *q;
-            qd.D = D, qd.Tp = Tc, qd.batch = q->batch / D, qd.P = q->ranks > 0 ? q->ranks / (D * Tc) : q->P;
-            sched_costs cm[TUNE_NMODES];
-            const sched_costs *cd[TUNE_NMODES] = {c[0], c[1], c[2]};
-            int own = q->ranks > 0 && (qd.P != c[TUNE_NONE]->P || D != c[TUNE_NONE]->dp || (T > 1 && T0 == 1)), ok = 1;
-            for (int m = 0; own && m < TUNE_NMODES; m++) cd[m] = NULL; /* only what is made below is freed */
-            for (int m = 0; own && m < TUNE_NMODES; m++) {
-                if (!c[m]) continue;
-                int r = costs_for_layout(q, c[m], qd.P, D, &cm[m]);
-                if (r == PL_ENOMEM) rc = r;
-                if (r != PL_OK) { ok = 0; break; }
-                cd[m] = &cm[m];
-                if (T > 1 && T0 == 1) { /* one rank of T: its actions, parameters and sliced activations */
-                    double ar;
-                    r = sched_costs_tp(&cm[m], T, &ar, err, errlen);
-                    if (r != PL_OK) { ok = 0; break; }
-                    for (int s = 0; s < cm[m].P; s++) cm[m].opt[s] /= T, cm[m].act[s] *= (10.0 + 24.0 / T) / 34.0;
-                }
-            }
-            int mq = qd.max_M > 0 && qd.max_M < qd.batch ? qd.max_M : qd.batch;
-            for (int M = 1; ok && M <= mq; M++) {
-                if (qd.batch % M) continue;
-                for (const sched_kind *j = sched_kinds; j->name; j++)
-                    for (int v = 0; v < 3 && j->tune_V[v]; v++)
-                        play_layout(&qd, cd, j->name, j->tune_V[v], M, t, &k, tried);
-            }
-            for (int m = 0; own && m < TUNE_NMODES; m++)
-                if (cd[m]) sched_costs_free(&cm[m]);
+            /* C: with --ranks and a model, each whose 2C divides the sequence (no TP); else the
+             * costs' own */
+            for (int C = 1; rc == PL_OK && C <= W / D / T; C++) rc = play_grid(q, c, D, T, C, t, &k, tried, err, errlen);
         }
     }
     if (rc != PL_OK) { free(t); snprintf(err, errlen, "tune: out of memory"); return rc; }
@@ -384,6 +417,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
 void tune_command(const tune_cand *t, char *buf, size_t len) {
     int o = snprintf(buf, len, "--schedule %s --microbatches %d", t->schedule, t->M);
     if (t->Tp > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --tp %d", t->Tp);
+    if (t->Cp > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --cp %d", t->Cp);
     if (t->D > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --dp %d", t->D);
     if (t->V > 1 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - o, " --chunks-per-rank %d", t->V);
     if (t->recompute[0] && strcmp(t->recompute, "none") && o > 0 && (size_t)o < len)
@@ -399,10 +433,10 @@ void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, co
         tune_command(&t[i], cmd, sizeof cmd);
         fprintf(f, "%s\n{\"command\":\"pipelm train %s%s%s\",\"predicted_ms\":%.4f,\"bubble\":%.6f,\"peak_mem_mb\":%.4f,"
                 "\"schedule\":\"%s\",\"microbatches\":%d,\"chunks_per_rank\":%d,\"recompute\":\"%s\",\"split\":\"%s\","
-                "\"dp\":%d,\"tp\":%d}", i ? "," : "", cmd,
+                "\"dp\":%d,\"tp\":%d,\"cp\":%d}", i ? "," : "", cmd,
                 extra && extra[0] ? " " : "", extra ? extra : "", 1e3 * t[i].step_s, t[i].bubble, t[i].peak_mem_mb,
                 t[i].schedule, t[i].M, t[i].V, t[i].recompute[0] ? t[i].recompute : "none", t[i].split,
-                t[i].D > 0 ? t[i].D : 1, t[i].Tp > 0 ? t[i].Tp : 1);
+                t[i].D > 0 ? t[i].D : 1, t[i].Tp > 0 ? t[i].Tp : 1, t[i].Cp > 0 ? t[i].Cp : 1);
     }
     fprintf(f, "\n]}\n");
 }

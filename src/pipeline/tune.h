@@ -20,7 +20,11 @@
  * tp 1 made T ranks' by sched_costs_tp (actions / T plus two TP all-reduces a block), the
  * optimizer step and the DP all-reduce / T (each rank holds 1/T of the parameters), the
  * activations (10 + 24 / T) / 34 of the measured ones (Korthikanti et al. 2022: of a block's
- * 34 s b h bytes, 10 are the replicated residual, norm and dropout-free inputs, 24 are sliced)) is built and
+ * 34 s b h bytes, 10 are the replicated residual, norm and dropout-free inputs, 24 are sliced);
+ * and every C x D x P = ranks (no TP) with C the --cp whose 2C divides the sequence: costs
+ * measured at cp 1 made C ranks' by sched_costs_cp (actions, activations and messages / C, the
+ * gathers of the qkv rows and the exchange of the kv gradients a block added), the gradient
+ * all-reduce over the D C ranks that sum it) is built and
  * played with sched_predict (sched_cost.h): the step time is its makespan plus the slowest
  * rank's optimizer step, the memory the largest activation bytes a rank holds (the costs'
  * A bytes per micro-batch walked over its list). A costs file measured with M0 micro-batches
@@ -45,6 +49,7 @@ enum { TUNE_NONE, TUNE_SELECTIVE, TUNE_FULL, TUNE_NMODES };
 typedef struct {
     char schedule[32];
     int M, V, D, Tp;             /* micro-batches, chunks per rank, data-parallel replicas, TP ranks a stage */
+    int Cp;                      /* CP ranks a stage (0 = 1) */
     double step_s, bubble, peak_mem_mb;
     char recompute[768];         /* --recompute: "none", one mode, or one per stage */
     char split[512];             /* --split b0,b1,... ("": the split the costs were measured with) */
@@ -61,6 +66,7 @@ typedef struct {
     int ranks;                   /* > 0: search D x P = ranks (--dp D), P ignored; 0: D = 1, P */
     int D;                       /* the replicas of a candidate layout (set by the search; 0 = 1) */
     int Tp;                      /* the TP ranks of a candidate layout (set by the search; 0 = 1) */
+    int Cp;                      /* the CP ranks of a candidate layout (set by the search; 0 = 1) */
 } tune_query;
 
 /* Search every candidate for q with costs c[TUNE_NONE] (required) and c[TUNE_SELECTIVE],
@@ -71,7 +77,7 @@ int tune_search(const tune_query *q, const sched_costs *const c[TUNE_NMODES], tu
 /* The `pipelm train` arguments of a candidate ("--schedule zb-v --microbatches 8 --chunks-per-rank 2"). */
 void tune_command(const tune_cand *t, char *buf, size_t len);
 /* The candidates as JSON (best first): command, predicted_ms, bubble, peak_mem_mb, schedule,
- * microbatches, chunks_per_rank, recompute, split, dp, tp; extra: the train arguments added to every command. */
+ * microbatches, chunks_per_rank, recompute, split, dp, tp, cp; extra: the train arguments added to every command. */
 void tune_write_json(FILE *f, const tune_query *q, const tune_cand *t, int n, const char *extra);
 
 /* `pipelm tune` (tune_cli.c): parse, search, print, --json, --verify; the exit status. */

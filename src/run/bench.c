@@ -147,7 +147,7 @@ static void bench_derive(const bench_result *br, bench_figures *f) {
     }
     f->D = br->D > 1 ? br->D : 1;
     f->V = br->V > 1 ? br->V : 1;
-    f->peak *= f->D * (br->Tp > 1 ? br->Tp : 1); /* every replica's and TP rank's: the peak of all W = T D P ranks */
+    f->peak *= f->D * (br->Tp > 1 ? br->Tp : 1) * (br->Cp > 1 ? br->Cp : 1); /* all W = T C D P ranks' peak */
     f->mfu = f->peak > 0 ? f->tflops * 1e3 / f->peak : 0;
     f->bubble = pipe > 0 ? 1.0 - compute / pipe : 0;
 }
@@ -159,6 +159,7 @@ static void bench_print(const bench_result *br, const bench_figures *f) {
     char tp[48] = "";
     if (V > 1) snprintf(chunks, sizeof chunks, " (ranks) x %d chunks", V);
     if (br->Tp > 1) snprintf(tp, sizeof tp, " x %d TP ranks", br->Tp);
+    if (br->Cp > 1) snprintf(tp, sizeof tp, " x %d CP ranks", br->Cp);
     pl_info("\nbenchmark: %d stage%s%s x %d replica%s%s%s, schedule %s, %d micro-batches, batch %d x %d, %d timed steps\n",
             P, P > 1 ? "s" : "", chunks, D, D > 1 ? "s" : "", br->zero ? " (ZeRO-1)" : "", tp, br->schedule, br->M, br->B,
             br->T, br->nsteps);
@@ -199,6 +200,12 @@ static void bench_print(const bench_result *br, const bench_figures *f) {
                 "per expert max/mean %.3f, dropped %.1f per step\n", r, s[16], br->ep > 1 ? br->ep : 1, s[17],
                 s[3] > 0 ? 100 * s[17] / s[3] : 0.0, s[18], s[19]);
     }
+    for (int r = 0; br->Cp > 1 && r < P; r++) {
+        const double *s = br->stage_stats + BENCH_NSTAT * r;
+        pl_info("  stage %d: CP attention %.2f ms per step, of it %.2f ms waiting in the K/V exchanges (%.1f %% of the "
+                "step, not overlapped; C=%d; CP rank 0's)\n", r, s[21], s[20], s[3] > 0 ? 100 * s[20] / s[3] : 0.0,
+                br->Cp);
+    }
 }
 
 /* The results as one JSON object. */
@@ -218,13 +225,14 @@ static void bench_json(FILE *f, const bench_result *br, const bench_figures *g) 
                    "\"dp_wait_ms\":%.3f,\"optimizer_state_mb\":%.3f,\"inflight_peak\":%d,"
                    "\"inflight_bound\":%d,\"act_mb_peak\":%.3f,\"dp_pending_mb\":%.3f,\"zero_gather_ms\":%.3f,"
                    "\"tp_allreduce_ms\":%.3f,\"tp_allreduce_share\":%.6f,\"ep_alltoall_ms\":%.3f,"
-                   "\"ep_alltoall_exposed_ms\":%.3f,\"moe_load_max_mean\":%.6f,\"moe_dropped\":%.3f}",
+                   "\"ep_alltoall_exposed_ms\":%.3f,\"moe_load_max_mean\":%.6f,\"moe_dropped\":%.3f,"
+                   "\"cp_exchange_ms\":%.3f,\"cp_attention_ms\":%.3f}",
                 r ? "," : "", r * g->D, (int)s[5], s[0], s[1], s[2], idle > 0 ? idle : 0, s[4], s[6], (int)s[7],
                 s[8], s[9], (int)s[10], (int)s[11], s[12], s[13], s[14], s[15], s[3] > 0 ? s[15] / s[3] : 0.0,
-                s[16], s[17], s[18], s[19]);
+                s[16], s[17], s[18], s[19], s[20], s[21]);
     }
-    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d,\"tp\":%d,\"ep\":%d", g->D, br->zero, g->V,
-            br->Tp > 1 ? br->Tp : 1, br->ep > 1 ? br->ep : 1);
+    fprintf(f, "],\"dp\":%d,\"zero\":%d,\"chunks_per_rank\":%d,\"tp\":%d,\"ep\":%d,\"cp\":%d", g->D, br->zero, g->V,
+            br->Tp > 1 ? br->Tp : 1, br->ep > 1 ? br->ep : 1, br->Cp > 1 ? br->Cp : 1);
     fprintf(f, "%s%s}\n", br->extra_json ? "," : "", br->extra_json ? br->extra_json : "");
 }
 

@@ -22,8 +22,10 @@
  * ms (per step); tensor parallelism: the ms per step inside the TP all-reduces (tp.h); a MoE
  * model: the ms per step inside the EP all-to-alls and the part of them the compute did not
  * hide (ep.h), the tokens per expert max / mean (the mean over layers and micro-batches) and
- * the dropped assignments per step. */
-#define BENCH_NSTAT 20
+ * the dropped assignments per step; context parallelism: the ms per step waiting in the CP
+ * exchanges of keys, values and their gradients, and in the CP attention in all (exchanges
+ * included; cp.h). */
+#define BENCH_NSTAT 22
 
 typedef struct {
     int P, M, B, T;             /* pipeline ranks, micro-batches per replica, global batch, sequence */
@@ -31,6 +33,7 @@ typedef struct {
     int D, zero;                /* data-parallel replicas (1: none), ZeRO-1 on */
     int Tp;                     /* tensor-parallel ranks per stage (0 or 1: none); stage_stats are TP rank 0's */
     int moe, ep;                /* a mixture-of-experts model; its expert-parallel ranks (0 or 1: none) */
+    int Cp;                     /* context-parallel ranks per stage (0 or 1: none); stage_stats are CP rank 0's */
     char schedule[32];
     int nsteps;
     const double *step_s;       /* nsteps wall times (rank 0) */

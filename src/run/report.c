@@ -26,7 +26,9 @@
 /* MB of activations one in-flight micro-batch holds on stage s under recomputation `mode`
  * (model_slot_act_bytes: what stage_act_bytes_per_slot counts and the stage allocates). */
 static double act_mb(const run *R, int s, int mode) {
-    size_t b = model_slot_act_bytes(&R->cfg, R->B / R->M, R->T, R->sp.blocks[s], s == 0, s == R->S - 1, mode);
+    model_config c = R->cfg; /* --cp: a CP rank's T / C rows (and the span kernel's attention state) */
+    if (R->C > 1) c.cp = R->C;
+    size_t b = model_slot_act_bytes(&c, R->B / R->M, R->Tl, R->sp.blocks[s], s == 0, s == R->S - 1, mode);
     return (double)b / 1048576.0;
 }
 
@@ -38,7 +40,15 @@ int report_grid(run *R) {
     if (R->wrank == 0 && !all) return PL_ENOMEM;
     PL_TRY(comm_gather(host, 64, MPI_CHAR, all, 0, R->world, "the gather of host names"));
     if (R->wrank == 0) {
-        if (R->Tp > 1) { /* --tp: world rank r is TP rank r % T of stage r / T / D, replica r / T % D */
+        if (R->C > 1) { /* --cp: world rank r is CP rank r % C of stage r / C / D, replica r / C % D */
+            int D = R->D / R->C;
+            pl_info("context parallel: C=%d ranks per stage x %d replicas x %d stages = %d ranks; each holds %d of "
+                    "every sequence's %d tokens (chunks c and %d-c of %d), batch %d = %d x %d sequences per replica\n",
+                    R->C, D, R->P, R->W, R->Tl, R->T, 2 * R->C - 1, 2 * R->C, R->Bg, D, R->B);
+            pl_info("  stage  replica  cp  rank  host\n");
+            for (int r = 0; r < R->W; r++)
+                pl_info("  %5d  %7d  %2d  %4d  %s\n", r / R->D, r % R->D / R->C, r % R->C, r, all[r]);
+        } else if (R->Tp > 1) { /* --tp: world rank r is TP rank r % T of stage r / T / D, replica r / T % D */
             pl_info("tensor parallel: %d TP ranks x %d replicas x %d stages = %d ranks (TP innermost)\n", R->Tp, R->D,
                     R->P, R->W);
             pl_info("  stage  replica  tp  rank  host\n");
@@ -96,6 +106,9 @@ void report_stage_table(run *R) {
                 "computes %d of the %d experts of every MoE layer for its group (the experts column below); the "
                 "expert weights stay whole on every rank\n", R->ep.E, R->D / R->ep.E, R->D,
                 R->cfg.moe.n_experts / R->ep.E, R->cfg.moe.n_experts);
+    if (R->C > 1)
+        pl_info("context parallel: C=%d ranks per stage, each %d of every sequence's %d tokens (act MB below: one CP "
+                "rank's; GFLOP: the stage's, all C together)\n", R->C, R->Tl, R->T);
     pl_info("  stage  rank  blocks    parts        params   GFLOP/mb(f+b)  act MB/mb  in-flight  recompute%s\n",
             R->Tp > 1 ? "  T" : "");
     for (int s = 0; s < sp->P; s++) {
@@ -359,7 +372,7 @@ static int report_costs(run *R) {
     free(buf);
     if (rc == PL_OK && R->rank == 0) {
         sched_costs c = {S, NULL, NULL, NULL, NULL, NULL, lat, big > lat ? bytes / (big - lat) : 0.0, (double)bytes, NULL, NULL,
-                         1, R->Tp};
+                         1, R->Tp, R->C};
         double *cols = malloc(sizeof(double) * 6 * S);
         if (!cols) rc = PL_ENOMEM;
         /* rank r's row holds its chunks c = 0..V-1, global stages c P + r: F B I W O A */
@@ -371,7 +384,7 @@ static int report_costs(run *R) {
             c.f = cols, c.b = cols + S, c.i = cols + 2 * S, c.w = cols + 3 * S, c.opt = cols + 4 * S;
             c.act = cols + 5 * S;
             c.blocks = R->sp.blocks; /* global stage order */
-            c.dp = R->D;
+            c.dp = R->D / R->C; /* --cp: the C ranks of a replica are key cp */
             FILE *f = NULL;
             char e[4400];
             int wrc = pl_open_output(R->o->costs_out, "--costs-out", &f, e, sizeof e);
@@ -538,6 +551,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
     mine[17] = R->have_ep ? 1e3 * R->ep.t_exposed / k : 0.0;
     mine[18] = R->moe_steps ? R->moe_lb / R->moe_steps : 0.0;
     mine[19] = R->moe_steps ? R->moe_dropped / R->moe_steps : 0.0;
+    mine[20] = R->have_cp ? 1e3 * R->cp.t_comm / k : 0.0;
+    mine[21] = R->have_cp ? 1e3 * R->cp.t_att / k : 0.0;
     static char split_json[16384];
     split_json[0] = split_text[0] = 0;
     if (R->D == 1) PL_TRY(report_wait_split(R, mine[1], split_json, sizeof split_json)); /* printed below the table */
@@ -555,7 +570,8 @@ int report_bench(run *R, const double *step_s, int nsteps) {
         br.V = R->V;
         br.M = R->M;
         br.B = R->Bg;
-        br.D = R->D;
+        br.D = R->D / R->C; /* --cp: the C ranks of a replica are counted by br.Cp */
+        br.Cp = R->C;
         br.zero = R->o->zero && R->D > 1;
         br.T = R->T;
         snprintf(br.schedule, sizeof br.schedule, "%s", R->sc.name);

@@ -24,6 +24,7 @@
 #include "model/stage.h"
 #include "parallel/tp.h"
 #include "parallel/ep.h"
+#include "parallel/cp.h"
 
 /* Per-rank timers in seconds, accumulated between reports. */
 enum { TM_FWD, TM_BWD, TM_WAIT, TM_OPT, TM_STEP, TM_DATA, TM_N }; /* TM_DATA: the step's wait for its batch */
@@ -46,6 +47,13 @@ typedef struct {
     int have_ep;
     double moe_lb, moe_dropped; /* a MoE model's timed steps: sums of load max/mean and dropped (bench) */
     int moe_steps;
+    MPI_Comm cpc;               /* --cp: the C ranks of this (stage, data replica), rank = c */
+    int C, c, Tl;               /* context-parallel ranks per stage (1: none), this rank's index, its T / C rows;
+                                 * with --cp the D C ranks of a stage count as its gradient replicas (R->D, R->d
+                                 * = data replica d / C's CP rank d % C) */
+    cp_group cp;
+    int have_cp;
+    int *cin, *ctg;             /* --cp: (B, T / C) this rank's tokens of its replica's inputs and targets */
     int exact;                  /* --grad-accum exact: st.acc holds the step's fixed-point sums (exact.h) */
     int *gin, *gtg;             /* (B, T) this replica's rows of the global batch: inputs, targets (data ranks) */
     char *manifest;             /* (CKPT_SHARDS_LEN) the token files of --data (data_manifest), on every rank */

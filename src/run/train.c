@@ -242,7 +242,7 @@ static int auto_schedule(run *R, char *buf, size_t len, int *V, char *err, size_
     PL_TRY(run_costs_read(R, &c, err, errlen));
     int rc;
     long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
-    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1, 1};
+    tune_query q = {R->P, R->B, R->M, pages > 0 && ps > 0 ? (double)pages * ps / 1048576.0 / R->W : -1, 0, R->cfg.L, NULL, 0, 0, 1, 1, 1};
     tune_cand *t = NULL;
     int n = 0, tried = 0;
     const sched_costs *cs[TUNE_NMODES] = {&c, NULL, NULL};
@@ -317,12 +317,13 @@ static int setup_stages(run *R, char *err, size_t errlen) {
     PL_TRY(recompute_modes(R, err, errlen));
     model_config lc = R->cfg; /* --tp: the stages hold this rank's slice of the blocks */
     if (R->Tp > 1) { lc.tp = R->Tp; lc.tpr = R->t; }
+    if (R->C > 1) { lc.cp = R->C; lc.cpr = R->c; } /* --cp: T / C rows of each sequence (model_cp_pos) */
     lc.moe.mb_share = (float)((double)(R->B / R->M) / R->Bg); /* a micro-batch's share of the step (MoE aux loss) */
     for (int c = 0; c < V; c++) {
         int s = sched_place_stage(R->sc.place, P, R->rank, c), nslots = sched_max_inflight_stage(&R->sc, s);
         stage *st = &R->stv[c];
         PL_TRY(stage_init(st, &lc, R->sp.first[s], R->sp.first[s] + R->sp.blocks[s], s == 0, s == S - 1,
-                          R->B / R->M, R->T, nslots > 0 ? nslots : 1, R->be, err, errlen));
+                          R->B / R->M, R->Tl, nslots > 0 ? nslots : 1, R->be, err, errlen));
         if (sched_defers_weights_stage(&R->sc, s)) PL_TRY(stage_init_deferred(st, err, errlen));
         PL_TRY(stage_init_recompute(st, R->rc_modes[s], err, errlen));
     }
@@ -406,6 +407,34 @@ static int setup_ep(run *R, char *err, size_t errlen) {
     model_set_ep_hook(&h);
     R->have_ep = 1;
     return PL_OK;
+}
+
+/* --cp: what does not run with context parallelism yet is refused by name; the group
+ * (nothing collective) and the attention hook. */
+static int setup_cp(run *R, char *err, size_t errlen) {
+    const pl_options *o = R->o;
+    if (R->C <= 1) return PL_OK;
+    const char *no = R->Tp > 1 ? "--tp (tensor parallelism)" : o->eval_mode == 2 ? "pipelm generate"
+                   : strcmp(R->be->name, "cpu") != 0 ? "a backend other than cpu (the fused fp32 attention is the cpu "
+                                                       "backend's)" : R->cfg.moe.n_experts > 0 ? "a mixture-of-experts model"
+                   : o->doc_mask ? "--doc-mask (document masking)" : NULL;
+    if (no) {
+        snprintf(err, errlen, "--cp %d: %s does not run with context parallelism yet (use --cp 1)", R->C, no);
+        return PL_EINVAL;
+    }
+    int kill = strcmp(o->hooks.fail_at, "cp-kill") == 0;
+    int fail = o->hooks.fail_rank == R->wrank && (kill || strcmp(o->hooks.fail_at, "cp") == 0) ? o->hooks.fail_step : -1;
+    PL_TRY(cp_init(&R->cp, R->cpc, strcmp(o->cp_comm, "allgather") != 0, fail, kill, R->wrank, err, errlen));
+    R->have_cp = 1;
+    model_set_cp_hook(cp_attention_fwd, cp_attention_bwd, &R->cp);
+    return PL_OK;
+}
+
+/* --cp: this rank's chunks of its replica's rows of the batch just read (R->inputs, targets). */
+static void cp_tokens(run *R) {
+    if (R->C <= 1) return;
+    cp_local_tokens(R->gin, R->cin, R->B, R->T, R->C, R->c); /* gin: the replica's own rows */
+    cp_local_tokens(R->gtg, R->ctg, R->B, R->T, R->C, R->c);
 }
 
 /* --init's weights (a Hugging Face model or an llm.c file); with --tp read whole into a
@@ -549,15 +578,17 @@ static int setup(run *R, char *err, size_t errlen) {
     PL_TRY(resolve_config(R, err, errlen));
     PL_TRY(setup_tp(R, err, errlen));
     PL_TRY(setup_ep(R, err, errlen));
+    PL_TRY(setup_cp(R, err, errlen));
     PL_TRY(choose_schedule(R, err, errlen));
     PL_TRY(split_count(R, err, errlen));
     /* the attention buffer as the backend keeps it (a fused kernel's output and log-sum-exp,
      * not T x T), so the split's memory model and the stage table count what the stages
      * allocate (stage_init asks the same) */
     if (be->attention_cols && R->cfg.NH)
-        R->cfg.att_cols = be->attention_cols(R->B / R->M, R->T, R->cfg.NH, R->cfg.C / R->cfg.NH);
+        R->cfg.att_cols = be->attention_cols(R->B / R->M, R->Tl, R->cfg.NH, R->cfg.C / R->cfg.NH);
+    if (R->C > 1 && R->cfg.NH) R->cfg.att_cols = R->cfg.C / R->cfg.NH + 1; /* --cp: cp.c keeps O and lse */
     PL_TRY(setup_docs(R, err, errlen));
-    PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->T, err,
+    PL_TRY(split_make_placed(&R->sp, o->split, &R->cfg, R->P, R->V, R->sc.place, R->M, R->B / R->M, R->Tl, err,
                              errlen));
     PL_TRY(setup_stages(R, err, errlen));
     PL_TRY(setup_exact(R, err, errlen));
@@ -588,16 +619,24 @@ static int setup(run *R, char *err, size_t errlen) {
             R->have_val = 1;
             PL_TRY(data_check_batch(&R->val, R->Bg, R->T, err, errlen));
         }
-        /* this replica reads and trains on rows [d B, (d + 1) B) of the global batch */
+        /* this replica reads and trains on rows [dr B, (dr + 1) B) of the global batch (dr: the data
+         * replica; with --cp its C ranks read the same rows and keep their chunks, cp_tokens) */
+        int dr = R->d / R->C;
         R->gin = malloc(sizeof(int) * (size_t)R->B * R->T);
         R->gtg = malloc(sizeof(int) * (size_t)R->B * R->T);
         R->inputs = R->gin;
         R->targets = R->gtg;
+        if (R->C > 1 && R->gin && R->gtg) { /* --cp: this rank's chunks of its replica's rows (cp_tokens) */
+            R->cin = malloc(sizeof(int) * (size_t)R->B * R->Tl);
+            R->ctg = malloc(sizeof(int) * (size_t)R->B * R->Tl);
+            R->inputs = R->cin;
+            R->targets = R->ctg;
+        }
         const char *pf = hooks_env("PIPELM_PREFETCH"); /* test hook: 0 reads each batch when its step needs it */
         if (R->gin && R->gtg && !o->eval_mode)
-            PL_TRY(prefetch_start(&R->pf, &R->train, R->Bg, R->d * R->B, R->B, R->T, !pf || strcmp(pf, "0") != 0,
+            PL_TRY(prefetch_start(&R->pf, &R->train, R->Bg, dr * R->B, R->B, R->T, !pf || strcmp(pf, "0") != 0,
                                   err, errlen));
-        if (!R->gin || !R->gtg) {
+        if (!R->gin || !R->gtg || (R->C > 1 && (!R->cin || !R->ctg))) {
             snprintf(err, errlen, "out of memory for the batch");
             return PL_ENOMEM;
         }
@@ -724,10 +763,11 @@ int train_evaluate(run *R, int nbatches, double *val_loss) {
     for (int k = 0; k < nbatches; k++) {
         char err[4400];
         if (R->have_val &&
-            data_read_rows(&R->val, k, R->Bg, R->d * R->B, R->B, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
+            data_read_rows(&R->val, k, R->Bg, (R->d / R->C) * R->B, R->B, R->T, R->gin, R->gtg, err, sizeof err) != PL_OK) {
             pl_error("%s", err);
             return PL_EIO;
         }
+        if (R->have_val) cp_tokens(R);
         double l = 0.0;
         PL_TRY(engine_eval(&R->eng, R->inputs, R->targets, &l));
         sum += l;
@@ -827,8 +867,8 @@ static void data_log(const run *R, int step) {
     FILE *f = fopen(path, "a");
     if (!f) return;
     for (int b = 0; b < R->B; b++) {
-        data_row_where(&R->train, step - 1, R->Bg, R->d * R->B + b, R->T, where, sizeof where);
-        fprintf(f, "%d %d %s\n", step, R->d * R->B + b, where);
+        data_row_where(&R->train, step - 1, R->Bg, (R->d / R->C) * R->B + b, R->T, where, sizeof where);
+        fprintf(f, "%d %d %s\n", step, (R->d / R->C) * R->B + b, where);
     }
     fclose(f);
 }
@@ -861,6 +901,7 @@ static int train_step(run *R, int step, double *loss, double *norm, double *lr, 
     }
     R->tm[TM_DATA] += dwait;
     if (R->have_train) data_log(R, step);
+    if (R->have_train) cp_tokens(R);
     for (int c = 0; c < R->V; c++)
         if (stage_zero_grads(&R->stv[c]) != PL_OK) {
             pl_error("backend %s: zeroing the gradients: %s", R->st.be->name, stage_error(&R->stv[c]));
@@ -943,8 +984,26 @@ static void layout_fits(int W, int t0, int t1, char *buf, size_t len) {
 /* D replicas x P stages (x T TP ranks) from --dp / --stages / --tp and the world size, and the
  * batch each replica trains on; a layout that does not fit is refused with the ones that would. */
 static int layout_grid(run *R, const pl_options *o) {
-    int Tp = o->tp > 1 ? o->tp : 1, W = R->W / Tp, D = o->dp, P = o->stages;
+    int Tp = o->tp > 1 ? o->tp : 1, Cp = o->cp > 1 ? o->cp : 1, W = R->W / Tp, D = o->dp, P = o->stages;
     char fits[512];
+    if (Cp > 1 && (R->W % (Tp * Cp) || D < 0 || P < 0)) { /* --cp: T x C x D x P ranks, C next to TP */
+        if (R->wrank == 0 && R->W % (Tp * Cp))
+            pl_error("--cp %d%s does not fit %d ranks (T x C x D x P must be the world size)", Cp,
+                     Tp > 1 ? " with --tp" : "", R->W);
+        else if (R->wrank == 0)
+            pl_error("--cp %d with --dp auto or --stages auto is not supported yet: give --dp and --stages", Cp);
+        return PL_EINVAL;
+    }
+    if (Cp > 1) {
+        int cs2 = 2 * Cp;
+        if (R->T % cs2) {
+            if (R->wrank == 0)
+                pl_error("--cp %d: --seq-len %d is not divisible by 2C = %d (each rank holds 2 of 2C equal chunks "
+                         "of every sequence)", Cp, R->T, cs2);
+            return PL_EINVAL;
+        }
+        W /= Cp;
+    }
     if (Tp > 1 && (R->W % Tp || D < 0 || P < 0)) { /* --tp: T x D x P ranks, TP innermost */
         if (R->wrank == 0 && R->W % Tp) {
             layout_fits(R->W, 2, R->W, fits, sizeof fits);
@@ -978,9 +1037,11 @@ static int layout_grid(run *R, const pl_options *o) {
         return PL_EINVAL;
     }
     if (o->zero && D < 2 && R->wrank == 0) pl_note("--zero 1 with one replica: nothing to shard");
-    R->D = D;
+    R->D = D * Cp; /* --cp: the C ranks of a replica are gradient replicas of one another */
     R->P = P;
     R->Tp = Tp;
+    R->C = Cp;
+    R->Tl = R->T / Cp;
     R->B = R->Bg / D;
     return PL_OK;
 }
@@ -990,8 +1051,8 @@ static int layout_grid(run *R, const pl_options *o) {
 static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) {
     R->o = o;
     R->world = R->comm = comm;
-    R->tied = R->dpc = R->tpc = R->epc = MPI_COMM_NULL;
-    R->Tp = 1;
+    R->tied = R->dpc = R->tpc = R->epc = R->cpc = MPI_COMM_NULL;
+    R->Tp = R->C = 1;
     MPI_Comm_rank(comm, &R->wrank);
     MPI_Comm_size(comm, &R->W);
     R->Bg = o->batch;
@@ -1011,12 +1072,14 @@ static int start_run(run *R, const pl_options *o, MPI_Comm comm, loop_state *L) 
     R->t = R->wrank % R->Tp;
     R->rank = g / R->D;
     R->d = g % R->D;
+    R->c = R->d % R->C; /* --cp: T x C x D x P, the C ranks of a (stage, replica) next to TP */
     if (R->D > 1 || R->Tp > 1) {
         PL_MPI_CHECK(MPI_Comm_split(comm, R->d * R->Tp + R->t, R->rank, &R->comm));
         if (R->D > 1) PL_MPI_CHECK(MPI_Comm_split(comm, R->rank * R->Tp + R->t, R->d, &R->dpc));
         if (R->D > 1 && o->ep > 1 && R->D % o->ep == 0) /* --ep: setup_ep refuses what does not fit */
             PL_MPI_CHECK(MPI_Comm_split(R->dpc, R->d / o->ep, R->d, &R->epc));
         if (R->Tp > 1) PL_MPI_CHECK(MPI_Comm_split(comm, g, R->t, &R->tpc));
+        if (R->C > 1) PL_MPI_CHECK(MPI_Comm_split(comm, (g / R->C) * R->Tp + R->t, R->c, &R->cpc));
     }
     PL_TRY(set_threads(R));
     comm_watchdog_s = o->watchdog;
@@ -1171,8 +1234,13 @@ static void teardown(run *R, int agreed) {
     if (R->have_tp) { model_set_tp_hook(NULL, NULL, NULL); tp_free(&R->tp); R->have_tp = 0; }
     if (R->have_ep) { model_set_ep_hook(NULL); R->have_ep = 0; }
     if (R->epc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->epc);
+    if (R->cpc != MPI_COMM_NULL && agreed) MPI_Comm_free(&R->cpc);
+    if (R->have_cp) { model_set_cp_hook(NULL, NULL, NULL); cp_free(&R->cp); R->have_cp = 0; }
     free(R->gin);
     free(R->gtg);
+    free(R->cin);
+    free(R->ctg);
+    R->cin = R->ctg = NULL;
     free(R->manifest);
     R->manifest = NULL;
     R->inputs = R->targets = NULL;

@@ -219,7 +219,7 @@ static void print_best(const tune_args *a, const tune_cand *t, int n, int tried,
         char cmd[1024];
         tune_command(&t[i], cmd, sizeof cmd);
         pl_info("  %4d  %12.3f  %6.1f%%  %12.2f  mpiexec -n %d pipelm train %s%s%s\n", i + 1, 1e3 * t[i].step_s,
-                100 * t[i].bubble, t[i].peak_mem_mb, a->q.ranks > 0 ? a->q.ranks : a->q.P * t[i].Tp * t[i].D, cmd,
+                100 * t[i].bubble, t[i].peak_mem_mb, a->q.ranks > 0 ? a->q.ranks : a->q.P * t[i].Tp * t[i].D * (t[i].Cp > 1 ? t[i].Cp : 1), cmd,
                 a->extra[0] ? " " : "", a->extra);
     }
 }

@@ -18,7 +18,7 @@
 /* The run's injected faults (the options' defaults: none). */
 typedef struct {
     int fail_rank, fail_step; /* world rank that fails (-1: none) at this step (0: set-up) */
-    char fail_at[16];         /* before | during | after (the step) | save | nan | stall | tp | tp-kill */
+    char fail_at[16];         /* before | during | after (the step) | save | nan | stall | tp | tp-kill | cp | cp-kill */
     int slow_rank;            /* pipeline rank whose every F, B, I and W runs slow_ms longer (-1: none) */
     double slow_ms;
 } pl_hooks;

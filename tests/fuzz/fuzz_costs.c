@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         for (int with_model = 0; with_model < 2; with_model++) {
             if (with_model && !have_cfg) break;
-            tune_query q = {c.P, 4, 2, 1.0, 0, cfg.L, with_model ? &cfg : NULL, 16, with_model ? 4 : 0, 0, 0};
+            tune_query q = {c.P, 4, 2, 1.0, 0, cfg.L, with_model ? &cfg : NULL, 16, with_model ? 4 : 0, 0, 0, 0};
             const sched_costs *cs[TUNE_NMODES] = {&c, NULL, &c};
             tune_cand *t = NULL;
             int n = 0, tried = 0;

@@ -114,6 +114,7 @@ typedef struct {
  * p = exp(s - m_new) (0 on the masked columns), l += sum p. A row's first visible tile starts
  * its sums. */
 ROW_CLONES static void fwd_rows(fwd_scratch *w, int r0, int nq, int k0, int nk, int hs) {
+    /* r0: the position of the tile's first query row (keys: positions from 0) */
     for (int r = 0; r < nq; r++) {
         float *sr = w->s + (size_t)r * TK, *orow = w->o + (size_t)r * hs;
         int nv = r0 + r - k0 + 1; /* causal columns of this row in the tile (none: <= 0) */
@@ -152,17 +153,19 @@ static void fwd_tile(fwd_scratch *w, const float *q, const float *k, const float
 }
 
 /* One query tile [r0, r0 + nq) of one (sequence, query head): q, k, v are the head's columns
- * of the sequence's qkv rows (leading dimension W); out (ldo), O (T, hs) and lse (T) get the
- * tile's rows. */
+ * of the sequence's qkv rows (leading dimension W; k and v: row j holds position j); qpos
+ * the position of query row 0, kn > 0: only keys [0, kn) exist; out (ldo), O (rows, hs) and
+ * lse (rows) get the tile's rows. */
 static void fwd_query_tile(fwd_scratch *w, float *out, float *O, float *lse, const float *q, const float *k,
-                           const float *v, int r0, int nq, int W, int ldo, int hs) {
+                           const float *v, int r0, int nq, int qpos, int kn, int W, int ldo, int hs) {
     float scale = 1.0f / sqrtf((float)hs);
+    int p0 = qpos + r0, end = kn > 0 && kn < p0 + nq ? kn : p0 + nq; /* first query position; keys [0, end) */
     memset(w->on, 0, sizeof w->on);
     /* the key tiles before the one holding the first row's document start are masked for
      * every row of the tile (document starts do not decrease along a sequence): skipped */
-    for (int k0 = doc_first(w->ds, r0) / TK * TK; k0 < r0 + nq; k0 += TK) {
-        int nk = r0 + nq - k0 < TK ? r0 + nq - k0 : TK;
-        fwd_tile(w, q + (size_t)r0 * W, k, v, r0, nq, k0, nk, W, hs, scale);
+    for (int k0 = doc_first(w->ds, p0) / TK * TK; k0 < end; k0 += TK) {
+        int nk = end - k0 < TK ? end - k0 : TK;
+        fwd_tile(w, q + (size_t)r0 * W, k, v, p0, nq, k0, nk, W, hs, scale);
     }
     for (int r = 0; r < nq; r++) {
         float inv = 1.0f / w->l[r];
@@ -185,19 +188,15 @@ static int check_shape(const char *op, int B, int T, int NH, int NKV, int HS) {
 
 /* Parallel over the (sequence, query head, query tile) triples: each is independent and
  * computed the same way on whichever thread, so the bits do not depend on the thread count. */
-int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS,
-                            const int *doc, int bf16) {
+int cpu_attention_span_fwd(const cpu_att_span *s) {
+    int B = s->B, T = s->nq, NH = s->NH, NKV = s->NKV, HS = s->HS;
     PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
-    float *q16 = NULL; // (B, T, W) rounded to bf16
-    if (bf16 && !(q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS)))
-        return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for the bf16 copy of qkv");
-    if (q16) qkv = q16;
     int nb = blas_one();
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV, nqt = (T + TQ - 1) / TQ, failed = 0;
     #pragma omp parallel
     {
         fwd_scratch w = {0};
-        w.bf16 = bf16;
+        w.bf16 = s->bf16;
         float *buf = malloc(sizeof(float) * ((size_t)TQ * TK + (size_t)TQ * HS + 2 * TQ));
         if (buf) w.s = buf, w.o = buf + (size_t)TQ * TK, w.m = w.o + (size_t)TQ * HS, w.l = w.m + TQ;
         else {
@@ -209,18 +208,42 @@ int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, i
             if (!buf) continue;
             int bh = (int)(it / nqt), qt = nqt - 1 - (int)(it % nqt); /* the long tiles first */
             int b = bh / NH, h = bh % NH, g = h / G, r0 = qt * TQ, nq = T - r0 < TQ ? T - r0 : TQ;
-            const float *row = qkv + (size_t)b * T * W; // (T, W)
-            float *O = state + (size_t)bh * T * (HS + 1); // (T, HS), then lse (T)
-            w.ds = doc ? doc + (size_t)b * T : NULL;
-            fwd_query_tile(&w, out + (size_t)b * T * CO + (size_t)h * HS, O, O + (size_t)T * HS, row + (size_t)h * HS,
-                           row + (size_t)(NH + g) * HS, row + (size_t)(NH + NKV + g) * HS, r0, nq, W, CO, HS);
+            const float *row = s->q + (size_t)b * s->q_seq, *kv = s->kv + (size_t)b * s->kv_seq; // (., W)
+            float *O = s->O + (size_t)bh * s->st_bh; // (T, HS); lse (T) at s->lse + bh st_bh
+            w.ds = s->doc ? s->doc + (size_t)b * s->doc_seq : NULL;
+            fwd_query_tile(&w, s->out + (size_t)b * s->out_seq + (size_t)h * HS, O, s->lse + (size_t)bh * s->st_bh,
+                           row + (size_t)h * HS, kv + (size_t)(NH + g) * HS, kv + (size_t)(NH + NKV + g) * HS, r0, nq,
+                           s->qpos, s->nk, W, CO, HS);
         }
         free(buf);
     }
     blas_back(nb);
-    free(q16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for a %d x %d tile", TQ, TK);
     return 0;
+}
+
+/* The whole causal sequence: one span from position 0 over the same rows. */
+static cpu_att_span whole_span(const float *qkv, int B, int T, int NH, int NKV, int HS, float *state,
+                               const int *doc, int bf16) {
+    int W = (NH + 2 * NKV) * HS;
+    cpu_att_span s = {.B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = T, .qpos = 0, .q = qkv, .kv = qkv,
+                      .q_seq = (size_t)T * W, .kv_seq = (size_t)T * W, .out_seq = (size_t)T * NH * HS,
+                      .O = state, .lse = state + (size_t)T * HS, .st_bh = (size_t)T * (HS + 1), .zero_dkv = 1,
+                      .doc = doc, .doc_seq = (size_t)T, .bf16 = bf16};
+    return s;
+}
+
+int cpu_attention_tiled_fwd(float *out, float *state, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                            const int *doc, int bf16) {
+    PL_TRY(check_shape("attention_gqa_fwd (tiled)", B, T, NH, NKV, HS));
+    float *q16 = NULL; // (B, T, W) rounded to bf16
+    if (bf16 && !(q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS)))
+        return host_fail(PL_ENOMEM, "attention_gqa_fwd (tiled): out of memory for the bf16 copy of qkv");
+    cpu_att_span s = whole_span(q16 ? q16 : qkv, B, T, NH, NKV, HS, state, doc, bf16);
+    s.out = out;
+    int rc = cpu_attention_span_fwd(&s);
+    free(q16);
+    return rc;
 }
 
 /* Per-thread scratch of the backward: probabilities p (T, TB) of a key tile against every
@@ -237,16 +260,18 @@ typedef struct {
     float *dq, *dk, *dv;
     const int *ds; /* the sequence's document starts (T), or NULL */
     int bf16;      /* round p and ds to bf16 before their products */
-    int T, W, ldo, hs;
+    int T, qpos, nk, W, ldo, hs; /* T query rows, the first at position qpos; keys from position 0 (nk > 0: nk of them) */
     float scale;
 } bwd_head;
 
 /* p (nq, TB) = exp(s - lse) over each row's visible columns of the key tile [k0, k0 + nk),
- * 0 past the diagonal and before the row's document. */
-ROW_CLONES static void bwd_probs(float *p, const float *lse, const int *ds, int r0, int nq, int k0, int nk) {
+ * 0 past the diagonal and before the row's document; query row r0 + r is at position
+ * qpos + r0 + r. */
+ROW_CLONES static void bwd_probs(float *p, const float *lse, const int *ds, int r0, int nq, int qpos, int k0,
+                                 int nk) {
     for (int r = 0; r < nq; r++) {
         float *pr = p + (size_t)r * TB, l = lse[r0 + r];
-        int nv = r0 + r - k0 + 1, lo = doc_first(ds, r0 + r) - k0;
+        int pos = qpos + r0 + r, nv = pos - k0 + 1, lo = doc_first(ds, pos) - k0;
         nv = nv < nk ? nv : nk;
         nv = nv > 0 ? nv : 0;
         lo = lo < 0 ? 0 : lo < nv ? lo : nv;
@@ -274,7 +299,7 @@ static void bwd_tile(bwd_scratch *w, const bwd_head *a, int r0, int nq, int k0, 
     const float *dO = a->dO + (size_t)r0 * a->ldo;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, a->scale, q, W, k, W, 0.0f, w->p,
                 TB); // s (nq, nk)
-    bwd_probs(w->p, a->lse, a->ds, r0, nq, k0, nk);
+    bwd_probs(w->p, a->lse, a->ds, r0, nq, a->qpos, k0, nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, a->ldo, v, W, 0.0f, w->dp,
                 TB); // dp (nq, nk)
     bwd_dscores(w->dp, w->p, w->D, r0, nq, nk);
@@ -298,12 +323,13 @@ static void bwd_one_head(bwd_scratch *w, const bwd_head *a) {
         for (int c = 0; c < a->hs; c++) s += d[c] * o[c];
         w->D[t] = s;
     }
+    int kend = a->nk > 0 && a->nk < a->qpos + a->T ? a->nk : a->qpos + a->T; /* keys [0, kend) */
     int end = 0; /* the first row whose document starts past the current tile */
-    for (int k0 = 0; k0 < a->T; k0 += TB) {
-        int nk = a->T - k0 < TB ? a->T - k0 : TB;
-        if (end < k0) end = k0;
-        while (end < a->T && doc_first(a->ds, end) < k0 + nk) end++;
-        bwd_tile(w, a, k0, end - k0, k0, nk);
+    for (int k0 = 0; k0 < kend; k0 += TB) {
+        int nk = kend - k0 < TB ? kend - k0 : TB, r0 = k0 > a->qpos ? k0 - a->qpos : 0; /* rows at or below */
+        if (end < r0) end = r0;
+        while (end < a->T && doc_first(a->ds, a->qpos + end) < k0 + nk) end++;
+        bwd_tile(w, a, r0, end - r0, k0, nk);
     }
 }
 
@@ -313,45 +339,36 @@ static void zero_cols(float *p, int T, int W, int n) {
 }
 
 /* One (sequence, kv head g): its G query heads in ascending order into dq of each and the
- * shared dk, dv. */
-static void bwd_group(bwd_scratch *w, float *dqkv, const float *dout, const float *qkv, const float *state,
-                      const int *doc, int bf16, int b, int g, int T, int NH, int NKV, int HS) {
+ * shared dk, dv (zeroed first when the span asks). */
+static void bwd_group(bwd_scratch *w, const cpu_att_span *s, int b, int g) {
+    int NH = s->NH, NKV = s->NKV, HS = s->HS, T = s->nq;
     int W = (NH + 2 * NKV) * HS, CO = NH * HS, G = NH / NKV;
-    const float *row = qkv + (size_t)b * T * W; // (T, W)
-    float *drow = dqkv + (size_t)b * T * W;    // (T, W)
-    bwd_head a = {.k = row + (size_t)(NH + g) * HS, .v = row + (size_t)(NH + NKV + g) * HS,
-                  .dk = drow + (size_t)(NH + g) * HS, .dv = drow + (size_t)(NH + NKV + g) * HS,
-                  .ds = doc ? doc + (size_t)b * T : NULL, .bf16 = bf16, .T = T, .W = W, .ldo = CO, .hs = HS,
-                  .scale = 1.0f / sqrtf((float)HS)};
-    zero_cols(a.dk, T, W, HS);
-    zero_cols(a.dv, T, W, HS);
+    const float *row = s->q + (size_t)b * s->q_seq, *kv = s->kv + (size_t)b * s->kv_seq; // (., W)
+    float *drow = s->dq + (size_t)b * s->q_seq, *dkv = s->dkv + (size_t)b * s->kv_seq;    // (., W)
+    bwd_head a = {.k = kv + (size_t)(NH + g) * HS, .v = kv + (size_t)(NH + NKV + g) * HS,
+                  .dk = dkv + (size_t)(NH + g) * HS, .dv = dkv + (size_t)(NH + NKV + g) * HS,
+                  .ds = s->doc ? s->doc + (size_t)b * s->doc_seq : NULL, .bf16 = s->bf16,
+                  .T = T, .qpos = s->qpos, .nk = s->nk, .W = W, .ldo = CO, .hs = HS, .scale = 1.0f / sqrtf((float)HS)};
+    if (s->zero_dkv) {
+        zero_cols(a.dk, s->nk > 0 ? s->nk : s->qpos + T, W, HS);
+        zero_cols(a.dv, s->nk > 0 ? s->nk : s->qpos + T, W, HS);
+    }
     for (int h = g * G; h < (g + 1) * G; h++) {
-        const float *O = state + ((size_t)b * NH + h) * T * (HS + 1); // (T, HS), then lse (T)
+        size_t bh = (size_t)b * NH + h;
         a.q = row + (size_t)h * HS;
         a.dq = drow + (size_t)h * HS;
-        a.dO = dout + (size_t)b * T * CO + (size_t)h * HS;
-        a.O = O;
-        a.lse = O + (size_t)T * HS;
-        zero_cols(a.dq, T, W, HS);
+        a.dO = s->dout + (size_t)b * s->out_seq + (size_t)h * HS;
+        a.O = s->O + bh * s->st_bh;
+        a.lse = s->lse + bh * s->st_bh;
+        if (!s->acc_dq) zero_cols(a.dq, T, W, HS);
         bwd_one_head(w, &a);
     }
 }
 
 /* Parallel over the (sequence, kv head) pairs, each on one thread (cpu_attention.h). */
-int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
-                            int NH, int NKV, int HS, const int *doc, int bf16) {
-    PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
-    float *q16 = NULL, *d16 = NULL; // qkv (B, T, W) and dout (B, T, NH HS) rounded to bf16
-    if (bf16) {
-        q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS);
-        d16 = q16 ? rounded_copy(dout, (size_t)B * T * NH * HS) : NULL;
-        if (!d16) {
-            free(q16);
-            return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for the bf16 copies");
-        }
-        qkv = q16;
-        dout = d16;
-    }
+int cpu_attention_span_bwd(const cpu_att_span *s) {
+    int T = s->nq;
+    PL_TRY(check_shape("attention_gqa_bwd (tiled)", s->B, T, s->NH, s->NKV, s->HS));
     int failed = 0, nb = blas_one();
     #pragma omp parallel
     {
@@ -363,13 +380,32 @@ int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, co
             failed = 1;
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int bg = 0; bg < B * NKV; bg++)
-            if (buf) bwd_group(&w, dqkv, dout, qkv, state, doc, bf16, bg / NKV, bg % NKV, T, NH, NKV, HS);
+        for (int bg = 0; bg < s->B * s->NKV; bg++)
+            if (buf) bwd_group(&w, s, bg / s->NKV, bg % s->NKV);
         free(buf);
     }
     blas_back(nb);
-    free(q16);
-    free(d16);
     if (failed) return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for scratch of T = %d", T);
     return 0;
+}
+
+int cpu_attention_tiled_bwd(float *dqkv, const float *dout, const float *qkv, const float *state, int B, int T,
+                            int NH, int NKV, int HS, const int *doc, int bf16) {
+    PL_TRY(check_shape("attention_gqa_bwd (tiled)", B, T, NH, NKV, HS));
+    float *q16 = NULL, *d16 = NULL; // qkv (B, T, W) and dout (B, T, NH HS) rounded to bf16
+    if (bf16) {
+        q16 = rounded_copy(qkv, (size_t)B * T * (NH + 2 * NKV) * HS);
+        d16 = q16 ? rounded_copy(dout, (size_t)B * T * NH * HS) : NULL;
+        if (!d16) {
+            free(q16);
+            return host_fail(PL_ENOMEM, "attention_gqa_bwd (tiled): out of memory for the bf16 copies");
+        }
+    }
+    cpu_att_span s = whole_span(q16 ? q16 : qkv, B, T, NH, NKV, HS, (float *)state, doc, bf16);
+    s.dout = d16 ? d16 : dout;
+    s.dq = s.dkv = dqkv;
+    int rc = cpu_attention_span_bwd(&s);
+    free(q16);
+    free(d16);
+    return rc;
 }

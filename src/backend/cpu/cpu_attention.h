@@ -25,6 +25,33 @@
 #define CPU_ATT_TK 256
 #define CPU_ATT_TB 128
 
+/* A span of the causal attention: nq query rows of each sequence, the first at position qpos,
+ * against the keys at positions 0 .. qpos + nq - 1 (context parallelism, parallel/cp.h: a
+ * rank's chunk of queries against the gathered keys). q and kv are fused qkv rows as
+ * attention_gqa_fwd's (leading dimension W = (NH + 2 NKV) HS): the queries' columns are read
+ * from q's rows, the keys' and values' from kv's (row j: position j); q_seq, kv_seq, out_seq:
+ * floats between sequences. The state of (sequence b, query head h), bh = b NH + h: O (nq, HS)
+ * rows at O + bh st_bh, the log-sum-exps (nq) at lse + bh st_bh. The backward overwrites the
+ * query columns of dq's rows (laid out as q) and adds into the key and value columns of dkv's
+ * rows (laid out as kv), zeroing those first when zero_dkv. nk > 0: only kv's first nk rows
+ * exist (a block of keys at positions 0 .. nk - 1; a query row sees those at or before its
+ * position); acc_dq: add into dq instead (the ring's blocks, parallel/cp.c). Same fixed
+ * order as below. */
+typedef struct {
+    int B, NH, NKV, HS, nq, qpos, nk, acc_dq;
+    const float *q, *kv;
+    size_t q_seq, kv_seq, out_seq, st_bh;
+    float *out, *O, *lse;        /* forward: out (nq, NH HS) rows; O and lse written */
+    const float *dout;           /* backward: dout laid out as out */
+    float *dq, *dkv;
+    int zero_dkv;
+    const int *doc;              /* document starts by position (doc_seq a sequence), or NULL: causal */
+    size_t doc_seq;
+    int bf16;                    /* bf16 rounding of the probabilities and score gradients (below) */
+} cpu_att_span;
+int cpu_attention_span_fwd(const cpu_att_span *s);
+int cpu_attention_span_bwd(const cpu_att_span *s);
+
 /* out (B, T, NH HS) and state (B, NH, T, HS + 1: O rows, then the T log-sum-exps) from qkv
  * (B, T, (NH + 2 NKV) HS); scale 1/sqrt(HS). Any T >= 1. doc (B*T) or NULL: backend_ops.h's
  * document masking; a query tile starts at the key tile of its first row's document (the

@@ -165,7 +165,7 @@ static int gpt2_block_forward(const backend *be, const block_dims *d, float *con
     int N = d->N, C = d->C, H = d->H, CA = d->NH * d->HS;
     PL_TRY(be->layernorm_fwd(a[GA_LN1], a[GA_LN1_MEAN], a[GA_LN1_RSTD], x, p[G_LN1W], p[G_LN1B], N, C));
     PL_TRY(be->matmul_fwd(a[GA_QKV], a[GA_LN1], p[G_QKVW], p[G_QKVB], N, C, d->QKV));          // (N, 3C)
-    PL_TRY(be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->HS, d->doc)); // (N, C)
+    PL_TRY(model_attention_fwd(be, d, a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->NH)); // (N, C)
     PL_TRY(be->matmul_fwd(a[GA_RES2], a[GA_ATTY], p[G_ATTPROJW], d->cfg->tpr ? NULL : p[G_ATTPROJB], N, CA, C)); // (N, C)
     PL_TRY(model_tp_sum(d, a[GA_RES2], (size_t)N * C, TP_PHASE_FWD));
     PL_TRY(be->residual_fwd(a[GA_RES2], a[GA_RES2], x, (size_t)N * C));
@@ -194,7 +194,7 @@ static int gpt2_block_backward_input(const backend *be, const block_dims *d, flo
     /* res2 = x + attproj(attn(qkv(ln1(x)))) */
     PL_TRY(be->copy(dd[GD_ATTPROJ], dres, nc));
     PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dres, p[G_ATTPROJW], N, CA, C));        // (N, C) d(atty)
-    PL_TRY(be->attention_gqa_bwd(dd[GD_QKV], dd[GD_LN1], a[GA_QKV], a[GA_ATT], d->B, d->T, d->NH, d->NH, d->HS, d->doc));
+    PL_TRY(model_attention_bwd(be, d, dd[GD_QKV], dd[GD_LN1], a[GA_QKV], a[GA_ATT], d->NH));
     PL_TRY(be->matmul_bwd_input(dd[GD_LN1], dd[GD_QKV], p[G_QKVW], N, C, d->QKV));  // (N, C)
     PL_TRY(model_tp_sum(d, dd[GD_LN1], (size_t)N * C, TP_PHASE_BWD));
     return be->layernorm_bwd_input(dres, dd[GD_LN1], x, p[G_LN1W], a[GA_LN1_MEAN], a[GA_LN1_RSTD], N, C);
@@ -217,16 +217,27 @@ static int gpt2_block_backward_weight(const backend *be, const block_dims *d, fl
 /* Selective recomputation dropped the probabilities: recompute them (the output is rewritten
  * with the bits it had). */
 static int gpt2_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
-    return be->attention_gqa_fwd(a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->B, d->T, d->NH, d->NH, d->HS, d->doc);
+    return model_attention_fwd(be, d, a[GA_ATTY], a[GA_ATT], a[GA_QKV], d->NH);
 }
 
-/* x = wte[tok] + wpe[pos], and its gradient. */
+/* x = wte[tok] + wpe[pos], and its gradient. On a CP rank's stage (cfg->cp > 1) each sequence's
+ * two chunks are contiguous runs of positions (model_cp_pos): one call each, at its rows of wpe. */
 static int gpt2_embed_forward(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok) {
-    return be->encoder_fwd(x, tok, p[GE_WTE], p[GE_WPE], d->N, d->T, d->C);
+    if (d->cfg->cp <= 1) return be->encoder_fwd(x, tok, p[GE_WTE], p[GE_WPE], d->N, d->T, d->C);
+    int cs = d->T / 2;
+    for (int r = 0; r < d->N; r += cs) /* the chunks of the B sequences in row order */
+        PL_TRY(be->encoder_fwd(x + (size_t)r * d->C, tok + r, p[GE_WTE],
+                               p[GE_WPE] + (size_t)model_cp_pos(d->cfg, d->T, r % d->T) * d->C, cs, cs, d->C));
+    return PL_OK;
 }
 static int gpt2_embed_backward(const backend *be, const block_dims *d, float *const *g, const float *dx,
                                const int *tok) {
-    return be->encoder_bwd(g[GE_WTE], g[GE_WPE], dx, tok, d->N, d->T, d->C);
+    if (d->cfg->cp <= 1) return be->encoder_bwd(g[GE_WTE], g[GE_WPE], dx, tok, d->N, d->T, d->C);
+    int cs = d->T / 2;
+    for (int r = 0; r < d->N; r += cs)
+        PL_TRY(be->encoder_bwd(g[GE_WTE], g[GE_WPE] + (size_t)model_cp_pos(d->cfg, d->T, r % d->T) * d->C,
+                               dx + (size_t)r * d->C, tok + r, cs, cs, d->C));
+    return PL_OK;
 }
 
 /* The final LayerNorm, its input part (into dres) and its weight part. */

@@ -221,14 +221,15 @@ static double scaled_freq(const llama_config *q, double f) {
     return (1.0 - smooth) * f / scale + smooth * f;
 }
 
-/* cos and sin of t * theta^(-2i/HS) (scaled if asked), for t < T and i < HS/2. */
+/* cos and sin of pos(t) * theta^(-2i/HS) (scaled if asked), for t < T and i < HS/2; pos(t) = t
+ * but on a CP rank's stage (model_cp_pos). */
 void llama_rope_tables(const model_config *c, int T, float *fcos, float *fsin) {
     int HS = c->C / c->NH, half = HS / 2;
     for (int i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->llama.rope_theta, (double)(2 * i) / HS);
         if (c->llama.use_scaled_rope) f = scaled_freq(&c->llama, f);
         for (int t = 0; t < T; t++) {
-            double a = (double)t * f;
+            double a = (double)model_cp_pos(c, T, t) * f; /* --cp: the row's position in the sequence */
             fcos[(size_t)t * half + i] = (float)cos(a);
             fsin[(size_t)t * half + i] = (float)sin(a);
         }
@@ -356,7 +357,7 @@ static int llama_block_forward(const backend *be, const block_dims *d, float *co
     PL_TRY(be->matmul_fwd(scr, a[LA_ATTNORM], p[L_QKVW], NULL, N, C, QKV));                  // (N, QKV)
     PL_TRY(be->rope_fwd(a[LA_QKV], scr, d->pcos ? d->pcos : d->x[LX_COS], d->psin ? d->psin : d->x[LX_SIN], N,
                         d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc)); // (N, C)
+    PL_TRY(model_attention_fwd(be, d, a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->NKV)); // (N, C)
     PL_TRY(be->matmul_fwd(a[LA_RES2], a[LA_ATTY], p[L_ATTPROJW], NULL, N, d->NH * d->HS, C));
     PL_TRY(model_tp_sum(d, a[LA_RES2], (size_t)N * C, TP_PHASE_FWD)); // --tp: partial sums
     PL_TRY(be->residual_fwd(a[LA_RES2], a[LA_RES2], x, (size_t)N * C));
@@ -388,7 +389,7 @@ static int llama_block_backward_input(const backend *be, const block_dims *d, fl
     /* res2 = x + attproj(attn(rope(qkv(rms1(x))))) */
     PL_TRY(be->copy(dd[LD_ATTPROJ], dres, nc));
     PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dres, p[L_ATTPROJW], N, d->NH * d->HS, C));  // d(atty)
-    PL_TRY(be->attention_gqa_bwd(scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->B, d->T, d->NH, d->NKV, d->HS, d->doc));
+    PL_TRY(model_attention_bwd(be, d, scr, dd[LD_ATTNORM], a[LA_QKV], a[LA_ATT], d->NKV));
     PL_TRY(be->rope_bwd(dd[LD_QKV], scr, d->pcos ? d->pcos : d->x[LX_COS], d->psin ? d->psin : d->x[LX_SIN], N,
                         d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->matmul_bwd_input(dd[LD_ATTNORM], dd[LD_QKV], p[L_QKVW], N, C, QKV));  // (N, C)
@@ -411,7 +412,7 @@ static int llama_block_backward_weight(const backend *be, const block_dims *d, f
 
 /* Selective recomputation dropped the probabilities: recompute them from the rotated qkv. */
 static int llama_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
-    return be->attention_gqa_fwd(a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc);
+    return model_attention_fwd(be, d, a[LA_ATTY], a[LA_ATT], a[LA_QKV], d->NKV);
 }
 
 /* x = wte[tok] (the shared embedding op, adding zero position rows), and its gradient (the

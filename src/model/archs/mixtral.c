@@ -728,7 +728,7 @@ static int mixtral_block_forward(const backend *be, const block_dims *d, float *
     PL_TRY(be->matmul_fwd(scr, a[XA_ATTNORM], p[X_QKVW], NULL, N, C, QKV)); // (N, QKV)
     PL_TRY(be->rope_fwd(a[XA_QKV], scr, d->pcos ? d->pcos : d->x[XX_COS], d->psin ? d->psin : d->x[XX_SIN], N,
                         d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
-    PL_TRY(be->attention_gqa_fwd(a[XA_ATTY], a[XA_ATT], a[XA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc)); // (N, C)
+    PL_TRY(model_attention_fwd(be, d, a[XA_ATTY], a[XA_ATT], a[XA_QKV], d->NKV)); // (N, C)
     PL_TRY(be->matmul_fwd(a[XA_RES2], a[XA_ATTY], p[X_ATTPROJW], NULL, N, C, C));
     PL_TRY(be->residual_fwd(a[XA_RES2], a[XA_RES2], x, (size_t)N * C));
     PL_TRY(be->rmsnorm_fwd(a[XA_MLPNORM], a[XA_MLPNORM_RSTD], a[XA_RES2], p[X_MLPNORM], N, C, eps));
@@ -742,7 +742,7 @@ static int mixtral_block_backward_input(const backend *be, const block_dims *d, 
     PL_TRY(moe_backward_input(be, d, p, a, dres, dd));
     PL_TRY(be->copy(dd[XD_ATTPROJ], dres, (size_t)N * C * sizeof(float)));
     PL_TRY(be->matmul_bwd_input(dd[XD_ATTNORM], dres, p[X_ATTPROJW], N, C, C)); // d(atty)
-    PL_TRY(be->attention_gqa_bwd(scr, dd[XD_ATTNORM], a[XA_QKV], a[XA_ATT], d->B, d->T, d->NH, d->NKV, d->HS, d->doc));
+    PL_TRY(model_attention_bwd(be, d, scr, dd[XD_ATTNORM], a[XA_QKV], a[XA_ATT], d->NKV));
     PL_TRY(be->rope_bwd(dd[XD_QKV], scr, d->pcos ? d->pcos : d->x[XX_COS], d->psin ? d->psin : d->x[XX_SIN], N,
                         d->pcos ? N : d->T, d->NH, d->NKV, d->HS));
     PL_TRY(be->matmul_bwd_input(dd[XD_ATTNORM], dd[XD_QKV], p[X_QKVW], N, C, QKV)); // (N, C)
@@ -759,7 +759,7 @@ static int mixtral_block_backward_weight(const backend *be, const block_dims *d,
 }
 
 static int mixtral_recompute_selective(const backend *be, const block_dims *d, float *const *a) {
-    return be->attention_gqa_fwd(a[XA_ATTY], a[XA_ATT], a[XA_QKV], d->B, d->T, d->NH, d->NKV, d->HS, d->doc);
+    return model_attention_fwd(be, d, a[XA_ATTY], a[XA_ATT], a[XA_QKV], d->NKV);
 }
 
 static int mixtral_embed_forward(const backend *be, const block_dims *d, float *const *p, float *x, const int *tok) {
